@@ -1,0 +1,24 @@
+"""redisync: a Redis-backed, versioned fleet state store for the collectors of a distributed RL trainer."""
+
+from .client import RunSnapshot, ShardClient, Store, connect
+from .codec import KeyView, PublishResult, PullResult
+from .errors import RedisyncError
+from .schema import BroadcastReport, Limits, MergeReport, Schema, broadcast, merge
+
+__all__ = [
+    "BroadcastReport",
+    "KeyView",
+    "Limits",
+    "MergeReport",
+    "PublishResult",
+    "PullResult",
+    "RedisyncError",
+    "RunSnapshot",
+    "Schema",
+    "ShardClient",
+    "Store",
+    "broadcast",
+    "connect",
+    "merge",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,332 @@
+"""The store client: the only module that talks to Redis.
+
+``connect()`` gives a :class:`Store` for one run, on a real Redis (``redis://``, ``rediss://``,
+``unix://``) or on the embedded default: an in-process fakeredis server running the very
+same Lua, with a pure-Lua stand-in for the ``struct`` library.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.resources
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import redis
+from pydantic import BaseModel, ConfigDict
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from . import codec, errors
+from .keys import RunKeys
+from .schema import Limits, Schema, validate_reports
+
+ENV_URL = "REDISYNC_URL"
+EMBEDDED = "embedded"
+
+_LUA = importlib.resources.files("redisync") / "lua"
+_embedded_lock = threading.Lock()
+_embedded_server: Any = None
+
+
+def _embedded_client() -> redis.Redis:
+    """A client of this process' embedded fakeredis server (one server per process)."""
+    global _embedded_server
+    import fakeredis
+
+    with _embedded_lock:
+        if _embedded_server is None:
+            # fakeredis' Lua runtime resolves `require('struct')` through LUA_PATH when it starts
+            lua_dir = str(_LUA)
+            path = os.environ.get("LUA_PATH", ";;")
+            if lua_dir not in path:
+                os.environ["LUA_PATH"] = f"{lua_dir}/?.lua;{path}"
+            _embedded_server = fakeredis.FakeServer(version=(7, 0))
+        return fakeredis.FakeRedis(server=_embedded_server, lua_modules={"struct"})
+
+
+def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
+    """A redis-py client for ``url`` (None or 'embedded' for the embedded default), with retries."""
+    if url is None or url == EMBEDDED:
+        return _embedded_client()
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise errors.ConnectionUnavailable(f"unsupported URL {url!r}: use redis://, rediss://, unix:// or leave it unset")
+    kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.5, base=0.01), 3))
+    kwargs.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
+    kwargs.setdefault("socket_connect_timeout", 2.0)
+    kwargs.setdefault("socket_timeout", 5.0)
+    return redis.Redis.from_url(url, **kwargs)
+
+
+def connect(url: str | None = None, run: str = "default", **redis_kwargs: Any) -> "Store":
+    """A store for ``run``. ``url=None`` reads ``REDISYNC_URL``; unset, it is the embedded default."""
+    url = url if url is not None else os.environ.get(ENV_URL) or None
+    return Store(redis_client(url, **redis_kwargs), run, url=url or EMBEDDED)
+
+
+class Scripts:
+    """The package's Lua scripts registered on one client (EVALSHA, NOSCRIPT falls back to EVAL)."""
+
+    def __init__(self, client: redis.Redis):
+        self.fold = client.register_script(_LUA.joinpath("fold.lua").read_text())
+        self.pull = client.register_script(_LUA.joinpath("pull.lua").read_text())
+        self.register = client.register_script(_LUA.joinpath("register.lua").read_text())
+
+
+@dataclass(frozen=True)
+class Registration:
+    created: bool
+    epoch: str
+
+
+class RunSnapshot(BaseModel):
+    """A whole run, for a training checkpoint or a move between servers (JSON-safe, versioned).
+
+    ``hashes`` maps each run hash (by its suffix after ``redisync:{run}:``) to its fields,
+    every value base64 encoded since vectors are raw float64 bytes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = "redisync.snapshot"
+    format_version: int = 1
+    run: str
+    taken_at_us: int
+    hashes: dict[str, dict[str, str]]
+
+
+def _b(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Store:
+    """One run on one server: register its schema, hand out shard clients, read the fleet state."""
+
+    def __init__(self, client: redis.Redis, run: str, url: str = EMBEDDED):
+        self.redis = client
+        self.keys = RunKeys(run)
+        self.url = url
+        self.scripts = Scripts(client)
+        self._schema: Schema | None = None
+
+    @property
+    def run(self) -> str:
+        return self.keys.run
+
+    @property
+    def schema(self) -> Schema:
+        if self._schema is None:
+            raise errors.RedisyncError("register(schema) first")
+        return self._schema
+
+    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return script(keys=keys, args=args)
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
+
+    def _key_hashes(self, schema: Schema) -> list[str]:
+        out: list[str] = []
+        for name in schema.keys:
+            out += [self.keys.key_meta(name), self.keys.key_data(name)]
+        return out
+
+    def register(self, schema: Schema | Mapping[str, Any], limits: Limits | None = None) -> Registration:
+        """Store the run's schema (the first registration wins) or check ours against it."""
+        schema = schema if isinstance(schema, Schema) else Schema.of(schema)
+        limits = limits or Limits()
+        args: list[Any] = [
+            schema.canonical_json(), schema.digest, secrets.token_hex(8),
+            limits.max_report_bytes, limits.stream_maxlen, limits.dead_letter_maxlen,
+        ]
+        for name, spec in schema.keys.items():
+            owner = getattr(spec, "owner", None)
+            stale = getattr(spec, "stale_after_s", None)
+            args += [
+                name, spec.semantics, "x".join(map(str, spec.shape)), spec.size, spec.width,
+                "" if owner is None else owner, "" if stale is None else repr(float(stale)),
+            ]
+        status, epoch, registered = self._call(
+            self.scripts.register, [self.keys.meta, *self._key_hashes(schema)], args
+        )
+        if _b(status) == "mismatch":
+            theirs = Schema.model_validate_json(registered)
+            key, difference = schema.difference(theirs) or (None, "schema digest differs")
+            raise errors.SchemaMismatch(key, difference)
+        self._schema = schema
+        return Registration(created=_b(status) == "created", epoch=_b(epoch))
+
+    def limits(self) -> Limits:
+        raw = self.redis.hmget(self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen")
+        if raw[0] is None:
+            raise errors.RunNotFound(f"run {self.run!r} is not registered")
+        return Limits(max_report_bytes=int(raw[0]), stream_maxlen=int(raw[1]), dead_letter_maxlen=int(raw[2]))
+
+    def shard(self, shard_id: int, incarnation: int | None = None) -> "ShardClient":
+        """The client of collector ``shard_id``; a fresh incarnation per process start by default."""
+        return ShardClient(self, shard_id, incarnation)
+
+    def pull(self, shard_id: int | None = None, known: codec.PullResult | None = None) -> codec.PullResult | None:
+        """The state changed since ``known`` (all of it when None), with ``shard_id``'s own slots."""
+        schema = self.schema
+        args: list[Any] = ["" if shard_id is None else shard_id]
+        if known is None:
+            args += ["", -1] + [-1] * len(schema.keys)
+        else:
+            args += [known.epoch, known.fleet_version] + [
+                known.keys[n].version if n in known.keys else -1 for n in schema.keys
+            ]
+        reply = self._call(self.scripts.pull, [self.keys.meta, *self._key_hashes(schema)], args)
+        return codec.parse_pull(reply, schema, None if known is None else known.epoch)
+
+    def fleet(self) -> codec.PullResult:
+        """The whole fleet state, read-only (for the learner, logging and inspection)."""
+        result = self.pull()
+        assert result is not None
+        return result
+
+    def key_info(self, name: str) -> dict[str, str]:
+        """The readable metadata of one key (what ``redis-cli HGETALL`` shows)."""
+        return {_b(k): _b(v) for k, v in self.redis.hgetall(self.keys.key_meta(name)).items()}
+
+    def run_info(self) -> dict[str, str]:
+        return {_b(k): _b(v) for k, v in self.redis.hgetall(self.keys.meta).items()}
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
+        """The newest rejected reports, newest first, with reason, key and detail as text."""
+        out = []
+        for entry_id, fields in self.redis.xrevrange(self.keys.dead_letters, count=count):
+            row: dict[str, Any] = {"id": _b(entry_id)}
+            for k, v in fields.items():
+                k = _b(k)
+                row[k] = v if k.startswith("report:") else _b(v)
+            out.append(row)
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _hash_names(self) -> list[str]:
+        return ["meta", "shards"] + [
+            f"{kind}:{name}" for name in self.schema.keys for kind in ("key", "data")
+        ]
+
+    def snapshot(self) -> RunSnapshot:
+        """The whole run's state, read in one transaction."""
+        names = self._hash_names()
+        pipe = self.redis.pipeline(transaction=True)
+        for n in names:
+            pipe.hgetall(self.keys.prefix + n)
+        pipe.time()
+        *hashes, (sec, usec) = pipe.execute()
+        if not hashes[0]:
+            raise errors.RunNotFound(f"run {self.run!r} is not registered")
+        return RunSnapshot(
+            run=self.run,
+            taken_at_us=int(sec) * 1_000_000 + int(usec),
+            hashes={
+                n: {_b(k): base64.b64encode(v).decode() for k, v in h.items()} for n, h in zip(names, hashes)
+            },
+        )
+
+    def restore(self, snap: RunSnapshot) -> str:
+        """Replace the run's state by ``snap`` under a new epoch; returns the epoch.
+
+        Versions continue from the larger of the current and the snapshot's, so no client ever
+        sees a version go backwards; the new epoch tells every client to take the full state.
+        """
+        if snap.format != "redisync.snapshot" or snap.format_version != 1:
+            raise errors.InvalidReport(None, f"unsupported snapshot format {snap.format} v{snap.format_version}")
+        try:
+            hashes = {n: {k: base64.b64decode(v, validate=True) for k, v in h.items()} for n, h in snap.hashes.items()}
+            schema = Schema.model_validate_json(hashes["meta"]["schema"])
+        except (KeyError, ValueError) as e:
+            raise errors.InvalidReport(None, f"corrupt snapshot: {e}") from None
+        self._schema = schema
+        names = self._hash_names()
+        if set(hashes) - set(names):
+            raise errors.InvalidReport(None, f"snapshot holds unknown hashes {sorted(set(hashes) - set(names))}")
+        current = self.redis.pipeline(transaction=False)
+        current.hget(self.keys.meta, "fleet_version")
+        for name in schema.keys:
+            current.hget(self.keys.key_meta(name), "version")
+        now_fleet, *now_keys = current.execute()
+
+        def later(mine: Any, theirs: bytes | None) -> int:
+            return max(int(mine or 0), int(theirs or 0)) + 1
+
+        hashes["meta"]["epoch"] = secrets.token_hex(8).encode()
+        hashes["meta"]["fleet_version"] = str(later(now_fleet, hashes["meta"].get("fleet_version"))).encode()
+        for name, v in zip(schema.keys, now_keys):
+            km = hashes.setdefault(f"key:{name}", {})
+            km["version"] = str(later(v, km.get("version"))).encode()
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(*[self.keys.prefix + n for n in names])
+        for n, fields in hashes.items():
+            if fields:
+                pipe.hset(self.keys.prefix + n, mapping=fields)
+        pipe.execute()
+        return hashes["meta"]["epoch"].decode()
+
+    def delete(self) -> int:
+        """Remove every key of the run (its state, streams and metadata)."""
+        doomed = list(self.redis.scan_iter(match=self.keys.pattern, count=1000))
+        return int(self.redis.delete(*doomed)) if doomed else 0
+
+
+class ShardClient:
+    """One collector's side of the store: publish its shard reports, pull the fleet state.
+
+    Every publish takes the next sequence number, so a retry of the same call is recognised
+    as a duplicate while a later, different report never is.
+    """
+
+    def __init__(self, store: Store, shard_id: int, incarnation: int | None = None):
+        if not isinstance(shard_id, (int, np.integer)) or isinstance(shard_id, bool) or not 0 <= shard_id < 10**9:
+            raise errors.MalformedReport(None, f"shard_id must be an int in [0, 1e9), got {shard_id!r}")
+        self.store = store
+        self.shard_id = int(shard_id)
+        # time-ordered, so a restarted collector outranks its previous life
+        self.incarnation = int(incarnation) if incarnation is not None else time.time_ns()
+        self.seq = 0
+        self.known: codec.PullResult | None = None
+        self._limits: Limits | None = None
+
+    def publish(self, reports: Mapping[str, Any]) -> codec.PublishResult:
+        """Validate, then fold ``{key: report}`` in one EVALSHA. Raises a typed error on rejection."""
+        store = self.store
+        if self._limits is None:
+            self._limits = store.limits()
+        vectors = validate_reports(store.schema, reports, self._limits)
+        self.seq += 1
+        return self.publish_payloads({n: codec.encode(v) for n, v in vectors.items()}, self.seq)
+
+    def publish_payloads(self, payloads: Mapping[str, bytes], seq: int) -> codec.PublishResult:
+        """Fold already-encoded payloads with an explicit ``seq`` (no client-side checks)."""
+        store = self.store
+        keys = [store.keys.meta, store.keys.shards, store.keys.reports, store.keys.dead_letters]
+        args: list[Any] = [store.schema.digest, self.shard_id, self.incarnation, seq]
+        for name, payload in payloads.items():
+            keys += [store.keys.key_meta(name), store.keys.key_data(name)]
+            args += [name, payload]
+        reply = store._call(store.scripts.fold, keys, args)
+        return codec.parse_publish(reply, list(payloads))
+
+    def pull(self) -> codec.PullResult | None:
+        """The keys that changed since this shard's last pull, or None. One round trip.
+
+        ``self.known`` keeps the whole fleet state as last seen (every key, latest version).
+        """
+        result = self.store.pull(self.shard_id, self.known)
+        if result is not None:
+            known = result
+            if self.known is not None and not result.epoch_changed:
+                known = codec.PullResult(
+                    result.epoch, result.fleet_version, False, {**self.known.keys, **result.keys}, result.server_time_us
+                )
+            self.known = known
+        return result

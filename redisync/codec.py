@@ -1,0 +1,136 @@
+"""Arrays to bytes and script replies to typed results.
+
+Vectors travel and rest as little-endian float64 bytes, the only encoding that is exact and
+that the Lua ``struct`` library decodes without per-element parsing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import numpy as np
+
+from . import errors
+from .schema import BroadcastSpec, MergeSpec, Schema
+from .semantics import moments, own_substituted, split_parts
+
+LE_F64 = np.dtype("<f8")
+
+
+def encode(vectors: Sequence[np.ndarray]) -> bytes:
+    """One payload from float64 arrays, laid end to end."""
+    return b"".join(np.ascontiguousarray(v, dtype=LE_F64).tobytes() for v in vectors)
+
+
+def decode(raw: bytes, width: int | None = None) -> np.ndarray:
+    """A writable float64 vector from payload bytes; checks the length when ``width`` is given."""
+    if width is not None and len(raw) != 8 * width:
+        raise errors.ShapeMismatch(None, f"expected {8 * width} bytes, got {len(raw)}")
+    return np.frombuffer(raw, dtype=LE_F64).astype(np.float64)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What the fold did: ``applied`` (with the new versions) or ``duplicate`` (already folded)."""
+
+    status: Literal["applied", "duplicate"]
+    fleet_version: int
+    key_versions: dict[str, int] = field(default_factory=dict)
+    server_time_us: int | None = None
+
+    @property
+    def applied(self) -> bool:
+        return self.status == "applied"
+
+
+def parse_publish(reply: Sequence[Any], names: Sequence[str]) -> PublishResult:
+    """The typed result of ``fold.lua``; a rejection raises its typed error."""
+    status = _text(reply[0])
+    if status == "applied":
+        versions = {n: int(v) for n, v in zip(names, reply[3:])}
+        return PublishResult("applied", int(reply[1]), versions, int(_text(reply[2])))
+    if status == "duplicate":
+        return PublishResult("duplicate", int(reply[1]))
+    if status == "rejected":
+        reason, key, detail = (_text(x) for x in reply[1:4])
+        if reason == "no_run":
+            raise errors.RunNotFound(detail)
+        raise errors.rejection(reason, key, detail)
+    raise errors.RedisyncError(f"unexpected reply from the fold script: {reply!r}")
+
+
+@dataclass(frozen=True)
+class KeyView:
+    """One key of the fleet state as pulled: its version, fleet value and (merge) the caller's slot."""
+
+    name: str
+    spec: BroadcastSpec | MergeSpec
+    version: int
+    value: np.ndarray | None  # flat: broadcast value, or merge aggregate count||sum[||sumsq]; None if unwritten
+    own_slot: np.ndarray | None = None  # the caller's slot as folded (merge), for own substitution
+    own_incarnation: int | None = None
+
+    def parts(self) -> dict[str, np.ndarray]:
+        """Merge: ``count``, ``sum``, ``sumsq`` in the key's shape. Broadcast: ``value``."""
+        if self.value is None:
+            return {}
+        if isinstance(self.spec, MergeSpec):
+            return split_parts(self.spec, self.value)
+        return {"value": self.value.reshape(self.spec.shape)}
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Merge: the fleet ``(mean, var)`` (var is None without sumsq)."""
+        p = self.parts()
+        return moments(p["count"], p["sum"], p.get("sumsq"))
+
+    def view(self, own_current: np.ndarray) -> np.ndarray:
+        """Own substitution: the aggregate without the caller's folded slot, plus its current state (flat)."""
+        if self.value is None:
+            raise errors.RedisyncError(f"key {self.name!r} has no fleet value yet")
+        return own_substituted(self.value, self.own_slot, np.asarray(own_current, dtype=np.float64).ravel())
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """A changed fleet state: the epoch, the fleet version and every key that changed since the caller's pull."""
+
+    epoch: str
+    fleet_version: int
+    epoch_changed: bool
+    keys: dict[str, KeyView]
+    server_time_us: int
+
+
+def parse_pull(
+    reply: Any, schema: Schema, known_epoch: str | None
+) -> PullResult | None:
+    """The typed result of ``pull.lua``: None when nothing changed."""
+    if reply is None:
+        return None
+    status = _text(reply[0])
+    if status == "no_run":
+        raise errors.RunNotFound("the run is not registered (or the store lost it); register it again")
+    if status != "changed":
+        raise errors.RedisyncError(f"unexpected reply from the pull script: {reply!r}")
+    epoch, fleet_version, now = _text(reply[1]), int(reply[2]), int(_text(reply[3]))
+    names = list(schema.keys)
+    keys: dict[str, KeyView] = {}
+    rest = reply[4:]
+    for i in range(0, len(rest), 5):
+        index, version, value, own, own_inc = rest[i : i + 5]
+        name = names[int(index) - 1]
+        spec = schema.keys[name]
+        keys[name] = KeyView(
+            name=name,
+            spec=spec,
+            version=int(version),
+            value=decode(value, spec.width) if value else None,
+            own_slot=decode(own, spec.width) if own else None,
+            own_incarnation=int(own_inc) if own_inc else None,
+        )
+    return PullResult(epoch, fleet_version, epoch != known_epoch, keys, now)

@@ -1,0 +1,135 @@
+"""Every error redisync raises, under one root so callers can catch them all.
+
+Validation errors (bad reports, bad schemas) also subclass ``ValueError`` so that code
+written against plain Python conventions still catches them. Server-side rejections carry
+the machine-readable ``reason`` code the fold script wrote to the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+
+class RedisyncError(Exception):
+    """Root of every redisync error."""
+
+
+class ConnectionUnavailable(RedisyncError):
+    """The store could not be reached (the URL is wrong or the server is down)."""
+
+
+class RunNotFound(RedisyncError):
+    """The run has no state in the store: never registered, or the store lost it (new epoch)."""
+
+
+class SchemaMismatch(RedisyncError, ValueError):
+    """The client's schema differs from the one registered for the run."""
+
+    def __init__(self, key: str | None, difference: str):
+        self.key = key
+        self.difference = difference
+        where = f"key {key!r}: " if key else ""
+        super().__init__(f"schema mismatch: {where}{difference}")
+
+
+class InvalidSchema(RedisyncError, ValueError):
+    """A schema or key spec is malformed (bad key name, shape, owner, option)."""
+
+
+class InvalidReport(RedisyncError, ValueError):
+    """A report was refused. ``key`` names the offending key (None for the envelope).
+
+    Raised on the client before anything is sent, or by the server when a client skipped
+    validation; ``reason`` is the same code in both places.
+    """
+
+    reason = "invalid"
+
+    def __init__(self, key: str | None, detail: str, *, reason: str | None = None):
+        self.key = key
+        self.detail = detail
+        if reason is not None:
+            self.reason = reason
+        where = f"key {key!r}" if key else "report"
+        super().__init__(f"{where}: {detail} [{self.reason}]")
+
+
+class MalformedReport(InvalidReport):
+    """Wrong types, missing or extra fields, unparsable envelope values."""
+
+    reason = "malformed"
+
+
+class UnknownKey(InvalidReport):
+    """The report names a key the run's schema does not declare."""
+
+    reason = "unknown_key"
+
+
+class ShapeMismatch(InvalidReport):
+    """An array does not have (or broadcast to) the key's declared shape or byte length."""
+
+    reason = "shape"
+
+
+class NonFiniteValue(InvalidReport):
+    """An array holds NaN or ±inf."""
+
+    reason = "non_finite"
+
+
+class NegativeValue(InvalidReport):
+    """A count or a sum of squares is negative."""
+
+    reason = "negative"
+
+
+class PayloadTooLarge(InvalidReport):
+    """The report exceeds the configured size limit."""
+
+    reason = "too_large"
+
+
+class NotOwner(InvalidReport):
+    """A shard wrote a broadcast key owned by another shard."""
+
+    reason = "not_owner"
+
+
+class StaleIncarnation(InvalidReport):
+    """A report from an incarnation older than the shard's current one (a zombie process)."""
+
+    reason = "stale_incarnation"
+
+
+class SeqRollback(InvalidReport):
+    """A report whose sequence number is lower than one already folded for its incarnation."""
+
+    reason = "seq_rollback"
+
+
+class SchemaDigestMismatch(InvalidReport):
+    """The server refused a report made against a different schema."""
+
+    reason = "schema_mismatch"
+
+
+_BY_REASON: dict[str, type[InvalidReport]] = {
+    cls.reason: cls
+    for cls in (
+        MalformedReport,
+        UnknownKey,
+        ShapeMismatch,
+        NonFiniteValue,
+        NegativeValue,
+        PayloadTooLarge,
+        NotOwner,
+        StaleIncarnation,
+        SeqRollback,
+        SchemaDigestMismatch,
+    )
+}
+
+
+def rejection(reason: str, key: str | None, detail: str) -> InvalidReport:
+    """The typed error for a server-side rejection code."""
+    cls = _BY_REASON.get(reason, InvalidReport)
+    return cls(key or None, detail, reason=reason)

@@ -1,0 +1,77 @@
+"""Every Redis key name redisync uses, in one place.
+
+All keys of a run share the hash tag ``{run}`` so that a run lives in one Redis Cluster
+slot and every script touches one slot.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidSchema
+
+ROOT = "redisync"
+_RUN_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """Key names of one run.
+
+    - ``meta``: hash, run metadata (epoch, fleet_version, schema, limits, times).
+    - ``shards``: hash, per shard ``<id>:incarnation``, ``<id>:seq``, ``<id>:at``.
+    - ``key_meta(name)``: hash, readable metadata of one synced key (spec, version, writers, slots).
+    - ``key_data(name)``: hash, the key's float64 vectors (``agg``, ``slot:<id>``, ``retired``, ``value``).
+    - ``reports`` / ``dead_letters``: streams of accepted and rejected reports.
+    - ``channel``: pub/sub channel on which every applied fold announces the new fleet version.
+    """
+
+    run: str
+
+    def __post_init__(self) -> None:
+        if not _RUN_NAME.match(self.run):
+            raise InvalidSchema(
+                f"run name {self.run!r} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'"
+            )
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}:{{{self.run}}}:"
+
+    @property
+    def meta(self) -> str:
+        return self.prefix + "meta"
+
+    @property
+    def shards(self) -> str:
+        return self.prefix + "shards"
+
+    @property
+    def reports(self) -> str:
+        return self.prefix + "reports"
+
+    @property
+    def dead_letters(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def channel(self) -> str:
+        return self.prefix + "versions"
+
+    def key_meta(self, name: str) -> str:
+        return self.prefix + "key:" + name
+
+    def key_data(self, name: str) -> str:
+        return self.prefix + "data:" + name
+
+    @property
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of this run (braces escaped for glob)."""
+        return f"{ROOT}:\\{{{self.run}\\}}:*"
+
+
+def run_of(key: str) -> str | None:
+    """The run name a redisync key belongs to, or None for a foreign key."""
+    m = re.match(rf"^{ROOT}:\{{([^}}]+)\}}:", key)
+    return m.group(1) if m else None

@@ -1,0 +1,45 @@
+-- pull.lua: the fleet state a collector has not seen yet, in one round trip. Read-only.
+--
+-- KEYS[1]          the run's meta hash
+-- KEYS[2i], [2i+1] key-meta and data hashes of the i-th key of the caller's schema
+-- ARGV[1]          the caller's shard id ('' for a reader without a slot, e.g. the learner)
+-- ARGV[2]          the epoch the caller knows ('' if none)
+-- ARGV[3]          the fleet version the caller knows
+-- ARGV[3 + i]      the version of the i-th key the caller knows
+-- returns nil when the caller is current (same epoch and fleet version)
+--       | {'no_run'}
+--       | {'changed', epoch, fleet_version, now_us,
+--          then per changed key: index, version, value, own_slot, own_incarnation}
+--         where value is the merge aggregate (count || sum [|| sumsq]) or the broadcast value
+--         ('' if never written), and own_slot is the caller's slot as folded ('' if none).
+
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'fleet_version')
+if not meta[1] then return {'no_run'} end
+local same_epoch = meta[1] == ARGV[2]
+if same_epoch and meta[2] == ARGV[3] then return nil end
+
+local t = redis.call('TIME')
+local reply = {'changed', meta[1], meta[2], string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))}
+local shard = ARGV[1]
+for i = 1, (#KEYS - 1) / 2 do
+  local km, kd = KEYS[2 * i], KEYS[2 * i + 1]
+  local info = redis.call('HMGET', km, 'version', 'semantics')
+  if info[1] and (not same_epoch or info[1] ~= ARGV[3 + i]) then
+    local value, own, own_inc
+    if info[2] == 'merge' then
+      value = redis.call('HGET', kd, 'agg')
+      if shard ~= '' then
+        own = redis.call('HGET', kd, 'slot:' .. shard)
+        own_inc = redis.call('HGET', km, 'slot:' .. shard .. ':incarnation')
+      end
+    else
+      value = redis.call('HGET', kd, 'value')
+    end
+    reply[#reply + 1] = i
+    reply[#reply + 1] = tonumber(info[1])
+    reply[#reply + 1] = value or ''
+    reply[#reply + 1] = own or ''
+    reply[#reply + 1] = own_inc or ''
+  end
+end
+return reply

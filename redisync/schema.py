@@ -1,0 +1,270 @@
+"""Key specs, the run schema and shard reports, as pydantic v2 models.
+
+A report is validated here, on the client, before anything is sent: arrays become float64
+of the key's shape, everything is finite, counts and sums of squares are non-negative,
+unknown keys and oversize payloads are refused. The fold script repeats every check on the
+server, because a client is not trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from typing import Annotated, Any, Literal, Mapping, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from . import errors
+
+KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}$")
+MAX_ELEMENTS = 1 << 22  # 32 MiB per vector: far beyond any curriculum state, well under Redis' 512 MB
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shape: tuple[int, ...]
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _shape(cls, v: Any) -> Any:
+        if isinstance(v, int):
+            return (v,)
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _shape_ok(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d <= 0 for d in v):
+            raise ValueError(f"every dimension must be positive, got {v}")
+        if math.prod(v) > MAX_ELEMENTS:
+            raise ValueError(f"shape {v} holds more than {MAX_ELEMENTS} elements")
+        return v
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+class BroadcastSpec(_Spec):
+    """Last-writer-wins register; with ``owner``, only that shard may write."""
+
+    semantics: Literal["broadcast"] = "broadcast"
+    owner: int | None = Field(default=None, ge=0)
+
+    @property
+    def width(self) -> int:
+        """float64 values per report: the value."""
+        return self.size
+
+
+class MergeSpec(_Spec):
+    """Per-shard slots of cumulative (count, sum[, sumsq]); the fleet value is their sum."""
+
+    semantics: Literal["merge"] = "merge"
+    stale_after_s: float | None = Field(default=None, gt=0)
+    sumsq: bool = False
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return ("count", "sum", "sumsq") if self.sumsq else ("count", "sum")
+
+    @property
+    def width(self) -> int:
+        """float64 values per report: count, sum and (if tracked) sumsq, each of the key's shape."""
+        return self.size * len(self.parts)
+
+
+KeySpec = Annotated[Union[BroadcastSpec, MergeSpec], Field(discriminator="semantics")]
+
+
+def broadcast(shape: int | tuple[int, ...], owner: int | None = None) -> BroadcastSpec:
+    """A last-writer-wins key (penalty scale, curriculum stage, a learner-owned normaliser)."""
+    return _build(BroadcastSpec, shape=shape, owner=owner)
+
+
+def merge(
+    shape: int | tuple[int, ...], stale_after_s: float | None = None, sumsq: bool = False
+) -> MergeSpec:
+    """A pooled-statistics key (failure EMA, normaliser moments, histograms)."""
+    return _build(MergeSpec, shape=shape, stale_after_s=stale_after_s, sumsq=sumsq)
+
+
+def _build(cls: type[_Spec], **kw: Any) -> Any:
+    try:
+        return cls(**kw)
+    except ValidationError as e:
+        raise errors.InvalidSchema(f"{cls.__name__}: {_first_error(e)}") from None
+
+
+class Limits(BaseModel):
+    """Per-run limits, fixed by the first registration."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_report_bytes: int = Field(default=64 << 20, gt=0)
+    stream_maxlen: int = Field(default=1000, ge=1)
+    dead_letter_maxlen: int = Field(default=10_000, ge=1)
+
+
+class Schema(BaseModel):
+    """All key specs of a run. Registering stores it; the first registration wins."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    keys: dict[str, KeySpec]
+
+    @field_validator("keys")
+    @classmethod
+    def _names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            raise ValueError("a schema needs at least one key")
+        for name in v:
+            if not KEY_NAME.match(name):
+                raise ValueError(f"key name {name!r} must look like 'term/name' (letters, digits, '_', '.', '-')")
+        return dict(sorted(v.items()))
+
+    @classmethod
+    def of(cls, keys: Mapping[str, Any]) -> "Schema":
+        try:
+            return cls(keys=dict(keys))
+        except ValidationError as e:
+            raise errors.InvalidSchema(_first_error(e)) from None
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha1(self.canonical_json().encode()).hexdigest()
+
+    def difference(self, other: "Schema") -> tuple[str | None, str] | None:
+        """The first difference from ``other`` (the registered schema), as (key, description)."""
+        for name in sorted(set(self.keys) | set(other.keys)):
+            mine, theirs = self.keys.get(name), other.keys.get(name)
+            if mine == theirs:
+                continue
+            if theirs is None:
+                return name, "not in the registered schema"
+            if mine is None:
+                return name, "registered but missing from this client's schema"
+            a, b = mine.model_dump(), theirs.model_dump()
+            diffs = [f"{f}={a.get(f)!r} here, {b.get(f)!r} registered" for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
+            return name, "; ".join(diffs)
+        return None
+
+
+# ---------------------------------------------------------------------------------- reports
+
+
+def _as_float64(v: Any) -> np.ndarray:
+    if isinstance(v, (str, bytes)) or v is None:
+        raise ValueError(f"expected a number or an array of numbers, got {type(v).__name__}")
+    try:
+        arr = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"not convertible to float64: {e}") from None
+    return arr
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class BroadcastReport(_Report):
+    value: Any
+
+    def vectors(self, name: str, spec: BroadcastSpec) -> list[np.ndarray]:
+        return [_checked(name, "value", self.value, spec.shape, nonneg=False)]
+
+
+class MergeReport(_Report):
+    count: Any
+    sum: Any
+    sumsq: Any = None
+
+    def vectors(self, name: str, spec: MergeSpec) -> list[np.ndarray]:
+        if spec.sumsq and self.sumsq is None:
+            raise errors.MalformedReport(name, "the key tracks sumsq but the report has none")
+        if not spec.sumsq and self.sumsq is not None:
+            raise errors.MalformedReport(name, "the key does not track sumsq but the report carries one")
+        out = [
+            _checked(name, "count", self.count, spec.shape, nonneg=True),
+            _checked(name, "sum", self.sum, spec.shape, nonneg=False),
+        ]
+        if spec.sumsq:
+            out.append(_checked(name, "sumsq", self.sumsq, spec.shape, nonneg=True))
+        return out
+
+
+Report = Union[BroadcastReport, MergeReport]
+
+
+def _checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: bool) -> np.ndarray:
+    try:
+        arr = _as_float64(raw)
+    except ValueError as e:
+        raise errors.MalformedReport(name, f"{part}: {e}") from None
+    try:
+        arr = np.broadcast_to(arr, shape)
+    except ValueError:
+        raise errors.ShapeMismatch(name, f"{part} has shape {arr.shape}, the key's shape is {shape}") from None
+    finite = np.isfinite(arr)
+    if not finite.all():
+        idx = np.unravel_index(int(np.argmin(finite)), shape) if shape else ()
+        raise errors.NonFiniteValue(name, f"{part}{list(idx)} is {arr[idx]}")
+    if nonneg and (arr < 0).any():
+        idx = np.unravel_index(int(np.argmax(arr < 0)), shape) if shape else ()
+        raise errors.NegativeValue(name, f"{part}{list(idx)} is {arr[idx]} (must be >= 0)")
+    return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+def coerce_report(name: str, spec: BroadcastSpec | MergeSpec, raw: Any) -> Report:
+    """A report model for ``spec`` from a model or a mapping (``{"value": ...}`` / ``{"count", "sum"}``)."""
+    model = BroadcastReport if isinstance(spec, BroadcastSpec) else MergeReport
+    if isinstance(raw, model):
+        return raw
+    if isinstance(raw, _Report):
+        raise errors.MalformedReport(name, f"a {spec.semantics} key needs a {model.__name__}, got {type(raw).__name__}")
+    if not isinstance(raw, Mapping):
+        raise errors.MalformedReport(name, f"expected a mapping or {model.__name__}, got {type(raw).__name__}")
+    try:
+        return model(**raw)
+    except ValidationError as e:
+        raise errors.MalformedReport(name, _first_error(e)) from None
+    except TypeError as e:  # non-string mapping keys
+        raise errors.MalformedReport(name, str(e)) from None
+
+
+def validate_reports(
+    schema: Schema, reports: Mapping[str, Any], limits: Limits
+) -> dict[str, list[np.ndarray]]:
+    """Check a whole shard report against the schema; returns per key its float64 vectors.
+
+    Raises a typed :class:`~redisync.errors.InvalidReport` naming the first bad key.
+    """
+    if not isinstance(reports, Mapping) or not reports:
+        raise errors.MalformedReport(None, "a report must be a non-empty mapping of key name to report")
+    out: dict[str, list[np.ndarray]] = {}
+    total = 0
+    for name, raw in reports.items():
+        if not isinstance(name, str):
+            raise errors.MalformedReport(None, f"key names must be str, got {type(name).__name__}")
+        spec = schema.keys.get(name)
+        if spec is None:
+            raise errors.UnknownKey(name, "not declared in the run's schema")
+        vectors = coerce_report(name, spec, raw).vectors(name, spec)
+        total += sum(v.nbytes for v in vectors)
+        if total > limits.max_report_bytes:
+            raise errors.PayloadTooLarge(name, f"report exceeds max_report_bytes={limits.max_report_bytes}")
+        out[name] = vectors
+    return out
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    return f"{loc}: {err['msg']}" if loc else err["msg"]

@@ -1,0 +1,179 @@
+"""The fold in pure Python: the specification of the two semantics and the oracle for the Lua.
+
+Everything the fold script does to a run's state is written here once more, in the same
+order and with the same float64 arithmetic, so that tests can require the Lua fold (on a
+real Redis and on fakeredis) to end in the same state as this reference after any sequence
+of reports. Payloads are flat float64 vectors: a broadcast key's value, or a merge key's
+``count ‖ sum [‖ sumsq]`` parts laid end to end.
+
+The merge aggregate is updated incrementally, ``agg ← (agg − old slot) + new slot``, so one
+fold costs O(payload) whatever the number of shards. It equals the sum of the live slots
+(plus ``retired``) up to float64 rounding: counts, which are integers below 2**53, stay exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+import numpy as np
+
+from .schema import BroadcastSpec, MergeSpec, Schema
+
+Status = Literal["applied", "duplicate", "rejected"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    fleet_version: int = 0
+    reason: str | None = None
+    key: str | None = None
+
+
+@dataclass
+class Slot:
+    incarnation: int
+    seq: int
+    at_us: int
+    payload: np.ndarray
+
+
+@dataclass
+class KeyState:
+    spec: BroadcastSpec | MergeSpec
+    version: int = 0
+    updated_us: int = 0
+    # broadcast: the value and its writer; merge: the aggregate, live slots and retired history
+    value: np.ndarray | None = None
+    writer: int | None = None
+    slots: dict[int, Slot] = field(default_factory=dict)
+    retired: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.spec, MergeSpec):
+            self.value = np.zeros(self.spec.width)
+
+
+@dataclass
+class ShardState:
+    incarnation: int
+    seq: int
+    at_us: int
+
+
+def check_values(spec: BroadcastSpec | MergeSpec, payload: np.ndarray) -> str | None:
+    """The rejection reason for a payload's values, checked element by element in payload order."""
+    if isinstance(spec, BroadcastSpec):
+        return None if np.isfinite(payload).all() else "non_finite"
+    n = spec.size
+    for i, v in enumerate(payload):
+        if not np.isfinite(v):
+            return "non_finite"
+        part = i // n  # 0 count, 1 sum, 2 sumsq
+        if part != 1 and v < 0:
+            return "negative"
+    return None
+
+
+class ReferenceFold:
+    """The state of one run, folded exactly as ``lua/fold.lua`` folds it."""
+
+    def __init__(self, schema: Schema):
+        self.schema = schema
+        self.fleet_version = 0
+        self.keys = {name: KeyState(spec) for name, spec in schema.keys.items()}
+        self.shards: dict[int, ShardState] = {}
+
+    def apply(
+        self,
+        shard_id: int,
+        incarnation: int,
+        seq: int,
+        payloads: Mapping[str, np.ndarray],
+        now_us: int,
+    ) -> Outcome:
+        cur = self.shards.get(shard_id)
+        if cur is not None:
+            if incarnation < cur.incarnation:
+                return Outcome("rejected", reason="stale_incarnation")
+            if incarnation == cur.incarnation:
+                if seq == cur.seq:
+                    return Outcome("duplicate", self.fleet_version)
+                if seq < cur.seq:
+                    return Outcome("rejected", reason="seq_rollback")
+        for name, payload in payloads.items():
+            state = self.keys.get(name)
+            if state is None:
+                return Outcome("rejected", reason="unknown_key", key=name)
+            if payload.shape != (state.spec.width,):
+                return Outcome("rejected", reason="shape", key=name)
+            if isinstance(state.spec, BroadcastSpec) and state.spec.owner not in (None, shard_id):
+                return Outcome("rejected", reason="not_owner", key=name)
+            bad = check_values(state.spec, payload)
+            if bad:
+                return Outcome("rejected", reason=bad, key=name)
+
+        for name, payload in payloads.items():
+            state = self.keys[name]
+            if isinstance(state.spec, BroadcastSpec):
+                state.value = payload.copy()
+                state.writer = shard_id
+            else:
+                self._fold_merge(state, shard_id, incarnation, seq, payload, now_us)
+            state.version += 1
+            state.updated_us = now_us
+        self.fleet_version += 1
+        self.shards[shard_id] = ShardState(incarnation, seq, now_us)
+        return Outcome("applied", self.fleet_version)
+
+    @staticmethod
+    def _fold_merge(state: KeyState, shard_id: int, incarnation: int, seq: int, payload: np.ndarray, now_us: int) -> None:
+        spec = state.spec
+        assert isinstance(spec, MergeSpec) and state.value is not None
+        agg = state.value
+        old = state.slots.get(shard_id)
+        if old is not None and old.incarnation != incarnation:
+            # the shard restarted: its previous life's statistics leave the slot
+            if spec.stale_after_s is None:
+                state.retired = old.payload.copy() if state.retired is None else state.retired + old.payload
+            else:
+                agg = agg - old.payload
+            del state.slots[shard_id]
+            old = None
+        if spec.stale_after_s is not None:
+            limit = spec.stale_after_s * 1e6
+            for other in sorted(state.slots):
+                slot = state.slots[other]
+                if other != shard_id and now_us - slot.at_us > limit:
+                    agg = agg - slot.payload
+                    del state.slots[other]
+        agg = agg + payload if old is None else (agg - old.payload) + payload
+        state.value = agg
+        state.slots[shard_id] = Slot(incarnation, seq, now_us, payload.copy())
+
+
+# ------------------------------------------------------------------------- reading helpers
+
+
+def split_parts(spec: MergeSpec, flat: np.ndarray) -> dict[str, np.ndarray]:
+    """``count``, ``sum`` (and ``sumsq``) of a flat merge payload, each in the key's shape."""
+    n = spec.size
+    return {part: flat[i * n : (i + 1) * n].reshape(spec.shape) for i, part in enumerate(spec.parts)}
+
+
+def moments(count: np.ndarray, total: np.ndarray, sumsq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``mean = sum / count`` and ``var = max(sumsq / count - mean², 0)``; 0 where count is 0."""
+    safe = np.where(count > 0, count, 1.0)
+    mean = np.where(count > 0, total / safe, 0.0)
+    if sumsq is None:
+        return mean, None
+    var = np.where(count > 0, np.maximum(sumsq / safe - mean * mean, 0.0), 0.0)
+    return mean, var
+
+
+def own_substituted(aggregate: np.ndarray, own_as_folded: np.ndarray | None, own_current: np.ndarray) -> np.ndarray:
+    """A collector's view: everybody else's data as of the last pull plus all of its own up to now."""
+    if own_as_folded is None:
+        return aggregate + own_current
+    return (aggregate - own_as_folded) + own_current
