@@ -214,12 +214,17 @@ def _checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: 
         raise errors.ShapeMismatch(name, f"{part} has shape {arr.shape}, the key's shape is {shape}") from None
     finite = np.isfinite(arr)
     if not finite.all():
-        idx = np.unravel_index(int(np.argmin(finite)), shape) if shape else ()
+        idx = _first(~finite)
         raise errors.NonFiniteValue(name, f"{part}{list(idx)} is {arr[idx]}")
     if nonneg and (arr < 0).any():
-        idx = np.unravel_index(int(np.argmax(arr < 0)), shape) if shape else ()
+        idx = _first(arr < 0)
         raise errors.NegativeValue(name, f"{part}{list(idx)} is {arr[idx]} (must be >= 0)")
-    return np.ascontiguousarray(arr, dtype=np.float64)
+    return np.array(arr, dtype=np.float64, order="C")  # a copy: later edits by the caller change nothing
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    """The index of the first True element, as plain ints."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape)) if mask.shape else ()
 
 
 def coerce_report(name: str, spec: BroadcastSpec | MergeSpec, raw: Any) -> Report:

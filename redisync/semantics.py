@@ -18,7 +18,7 @@ from typing import Literal, Mapping
 
 import numpy as np
 
-from .schema import BroadcastSpec, MergeSpec, Schema
+from .schema import BroadcastSpec, Limits, MergeSpec, Schema
 
 Status = Literal["applied", "duplicate", "rejected"]
 
@@ -79,8 +79,9 @@ def check_values(spec: BroadcastSpec | MergeSpec, payload: np.ndarray) -> str | 
 class ReferenceFold:
     """The state of one run, folded exactly as ``lua/fold.lua`` folds it."""
 
-    def __init__(self, schema: Schema):
+    def __init__(self, schema: Schema, limits: Limits | None = None):
         self.schema = schema
+        self.limits = limits or Limits()
         self.fleet_version = 0
         self.keys = {name: KeyState(spec) for name, spec in schema.keys.items()}
         self.shards: dict[int, ShardState] = {}
@@ -102,6 +103,8 @@ class ReferenceFold:
                     return Outcome("duplicate", self.fleet_version)
                 if seq < cur.seq:
                     return Outcome("rejected", reason="seq_rollback")
+        if sum(8 * p.size for p in payloads.values()) > self.limits.max_report_bytes:
+            return Outcome("rejected", reason="too_large")
         for name, payload in payloads.items():
             state = self.keys.get(name)
             if state is None:

@@ -1,0 +1,63 @@
+"""Fixtures: every store test runs on the embedded default AND on a real Redis.
+
+The real server is ``REDISYNC_TEST_URL`` (default: database 9 of 127.0.0.1:6379). Each test
+gets a run of its own, deleted afterwards. When ``REDISYNC_REQUIRE_REDIS=1`` (set by
+``scripts/test`` and so by CI) an unreachable server fails the tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import redis
+
+import redisync
+from redisync.client import Store, redis_client
+
+REAL_URL = os.environ.get("REDISYNC_TEST_URL", "redis://127.0.0.1:6379/9")
+BACKENDS = ["embedded", "real"]
+
+
+def real_redis_or_skip() -> str:
+    try:
+        redis.Redis.from_url(REAL_URL, socket_connect_timeout=1).ping()
+    except redis.RedisError as e:
+        if os.environ.get("REDISYNC_REQUIRE_REDIS") == "1":
+            pytest.fail(f"real Redis required but unreachable at {REAL_URL}: {e}")
+        pytest.skip(f"no Redis at {REAL_URL}")
+    return REAL_URL
+
+
+def backend_url(backend: str) -> str | None:
+    return real_redis_or_skip() if backend == "real" else None
+
+
+def new_store(backend: str, run: str | None = None) -> Store:
+    return redisync.connect(backend_url(backend), run=run or f"t-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def make_store(backend):
+    """Factory of fresh runs on the test's backend; every run is deleted afterwards."""
+    made: list[Store] = []
+
+    def make(run: str | None = None) -> Store:
+        store = new_store(backend, run)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.delete()
+
+
+@pytest.fixture
+def real_url() -> str:
+    return real_redis_or_skip()

@@ -1,0 +1,86 @@
+"""Reading a run's raw state out of Redis in the shape of the reference fold, for comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from redisync.client import Store
+from redisync.codec import decode
+from redisync.schema import MergeSpec
+from redisync.semantics import ReferenceFold
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def lua_state(store: Store) -> dict:
+    """fleet version, shards and per key: version, value, writer, slots, retired."""
+    r = store.redis
+    out = {"fleet_version": int(r.hget(store.keys.meta, "fleet_version")), "shards": {}, "keys": {}}
+    shards = {_s(k): _s(v) for k, v in r.hgetall(store.keys.shards).items()}
+    for field, v in shards.items():
+        sid, what = field.split(":")
+        if what != "at_us":
+            out["shards"].setdefault(int(sid), {})[what] = int(v)
+    for name, spec in store.schema.keys.items():
+        meta = {_s(k): _s(v) for k, v in r.hgetall(store.keys.key_meta(name)).items()}
+        data = {_s(k): v for k, v in r.hgetall(store.keys.key_data(name)).items()}
+        key = {"version": int(meta["version"])}
+        if isinstance(spec, MergeSpec):
+            key["value"] = decode(data["agg"], spec.width)
+            key["retired"] = decode(data["retired"], spec.width) if "retired" in data else None
+            key["slots"] = {
+                int(f.split(":")[1]): (int(meta[f + ":incarnation"]), int(meta[f + ":seq"]), decode(v, spec.width))
+                for f, v in data.items()
+                if f.startswith("slot:")
+            }
+            writers = meta.get("writers", "")
+            assert sorted(map(int, filter(None, writers.split(",")))) == sorted(key["slots"]), "writers list drifted"
+        else:
+            key["value"] = decode(data["value"], spec.width) if "value" in data else None
+            key["writer"] = int(meta["writer"]) if "writer" in meta else None
+        out["keys"][name] = key
+    return out
+
+
+def reference_state(ref: ReferenceFold) -> dict:
+    out = {
+        "fleet_version": ref.fleet_version,
+        "shards": {sid: {"incarnation": s.incarnation, "seq": s.seq} for sid, s in ref.shards.items()},
+        "keys": {},
+    }
+    for name, st in ref.keys.items():
+        key = {"version": st.version, "value": st.value}
+        if isinstance(st.spec, MergeSpec):
+            key["retired"] = st.retired
+            key["slots"] = {sid: (s.incarnation, s.seq, s.payload) for sid, s in st.slots.items()}
+        else:
+            key["writer"] = st.writer
+        out["keys"][name] = key
+    return out
+
+
+def _close(a, b, rtol: float) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= rtol * np.maximum(np.abs(a), np.abs(b))))
+
+
+def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
+    """Exact for versions, shards, slots and broadcast values; ``rtol`` for merge aggregates."""
+    assert lua["fleet_version"] == ref["fleet_version"]
+    assert lua["shards"] == ref["shards"]
+    for name, r in ref["keys"].items():
+        l = lua["keys"][name]
+        assert l["version"] == r["version"], name
+        if "slots" in r:
+            assert _close(l["value"], r["value"], rtol), (name, l["value"], r["value"])
+            assert _close(l["retired"], r["retired"], rtol), name
+            assert set(l["slots"]) == set(r["slots"]), name
+            for sid, (inc, seq, payload) in r["slots"].items():
+                linc, lseq, lpayload = l["slots"][sid]
+                assert (linc, lseq) == (inc, seq) and np.array_equal(lpayload, payload), (name, sid)
+        else:
+            assert l["writer"] == r["writer"], name
+            assert (l["value"] is None and r["value"] is None) or np.array_equal(l["value"], r["value"]), name

@@ -1,0 +1,153 @@
+"""The Lua fold against the pure-Python reference, on fakeredis and on a real Redis.
+
+Hypothesis drives random report sequences — duplicates and retries, reordering between
+shards, incarnation changes (and zombies of old incarnations), stale slots, rejected
+reports — through both and requires the same outcomes and the same final state.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from redisync import errors
+from redisync.codec import encode
+from redisync.schema import Schema, broadcast, merge
+from redisync.semantics import ReferenceFold
+
+from .conftest import new_store
+from .support import assert_same_state, lua_state, reference_state
+
+SCHEMA = Schema.of(
+    {
+        "motion/ema": merge(3),  # history key: a restarted shard's slot is retired
+        "obs/norm": merge(2, stale_after_s=0.003, sumsq=True),  # stale key: dead slots drop out
+        "curriculum/stage": broadcast(2),
+        "curriculum/scale": broadcast((), owner=0),
+    }
+)
+NAMES = list(SCHEMA.keys)
+SHARDS = 3
+
+KINDS = ["publish", "duplicate", "restart", "zombie", "rollback", "corrupt", "sleep"]
+WEIGHTS = np.array([10, 2, 3, 1, 1, 2, 1], dtype=float)
+
+
+def random_payload(rng: np.random.Generator, name: str, corrupt: bool) -> np.ndarray:
+    spec = SCHEMA.keys[name]
+    scale = 10.0 ** rng.integers(-3, 7)  # magnitudes from 1e-3 to 1e6, to stress the rounding
+    if spec.semantics == "broadcast":
+        flat = rng.normal(0, scale, spec.size)
+    else:
+        flat = np.concatenate(
+            [rng.normal(0, scale, spec.size) if part == "sum" else rng.uniform(0, scale, spec.size) for part in spec.parts]
+        )
+    if corrupt:
+        flat[rng.integers(flat.size)] = rng.choice([np.nan, np.inf, -np.inf, -1.0])
+    return flat
+
+
+def random_operations(seed: int, length: int) -> list:
+    """A sequence of (kind, shard, {key: payload}); hypothesis picks the seed and the length."""
+    rng = np.random.default_rng(seed)
+    ops = []
+    for _ in range(length):
+        kind = KINDS[rng.choice(len(KINDS), p=WEIGHTS / WEIGHTS.sum())]
+        names = [n for n in NAMES if rng.random() < 0.5] or [NAMES[rng.integers(len(NAMES))]]
+        rng.shuffle(names)
+        payloads = {n: random_payload(rng, n, corrupt=(kind == "corrupt" and i == 0)) for i, n in enumerate(names)}
+        ops.append((kind, int(rng.integers(SHARDS)), payloads))
+    return ops
+
+
+def run_sequence(store, ops) -> None:
+    store.register(SCHEMA)
+    ref = ReferenceFold(SCHEMA)
+    clients = {s: store.shard(s, incarnation=1000 + s) for s in range(SHARDS)}
+    last: dict[int, tuple[int, dict]] = {}
+    for kind, shard, payloads in ops:
+        c = clients[shard]
+        if kind == "sleep":
+            time.sleep(0.005)
+            continue
+        inc, seq = c.incarnation, c.seq + 1
+        if kind == "duplicate" and shard in last:
+            seq, payloads = last[shard]
+        elif kind == "restart":
+            c.incarnation += 7
+            inc = c.incarnation
+        elif kind == "zombie":
+            inc = c.incarnation - 1
+        elif kind == "rollback" and c.seq > 1:
+            seq = c.seq - 1
+        try:
+            c.incarnation, real_inc = inc, c.incarnation
+            res = c.publish_payloads({n: encode([p]) for n, p in payloads.items()}, seq)
+            got = (res.status, None, None)
+            now = res.server_time_us or 0
+        except errors.InvalidReport as e:
+            got, now = ("rejected", e.reason, e.key), 0
+        finally:
+            c.incarnation = real_inc
+        if got[0] == "applied":
+            c.seq = max(c.seq, seq)
+            last[shard] = (seq, payloads)
+        expected = ref.apply(shard, inc, seq, payloads, now)
+        assert got == (expected.status, expected.reason, expected.key), (kind, shard)
+        if got[0] == "duplicate":
+            assert res.fleet_version == expected.fleet_version
+    assert_same_state(lua_state(store), reference_state(ref))
+    # the reference itself: the aggregate is the sum of the live slots and the retired history
+    for name, key in ref.keys.items():
+        if key.spec.semantics == "merge":
+            parts = [s.payload for s in key.slots.values()] + ([key.retired] if key.retired is not None else [])
+            exact = np.sum(parts, axis=0) if parts else np.zeros(key.spec.width)
+            scale = 1e6 * (1 + ref.fleet_version)
+            assert np.allclose(key.value, exact, rtol=0, atol=1e-12 * scale), name
+
+
+@pytest.mark.parametrize("backend", ["embedded", "real"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), length=st.integers(1, 80))
+def test_lua_fold_matches_reference(backend, seed, length):
+    store = new_store(backend)
+    try:
+        run_sequence(store, random_operations(seed, length))
+    finally:
+        store.delete()
+
+
+@pytest.mark.parametrize("backend", ["embedded", "real"])
+@settings(max_examples=25, deadline=None)
+@given(
+    n_shards=st.integers(1, 8),
+    seed=st.integers(0, 2**32 - 1),
+    publishes=st.integers(1, 4),
+    loc=st.floats(-5, 5),
+    scale=st.floats(0.1, 10),
+)
+def test_sharded_statistics_equal_the_unsharded_ones(backend, n_shards, seed, publishes, loc, scale):
+    """N shards publishing cumulative stats of disjoint slices == one shard with all samples (1e-9)."""
+    rng = np.random.default_rng(seed)
+    samples = rng.normal(loc, scale, size=(int(rng.integers(n_shards, 400)), 3))
+    schema = Schema.of({"obs/norm": merge(3, sumsq=True)})
+    store = new_store(backend)
+    try:
+        store.register(schema)
+        slices = np.array_split(samples, n_shards)
+        clients = [store.shard(s) for s in range(n_shards)]
+        for p in range(1, publishes + 1):  # cumulative reports: each one carries everything so far
+            for client, chunk in zip(clients, slices):
+                seen = chunk[: len(chunk) * p // publishes]
+                client.publish({"obs/norm": {"count": len(seen), "sum": seen.sum(0), "sumsq": (seen**2).sum(0)}})
+        view = store.fleet().keys["obs/norm"]
+        mean, var = view.moments()
+        assert np.allclose(view.parts()["count"], len(samples), rtol=0, atol=0)
+        np.testing.assert_allclose(mean, samples.mean(0), rtol=1e-9, atol=1e-9 * scale)
+        np.testing.assert_allclose(var, samples.var(0), rtol=1e-9, atol=1e-9 * scale**2)
+    finally:
+        store.delete()

@@ -1,0 +1,85 @@
+"""Client-side validation: specs, schema comparison and reports, each failure a typed error."""
+
+import numpy as np
+import pytest
+
+from redisync import errors
+from redisync.schema import Limits, Schema, broadcast, merge, validate_reports
+
+SCHEMA = Schema.of(
+    {
+        "motion/bin_failed": merge(8),
+        "obs/norm": merge((2, 3), sumsq=True),
+        "curriculum/scale": broadcast((), owner=0),
+    }
+)
+
+
+def test_specs_reject_bad_shapes_and_options():
+    with pytest.raises(errors.InvalidSchema, match="positive"):
+        merge((0, 3))
+    with pytest.raises(errors.InvalidSchema, match="stale_after_s"):
+        merge(3, stale_after_s=-1)
+    with pytest.raises(errors.InvalidSchema, match="owner"):
+        broadcast(3, owner=-2)
+    with pytest.raises(errors.InvalidSchema, match="term/name"):
+        Schema.of({"no_slash": merge(1)})
+    with pytest.raises(ValueError):  # validation errors are ValueErrors too
+        Schema.of({})
+
+
+def test_schema_difference_names_key_and_field():
+    other = Schema.of({**SCHEMA.keys, "motion/bin_failed": merge(9)})
+    key, diff = SCHEMA.difference(other)
+    assert key == "motion/bin_failed" and "shape=(8,) here, (9,) registered" in diff
+    extra = Schema.of({**SCHEMA.keys, "terrain/levels": merge(4)})
+    assert SCHEMA.difference(extra) == ("terrain/levels", "registered but missing from this client's schema")
+    assert SCHEMA.difference(SCHEMA) is None
+    assert SCHEMA.digest != other.digest
+
+
+def test_valid_report_is_coerced_to_float64_of_the_key_shape():
+    out = validate_reports(
+        SCHEMA,
+        {
+            "motion/bin_failed": {"count": 1, "sum": list(range(8))},
+            "obs/norm": {"count": 5, "sum": np.ones((2, 3), np.float32), "sumsq": np.full((1, 3), 2)},
+            "curriculum/scale": {"value": 0.5},
+        },
+        Limits(),
+    )
+    count, total = out["motion/bin_failed"]
+    assert count.dtype == np.float64 and count.shape == (8,) and (count == 1).all()
+    assert total.tolist() == list(range(8))
+    assert out["obs/norm"][2].shape == (2, 3) and (out["obs/norm"][2] == 2).all()
+    assert out["curriculum/scale"][0].shape == ()
+
+
+@pytest.mark.parametrize(
+    "report, error, words",
+    [
+        ({"nope/key": {"value": 1}}, errors.UnknownKey, "nope/key"),
+        ({"motion/bin_failed": {"count": 1, "sum": np.ones(7)}}, errors.ShapeMismatch, "shape (7,)"),
+        ({"motion/bin_failed": {"count": 1, "sum": [0.0] * 7 + [np.nan]}}, errors.NonFiniteValue, "sum[7]"),
+        ({"motion/bin_failed": {"count": 1, "sum": [np.inf] * 8}}, errors.NonFiniteValue, "inf"),
+        ({"motion/bin_failed": {"count": -1, "sum": np.ones(8)}}, errors.NegativeValue, "count"),
+        ({"obs/norm": {"count": 1, "sum": 0, "sumsq": -np.ones((2, 3))}}, errors.NegativeValue, "sumsq"),
+        ({"obs/norm": {"count": 1, "sum": 0}}, errors.MalformedReport, "tracks sumsq"),
+        ({"motion/bin_failed": {"count": 1, "sum": 0, "extra": 1}}, errors.MalformedReport, "extra"),
+        ({"motion/bin_failed": {"count": 1, "sum": "abc"}}, errors.MalformedReport, "str"),
+        ({"motion/bin_failed": {"value": 1}}, errors.MalformedReport, "motion/bin_failed"),
+        ({"curriculum/scale": 3.0}, errors.MalformedReport, "mapping"),
+        ({}, errors.MalformedReport, "non-empty"),
+        ({7: {"value": 1}}, errors.MalformedReport, "str"),
+    ],
+)
+def test_bad_reports_get_typed_errors_naming_key_and_problem(report, error, words):
+    with pytest.raises(error) as info:
+        validate_reports(SCHEMA, report, Limits())
+    assert isinstance(info.value, errors.RedisyncError) and isinstance(info.value, ValueError)
+    assert words in str(info.value)
+
+
+def test_size_limit():
+    with pytest.raises(errors.PayloadTooLarge, match="max_report_bytes=100"):
+        validate_reports(SCHEMA, {"motion/bin_failed": {"count": 1, "sum": np.ones(8)}}, Limits(max_report_bytes=100))
