@@ -101,7 +101,7 @@ class RunSnapshot(BaseModel):
 
 
 def _b(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
 
 
 class Store:

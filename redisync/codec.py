@@ -31,7 +31,7 @@ def decode(raw: bytes, width: int | None = None) -> np.ndarray:
 
 
 def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,135 @@
+"""A client that skips validation: the fold script refuses every forged argument by itself.
+
+Each case calls the script directly, then requires a typed error, a fleet state that is
+byte-identical to the one before, and the rejection in the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from redisync import errors
+from redisync.codec import encode, parse_publish
+from redisync.schema import Limits, Schema, broadcast, merge
+
+SCHEMA = Schema.of(
+    {
+        "motion/bin_failed": merge(4),
+        "obs/norm": merge(2, sumsq=True),
+        "curriculum/scale": broadcast((), owner=0),
+    }
+)
+
+
+def f64(*values: float) -> bytes:
+    return struct.pack(f"<{len(values)}d", *values)
+
+
+GOOD_BINS = f64(1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5)
+
+
+@pytest.fixture
+def run(make_store):
+    store = make_store()
+    store.register(SCHEMA, Limits(max_report_bytes=1000))
+    shard = store.shard(1, incarnation=500)
+    shard.publish({"motion/bin_failed": {"count": 1, "sum": 0.25}})  # seq 1: some state to protect
+    return store, shard
+
+
+def forge(store, *, keys=None, digest=None, shard="1", inc="500", seq="2", items=(("motion/bin_failed", GOOD_BINS),)):
+    k = store.keys
+    def named(n):  # names may be forged bytes
+        p = k.prefix.encode()
+        n = n if isinstance(n, bytes) else n.encode()
+        return (p + b"key:" + n, p + b"data:" + n)
+
+    keys = keys or [k.meta, k.shards, k.reports, k.dead_letters] + [x for n, _ in items for x in named(n)]
+    args = [digest or store.schema.digest, shard, inc, seq] + [x for item in items for x in item]
+    return store.scripts.fold(keys=keys, args=args)
+
+
+CASES = {
+    "nan": (dict(items=(("motion/bin_failed", f64(1, 1, 1, 1, 0, float("nan"), 0, 0)),)), "non_finite", "motion/bin_failed"),
+    "inf": (dict(items=(("obs/norm", f64(1, 1, 0, 0, float("inf"), 0)),)), "non_finite", "obs/norm"),
+    "-inf": (dict(items=(("curriculum/scale", f64(float("-inf"))),), shard="0"), "non_finite", "curriculum/scale"),
+    "negative count": (dict(items=(("motion/bin_failed", f64(1, -1, 1, 1, 0, 0, 0, 0)),)), "negative", "motion/bin_failed"),
+    "negative sumsq": (dict(items=(("obs/norm", f64(1, 1, 0, 0, 0, -2)),)), "negative", "obs/norm"),
+    "truncated": (dict(items=(("motion/bin_failed", GOOD_BINS[:-3]),)), "shape", "motion/bin_failed"),
+    "too long": (dict(items=(("motion/bin_failed", GOOD_BINS + f64(1)),)), "shape", "motion/bin_failed"),
+    "unknown key": (dict(items=(("nope/key", f64(1)),)), "unknown_key", "nope/key"),
+    "non-utf8 key": (dict(items=((b"\xff\xfe/x", f64(1)),)), "unknown_key", None),
+    "not owner": (dict(items=(("curriculum/scale", f64(2.0)),)), "not_owner", "curriculum/scale"),
+    "schema digest": (dict(digest="0" * 40), "schema_mismatch", None),
+    "zombie incarnation": (dict(inc="499"), "stale_incarnation", None),
+    "seq rollback": (dict(seq="0"), "seq_rollback", None),
+    "shard id not a number": (dict(shard="one"), "malformed", None),
+    "negative seq": (dict(seq="-3"), "malformed", None),
+    "zero incarnation": (dict(inc="0"), "malformed", None),
+    "key reported twice": (dict(items=(("motion/bin_failed", GOOD_BINS), ("motion/bin_failed", GOOD_BINS))), "malformed", "motion/bin_failed"),
+    "missing payload": (dict(items=(("motion/bin_failed",),)), "malformed", None),
+    "too large": (dict(items=(("motion/bin_failed", GOOD_BINS), ("obs/norm", f64(*[1] * 6)))), "too_large", None),
+}
+
+
+def state_bytes(store) -> dict:
+    return store.snapshot().hashes
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forged_reports_are_refused_and_change_nothing(run, case):
+    store, _ = run
+    kwargs, reason, key = CASES[case]
+    if case == "too large":  # 112 bytes of valid payload against a 100-byte limit
+        store.redis.hset(store.keys.meta, "max_report_bytes", 100)
+    if case == "missing payload":
+        k = store.keys
+        kwargs = dict(kwargs, keys=[k.meta, k.shards, k.reports, k.dead_letters, k.key_meta("motion/bin_failed"), k.key_data("motion/bin_failed")])
+    before = state_bytes(store)
+    dead_before = store.redis.xlen(store.keys.dead_letters)
+    with pytest.raises(errors.InvalidReport) as info:
+        parse_publish(forge(store, **kwargs), [])
+    assert isinstance(info.value, ValueError) and info.value.reason == reason
+    if key:
+        assert info.value.key == key and key in str(info.value)
+    assert state_bytes(store) == before
+    assert store.redis.xlen(store.keys.dead_letters) == dead_before + 1
+    newest = store.dead_letters(1)[0]
+    assert newest["reason"] == reason and newest["shard"] == kwargs.get("shard", "1")
+
+
+def test_forged_key_names_cannot_reach_other_keys(run):
+    store, _ = run
+    before = state_bytes(store)
+    foreign = ["redisync:{other}:shards", "redisync:{other}:reports", "redisync:{other}:dead"]
+    k = store.keys
+    reply = forge(store, keys=[k.meta, *foreign, k.key_meta("motion/bin_failed"), k.key_data("motion/bin_failed")])
+    with pytest.raises(errors.MalformedReport, match="KEYS"):
+        parse_publish(reply, [])
+    reply = forge(store, keys=[k.meta, k.shards, k.reports, k.dead_letters, "victim", "victim2"])
+    with pytest.raises(errors.MalformedReport, match="KEYS do not match"):
+        parse_publish(reply, [])
+    assert state_bytes(store) == before
+    assert store.redis.exists("victim") == 0 and store.redis.exists("redisync:{other}:dead") == 0
+
+
+def test_a_report_applies_all_or_none(run):
+    store, shard = run
+    before = state_bytes(store)
+    good = encode([np.ones(4), np.ones(4)])
+    bad = encode([np.ones(2), np.array([0.0, np.nan]), np.ones(2)])
+    with pytest.raises(errors.NonFiniteValue):
+        shard.publish_payloads({"motion/bin_failed": good, "obs/norm": bad}, seq=7)
+    assert state_bytes(store) == before
+    assert store.dead_letters(1)[0]["report:motion/bin_failed"] == good  # the whole report is kept
+
+
+def test_a_non_redisync_meta_key_is_refused_without_writing(run):
+    store, _ = run
+    reply = store.scripts.fold(keys=["some:other:key"], args=["x"])
+    with pytest.raises(errors.MalformedReport, match="not a redisync meta key"):
+        parse_publish(reply, [])
+    assert store.redis.exists("some:other:key") == 0

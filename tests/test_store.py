@@ -1,0 +1,208 @@
+"""The store's behaviour through the public client, on the embedded default and a real Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import redisync
+from redisync import errors
+from redisync.client import RunSnapshot
+from redisync.schema import Limits, Schema, broadcast, merge
+
+SCHEMA = Schema.of(
+    {
+        "motion/bin_failed": merge(4),
+        "obs/norm": merge(2, sumsq=True),
+        "curriculum/scale": broadcast((), owner=0),
+        "curriculum/stage": broadcast(1),
+    }
+)
+
+
+def ema(shard: int, k: float = 1.0) -> dict:
+    return {"count": 1, "sum": k * (np.arange(4.0) + shard)}
+
+
+def test_first_registration_wins_and_a_different_schema_is_refused(make_store):
+    store = make_store()
+    first = store.register(SCHEMA)
+    assert first.created
+    again = redisync.client.Store(store.redis, store.run).register(SCHEMA)
+    assert not again.created and again.epoch == first.epoch
+    other = Schema.of({**SCHEMA.keys, "obs/norm": merge(3, sumsq=True)})
+    with pytest.raises(errors.SchemaMismatch) as info:
+        redisync.client.Store(store.redis, store.run).register(other)
+    assert info.value.key == "obs/norm" and "shape=(3,) here, (2,) registered" in str(info.value)
+
+
+def test_publish_then_pull_gives_the_pooled_state_and_own_slot(make_store):
+    store = make_store()
+    store.register(SCHEMA)
+    a, b = store.shard(0), store.shard(1)
+    r1 = a.publish({"motion/bin_failed": ema(0), "curriculum/scale": {"value": 0.7}})
+    r2 = b.publish({"motion/bin_failed": ema(1)})
+    assert r1.applied and r1.fleet_version == 1 and r1.key_versions == {"motion/bin_failed": 1, "curriculum/scale": 1}
+    assert r2.fleet_version == 2 and r2.key_versions == {"motion/bin_failed": 2}
+
+    got = a.pull()
+    assert got is not None and got.fleet_version == 2 and got.epoch_changed  # a first pull sees a new epoch
+    key = got.keys["motion/bin_failed"]
+    assert key.version == 2
+    np.testing.assert_array_equal(key.parts()["sum"], np.arange(4.0) * 2 + 1)
+    np.testing.assert_array_equal(key.parts()["count"], [2, 2, 2, 2])
+    np.testing.assert_array_equal(key.own_slot, np.r_[np.ones(4), np.arange(4.0)])
+    assert key.own_incarnation == a.incarnation
+    assert float(got.keys["curriculum/scale"].parts()["value"]) == 0.7
+    # own substitution: the others' data as pulled plus our own state of now
+    mine_now = np.r_[np.ones(4), 5 * np.arange(4.0)]
+    np.testing.assert_array_equal(key.view(mine_now)[4:], np.arange(4.0) + 1 + 5 * np.arange(4.0))
+
+    assert a.pull() is None  # nothing changed: nothing returned
+    b.publish({"curriculum/stage": {"value": [3.0]}})
+    changed = a.pull()
+    assert set(changed.keys) == {"curriculum/stage"} and changed.fleet_version == 3
+    assert set(a.known.keys) == set(SCHEMA.keys)  # the client keeps the whole state
+
+
+def test_a_retried_report_is_folded_once(make_store):
+    store = make_store()
+    store.register(SCHEMA)
+    a = store.shard(0)
+    payloads = {"motion/bin_failed": redisync.codec.encode([np.ones(4), np.full(4, 2.0)])}
+    assert a.publish_payloads(payloads, seq=1).status == "applied"
+    dup = a.publish_payloads(payloads, seq=1)
+    assert dup.status == "duplicate" and dup.fleet_version == 1
+    np.testing.assert_array_equal(store.fleet().keys["motion/bin_failed"].parts()["count"], np.ones(4))
+
+
+def test_restarted_shard_retires_history_and_drops_stale_slots(make_store):
+    store = make_store()
+    schema = Schema.of({"obs/norm": merge(1), "motion/ema": merge(1, stale_after_s=0.05)})
+    store.register(schema)
+    old = store.shard(0, incarnation=10)
+    old.publish({"obs/norm": {"count": 5, "sum": 10}, "motion/ema": {"count": 1, "sum": 3}})
+    new = store.shard(0, incarnation=11)
+    new.publish({"obs/norm": {"count": 1, "sum": 1}, "motion/ema": {"count": 1, "sum": 4}})
+    fleet = store.fleet().keys
+    assert fleet["obs/norm"].parts()["count"][0] == 6  # history kept: retired 5 + new 1
+    assert fleet["motion/ema"].parts()["sum"][0] == 4  # the dead life's EMA stopped weighting the fleet
+    assert store.key_info("obs/norm")["retired_count"] == "5"
+    with pytest.raises(errors.StaleIncarnation):  # the old process is a zombie now
+        old.publish({"obs/norm": {"count": 9, "sum": 9}})
+
+    other = store.shard(1)
+    other.publish({"motion/ema": {"count": 1, "sum": 100}})
+    time.sleep(0.08)
+    new.publish({"motion/ema": {"count": 1, "sum": 5}})  # shard 1 went silent: its slot drops out
+    assert store.fleet().keys["motion/ema"].parts()["sum"][0] == 5
+    info = store.key_info("motion/ema")
+    assert info["writers"] == "0" and info["dropped_stale"] == "1"
+
+
+def test_broadcast_is_last_writer_wins_and_owned_keys_refuse_others(make_store):
+    store = make_store()
+    store.register(SCHEMA)
+    a, b = store.shard(0), store.shard(1)
+    a.publish({"curriculum/stage": {"value": [1.0]}})
+    b.publish({"curriculum/stage": {"value": [2.0]}})
+    assert store.fleet().keys["curriculum/stage"].parts()["value"].tolist() == [2.0]
+    with pytest.raises(errors.NotOwner, match="owned by shard 0"):
+        b.publish({"curriculum/scale": {"value": 1.0}})
+    assert store.key_info("curriculum/stage")["writer"] == "1"
+
+
+def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
+    store = make_store()
+    store.register(SCHEMA)
+    sub = store.redis.pubsub()
+    sub.subscribe(store.keys.channel)
+    assert sub.get_message(timeout=1)["type"] == "subscribe"
+    a = store.shard(3)
+    a.publish({"motion/bin_failed": {"count": 2, "sum": 1}})
+    info = store.key_info("motion/bin_failed")
+    for field in ("semantics", "shape", "version", "writers", "count", "updated_at_us", "slot:3:count", "slot:3:seq"):
+        assert field in info
+    assert (info["semantics"], info["shape"], info["version"], info["writers"], info["count"]) == ("merge", "4", "1", "3", "2")
+    run = store.run_info()
+    assert run["fleet_version"] == "1" and json.loads(run["schema"])["keys"]["obs/norm"]["sumsq"] is True
+    entries = store.redis.xrange(store.keys.reports)
+    assert len(entries) == 1 and entries[0][1][b"shard"] == b"3" and entries[0][1][b"fleet_version"] == b"1"
+    msg = sub.get_message(timeout=1)
+    assert msg and msg["data"] == b"1"
+    sub.close()
+
+
+def test_streams_are_capped(make_store):
+    store = make_store()
+    store.register(SCHEMA, Limits(stream_maxlen=10))
+    a = store.shard(0)
+    for i in range(300):
+        a.publish({"curriculum/stage": {"value": [float(i)]}})
+    # MAXLEN ~ trims whole macro nodes: the stream stays near the cap, far below 300
+    assert store.redis.xlen(store.keys.reports) < 150
+
+
+def test_snapshot_and_restore_round_trip_through_json(make_store):
+    src, dst = make_store(), make_store()
+    src.register(SCHEMA)
+    a = src.shard(0)
+    a.publish({"motion/bin_failed": ema(0), "obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
+    a.publish({"curriculum/stage": {"value": [4.0]}})
+    snap = RunSnapshot.model_validate_json(src.snapshot().model_dump_json())
+    dst.register(SCHEMA)
+    d = dst.shard(0)
+    for _ in range(5):
+        d.publish({"curriculum/stage": {"value": [9.0]}})
+    before = d.pull()
+    epoch = dst.restore(snap)
+    after = d.pull()
+    assert after.epoch == epoch and after.epoch_changed
+    assert after.fleet_version > before.fleet_version  # versions never go backwards
+    want, got = src.fleet().keys, after.keys
+    for name in SCHEMA.keys:
+        np.testing.assert_array_equal(got[name].value, want[name].value)
+    assert got["curriculum/stage"].version > before.keys["curriculum/stage"].version
+
+
+def test_restore_refuses_corrupt_snapshots(make_store):
+    store = make_store()
+    store.register(SCHEMA)
+    snap = store.snapshot()
+    bad = snap.model_copy(update={"hashes": {**snap.hashes, "meta": {**snap.hashes["meta"], "schema": "!!notbase64"}}})
+    with pytest.raises(errors.InvalidReport, match="corrupt snapshot"):
+        store.restore(bad)
+
+
+def test_a_lost_run_is_reported_and_a_new_epoch_seen(make_store):
+    store = make_store()
+    store.register(SCHEMA)
+    a = store.shard(0)
+    first = a.pull()
+    store.delete()
+    with pytest.raises(errors.RunNotFound):
+        a.pull()
+    with pytest.raises(errors.RunNotFound):
+        a.publish({"curriculum/stage": {"value": [1.0]}})
+    store.register(SCHEMA)
+    again = a.pull()
+    assert again.epoch != first.epoch and again.epoch_changed
+
+
+def test_connect_reads_the_url_from_the_environment(monkeypatch, real_url):
+    monkeypatch.setenv("REDISYNC_URL", real_url)
+    store = redisync.connect(run="env-check")
+    assert store.url == real_url and store.redis.ping()
+    monkeypatch.delenv("REDISYNC_URL")
+    assert redisync.connect(run="env-check").url == "embedded"
+
+
+def test_bad_urls_fail_clearly():
+    with pytest.raises(errors.ConnectionUnavailable, match="unsupported URL"):
+        redisync.connect("http://example.org", run="x")
+    store = redisync.connect("redis://127.0.0.1:1", run="x", socket_connect_timeout=0.2)
+    with pytest.raises(errors.ConnectionUnavailable, match="127.0.0.1:1"):
+        store.register(SCHEMA)
