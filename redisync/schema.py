@@ -8,6 +8,7 @@ server, because a client is not trusted.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -137,8 +138,9 @@ class Schema(BaseModel):
     def canonical_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """sha1 of the canonical JSON; every publish carries it so the server can refuse a stale schema."""
         return hashlib.sha1(self.canonical_json().encode()).hexdigest()
 
     def difference(self, other: "Schema") -> tuple[str | None, str] | None:

@@ -25,7 +25,8 @@ if not prefix then
   return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'}
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'dead_letter_maxlen')
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'dead_letter_maxlen',
+  'fleet_version')
 local dead_maxlen = tonumber(meta[5]) or 10000
 local shard, inc, seq = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
 
@@ -73,7 +74,7 @@ local function newer(a, b) -- decimal strings without leading zeros: is a > b?
   return a > b
 end
 local cur = redis.call('HMGET', KEYS[2], shard .. ':incarnation', shard .. ':seq')
-local fleet_version = tonumber(redis.call('HGET', KEYS[1], 'fleet_version')) or 0
+local fleet_version = tonumber(meta[6]) or 0
 if cur[1] then
   if newer(cur[1], inc) then
     return reject('stale_incarnation', '', 'incarnation ' .. inc .. ' is older than the shard\'s current ' .. cur[1])
@@ -87,77 +88,26 @@ if cur[1] then
   end
 end
 
--- validate every key before writing anything (a report applies all or none) -----------------------
 local total = 0
 for i = 1, nkeys do total = total + #ARGV[4 + 2 * i] end
 if total > (tonumber(meta[3]) or 0) then
   return reject('too_large', '', 'payload of ' .. total .. ' bytes exceeds max_report_bytes=' .. tostring(meta[3]))
 end
 
-local function chunks_of(payload, width, nonneg_upto, nonneg_from, name)
-  -- decode the payload chunk by chunk, checking finiteness and the non-negative parts;
-  -- returns the list of decoded chunks, or nil and the rejection
-  local chunks, base, pos = {}, 0, 1
-  while base < width do
-    local len = math.min(CHUNK, width - base)
-    local c = {struct.unpack(len == CHUNK and FMT or '<' .. string.rep('d', len), payload, pos)}
-    for j = 1, len do
-      local v = c[j]
-      if v - v ~= 0 then
-        return nil, {'non_finite', name, 'element ' .. (base + j - 1) .. ' is not finite'}
-      end
-      if v < 0 and (base + j <= nonneg_upto or base + j > nonneg_from) then
-        return nil, {'negative', name, 'element ' .. (base + j - 1) .. ' is ' .. string.format('%.17g', v) ..
-          ' in a count or sumsq part (must be >= 0)'}
-      end
-    end
-    chunks[#chunks + 1] = c
-    base = base + len
-    pos = pos + len * 8
-  end
-  return chunks
-end
-
-local items, seen = {}, {}
-for i = 1, nkeys do
-  local name, payload = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
-  if seen[name] then return reject('malformed', name, 'key reported twice') end
-  seen[name] = true
-  if KEYS[3 + 2 * i] ~= prefix .. 'key:' .. name or KEYS[4 + 2 * i] ~= prefix .. 'data:' .. name then
-    return reject('malformed', name, 'KEYS do not match the reported key names')
-  end
-  local spec = redis.call('HMGET', KEYS[3 + 2 * i], 'semantics', 'width', 'size', 'owner', 'stale_after_s')
-  if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
-  local width = tonumber(spec[2])
-  if #payload ~= width * 8 then
-    return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
-      ' (' .. width .. ' float64)')
-  end
-  if spec[1] == 'broadcast' and spec[4] ~= '' and spec[4] ~= shard then
-    return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. spec[4])
-  end
-  local chunks, why
-  if spec[1] == 'merge' then
-    local size = tonumber(spec[3])
-    chunks, why = chunks_of(payload, width, size, 2 * size, name)  -- count and sumsq are non-negative
-  else
-    chunks, why = chunks_of(payload, width, 0, width, name)
-  end
-  if not chunks then return reject(why[1], why[2], why[3]) end
-  items[i] = {name = name, payload = payload, chunks = chunks, width = width, semantics = spec[1],
-    stale = tonumber(spec[5]), meta = KEYS[3 + 2 * i], data = KEYS[4 + 2 * i]}
-end
-
--- apply ------------------------------------------------------------------------------------------
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_s = string.format('%.0f', now)
+
+-- vector helpers: payloads are decoded CHUNK values at a time ----------------------------------------
+local function fmt_of(len)
+  return len == CHUNK and FMT or '<' .. string.rep('d', len)
+end
 
 local function combine(a, b, width, sign) -- bytes of a + sign * b
   local out, pos, base = {}, 1, 0
   while base < width do
     local len = math.min(CHUNK, width - base)
-    local fmt = len == CHUNK and FMT or '<' .. string.rep('d', len)
+    local fmt = fmt_of(len)
     local x = {struct.unpack(fmt, a, pos)}
     local y = {struct.unpack(fmt, b, pos)}
     for j = 1, len do x[j] = x[j] + sign * y[j] end
@@ -168,99 +118,154 @@ local function combine(a, b, width, sign) -- bytes of a + sign * b
   return table.concat(out)
 end
 
-local function fold_in(agg, old, chunks, width) -- bytes of (agg - old) + new, or agg + new
+-- Checks the new payload and, for merge keys, computes (agg - old) + new in the same pass.
+-- Elements in (nonneg_upto, nonneg_from] may be negative (a merge key's sum part).
+-- returns the new aggregate bytes (merge) or true (broadcast), or nil and the rejection.
+local function check_and_fold(name, payload, width, nonneg_upto, nonneg_from, agg, old)
   local out, pos, base = {}, 1, 0
-  for k = 1, #chunks do
-    local c = chunks[k]
+  local function bad(j, v)
+    if v - v ~= 0 then return {'non_finite', name, 'element ' .. (base + j - 1) .. ' is not finite'} end
+    return {'negative', name, 'element ' .. (base + j - 1) .. ' is ' .. string.format('%.17g', v) ..
+      ' in a count or sumsq part (must be >= 0)'}
+  end
+  while base < width do
     local len = math.min(CHUNK, width - base)
-    local fmt = len == CHUNK and FMT or '<' .. string.rep('d', len)
-    local a = {struct.unpack(fmt, agg, pos)}
-    if old then
-      local o = {struct.unpack(fmt, old, pos)}
-      for j = 1, len do a[j] = (a[j] - o[j]) + c[j] end
+    local fmt = fmt_of(len)
+    local c = {struct.unpack(fmt, payload, pos)}
+    -- one loop per case, each checking and folding an element in one go: this loop is the fold's cost
+    if not agg then
+      for j = 1, len do
+        local v = c[j]
+        if v - v ~= 0 then return nil, bad(j, v) end
+      end
     else
-      for j = 1, len do a[j] = a[j] + c[j] end
+      local a = {struct.unpack(fmt, agg, pos)}
+      if old then
+        local o = {struct.unpack(fmt, old, pos)}
+        for j = 1, len do
+          local v = c[j]
+          if v - v ~= 0 or (v < 0 and (base + j <= nonneg_upto or base + j > nonneg_from)) then return nil, bad(j, v) end
+          a[j] = (a[j] - o[j]) + v
+        end
+      else
+        for j = 1, len do
+          local v = c[j]
+          if v - v ~= 0 or (v < 0 and (base + j <= nonneg_upto or base + j > nonneg_from)) then return nil, bad(j, v) end
+          a[j] = a[j] + v
+        end
+      end
+      out[#out + 1] = struct.pack(fmt, unpack(a, 1, len))
     end
-    out[k] = struct.pack(fmt, unpack(a, 1, len))
     base = base + len
     pos = pos + len * 8
   end
-  return table.concat(out)
+  return agg and table.concat(out) or true
 end
 
-local function ids_of(csv)
-  local ids = {}
-  for id in string.gmatch(csv or '', '%d+') do ids[#ids + 1] = tonumber(id) end
-  table.sort(ids)
-  return ids
-end
-
-local function forget_slot(item, id)
-  redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
-    'slot:' .. id .. ':at_us', 'slot:' .. id .. ':count')
-  redis.call('HDEL', item.data, 'slot:' .. id)
-end
-
-local function fold_merge(item)
-  local agg = redis.call('HGET', item.data, 'agg')
-  local old = redis.call('HGET', item.data, 'slot:' .. shard)
-  local old_inc = redis.call('HGET', item.meta, 'slot:' .. shard .. ':incarnation')
-  local writers = ids_of(redis.call('HGET', item.meta, 'writers'))
-  local live = {}
-  if old and old_inc ~= inc then
-    -- the shard restarted: its previous life's statistics leave the slot
-    if item.stale then
-      agg = combine(agg, old, item.width, -1)
-    else
-      local retired = redis.call('HGET', item.data, 'retired')
-      retired = retired and combine(retired, old, item.width, 1) or old
-      redis.call('HSET', item.data, 'retired', retired)
-      local rc = struct.unpack('<d', retired, 1)
-      redis.call('HSET', item.meta, 'retired_count', string.format('%.17g', rc))
-    end
-    forget_slot(item, shard)
-    old = false
+-- validate and compute every key before writing anything (a report applies all or none) ------------
+local items, seen = {}, {}
+for i = 1, nkeys do
+  local name, payload = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+  if seen[name] then return reject('malformed', name, 'key reported twice') end
+  seen[name] = true
+  local km, kd = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+  if km ~= prefix .. 'key:' .. name or kd ~= prefix .. 'data:' .. name then
+    return reject('malformed', name, 'KEYS do not match the reported key names')
   end
-  for _, id in ipairs(writers) do
-    local sid = tostring(id)
-    if sid ~= shard and item.stale then
-      local at = tonumber(redis.call('HGET', item.meta, 'slot:' .. sid .. ':at_us'))
-      if now - at > item.stale * 1e6 then
-        agg = combine(agg, redis.call('HGET', item.data, 'slot:' .. sid), item.width, -1)
-        forget_slot(item, sid)
-        redis.call('HINCRBY', item.meta, 'dropped_stale', 1)
+  local spec = redis.call('HMGET', km, 'semantics', 'width', 'size', 'owner', 'stale_after_s', 'version', 'writers',
+    'slot:' .. shard .. ':incarnation')
+  if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
+  local width = tonumber(spec[2])
+  if #payload ~= width * 8 then
+    return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
+      ' (' .. width .. ' float64)')
+  end
+  local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd,
+    version = tonumber(spec[6]) + 1}
+  local folded, why
+  if spec[1] == 'broadcast' then
+    if spec[4] ~= '' and spec[4] ~= shard then
+      return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. spec[4])
+    end
+    folded, why = check_and_fold(name, payload, width, 0, width)
+  else
+    local stale = tonumber(spec[5])
+    local size = tonumber(spec[3])
+    local data = redis.call('HMGET', kd, 'agg', 'slot:' .. shard)
+    local agg, old = data[1], data[2]
+    item.forget = {}
+    if old and spec[8] ~= inc then
+      -- the shard restarted: its previous life's statistics leave the slot
+      if stale then
+        agg = combine(agg, old, width, -1)
       else
-        live[#live + 1] = sid
+        local retired = redis.call('HGET', kd, 'retired')
+        item.retired = retired and combine(retired, old, width, 1) or old
       end
-    elseif sid ~= shard then
-      live[#live + 1] = sid
+      old = nil
     end
+    -- a slot not refreshed for stale_after_s stops weighting the fleet
+    local live = {}
+    local ids = {}
+    for id in string.gmatch(spec[7] or '', '%d+') do
+      if id ~= shard then ids[#ids + 1] = id end
+    end
+    table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
+    if stale and #ids > 0 then
+      local fields = {}
+      for k, id in ipairs(ids) do fields[k] = 'slot:' .. id .. ':at_us' end
+      local at = redis.call('HMGET', km, unpack(fields))
+      for k, id in ipairs(ids) do
+        if now - tonumber(at[k]) > stale * 1e6 then
+          agg = combine(agg, redis.call('HGET', kd, 'slot:' .. id), width, -1)
+          item.forget[#item.forget + 1] = id
+        else
+          live[#live + 1] = id
+        end
+      end
+    else
+      live = ids
+    end
+    live[#live + 1] = shard
+    table.sort(live, function(a, b) return tonumber(a) < tonumber(b) end)
+    item.writers = table.concat(live, ',')
+    folded, why = check_and_fold(name, payload, width, size, 2 * size, agg, old)  -- count, sumsq >= 0
   end
-  live[#live + 1] = shard
-  table.sort(live, function(a, b) return tonumber(a) < tonumber(b) end)
-  agg = fold_in(agg, old or nil, item.chunks, item.width)
-  redis.call('HSET', item.data, 'agg', agg, 'slot:' .. shard, item.payload)
-  redis.call('HSET', item.meta, 'writers', table.concat(live, ','),
-    'slot:' .. shard .. ':incarnation', inc, 'slot:' .. shard .. ':seq', seq,
-    'slot:' .. shard .. ':at_us', now_s, 'slot:' .. shard .. ':count', string.format('%.17g', item.chunks[1][1]),
-    'count', string.format('%.17g', struct.unpack('<d', agg, 1)))
+  if not folded then return reject(why[1], why[2], why[3]) end
+  item.agg = folded
+  items[i] = item
 end
 
+-- apply ------------------------------------------------------------------------------------------
 local versions = {}
 for i = 1, nkeys do
   local item = items[i]
   if item.semantics == 'merge' then
-    fold_merge(item)
+    for _, id in ipairs(item.forget) do
+      redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
+        'slot:' .. id .. ':at_us', 'slot:' .. id .. ':count')
+      redis.call('HDEL', item.data, 'slot:' .. id)
+    end
+    if #item.forget > 0 then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget) end
+    if item.retired then
+      redis.call('HSET', item.data, 'retired', item.retired)
+      redis.call('HSET', item.meta, 'retired_count', string.format('%.17g', (struct.unpack('<d', item.retired, 1))))
+    end
+    redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload)
+    redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writers', item.writers,
+      'slot:' .. shard .. ':incarnation', inc, 'slot:' .. shard .. ':seq', seq, 'slot:' .. shard .. ':at_us', now_s,
+      'slot:' .. shard .. ':count', string.format('%.17g', (struct.unpack('<d', item.payload, 1))),
+      'count', string.format('%.17g', (struct.unpack('<d', item.agg, 1))))
   else
     redis.call('HSET', item.data, 'value', item.payload)
-    redis.call('HSET', item.meta, 'writer', shard, 'writer_incarnation', inc)
+    redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writer', shard,
+      'writer_incarnation', inc)
   end
-  redis.call('HSET', item.meta, 'updated_at_us', now_s)
-  versions[i] = redis.call('HINCRBY', item.meta, 'version', 1)
+  versions[i] = item.version
 end
 
-fleet_version = redis.call('HINCRBY', KEYS[1], 'fleet_version', 1)
-redis.call('HSET', KEYS[1], 'updated_at_us', now_s)
+fleet_version = fleet_version + 1
+redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
 redis.call('HSET', KEYS[2], shard .. ':incarnation', inc, shard .. ':seq', seq, shard .. ':at_us', now_s)
 
 local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',

@@ -1,0 +1,214 @@
+"""``redisync bench``: latency, server time and throughput of publish and pull, measured side by side.
+
+Every figure comes from one run against one server, so ratios (publish vs PING, Lua fold vs a
+client-side WATCH/MULTI fold) compare like with like on a noisy shared machine.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+import redis
+
+from .client import Store, connect
+from .codec import decode, encode
+from .schema import Limits, Schema, merge
+
+SIZES = (64, 1024, 16384)
+KEY = "bench/stats"
+
+
+def _median_us(fn: Callable[[], Any], calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def _server_us_per_call(store: Store) -> float | None:
+    """Mean server time of EVALSHA since the last CONFIG RESETSTAT (None where INFO has no commandstats)."""
+    try:
+        stats = store.redis.info("commandstats")
+    except redis.ResponseError:
+        return None
+    entry = stats.get("cmdstat_evalsha")
+    return float(entry["usec_per_call"]) if entry else None
+
+
+def _reset_stats(store: Store) -> bool:
+    try:
+        store.redis.config_resetstat()
+        return True
+    except redis.ResponseError:
+        return False
+
+
+def _new_run(url: str | None, n: int) -> Store:
+    store = connect(url, run=f"bench-{uuid.uuid4().hex[:8]}")
+    store.register(Schema.of({KEY: merge(n)}), Limits(stream_maxlen=50))
+    return store
+
+
+def _report(rng: np.random.Generator, n: int, k: int) -> dict[str, Any]:
+    return {KEY: {"count": np.full(n, float(k)), "sum": rng.normal(size=n) * k}}
+
+
+def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
+    """Median publish and pull latencies and server fold time for one key of ``n`` elements."""
+    store = _new_run(url, n)
+    try:
+        rng = np.random.default_rng(n)
+        shards = [store.shard(i) for i in range(4)]
+        reports = [_report(rng, n, k + 1) for k in range(8)]
+        for s in shards:  # warm up: scripts loaded, slots exist
+            s.publish(reports[0])
+        k = iter(range(10**9))
+        has_stats = _reset_stats(store)
+
+        def publish_one() -> None:
+            i = next(k)
+            shards[i % 4].publish(reports[i % 8])
+
+        publish = _median_us(publish_one, calls)
+        server = _server_us_per_call(store) if has_stats else None
+        reader = shards[0]
+        reader.pull()
+        pull_unchanged = _median_us(reader.pull, calls)
+
+        def changed() -> None:
+            shards[1].publish(reports[next(k) % 8])
+            t = time.perf_counter()
+            reader.pull()
+            changed.times.append(time.perf_counter() - t)  # type: ignore[attr-defined]
+
+        changed.times = []  # type: ignore[attr-defined]
+        for _ in range(min(calls, 1000)):
+            changed()
+        pull_changed = statistics.median(changed.times) * 1e6  # type: ignore[attr-defined]
+        payload = 2 * n  # count and sum, float64 each
+        return {
+            "elements": n,
+            "payload_values": payload,
+            "publish_us": publish,
+            "pull_unchanged_us": pull_unchanged,
+            "pull_changed_us": pull_changed,
+            "server_fold_us": server,
+            "server_ns_per_payload_value": None if server is None else server * 1e3 / payload,
+        }
+    finally:
+        store.delete()
+
+
+# ---------------------------------------------------------------------------- concurrency
+
+
+def _lua_publisher(url: str | None, run: str, n: int, shard: int, seconds: float, out: Any) -> None:
+    store = connect(url, run=run)
+    store.register(Schema.of({KEY: merge(n)}), Limits(stream_maxlen=50))
+    client = store.shard(shard)
+    rng = np.random.default_rng(shard)
+    report = _report(rng, n, 1)
+    done, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        client.publish(report)
+        done += 1
+    out.put(done)
+
+
+def _watch_publisher(url: str, run: str, n: int, shard: int, seconds: float, out: Any) -> None:
+    """The obvious alternative: read the aggregate and own slot, fold in numpy, write back under WATCH."""
+    store = connect(url, run=run)
+    r, keys = store.redis, store.keys
+    data, meta = keys.key_data(KEY), keys.key_meta(KEY)
+    new = encode([np.ones(n), np.random.default_rng(shard).normal(size=n)])
+    new_vec = decode(new)
+    done, retries, end = 0, 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        with r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(data)
+                    agg, old = pipe.hmget(data, "agg", f"slot:{shard}")
+                    agg_vec = decode(agg) if agg else np.zeros(2 * n)
+                    folded = (agg_vec - decode(old)) + new_vec if old else agg_vec + new_vec
+                    pipe.multi()
+                    pipe.hset(data, mapping={"agg": encode([folded]), f"slot:{shard}": new})
+                    pipe.hincrby(meta, "version", 1)
+                    pipe.hincrby(keys.meta, "fleet_version", 1)
+                    pipe.execute()
+                    break
+                except redis.WatchError:
+                    retries += 1
+        done += 1
+    out.put((done, retries))
+
+
+def _run_processes(target: Callable[..., None], args: tuple, procs: int) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    ps = [ctx.Process(target=target, args=(*args[:3], i, *args[3:], out)) for i in range(procs)]
+    for p in ps:
+        p.start()
+    results = [out.get(timeout=120) for _ in ps]
+    for p in ps:
+        p.join()
+    return results
+
+
+def measure_concurrency(url: str | None, n: int, procs: int, seconds: float) -> dict[str, Any]:
+    """Publishes per second of ``procs`` processes on one key: the Lua fold vs WATCH/MULTI."""
+    run = f"bench-c-{uuid.uuid4().hex[:8]}"
+    try:
+        lua = sum(_run_processes(_lua_publisher, (url, run, n, seconds), procs)) / seconds
+    finally:
+        connect(url, run=run).delete()
+    result: dict[str, Any] = {"processes": procs, "elements": n, "lua_publishes_per_s": lua}
+    if url is None:  # the embedded server lives in one process: no cross-process contention to measure
+        return result
+    run = f"bench-w-{uuid.uuid4().hex[:8]}"
+    try:
+        connect(url, run=run).register(Schema.of({KEY: merge(n)}))
+        rows = _run_processes(_watch_publisher, (url, run, n, seconds), procs)
+    finally:
+        connect(url, run=run).delete()
+    watch = sum(d for d, _ in rows) / seconds
+    result.update(
+        watch_publishes_per_s=watch,
+        watch_retries=sum(r for _, r in rows),
+        lua_over_watch=lua / watch if watch else None,
+    )
+    return result
+
+
+def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float = 3.0) -> dict[str, Any]:
+    store = connect(url, run="bench-ping")
+    ping = _median_us(store.redis.ping, calls)
+    sizes = [measure_size(url, n, calls) for n in SIZES]
+    conc = measure_concurrency(url, 1024, procs, seconds)
+    by_n = {s["elements"]: s for s in sizes}
+    fold_ns = [s["server_ns_per_payload_value"] for s in sizes if s["server_ns_per_payload_value"] is not None]
+    targets = {
+        "publish_64_over_ping<=1.5": by_n[64]["publish_us"] / ping,
+        "publish_1024_over_ping<=3": by_n[1024]["publish_us"] / ping,
+        "pull_unchanged_over_ping<=1.3": by_n[1024]["pull_unchanged_us"] / ping,
+        "server_fold_ns_per_value<=250": max(fold_ns) if fold_ns else None,
+    }
+    limits = {"publish_64_over_ping<=1.5": 1.5, "publish_1024_over_ping<=3": 3.0,
+              "pull_unchanged_over_ping<=1.3": 1.3, "server_fold_ns_per_value<=250": 250.0}
+    return {
+        "url": url or "embedded",
+        "calls": calls,
+        "ping_us": ping,
+        "sizes": sizes,
+        "concurrency": conc,
+        "targets": {
+            k: {"measured": v, "limit": limits[k], "met": None if v is None else v <= limits[k]} for k, v in targets.items()
+        },
+    }

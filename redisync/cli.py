@@ -1,0 +1,151 @@
+"""The ``redisync`` command line: demo, bench and inspect.
+
+Every command takes ``--url`` (default: ``REDISYNC_URL``, else the embedded store). A failure
+prints one line naming what went wrong and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+import redis
+
+from . import errors
+from .client import ENV_URL, EMBEDDED, connect, redis_client
+from .keys import ROOT, run_of
+
+URL = click.option("--url", envvar=ENV_URL, default=None, help=f"redis://, rediss:// or unix:// URL (env {ENV_URL}); unset: embedded")
+
+
+def _when(us: str | None) -> str:
+    if not us:
+        return "-"
+    return datetime.fromtimestamp(int(us) / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@click.group()
+def cli() -> None:
+    """redisync: one versioned fleet state for every collector of an RL trainer."""
+
+
+@cli.command()
+@URL
+@click.option("--shards", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--bins", default=20, show_default=True, type=click.IntRange(2, 10_000))
+@click.option("--envs", default=256, show_default=True, type=click.IntRange(1, 100_000), help="envs per shard")
+@click.option("--rounds", default=40, show_default=True, type=click.IntRange(1, 100_000), help="reset boundaries")
+@click.option("--steps", default=25, show_default=True, type=click.IntRange(1, 100_000), help="env steps per round")
+@click.option("--seed", default=0, show_default=True, type=int)
+def demo(url: str | None, shards: int, bins: int, envs: int, rounds: int, steps: int, seed: int) -> None:
+    """A fleet of adaptive frame samplers run twice: sync off, then sync on."""
+    from .demo import run_fleet
+
+    click.echo(f"store: {url or EMBEDDED}; {shards} shards x {envs} envs, {bins} bins, {rounds} rounds x {steps} steps")
+    for sync in (False, True):
+        res = run_fleet(url, shards, bins, envs, rounds, steps, sync, seed)
+        click.echo(f"\nsync {'ON' if sync else 'OFF'}: fleet version {res.fleet_version}, {res.publishes} publishes"
+                   + (f", median publish {res.publish_ms_median:.2f} ms" if res.publish_ms_median else ""))
+        rows = [[o.shard, f"{o.tv_from_pooled:.4f}", f"{o.entropy:.3f}", o.top1_bin, f"{o.top1_prob:.3f}"] for o in res.shards]
+        click.echo(_table(["shard", "TV from pooled CDF", "entropy", "top-1 bin", "top-1 p"], rows))
+        worst = max(o.tv_from_pooled for o in res.shards)
+        click.echo(f"largest TV distance from the pooled CDF: {worst:.4f}")
+
+
+@cli.command()
+@URL
+@click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
+@click.option("--calls", default=1000, show_default=True, type=click.IntRange(10, 10**6), help="calls per median")
+@click.option("--procs", default=8, show_default=True, type=click.IntRange(1, 64), help="concurrent publishers")
+@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.1, 600), help="concurrency phase length")
+def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float) -> None:
+    """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI."""
+    from .bench import run_all
+
+    res = run_all(url, calls=calls, procs=procs, seconds=seconds)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo(f"store {res['url']}: PING median {res['ping_us']:.0f} us ({calls} calls per median)")
+    rows = []
+    for s in res["sizes"]:
+        srv = s["server_fold_us"]
+        rows.append([s["elements"], f"{s['publish_us']:.0f}", f"{s['pull_unchanged_us']:.0f}", f"{s['pull_changed_us']:.0f}",
+                     "-" if srv is None else f"{srv:.0f}",
+                     "-" if srv is None else f"{s['server_ns_per_payload_value']:.0f}"])
+    click.echo(_table(["N", "publish us", "pull same us", "pull changed us", "server fold us", "ns/value"], rows))
+    c = res["concurrency"]
+    line = f"{c['processes']} publishers, N={c['elements']}: Lua fold {c['lua_publishes_per_s']:.0f}/s"
+    if "watch_publishes_per_s" in c:
+        line += f", WATCH/MULTI {c['watch_publishes_per_s']:.0f}/s ({c['watch_retries']} retries), ratio {c['lua_over_watch']:.2f}x"
+    click.echo(line)
+    for name, t in res["targets"].items():
+        m = t["measured"]
+        click.echo(f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}"))
+
+
+@cli.command()
+@URL
+@click.option("--run", default=None, help="only this run")
+@click.option("--json", "as_json", is_flag=True)
+def inspect(url: str | None, run: str | None, as_json: bool) -> None:
+    """Runs, keys, versions and writers, stream lengths and dead letters."""
+    client = redis_client(url)
+    runs = sorted({run_of(k.decode()) for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)} - {None})
+    if run is not None:
+        if run not in runs:
+            raise errors.RunNotFound(f"no run {run!r} at {url or EMBEDDED}")
+        runs = [run]
+    report = []
+    for name in runs:
+        store = connect(url, run=name)
+        info = store.run_info()
+        keys = json.loads(info["schema"])["keys"]
+        report.append({
+            "run": name,
+            "epoch": info["epoch"],
+            "fleet_version": int(info["fleet_version"]),
+            "updated": _when(info.get("updated_at_us")),
+            "reports": store.redis.xlen(store.keys.reports),
+            "dead_letters": store.redis.xlen(store.keys.dead_letters),
+            "keys": [{"key": k, **{f: v for f, v in store.key_info(k).items() if not f.startswith("slot:")}} for k in keys],
+        })
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    if not report:
+        click.echo(f"no runs at {url or EMBEDDED}")
+    for r in report:
+        click.echo(f"run {r['run']}  epoch {r['epoch']}  fleet version {r['fleet_version']}  updated {r['updated']}  "
+                   f"reports {r['reports']}  dead letters {r['dead_letters']}")
+        rows = [[k["key"], k["semantics"], k["shape"], k["version"], k.get("writers", k.get("writer", "-")) or "-",
+                 k.get("count", "-"), _when(k.get("updated_at_us"))] for k in r["keys"]]
+        click.echo(_table(["key", "semantics", "shape", "version", "writers", "count", "updated"], rows) + "\n")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except (errors.RedisyncError, redis.RedisError, OSError) as e:
+        click.echo(f"redisync: error: {e}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
