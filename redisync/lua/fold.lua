@@ -19,6 +19,7 @@
 
 local CHUNK = 128
 local FMT = '<' .. string.rep('d', CHUNK)
+local sunpack, spack = struct.unpack, struct.pack
 
 local prefix = string.match(KEYS[1] or '', '^(redisync:{[^}]+}:)meta$')
 if not prefix then
@@ -123,39 +124,34 @@ end
 -- returns the new aggregate bytes (merge) or true (broadcast), or nil and the rejection.
 local function check_and_fold(name, payload, width, nonneg_upto, nonneg_from, agg, old)
   local out, pos, base = {}, 1, 0
-  local function bad(j, v)
-    if v - v ~= 0 then return {'non_finite', name, 'element ' .. (base + j - 1) .. ' is not finite'} end
-    return {'negative', name, 'element ' .. (base + j - 1) .. ' is ' .. string.format('%.17g', v) ..
-      ' in a count or sumsq part (must be >= 0)'}
-  end
   while base < width do
     local len = math.min(CHUNK, width - base)
     local fmt = fmt_of(len)
-    local c = {struct.unpack(fmt, payload, pos)}
-    -- one loop per case, each checking and folding an element in one go: this loop is the fold's cost
-    if not agg then
-      for j = 1, len do
-        local v = c[j]
-        if v - v ~= 0 then return nil, bad(j, v) end
-      end
-    else
-      local a = {struct.unpack(fmt, agg, pos)}
-      if old then
-        local o = {struct.unpack(fmt, old, pos)}
-        for j = 1, len do
-          local v = c[j]
-          if v - v ~= 0 or (v < 0 and (base + j <= nonneg_upto or base + j > nonneg_from)) then return nil, bad(j, v) end
-          a[j] = (a[j] - o[j]) + v
-        end
-      else
-        for j = 1, len do
-          local v = c[j]
-          if v - v ~= 0 or (v < 0 and (base + j <= nonneg_upto or base + j > nonneg_from)) then return nil, bad(j, v) end
-          a[j] = a[j] + v
+    local c = {sunpack(fmt, payload, pos)}
+    local a = agg and {sunpack(fmt, agg, pos)}
+    local o = old and {sunpack(fmt, old, pos)}
+    -- each run of this chunk lies in one part: non-negative (count, sumsq) or signed (sum)
+    local j = 1
+    while j <= len do
+      local g = base + j  -- 1-based index in the payload
+      local signed = g > nonneg_upto and g <= nonneg_from
+      local stop = math.min(len, (signed and nonneg_from or (g <= nonneg_upto and nonneg_upto or width)) - base)
+      for k = j, stop do
+        local v = c[k]
+        if v - v ~= 0 then return nil, {'non_finite', name, 'element ' .. (base + k - 1) .. ' is not finite'} end
+        if v < 0 and not signed then
+          return nil, {'negative', name, 'element ' .. (base + k - 1) .. ' is ' .. string.format('%.17g', v) ..
+            ' in a count or sumsq part (must be >= 0)'}
         end
       end
-      out[#out + 1] = struct.pack(fmt, unpack(a, 1, len))
+      if o then
+        for k = j, stop do a[k] = (a[k] - o[k]) + c[k] end
+      elseif a then
+        for k = j, stop do a[k] = a[k] + c[k] end
+      end
+      j = stop + 1
     end
+    if a then out[#out + 1] = spack(fmt, unpack(a, 1, len)) end
     base = base + len
     pos = pos + len * 8
   end
