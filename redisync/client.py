@@ -113,6 +113,7 @@ class Store:
         self.url = url
         self.scripts = Scripts(client)
         self._schema: Schema | None = None
+        self._pull_keys: list[str] = []
 
     @property
     def run(self) -> str:
@@ -131,7 +132,8 @@ class Store:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
 
     def _key_hashes(self, schema: Schema) -> list[str]:
-        out: list[str] = []
+        """KEYS of the pull and register scripts: the run's meta, then meta and data of every key."""
+        out = [self.keys.meta]
         for name in schema.keys:
             out += [self.keys.key_meta(name), self.keys.key_data(name)]
         return out
@@ -151,15 +153,17 @@ class Store:
                 name, spec.semantics, "x".join(map(str, spec.shape)), spec.size, spec.width,
                 "" if owner is None else owner, "" if stale is None else repr(float(stale)),
             ]
-        status, epoch, registered = self._call(
-            self.scripts.register, [self.keys.meta, *self._key_hashes(schema)], args
-        )
+        status, epoch, registered = self._call(self.scripts.register, self._key_hashes(schema), args)
         if _b(status) == "mismatch":
             theirs = Schema.model_validate_json(registered)
             key, difference = schema.difference(theirs) or (None, "schema digest differs")
             raise errors.SchemaMismatch(key, difference)
-        self._schema = schema
+        self._adopt(schema)
         return Registration(created=_b(status) == "created", epoch=_b(epoch))
+
+    def _adopt(self, schema: Schema) -> None:
+        self._schema = schema
+        self._pull_keys = self._key_hashes(schema)
 
     def limits(self) -> Limits:
         raw = self.redis.hmget(self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen")
@@ -181,7 +185,7 @@ class Store:
             args += [known.epoch, known.fleet_version] + [
                 known.keys[n].version if n in known.keys else -1 for n in schema.keys
             ]
-        reply = self._call(self.scripts.pull, [self.keys.meta, *self._key_hashes(schema)], args)
+        reply = self._call(self.scripts.pull, self._pull_keys, args)
         return codec.parse_pull(reply, schema, None if known is None else known.epoch)
 
     def fleet(self) -> codec.PullResult:
@@ -246,7 +250,7 @@ class Store:
             schema = Schema.model_validate_json(hashes["meta"]["schema"])
         except (KeyError, ValueError) as e:
             raise errors.InvalidReport(None, f"corrupt snapshot: {e}") from None
-        self._schema = schema
+        self._adopt(schema)
         names = self._hash_names()
         if set(hashes) - set(names):
             raise errors.InvalidReport(None, f"snapshot holds unknown hashes {sorted(set(hashes) - set(names))}")
