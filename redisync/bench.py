@@ -7,6 +7,7 @@ client-side WATCH/MULTI fold) compare like with like on a noisy shared machine.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import statistics
 import time
 import uuid
@@ -17,6 +18,7 @@ import redis
 
 from .client import Store, connect
 from .codec import decode, encode
+from .errors import RedisyncError
 from .schema import Limits, Schema, merge
 
 SIZES = (64, 1024, 16384)
@@ -57,7 +59,7 @@ def _new_run(url: str | None, n: int) -> Store:
 
 
 def _report(rng: np.random.Generator, n: int, k: int) -> dict[str, Any]:
-    return {KEY: {"count": np.full(n, float(k)), "sum": rng.normal(size=n) * k}}
+    return {KEY: {"count": float(k), "sum": rng.normal(size=n) * k}}
 
 
 def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
@@ -92,7 +94,7 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
         for _ in range(min(calls, 1000)):
             changed()
         pull_changed = statistics.median(changed.times) * 1e6  # type: ignore[attr-defined]
-        payload = 2 * n  # count and sum, float64 each
+        payload = n + 1  # one count and the sum vector, float64 each
         return {
             "elements": n,
             "payload_values": payload,
@@ -127,7 +129,7 @@ def _watch_publisher(url: str, run: str, n: int, shard: int, seconds: float, out
     store = connect(url, run=run)
     r, keys = store.redis, store.keys
     data, meta = keys.key_data(KEY), keys.key_meta(KEY)
-    new = encode([np.ones(n), np.random.default_rng(shard).normal(size=n)])
+    new = encode([np.ones(1), np.random.default_rng(shard).normal(size=n)])
     new_vec = decode(new)
     done, retries, end = 0, 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -136,7 +138,7 @@ def _watch_publisher(url: str, run: str, n: int, shard: int, seconds: float, out
                 try:
                     pipe.watch(data)
                     agg, old = pipe.hmget(data, "agg", f"slot:{shard}")
-                    agg_vec = decode(agg) if agg else np.zeros(2 * n)
+                    agg_vec = decode(agg) if agg else np.zeros(n + 1)
                     folded = (agg_vec - decode(old)) + new_vec if old else agg_vec + new_vec
                     pipe.multi()
                     pipe.hset(data, mapping={"agg": encode([folded]), f"slot:{shard}": new})
@@ -156,9 +158,17 @@ def _run_processes(target: Callable[..., None], args: tuple, procs: int) -> list
     ps = [ctx.Process(target=target, args=(*args[:3], i, *args[3:], out)) for i in range(procs)]
     for p in ps:
         p.start()
-    results = [out.get(timeout=120) for _ in ps]
+    results = []
+    for _ in ps:
+        try:
+            results.append(out.get(timeout=60 + 2 * float(args[-1])))
+        except queue.Empty:
+            break
     for p in ps:
-        p.join()
+        p.join(timeout=10)
+    failed = [p.exitcode for p in ps if p.exitcode != 0]
+    if failed or len(results) < procs:
+        raise RedisyncError(f"{len(failed) or procs - len(results)} of {procs} publisher processes failed (exit codes {failed})")
     return results
 
 

@@ -150,8 +150,9 @@ class Store:
             owner = getattr(spec, "owner", None)
             stale = getattr(spec, "stale_after_s", None)
             args += [
-                name, spec.semantics, "x".join(map(str, spec.shape)), spec.size, spec.width,
+                name, spec.semantics, "x".join(map(str, spec.shape)) or "scalar", spec.size, spec.width,
                 "" if owner is None else owner, "" if stale is None else repr(float(stale)),
+                getattr(spec, "count_size", 0), int(getattr(spec, "sumsq", False)),
             ]
         status, epoch, registered = self._call(self.scripts.register, self._key_hashes(schema), args)
         if _b(status) == "mismatch":

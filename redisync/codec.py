@@ -7,12 +7,12 @@ that the Lua ``struct`` library decodes without per-element parsing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
 from . import errors
-from .schema import BroadcastSpec, MergeSpec, Schema
+from .schema import BroadcastSpec, MergeSpec, Schema, coerce_report
 from .semantics import moments, own_substituted, split_parts
 
 LE_F64 = np.dtype("<f8")
@@ -88,11 +88,17 @@ class KeyView:
         p = self.parts()
         return moments(p["count"], p["sum"], p.get("sumsq"))
 
-    def view(self, own_current: np.ndarray) -> np.ndarray:
-        """Own substitution: the aggregate without the caller's folded slot, plus its current state (flat)."""
-        if self.value is None:
-            raise errors.RedisyncError(f"key {self.name!r} has no fleet value yet")
-        return own_substituted(self.value, self.own_slot, np.asarray(own_current, dtype=np.float64).ravel())
+    def view(self, own_current: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Own substitution for a merge key: everybody else's data as pulled plus ours as of now.
+
+        ``own_current`` is this shard's report of now (``{"count": ..., "sum": ...}``); the result
+        has the same parts, pooled. A broadcast key's view is its fleet value.
+        """
+        if not isinstance(self.spec, MergeSpec):
+            return self.parts()
+        own = encode(coerce_report(self.name, self.spec, own_current).vectors(self.name, self.spec))
+        agg = self.value if self.value is not None else np.zeros(self.spec.width)
+        return split_parts(self.spec, own_substituted(agg, self.own_slot, decode(own)))
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def run_fleet(
                     latencies.append(time.perf_counter() - t)
                     clients[s].pull()
                     key = clients[s].known.keys[KEY]
-                    view[s] = key.view(np.r_[np.ones(bins), own_ema[s]])[bins:]
+                    view[s] = key.view({"count": 1.0, "sum": own_ema[s]})["sum"]
         if sync:
             fleet_version = store.fleet().fleet_version
     finally:

@@ -63,20 +63,33 @@ class BroadcastSpec(_Spec):
 
 
 class MergeSpec(_Spec):
-    """Per-shard slots of cumulative (count, sum[, sumsq]); the fleet value is their sum."""
+    """Per-shard slots of cumulative (count, sum[, sumsq]); the fleet value is their sum.
+
+    ``count`` is one number per report (samples seen, or 1 for a pooled EMA) unless
+    ``elementwise_count`` gives every element its own count (a histogram of partial views).
+    """
 
     semantics: Literal["merge"] = "merge"
     stale_after_s: float | None = Field(default=None, gt=0)
     sumsq: bool = False
+    elementwise_count: bool = False
 
     @property
     def parts(self) -> tuple[str, ...]:
         return ("count", "sum", "sumsq") if self.sumsq else ("count", "sum")
 
     @property
+    def count_size(self) -> int:
+        return self.size if self.elementwise_count else 1
+
+    @property
+    def count_shape(self) -> tuple[int, ...]:
+        return self.shape if self.elementwise_count else ()
+
+    @property
     def width(self) -> int:
-        """float64 values per report: count, sum and (if tracked) sumsq, each of the key's shape."""
-        return self.size * len(self.parts)
+        """float64 values per report: count, sum and (if tracked) sumsq, laid end to end."""
+        return self.count_size + self.size * (len(self.parts) - 1)
 
 
 KeySpec = Annotated[Union[BroadcastSpec, MergeSpec], Field(discriminator="semantics")]
@@ -88,10 +101,15 @@ def broadcast(shape: int | tuple[int, ...], owner: int | None = None) -> Broadca
 
 
 def merge(
-    shape: int | tuple[int, ...], stale_after_s: float | None = None, sumsq: bool = False
+    shape: int | tuple[int, ...],
+    stale_after_s: float | None = None,
+    sumsq: bool = False,
+    elementwise_count: bool = False,
 ) -> MergeSpec:
     """A pooled-statistics key (failure EMA, normaliser moments, histograms)."""
-    return _build(MergeSpec, shape=shape, stale_after_s=stale_after_s, sumsq=sumsq)
+    return _build(
+        MergeSpec, shape=shape, stale_after_s=stale_after_s, sumsq=sumsq, elementwise_count=elementwise_count
+    )
 
 
 def _build(cls: type[_Spec], **kw: Any) -> Any:
@@ -194,7 +212,7 @@ class MergeReport(_Report):
         if not spec.sumsq and self.sumsq is not None:
             raise errors.MalformedReport(name, "the key does not track sumsq but the report carries one")
         out = [
-            _checked(name, "count", self.count, spec.shape, nonneg=True),
+            _checked(name, "count", self.count, spec.count_shape, nonneg=True),
             _checked(name, "sum", self.sum, spec.shape, nonneg=False),
         ]
         if spec.sumsq:
@@ -213,7 +231,8 @@ def _checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: 
     try:
         arr = np.broadcast_to(arr, shape)
     except ValueError:
-        raise errors.ShapeMismatch(name, f"{part} has shape {arr.shape}, the key's shape is {shape}") from None
+        hint = " (one count per report; declare elementwise_count=True for per-element counts)" if part == "count" and shape == () else ""
+        raise errors.ShapeMismatch(name, f"{part} has shape {arr.shape}, it must broadcast to {shape}{hint}") from None
     finite = np.isfinite(arr)
     if not finite.all():
         idx = _first(~finite)

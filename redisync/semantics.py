@@ -66,12 +66,11 @@ def check_values(spec: BroadcastSpec | MergeSpec, payload: np.ndarray) -> str | 
     """The rejection reason for a payload's values, checked element by element in payload order."""
     if isinstance(spec, BroadcastSpec):
         return None if np.isfinite(payload).all() else "non_finite"
-    n = spec.size
+    signed = range(spec.count_size, spec.count_size + spec.size)  # the sum part
     for i, v in enumerate(payload):
         if not np.isfinite(v):
             return "non_finite"
-        part = i // n  # 0 count, 1 sum, 2 sumsq
-        if part != 1 and v < 0:
+        if v < 0 and i not in signed:
             return "negative"
     return None
 
@@ -160,9 +159,12 @@ class ReferenceFold:
 
 
 def split_parts(spec: MergeSpec, flat: np.ndarray) -> dict[str, np.ndarray]:
-    """``count``, ``sum`` (and ``sumsq``) of a flat merge payload, each in the key's shape."""
-    n = spec.size
-    return {part: flat[i * n : (i + 1) * n].reshape(spec.shape) for i, part in enumerate(spec.parts)}
+    """``count`` (in its count shape), ``sum`` (and ``sumsq``) in the key's shape, from a flat merge payload."""
+    c, n = spec.count_size, spec.size
+    out = {"count": flat[:c].reshape(spec.count_shape), "sum": flat[c : c + n].reshape(spec.shape)}
+    if spec.sumsq:
+        out["sumsq"] = flat[c + n :].reshape(spec.shape)
+    return out
 
 
 def moments(count: np.ndarray, total: np.ndarray, sumsq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -11,6 +11,7 @@ SCHEMA = Schema.of(
         "motion/bin_failed": merge(8),
         "obs/norm": merge((2, 3), sumsq=True),
         "curriculum/scale": broadcast((), owner=0),
+        "terrain/levels": merge(3, elementwise_count=True),
     }
 )
 
@@ -32,8 +33,8 @@ def test_schema_difference_names_key_and_field():
     other = Schema.of({**SCHEMA.keys, "motion/bin_failed": merge(9)})
     key, diff = SCHEMA.difference(other)
     assert key == "motion/bin_failed" and "shape=(8,) here, (9,) registered" in diff
-    extra = Schema.of({**SCHEMA.keys, "terrain/levels": merge(4)})
-    assert SCHEMA.difference(extra) == ("terrain/levels", "registered but missing from this client's schema")
+    extra = Schema.of({**SCHEMA.keys, "terrain/extra": merge(4)})
+    assert SCHEMA.difference(extra) == ("terrain/extra", "registered but missing from this client's schema")
     assert SCHEMA.difference(SCHEMA) is None
     assert SCHEMA.digest != other.digest
 
@@ -49,7 +50,7 @@ def test_valid_report_is_coerced_to_float64_of_the_key_shape():
         Limits(),
     )
     count, total = out["motion/bin_failed"]
-    assert count.dtype == np.float64 and count.shape == (8,) and (count == 1).all()
+    assert count.dtype == np.float64 and count.shape == () and count == 1
     assert total.tolist() == list(range(8))
     assert out["obs/norm"][2].shape == (2, 3) and (out["obs/norm"][2] == 2).all()
     assert out["curriculum/scale"][0].shape == ()
@@ -63,6 +64,8 @@ def test_valid_report_is_coerced_to_float64_of_the_key_shape():
         ({"motion/bin_failed": {"count": 1, "sum": [0.0] * 7 + [np.nan]}}, errors.NonFiniteValue, "sum[7]"),
         ({"motion/bin_failed": {"count": 1, "sum": [np.inf] * 8}}, errors.NonFiniteValue, "inf"),
         ({"motion/bin_failed": {"count": -1, "sum": np.ones(8)}}, errors.NegativeValue, "count"),
+        ({"motion/bin_failed": {"count": np.ones(8), "sum": np.ones(8)}}, errors.ShapeMismatch, "elementwise_count"),
+        ({"terrain/levels": {"count": [1, 2, -1], "sum": 0}}, errors.NegativeValue, "count[2]"),
         ({"obs/norm": {"count": 1, "sum": 0, "sumsq": -np.ones((2, 3))}}, errors.NegativeValue, "sumsq"),
         ({"obs/norm": {"count": 1, "sum": 0}}, errors.MalformedReport, "tracks sumsq"),
         ({"motion/bin_failed": {"count": 1, "sum": 0, "extra": 1}}, errors.MalformedReport, "extra"),
@@ -81,5 +84,5 @@ def test_bad_reports_get_typed_errors_naming_key_and_problem(report, error, word
 
 
 def test_size_limit():
-    with pytest.raises(errors.PayloadTooLarge, match="max_report_bytes=100"):
-        validate_reports(SCHEMA, {"motion/bin_failed": {"count": 1, "sum": np.ones(8)}}, Limits(max_report_bytes=100))
+    with pytest.raises(errors.PayloadTooLarge, match="max_report_bytes=70"):
+        validate_reports(SCHEMA, {"motion/bin_failed": {"count": 1, "sum": np.ones(8)}}, Limits(max_report_bytes=70))

@@ -28,7 +28,7 @@ def f64(*values: float) -> bytes:
     return struct.pack(f"<{len(values)}d", *values)
 
 
-GOOD_BINS = f64(1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5)
+GOOD_BINS = f64(1, 0.5, 0.5, 0.5, 0.5)  # count, then sum[4]
 
 
 @pytest.fixture
@@ -53,11 +53,11 @@ def forge(store, *, keys=None, digest=None, shard="1", inc="500", seq="2", items
 
 
 CASES = {
-    "nan": (dict(items=(("motion/bin_failed", f64(1, 1, 1, 1, 0, float("nan"), 0, 0)),)), "non_finite", "motion/bin_failed"),
-    "inf": (dict(items=(("obs/norm", f64(1, 1, 0, 0, float("inf"), 0)),)), "non_finite", "obs/norm"),
+    "nan": (dict(items=(("motion/bin_failed", f64(1, 0, float("nan"), 0, 0)),)), "non_finite", "motion/bin_failed"),
+    "inf": (dict(items=(("obs/norm", f64(1, 0, 0, float("inf"), 0)),)), "non_finite", "obs/norm"),
     "-inf": (dict(items=(("curriculum/scale", f64(float("-inf"))),), shard="0"), "non_finite", "curriculum/scale"),
-    "negative count": (dict(items=(("motion/bin_failed", f64(1, -1, 1, 1, 0, 0, 0, 0)),)), "negative", "motion/bin_failed"),
-    "negative sumsq": (dict(items=(("obs/norm", f64(1, 1, 0, 0, 0, -2)),)), "negative", "obs/norm"),
+    "negative count": (dict(items=(("motion/bin_failed", f64(-1, 0, 0, 0, 0)),)), "negative", "motion/bin_failed"),
+    "negative sumsq": (dict(items=(("obs/norm", f64(1, -5, 0, 0, -2)),)), "negative", "obs/norm"),
     "truncated": (dict(items=(("motion/bin_failed", GOOD_BINS[:-3]),)), "shape", "motion/bin_failed"),
     "too long": (dict(items=(("motion/bin_failed", GOOD_BINS + f64(1)),)), "shape", "motion/bin_failed"),
     "unknown key": (dict(items=(("nope/key", f64(1)),)), "unknown_key", "nope/key"),
@@ -71,7 +71,7 @@ CASES = {
     "zero incarnation": (dict(inc="0"), "malformed", None),
     "key reported twice": (dict(items=(("motion/bin_failed", GOOD_BINS), ("motion/bin_failed", GOOD_BINS))), "malformed", "motion/bin_failed"),
     "missing payload": (dict(items=(("motion/bin_failed",),)), "malformed", None),
-    "too large": (dict(items=(("motion/bin_failed", GOOD_BINS), ("obs/norm", f64(*[1] * 6)))), "too_large", None),
+    "too large": (dict(items=(("motion/bin_failed", GOOD_BINS), ("obs/norm", f64(*[1] * 5)))), "too_large", None),
 }
 
 
@@ -83,8 +83,8 @@ def state_bytes(store) -> dict:
 def test_forged_reports_are_refused_and_change_nothing(run, case):
     store, _ = run
     kwargs, reason, key = CASES[case]
-    if case == "too large":  # 112 bytes of valid payload against a 100-byte limit
-        store.redis.hset(store.keys.meta, "max_report_bytes", 100)
+    if case == "too large":  # 80 bytes of valid payload against a 50-byte limit
+        store.redis.hset(store.keys.meta, "max_report_bytes", 50)
     if case == "missing payload":
         k = store.keys
         kwargs = dict(kwargs, keys=[k.meta, k.shards, k.reports, k.dead_letters, k.key_meta("motion/bin_failed"), k.key_data("motion/bin_failed")])
@@ -119,8 +119,8 @@ def test_forged_key_names_cannot_reach_other_keys(run):
 def test_a_report_applies_all_or_none(run):
     store, shard = run
     before = state_bytes(store)
-    good = encode([np.ones(4), np.ones(4)])
-    bad = encode([np.ones(2), np.array([0.0, np.nan]), np.ones(2)])
+    good = encode([np.ones(1), np.ones(4)])
+    bad = encode([np.ones(1), np.array([0.0, np.nan]), np.ones(2)])
     with pytest.raises(errors.NonFiniteValue):
         shard.publish_payloads({"motion/bin_failed": good, "obs/norm": bad}, seq=7)
     assert state_bytes(store) == before

@@ -168,8 +168,8 @@ for i = 1, nkeys do
   if km ~= prefix .. 'key:' .. name or kd ~= prefix .. 'data:' .. name then
     return reject('malformed', name, 'KEYS do not match the reported key names')
   end
-  local spec = redis.call('HMGET', km, 'semantics', 'width', 'size', 'owner', 'stale_after_s', 'version', 'writers',
-    'slot:' .. shard .. ':incarnation')
+  local spec = redis.call('HMGET', km, 'semantics', 'width', 'count_size', 'owner', 'stale_after_s', 'version', 'writers',
+    'slot:' .. shard .. ':incarnation', 'size')
   if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
   local width = tonumber(spec[2])
   if #payload ~= width * 8 then
@@ -186,7 +186,7 @@ for i = 1, nkeys do
     folded, why = check_and_fold(name, payload, width, 0, width)
   else
     local stale = tonumber(spec[5])
-    local size = tonumber(spec[3])
+    local count_size = tonumber(spec[3])
     local data = redis.call('HMGET', kd, 'agg', 'slot:' .. shard)
     local agg, old = data[1], data[2]
     item.forget = {}
@@ -225,7 +225,8 @@ for i = 1, nkeys do
     live[#live + 1] = shard
     table.sort(live, function(a, b) return tonumber(a) < tonumber(b) end)
     item.writers = table.concat(live, ',')
-    folded, why = check_and_fold(name, payload, width, size, 2 * size, agg, old)  -- count, sumsq >= 0
+    -- the sum part, right after the count, is the only signed one
+    folded, why = check_and_fold(name, payload, width, count_size, count_size + tonumber(spec[9]), agg, old)
   end
   if not folded then return reject(why[1], why[2], why[3]) end
   item.agg = folded

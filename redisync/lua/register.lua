@@ -6,7 +6,8 @@
 -- ARGV[1]          the schema as canonical JSON;   ARGV[2] its digest
 -- ARGV[3]          a fresh epoch id (used only when the run is created)
 -- ARGV[4], [5], [6] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen
--- ARGV[7 + 7(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s ('')
+-- ARGV[7 + 9(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
+--                  count_size, sumsq ('1' or '0')
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
 
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'schema')
@@ -21,13 +22,13 @@ redis.call('HSET', KEYS[1], 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[
   'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
   'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6])
 for i = 1, nkeys do
-  local a = 7 + 7 * (i - 1)
+  local a = 7 + 9 * (i - 1)
   local name, semantics, shape, size, width, owner, stale =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
   redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
     'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
   if semantics == 'merge' then
-    redis.call('HSET', KEYS[2 * i], 'writers', '', 'count', '0')
+    redis.call('HSET', KEYS[2 * i], 'writers', '', 'count', '0', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8])
     redis.call('HSET', KEYS[2 * i + 1], 'agg', string.rep('\0', 8 * tonumber(width)))
   end
 end
