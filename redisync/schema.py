@@ -224,20 +224,26 @@ Report = Union[BroadcastReport, MergeReport]
 
 
 def _checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: bool) -> np.ndarray:
+    """``raw`` as a fresh float64 array of ``shape``, finite (and non-negative), or a typed error."""
     try:
         arr = _as_float64(raw)
     except ValueError as e:
         raise errors.MalformedReport(name, f"{part}: {e}") from None
-    try:
-        arr = np.broadcast_to(arr, shape)
-    except ValueError:
-        hint = " (one count per report; declare elementwise_count=True for per-element counts)" if part == "count" and shape == () else ""
-        raise errors.ShapeMismatch(name, f"{part} has shape {arr.shape}, it must broadcast to {shape}{hint}") from None
-    finite = np.isfinite(arr)
-    if not finite.all():
-        idx = _first(~finite)
-        raise errors.NonFiniteValue(name, f"{part}{list(idx)} is {arr[idx]}")
-    if nonneg and (arr < 0).any():
+    if arr.shape != shape:
+        try:
+            arr = np.broadcast_to(arr, shape)
+        except ValueError:
+            hint = " (one count per report; declare elementwise_count=True for per-element counts)" if part == "count" and shape == () else ""
+            raise errors.ShapeMismatch(name, f"{part} has shape {arr.shape}, it must broadcast to {shape}{hint}") from None
+    # one reduction answers the common case: a finite sum means every element is finite
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(arr.sum())
+    if not math.isfinite(total):
+        finite = np.isfinite(arr)
+        if not finite.all():
+            idx = _first(~finite)
+            raise errors.NonFiniteValue(name, f"{part}{list(idx)} is {arr[idx]}")
+    if nonneg and arr.size and float(arr.min()) < 0:
         idx = _first(arr < 0)
         raise errors.NegativeValue(name, f"{part}{list(idx)} is {arr[idx]} (must be >= 0)")
     return np.array(arr, dtype=np.float64, order="C")  # a copy: later edits by the caller change nothing
