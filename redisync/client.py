@@ -176,8 +176,10 @@ class Store:
         """The client of collector ``shard_id``; a fresh incarnation per process start by default."""
         return ShardClient(self, shard_id, incarnation)
 
-    def pull(self, shard_id: int | None = None, known: codec.PullResult | None = None) -> codec.PullResult | None:
-        """The state changed since ``known`` (all of it when None), with ``shard_id``'s own slots."""
+    def pull(
+        self, shard_id: int | None = None, known: codec.PullResult | None = None, incarnation: int | None = None
+    ) -> codec.PullResult | None:
+        """The state changed since ``known`` (all of it when None), with the slots of ``shard_id``'s ``incarnation``."""
         schema = self.schema
         args: list[Any] = ["" if shard_id is None else shard_id]
         if known is None:
@@ -187,7 +189,7 @@ class Store:
                 known.keys[n].version if n in known.keys else -1 for n in schema.keys
             ]
         reply = self._call(self.scripts.pull, self._pull_keys, args)
-        return codec.parse_pull(reply, schema, None if known is None else known.epoch)
+        return codec.parse_pull(reply, schema, None if known is None else known.epoch, incarnation)
 
     def fleet(self) -> codec.PullResult:
         """The whole fleet state, read-only (for the learner, logging and inspection)."""
@@ -326,7 +328,7 @@ class ShardClient:
 
         ``self.known`` keeps the whole fleet state as last seen (every key, latest version).
         """
-        result = self.store.pull(self.shard_id, self.known)
+        result = self.store.pull(self.shard_id, self.known, self.incarnation)
         if result is not None:
             known = result
             if self.known is not None and not result.epoch_changed:

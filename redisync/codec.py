@@ -75,13 +75,19 @@ class KeyView:
     own_slot: np.ndarray | None = None  # the caller's slot as folded (merge), for own substitution
     own_incarnation: int | None = None
 
-    def parts(self) -> dict[str, np.ndarray]:
-        """Merge: ``count``, ``sum``, ``sumsq`` in the key's shape. Broadcast: ``value``."""
-        if self.value is None:
-            return {}
+    def parts_of(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Merge: ``count``, ``sum``, ``sumsq`` of a flat vector of this key. Broadcast: ``value``."""
         if isinstance(self.spec, MergeSpec):
-            return split_parts(self.spec, self.value)
-        return {"value": self.value.reshape(self.spec.shape)}
+            return split_parts(self.spec, flat)
+        return {"value": flat.reshape(self.spec.shape)}
+
+    def parts(self) -> dict[str, np.ndarray]:
+        """The fleet value in parts (empty when never written)."""
+        return {} if self.value is None else self.parts_of(self.value)
+
+    def own_parts(self) -> dict[str, np.ndarray] | None:
+        """The caller's slot as folded, in parts (merge), or None."""
+        return None if self.own_slot is None else self.parts_of(self.own_slot)
 
     def moments(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Merge: the fleet ``(mean, var)`` (var is None without sumsq)."""
@@ -113,9 +119,13 @@ class PullResult:
 
 
 def parse_pull(
-    reply: Any, schema: Schema, known_epoch: str | None
+    reply: Any, schema: Schema, known_epoch: str | None, incarnation: int | None = None
 ) -> PullResult | None:
-    """The typed result of ``pull.lua``: None when nothing changed."""
+    """The typed result of ``pull.lua``: None when nothing changed.
+
+    The caller's slot is kept only when it belongs to ``incarnation``: a previous life's slot is
+    not the caller's own data (the next fold retires or drops it).
+    """
     if reply is None:
         return None
     status = _text(reply[0])
@@ -129,6 +139,8 @@ def parse_pull(
     rest = reply[4:]
     for i in range(0, len(rest), 5):
         index, version, value, own, own_inc = rest[i : i + 5]
+        if own_inc and incarnation is not None and int(own_inc) != incarnation:
+            own, own_inc = b"", b""
         name = names[int(index) - 1]
         spec = schema.keys[name]
         keys[name] = KeyView(

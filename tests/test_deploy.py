@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -17,13 +16,9 @@ import redis
 import redisync
 from redisync.schema import Schema, merge
 
+from .servers import free_port
+
 CONF = Path(__file__).resolve().parents[1] / "deploy" / "redis.conf"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(workdir: Path, port: int) -> subprocess.Popen:

@@ -1,0 +1,57 @@
+"""The learner's read-only side: fleet metrics for logging, the fleet state for checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .client import RunSnapshot, Store
+from .codec import PullResult
+from .schema import MergeSpec, Schema
+
+
+class FleetMonitor:
+    """Follows a run without a slot of its own. ``refresh()`` costs one round trip."""
+
+    def __init__(self, store: Store, schema: Schema | None = None):
+        self.store = store
+        if schema is not None:
+            store.register(schema)
+        self.state: PullResult | None = None
+
+    def refresh(self) -> PullResult | None:
+        """Pull what changed; None when nothing did. ``self.state`` holds the whole fleet state."""
+        changed = self.store.pull(None, self.state)
+        if changed is not None:
+            keys = changed.keys if self.state is None or changed.epoch_changed else {**self.state.keys, **changed.keys}
+            self.state = PullResult(changed.epoch, changed.fleet_version, changed.epoch_changed, keys, changed.server_time_us)
+        return changed
+
+    def metrics(self) -> dict[str, float]:
+        """Flat, logger-ready: the fleet version, and per key its version and pooled count or scalar value."""
+        if self.state is None:
+            self.refresh()
+        state = self.state
+        assert state is not None
+        out = {"redisync/fleet_version": float(state.fleet_version)}
+        for name, view in state.keys.items():
+            out[f"redisync/{name}/version"] = float(view.version)
+            parts = view.parts()
+            if not parts:
+                continue
+            if isinstance(view.spec, MergeSpec):
+                out[f"redisync/{name}/count"] = float(np.sum(parts["count"]))
+                out[f"redisync/{name}/sum_total"] = float(np.sum(parts["sum"]))
+            elif parts["value"].size == 1:
+                out[f"redisync/{name}/value"] = float(parts["value"])
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole run, JSON-safe, to put into the learner's checkpoint."""
+        return self.store.snapshot().model_dump()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the run from a checkpoint (a new epoch: every collector takes the restored state)."""
+        self.store.restore(RunSnapshot.model_validate(state))
+        self.state = None

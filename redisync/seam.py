@@ -1,0 +1,40 @@
+"""The seam between a stateful training term and the store.
+
+A term (the adaptive frame sampler, a normaliser, a curriculum) declares the keys it syncs,
+reports what its shard saw, and applies the fleet state it is handed. The :class:`~redisync.syncer.Syncer`
+calls these three methods and nothing else, so any term of a user's own can join.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+
+from .codec import PullResult
+from .errors import InvalidSchema
+from .schema import BroadcastSpec, MergeSpec, Schema
+
+
+@runtime_checkable
+class SyncedTerm(Protocol):
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        """The keys this term syncs and their specs (empty when the term does not sync)."""
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's reports, ``{key: {"count": ..., "sum": ...}}`` or ``{key: {"value": ...}}``.
+
+        Called on the collector's own thread; the values must be copies the term will not mutate.
+        """
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state (every key, as last pulled); local work only, no network."""
+
+
+def schema_of(terms: Iterable[SyncedTerm]) -> Schema:
+    """The run schema of several terms; two terms may not claim the same key."""
+    keys: dict[str, Any] = {}
+    for term in terms:
+        for name, spec in term.schema_entries().items():
+            if name in keys:
+                raise InvalidSchema(f"key {name!r} is declared by two terms")
+            keys[name] = spec
+    return Schema.of(keys)

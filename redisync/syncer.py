@@ -1,0 +1,247 @@
+"""The loop glue of one collector: its terms' state goes through the store off the hot path.
+
+``on_step()`` and ``at_reset_boundary()`` never touch the network. A background worker publishes
+the latest reports every ``publish_every_steps`` steps or ``publish_every_s`` seconds — a report
+that was not sent yet is replaced by the next one, which is exact because merge reports are
+cumulative — and pulls the fleet state as soon as the run's channel announces a new version
+(polling every ``poll_every_s`` when the subscription is down). The reset boundary then only swaps
+the already-decoded state into the terms.
+
+If the store loses the run (a restart without persistence: a new epoch), the worker registers
+the schema again and re-publishes the shard's latest cumulative reports, which re-seeds the
+merge keys exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+from . import errors
+from .client import Store
+from .codec import PullResult
+from .seam import SyncedTerm, schema_of
+
+log = logging.getLogger(__name__)
+
+
+class Syncer:
+    def __init__(
+        self,
+        store: Store,
+        shard_id: int,
+        terms: Sequence[SyncedTerm],
+        *,
+        publish_every_steps: int = 50,
+        publish_every_s: float = 1.0,
+        poll_every_s: float = 1.0,
+        retry_every_s: float = 0.5,
+        incarnation: int | None = None,
+    ):
+        self.store = store
+        self.terms = list(terms)
+        self.schema = schema_of(self.terms)
+        self.shard = store.shard(shard_id, incarnation)
+        self.publish_every_steps, self.publish_every_s = publish_every_steps, publish_every_s
+        self.poll_every_s, self.retry_every_s = poll_every_s, retry_every_s
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._pending: dict[str, Mapping[str, Any]] | None = None  # reports not sent yet (latest wins)
+        self._latest: dict[str, Mapping[str, Any]] | None = None  # the last reports taken, to re-seed
+        self._ready: PullResult | None = None  # decoded by the worker, applied at the reset boundary
+        self._ready_at = 0.0
+        self._applied: PullResult | None = None
+        self._applied_at = time.monotonic()
+        self._announced = 0
+        self._steps = 0
+        self._last_report = time.monotonic()
+        self._subscribed = False
+        self.stats = {"publishes": 0, "duplicates": 0, "coalesced": 0, "publish_failures": 0, "rejected": 0,
+                      "pulls": 0, "reseeds": 0, "subscription_drops": 0}
+        self._latency_ms: float | None = None
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ the collector's side (no network)
+
+    def on_step(self) -> None:
+        """Once per env step: counts, and hands over the reports when a publish is due."""
+        self._steps += 1
+        if self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s:
+            self._take_reports()
+
+    def at_reset_boundary(self) -> bool:
+        """Swap the newest fleet state into the terms; True if one was applied."""
+        ready = self._ready
+        if ready is None or ready is self._applied:
+            return False
+        for term in self.terms:
+            term.apply_shard_state(ready)
+        self._applied, self._applied_at = ready, self._ready_at
+        return True
+
+    def flush(self) -> None:
+        """Hand over the current reports now (e.g. before a checkpoint or at the end of training)."""
+        self._take_reports()
+
+    def _take_reports(self) -> None:
+        reports: dict[str, Mapping[str, Any]] = {}
+        for term in self.terms:
+            reports.update(term.report_shard_state())
+        self._steps, self._last_report = 0, time.monotonic()
+        if not reports:
+            return
+        with self._lock:
+            if self._pending is not None:
+                self.stats["coalesced"] += 1
+            self._pending = self._latest = reports
+        self._wake.set()
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self) -> "Syncer":
+        self._threads = [
+            threading.Thread(target=self._work, name=f"redisync-worker-{self.shard.shard_id}", daemon=True),
+            threading.Thread(target=self._listen, name=f"redisync-listener-{self.shard.shard_id}", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
+        """Stop the worker, after a last publish of the current reports when ``flush``."""
+        if flush:
+            self._take_reports()
+            deadline = time.monotonic() + timeout
+            while self._pending is not None and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):
+                time.sleep(0.01)
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout)
+
+    def __enter__(self) -> "Syncer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ the worker (network)
+
+    def _work(self) -> None:
+        registered = False
+        last_pull = 0.0
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_every_s if registered else self.retry_every_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                if not registered:
+                    self.store.register(self.schema)
+                    registered = True
+                published = self._publish_pending()
+                due = time.monotonic() - last_pull >= self.poll_every_s
+                if published or due or self._announced > self._known_version():
+                    self._pull()
+                    last_pull = time.monotonic()
+            except errors.RunNotFound:
+                self._reseed()
+            except errors.ConnectionUnavailable as e:
+                log.debug("store unavailable: %s", e)
+                self.stats["publish_failures"] += 1
+                self._stop.wait(self.retry_every_s)
+                self._wake.set()  # try again: the pending report is still there
+
+    def _publish_pending(self) -> bool:
+        with self._lock:
+            reports = self._pending
+        if reports is None:
+            return False
+        t = time.perf_counter()
+        try:
+            result = self.shard.publish(reports)
+        except errors.InvalidReport as e:  # refused and dead-lettered; the next report carries everything
+            log.warning("report refused: %s", e)
+            self.stats["rejected"] += 1
+            result = None
+        with self._lock:
+            if self._pending is reports:
+                self._pending = None
+        if result is not None:
+            self._latency_ms = (time.perf_counter() - t) * 1e3
+            self.stats["publishes" if result.applied else "duplicates"] += 1
+            self._announced = max(self._announced, result.fleet_version)
+        return True
+
+    def _pull(self) -> None:
+        if self.shard.pull() is not None:
+            self.stats["pulls"] += 1
+            self._ready, self._ready_at = self.shard.known, time.monotonic()
+            self._announced = max(self._announced, self.shard.known.fleet_version)
+
+    def _known_version(self) -> int:
+        return self.shard.known.fleet_version if self.shard.known is not None else -1
+
+    def _reseed(self) -> None:
+        """The store lost the run: register again and re-publish our latest cumulative reports."""
+        self.stats["reseeds"] += 1
+        log.warning("run %r lost by the store: re-seeding from shard %d", self.store.run, self.shard.shard_id)
+        try:
+            self.store.register(self.schema)
+            with self._lock:
+                if self._pending is None and self._latest is not None:
+                    self._pending = self._latest
+            self._wake.set()
+        except errors.RedisyncError as e:
+            log.debug("re-seed failed: %s", e)
+            self._stop.wait(self.retry_every_s)
+            self._wake.set()
+
+    def _listen(self) -> None:
+        """Follow the run's channel; a new version wakes the worker. Polling covers the gaps."""
+        while not self._stop.is_set():
+            pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self.store.keys.channel)
+                self._subscribed = True
+                while not self._stop.is_set():
+                    msg = pubsub.get_message(timeout=0.2)
+                    if msg and msg.get("type") == "message":
+                        self._announced = max(self._announced, int(msg["data"]))
+                        if self._announced > self._known_version():
+                            self._wake.set()
+            except Exception as e:  # a dropped subscription must never end the listener
+                log.debug("subscription dropped: %s", e)
+                if self._subscribed:
+                    self.stats["subscription_drops"] += 1
+                self._subscribed = False
+                self._stop.wait(self.retry_every_s)
+            finally:
+                try:
+                    pubsub.close()
+                except Exception:
+                    pass
+
+    # ------------------------------------------------------------------ what a trainer logs
+
+    def metrics(self) -> dict[str, float]:
+        """Flat, logger-ready metrics: versions, staleness, publish latency, counters, term drift."""
+        applied = self._applied.fleet_version if self._applied is not None else 0
+        out = {
+            "redisync/fleet_version": float(applied),
+            "redisync/staleness_versions": float(max(self._announced - applied, 0)),
+            "redisync/staleness_s": time.monotonic() - self._applied_at,
+            "redisync/subscribed": float(self._subscribed),
+        }
+        if self._latency_ms is not None:
+            out["redisync/publish_latency_ms"] = self._latency_ms
+        out.update({f"redisync/{k}": float(v) for k, v in self.stats.items()})
+        for term in self.terms:
+            term_metrics = getattr(term, "metrics", None)
+            key = getattr(term, "key", None)
+            if callable(term_metrics) and key:
+                out.update({f"redisync/{key}/{k}": float(v) for k, v in term_metrics().items()})
+        return out

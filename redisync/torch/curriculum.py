@@ -1,0 +1,203 @@
+"""Curriculum terms: holosoma's episode-length tracker and penalty curriculum, IsaacLab's terrain levels.
+
+Their update rules and defaults are the frameworks'; sync adds one choice per term:
+
+- :class:`AverageEpisodeLength` — ``local`` (holosoma's tracker of this shard's episodes) or
+  ``pooled``: each shard reports its tracker as ``count = episodes behind it (capped at the
+  tracker's window), sum = count × average``, and every shard reads the fleet's weighted mean, so
+  all shards take their decisions from the same number;
+- :class:`PenaltyCurriculum` — ``local``, or ``broadcast``: the owner shard (or the learner) decides
+  the scale and every other shard applies it, so the scale is one number fleet-wide;
+- :class:`TerrainLevels` — IsaacLab's per-env level moves, with the per-level histogram of the
+  shard's envs merged (``pooled``) into the fleet histogram for logging and fleet-level decisions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import torch
+
+from ..codec import PullResult
+from ..errors import InvalidSchema
+from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+
+
+def _check_mode(mode: str, allowed: tuple[str, ...]) -> None:
+    if mode not in allowed:
+        raise InvalidSchema(f"mode must be one of {allowed}, got {mode!r}")
+
+
+class AverageEpisodeLength:
+    """holosoma's ``AverageEpisodeLengthTracker``: ``avg ← avg·(1 − w) + mean(lengths)·w``, ``w = min(n / N, 1)``."""
+
+    def __init__(
+        self,
+        num_envs: int,
+        num_compute_average_epl: float = 1000,
+        base_num_envs: int | None = None,
+        *,
+        mode: Literal["local", "pooled"] = "local",
+        key: str = "curriculum/episode_length",
+        stale_after_s: float | None = None,
+    ):
+        _check_mode(mode, ("local", "pooled"))
+        self.mode, self.key, self.stale_after_s = mode, key, stale_after_s
+        self.window = max(1, int(num_compute_average_epl * num_envs / (base_num_envs or num_envs)))
+        self.own_average = 0.0
+        self.episodes = 0
+        self._others: tuple[float, float] = (0.0, 0.0)  # count, sum of the rest of the fleet
+
+    def update(self, episode_lengths: torch.Tensor) -> None:
+        num = episode_lengths.numel()
+        if num == 0:
+            return
+        weight = min(num / self.window, 1.0)
+        current = float(torch.mean(episode_lengths.to(dtype=torch.float), dtype=torch.float))
+        self.own_average = self.own_average * (1 - weight) + current * weight
+        self.episodes += num
+
+    def _own_weight(self) -> float:
+        return float(min(self.episodes, self.window))
+
+    @property
+    def value(self) -> float:
+        """The average the curriculum decides on: the shard's own (local) or the fleet's (pooled)."""
+        if self.mode == "local":
+            return self.own_average
+        count = self._others[0] + self._own_weight()
+        total = self._others[1] + self._own_weight() * self.own_average
+        return total / count if count > 0 else 0.0
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        return {self.key: merge((), stale_after_s=self.stale_after_s)} if self.mode == "pooled" else {}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.mode != "pooled":
+            return {}
+        w = self._own_weight()
+        return {self.key: {"count": w, "sum": w * self.own_average}}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        view = fleet.keys.get(self.key)
+        if self.mode != "pooled" or view is None or view.value is None:
+            return
+        parts, own = view.parts(), view.own_parts()
+        count, total = float(parts["count"]), float(parts["sum"])
+        if own is not None:
+            count, total = count - float(own["count"]), total - float(own["sum"])
+        self._others = (count, total)
+
+
+class PenaltyCurriculum:
+    """holosoma's ``PenaltyCurriculum``: at each reset the scale shrinks by ``1 − degree`` below
+    ``level_down_threshold``, grows by ``1 + degree`` above ``level_up_threshold``, and is clipped."""
+
+    def __init__(
+        self,
+        initial_scale: float = 1.0,
+        min_scale: float = 0.0,
+        max_scale: float = 1.0,
+        level_down_threshold: float = 150.0,
+        level_up_threshold: float = 850.0,
+        degree: float = 0.0,
+        *,
+        mode: Literal["local", "broadcast"] = "local",
+        key: str = "curriculum/penalty_scale",
+        shard_id: int = 0,
+        owner: int = 0,
+    ):
+        _check_mode(mode, ("local", "broadcast"))
+        self.scale = float(initial_scale)
+        self.min_scale, self.max_scale = float(min_scale), float(max_scale)
+        self.level_down, self.level_up, self.degree = float(level_down_threshold), float(level_up_threshold), float(degree)
+        self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
+
+    @property
+    def decides(self) -> bool:
+        """Whether this shard takes the decision (always, unless another shard owns it)."""
+        return self.mode == "local" or self.shard_id == self.owner
+
+    def update(self, average_length: float) -> float:
+        """At reset: move the scale by the average episode length; returns the scale to apply."""
+        if self.decides:
+            if average_length < self.level_down:
+                self.scale *= 1.0 - self.degree
+            elif average_length > self.level_up:
+                self.scale *= 1.0 + self.degree
+            self.scale = float(np.clip(self.scale, self.min_scale, self.max_scale))
+        return self.scale
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        return {self.key: broadcast((), owner=self.owner)} if self.mode == "broadcast" else {}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        return {self.key: {"value": self.scale}} if self.mode == "broadcast" and self.decides else {}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        view = fleet.keys.get(self.key)
+        if self.mode == "broadcast" and not self.decides and view is not None and view.value is not None:
+            self.scale = float(view.parts()["value"])
+
+
+class TerrainLevels:
+    """IsaacLab's terrain-level curriculum for one shard's envs, with a merged per-level histogram.
+
+    ``update`` moves envs as IsaacLab's ``TerrainImporter.update_env_origins`` does: up one level
+    on ``move_up``, down one on ``move_down``, never below 0, and an env that solves the last level
+    is sent to a random level.
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        num_levels: int,
+        max_init_level: int | None = None,
+        *,
+        mode: Literal["local", "pooled"] = "local",
+        key: str = "terrain/levels",
+        stale_after_s: float | None = 60.0,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ):
+        _check_mode(mode, ("local", "pooled"))
+        self.mode, self.key, self.stale_after_s = mode, key, stale_after_s
+        self.num_levels = num_levels
+        self.generator = generator
+        top = num_levels - 1 if max_init_level is None else min(max_init_level, num_levels - 1)
+        self.levels = torch.randint(0, top + 1, (num_envs,), device=device, generator=generator)
+        self._others: np.ndarray = np.zeros(num_levels)
+
+    def update(self, env_ids: torch.Tensor, move_up: torch.Tensor, move_down: torch.Tensor) -> None:
+        levels = self.levels[env_ids] + 1 * move_up - 1 * move_down
+        random = torch.randint(0, self.num_levels, levels.shape, device=levels.device, generator=self.generator)
+        self.levels[env_ids] = torch.where(levels >= self.num_levels, random, torch.clip(levels, 0))
+
+    def histogram(self) -> np.ndarray:
+        """How many of this shard's envs are on each level."""
+        return torch.bincount(self.levels, minlength=self.num_levels).cpu().numpy().astype(np.float64)
+
+    def fleet_histogram(self) -> np.ndarray:
+        """The fleet's histogram: everybody else's as last pulled plus ours as of now."""
+        return self._others + self.histogram()
+
+    def mean_level(self) -> float:
+        """The fleet's (pooled) or this shard's (local) mean terrain level, IsaacLab's logged metric."""
+        hist = self.fleet_histogram() if self.mode == "pooled" else self.histogram()
+        return float((hist * np.arange(self.num_levels)).sum() / max(hist.sum(), 1.0))
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        return {self.key: merge(self.num_levels, stale_after_s=self.stale_after_s)} if self.mode == "pooled" else {}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.mode != "pooled":
+            return {}
+        return {self.key: {"count": float(self.levels.numel()), "sum": self.histogram()}}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        view = fleet.keys.get(self.key)
+        if self.mode != "pooled" or view is None or view.value is None:
+            return
+        own = view.own_parts()
+        self._others = view.parts()["sum"] - (own["sum"] if own is not None else 0.0)

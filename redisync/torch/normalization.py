@@ -1,0 +1,161 @@
+"""Empirical observation normalisation (rsl_rl's ``EmpiricalNormalization``), synced.
+
+The buffers and their ``state_dict`` keys are rsl_rl's — ``_mean``, ``_var``, ``_std`` (shape
+``(1, *shape)``) and ``count`` — so a state dict loads into and from rsl_rl's module, and
+``forward``/``update``/``inverse`` behave like rsl_rl's. What the buffers hold depends on the mode:
+
+- ``local``: rsl_rl's own running update, nothing synced;
+- ``pooled`` (default): the own-substituted fleet statistics. Each shard keeps the cumulative
+  ``count``, ``Σ(x − c)`` and ``Σ(x − c)²`` of what *it* saw (float64, shifted by a fixed per-key
+  ``offset`` c when cancellation matters) and reports them to a ``merge`` key; the buffers are
+  the moments of everybody else's statistics as last pulled plus its own up to now;
+- ``learner``: the learner's normaliser is the single writer (``writer=True``, rsl_rl's update)
+  and publishes ``mean ‖ var ‖ count`` to a ``broadcast`` key; collectors apply it and never update.
+
+Only rsl_rl's four buffers are persistent. A restarted collector starts its own statistics from
+zero: the store keeps its previous life's slot as retired history, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..codec import PullResult
+from ..errors import InvalidSchema
+from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+
+Mode = Literal["local", "pooled", "learner"]
+
+
+class SyncedEmpiricalNormalization(nn.Module):
+    def __init__(
+        self,
+        shape: int | tuple[int, ...] | list[int],
+        eps: float = 1e-2,
+        until: int | None = None,
+        *,
+        mode: Mode = "pooled",
+        key: str = "obs/norm",
+        writer: bool = False,
+        owner: int = 0,
+        offset: float | np.ndarray | torch.Tensor = 0.0,
+    ):
+        super().__init__()
+        if mode not in ("local", "pooled", "learner"):
+            raise InvalidSchema(f"normaliser mode must be 'local', 'pooled' or 'learner', got {mode!r}")
+        self.eps, self.until = eps, until
+        self.mode, self.key, self.writer, self.owner = mode, key, writer, owner
+        self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.register_buffer("_mean", torch.zeros(self.shape).unsqueeze(0))
+        self.register_buffer("_var", torch.ones(self.shape).unsqueeze(0))
+        self.register_buffer("_std", torch.ones(self.shape).unsqueeze(0))
+        self.register_buffer("count", torch.tensor(0, dtype=torch.long))
+        f64 = {"dtype": torch.float64}
+        self.register_buffer("_offset", torch.broadcast_to(torch.as_tensor(offset, **f64), self.shape).clone(), persistent=False)
+        self.register_buffer("_own", torch.zeros((3, *self.shape), **f64), persistent=False)  # count, Σ, Σ²
+        self.register_buffer("_others", torch.zeros((3, *self.shape), **f64), persistent=False)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self._mean.squeeze(0).clone()
+
+    @property
+    def std(self) -> torch.Tensor:
+        return self._std.squeeze(0).clone()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self._mean) / (self._std + self.eps)
+
+    @torch.jit.unused
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        return y * (self._std + self.eps) + self._mean
+
+    @torch.jit.unused
+    def update(self, x: torch.Tensor) -> None:
+        """Learn from a batch (rows are samples), as rsl_rl does in ``local`` mode."""
+        if not self.training or (self.mode == "learner" and not self.writer):
+            return
+        if self.until is not None and self.count >= self.until:
+            return
+        if self.mode != "pooled":
+            self._running_update(x)
+            return
+        shifted = x.detach().to(torch.float64) - self._offset.to(x.device)
+        self._own[0] += x.shape[0]
+        self._own[1] += shifted.sum(0).to(self._own.device)
+        self._own[2] += (shifted * shifted).sum(0).to(self._own.device)
+        self._set_from_pooled()
+
+    def _running_update(self, x: torch.Tensor) -> None:
+        # rsl_rl's update, step for step (a tensor count: int / tensor rounds differently)
+        count_x = torch.tensor(x.shape[0], dtype=self.count.dtype, device=self.count.device)
+        self.count += count_x
+        rate = count_x / self.count
+        var_x = torch.var(x, dim=0, unbiased=False, keepdim=True)
+        mean_x = torch.mean(x, dim=0, keepdim=True)
+        delta_mean = mean_x - self._mean
+        self._mean += rate * delta_mean
+        self._var += rate * (var_x - self._var + delta_mean * (mean_x - self._mean))
+        self._std = torch.sqrt(self._var)
+
+    def _set_from_pooled(self) -> None:
+        n, s, q = self._others + self._own
+        if float(n.flatten()[0]) <= 0:
+            return
+        mean_shifted = s / n
+        var = torch.clamp(q / n - mean_shifted * mean_shifted, min=0.0)
+        self._set(mean_shifted + self._offset, var, int(round(float(n.flatten()[0]))))
+
+    def _set(self, mean: Any, var: Any, count: int) -> None:
+        dtype, device = self._mean.dtype, self._mean.device
+        self._mean.copy_(torch.as_tensor(mean).to(device, dtype).reshape(self._mean.shape))
+        self._var.copy_(torch.as_tensor(var).to(device, dtype).reshape(self._var.shape))
+        self._std.copy_(torch.sqrt(self._var))
+        self.count.fill_(count)
+
+    def pooled_moments(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """``pooled``: the float64 mean, var and count of the own-substituted view (for tests and logs)."""
+        n, s, q = self._others + self._own
+        mean = s / n
+        return mean + self._offset, torch.clamp(q / n - mean * mean, min=0.0), float(n.flatten()[0])
+
+    # ------------------------------------------------------------------ the seam
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        size = int(np.prod(self.shape))
+        if self.mode == "pooled":
+            return {self.key: merge(self.shape, sumsq=True)}
+        if self.mode == "learner":
+            return {self.key: broadcast(2 * size + 1, owner=self.owner)}
+        return {}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.mode == "pooled":
+            own = self._own.cpu().numpy()
+            return {self.key: {"count": float(own[0].flatten()[0]), "sum": own[1].copy(), "sumsq": own[2].copy()}}
+        if self.mode == "learner" and self.writer:
+            flat = [t.detach().to("cpu", torch.float64).flatten() for t in (self._mean, self._var)]
+            value = torch.cat([*flat, torch.tensor([float(self.count)], dtype=torch.float64)])
+            return {self.key: {"value": value.numpy()}}
+        return {}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        view = fleet.keys.get(self.key)
+        if view is None or view.value is None:
+            return
+        parts = view.parts()
+        if self.mode == "pooled":
+            agg = np.stack([np.broadcast_to(parts["count"], self.shape), parts["sum"], parts["sumsq"]])
+            own = view.own_parts()
+            if own is not None:
+                agg = agg - np.stack([np.broadcast_to(own["count"], self.shape), own["sum"], own["sumsq"]])
+            self._others.copy_(torch.as_tensor(agg, dtype=torch.float64))
+            self._set_from_pooled()
+        elif self.mode == "learner" and not self.writer:
+            size = int(np.prod(self.shape))
+            value = parts["value"]
+            self._set(value[:size], value[size : 2 * size], int(round(float(value[-1]))))

@@ -1,0 +1,65 @@
+"""Real ``redis-server`` processes on free ports, for tests that kill, restart or reconfigure them."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisProcess:
+    """One redis-server; ``kill()`` is SIGKILL by pid, ``start()`` (re)starts it on the same port."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *args: str):
+        if not shutil.which("redis-server"):
+            pytest.fail("redis-server is not installed (scripts/ensure-redis installs it)")
+        self.workdir, self.port, self.args = workdir, port or free_port(), args
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisProcess":
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+               "--save", "", "--appendonly", "no", *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        for _ in range(200):
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        self.kill()
+        pytest.fail(f"redis-server did not start on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_process(tmp_path):
+    """A fresh redis-server of the test's own, stopped afterwards."""
+    server = RedisProcess(tmp_path).start()
+    yield server
+    server.kill()

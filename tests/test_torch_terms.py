@@ -1,0 +1,274 @@
+"""The collector-side terms: exact to their public formulas when local, exact to an unsharded run when synced."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from redisync.schema import Schema
+from redisync.seam import schema_of
+from redisync.torch import (
+    AdaptiveMotionSampler,
+    AverageEpisodeLength,
+    PenaltyCurriculum,
+    SyncedEmpiricalNormalization,
+    TerrainLevels,
+)
+
+F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------------- references
+
+
+class BeyondMimicReference:
+    """BeyondMimic's adaptive sampling formulas, written out again here as the oracle."""
+
+    def __init__(self, num_frames, step_dt, alpha=0.001, ratio=0.1, k=1, lam=0.8, dtype=torch.float32):
+        self.T, self.alpha, self.ratio = num_frames, alpha, ratio
+        self.bins = int(num_frames // (1 / step_dt)) + 1
+        self.ema = torch.zeros(self.bins, dtype=dtype)
+        self.current = torch.zeros(self.bins, dtype=dtype)
+        kernel = torch.tensor([lam**i for i in range(k)], dtype=dtype)
+        self.kernel, self.k = kernel / kernel.sum(), k
+
+    def reset(self, time_steps, failed):
+        if torch.any(failed):
+            bins = torch.clamp((time_steps * self.bins) // max(self.T, 1), 0, self.bins - 1)
+            self.current[:] = torch.bincount(bins[failed], minlength=self.bins)
+
+    def step(self):
+        self.ema = self.alpha * self.current + (1 - self.alpha) * self.ema
+        self.current.zero_()
+
+    def probs(self):
+        p = self.ema + self.ratio / float(self.bins)
+        p = nn.functional.pad(p.unsqueeze(0).unsqueeze(0), (0, self.k - 1), mode="replicate")
+        p = nn.functional.conv1d(p, self.kernel.view(1, 1, -1)).view(-1)
+        return p / p.sum()
+
+    def sample(self, n, generator):
+        bins = torch.multinomial(self.probs(), n, replacement=True, generator=generator)
+        u = torch.rand(n, generator=generator, dtype=self.ema.dtype)
+        return ((bins + u) / self.bins * (self.T - 1)).long()
+
+
+def rsl_rl_normalization():
+    """rsl_rl's own EmpiricalNormalization, loaded from its file (its package pulls in far more than torch)."""
+    spec = importlib.util.find_spec("rsl_rl")
+    if spec is None:
+        pytest.fail("rsl-rl-lib is not installed (scripts/setup installs it for the tests)")
+    path = spec.submodule_search_locations[0] + "/modules/normalization.py"
+    module_spec = importlib.util.spec_from_file_location("rsl_rl_normalization", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.EmpiricalNormalization
+
+
+# ----------------------------------------------------------------------------------- local = public formulas
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3])
+def test_local_sampler_reproduces_beyondmimic_step_for_step(kernel_size):
+    ours = AdaptiveMotionSampler(1234, 0.02, mode="local", kernel_size=kernel_size)
+    ref = BeyondMimicReference(1234, 0.02, k=kernel_size)
+    assert ours.bin_count == ref.bins == 25
+    data = torch.Generator().manual_seed(1)
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    for step in range(400):
+        ts = torch.randint(0, 1234, (64,), generator=data)
+        failed = torch.rand(64, generator=data) < (0.02 + 0.2 * (ts > 800))
+        if step % 3 == 0:
+            ours.record_failures(ts, failed)
+            ref.reset(ts, failed)
+            assert torch.equal(ours.sample(16, g1), ref.sample(16, g2))
+        assert torch.equal(ours.probabilities(), ref.probs())
+        ours.step()
+        ref.step()
+        assert torch.equal(ours.bin_failed_count, ref.ema)
+    m = ours.metrics()
+    p = ref.probs()
+    assert m["sampling_entropy"] == pytest.approx(float(-(p * (p + 1e-12).log()).sum() / math.log(25)))
+    assert m["sampling_top1_bin"] == pytest.approx(float(p.argmax()) / 25) and m["drift_tv"] == 0.0
+
+
+def test_local_normaliser_is_rsl_rl():
+    Reference = rsl_rl_normalization()
+    ours, ref = SyncedEmpiricalNormalization(5, until=3000, mode="local"), Reference(5, until=3000)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        x = torch.randn(97, 5, generator=g) * 3 + 2
+        ours.update(x)
+        ref.update(x)
+        for name in ("_mean", "_var", "_std", "count"):
+            assert torch.equal(getattr(ours, name), getattr(ref, name)), name
+    assert torch.equal(ours(x), ref(x)) and torch.equal(ours.inverse(x), ref.inverse(x))
+    # state dicts move both ways, pooled modes included
+    assert set(ours.state_dict()) == set(ref.state_dict()) == {"_mean", "_var", "_std", "count"}
+    pooled = SyncedEmpiricalNormalization(5, mode="pooled")
+    pooled.load_state_dict(ref.state_dict())
+    fresh = Reference(5)
+    fresh.load_state_dict(pooled.state_dict())
+    assert torch.equal(fresh._mean, ref._mean) and int(fresh.count) == int(ref.count)
+
+
+def test_holosoma_tracker_and_penalty_rules():
+    tracker = AverageEpisodeLength(num_envs=4096, num_compute_average_epl=1000, base_num_envs=2048)
+    assert tracker.window == 2000
+    avg = 0.0
+    for lengths in ([100.0] * 500, [400.0] * 3000, [50.0] * 10):
+        tracker.update(torch.tensor(lengths))
+        w = min(len(lengths) / 2000, 1.0)
+        avg = avg * (1 - w) + float(np.mean(lengths)) * w
+        assert tracker.value == pytest.approx(avg, rel=1e-6)
+    pen = PenaltyCurriculum(initial_scale=0.5, min_scale=0.1, max_scale=1.0, level_down_threshold=150,
+                            level_up_threshold=750, degree=0.1)
+    assert pen.update(100) == pytest.approx(0.45)
+    assert pen.update(500) == pytest.approx(0.45)
+    assert pen.update(900) == pytest.approx(0.495)
+    for _ in range(100):
+        pen.update(10)
+    assert pen.scale == 0.1
+
+
+def test_terrain_levels_follow_isaaclab():
+    g = torch.Generator().manual_seed(0)
+    terrain = TerrainLevels(6, num_levels=5, generator=g)
+    terrain.levels[:] = torch.tensor([0, 0, 2, 4, 4, 3])
+    ids = torch.arange(6)
+    terrain.update(ids, torch.tensor([0, 1, 1, 1, 0, 0]), torch.tensor([1, 0, 0, 0, 1, 0]))
+    lv = terrain.levels
+    assert lv[0] == 0 and lv[1] == 1 and lv[2] == 3 and lv[4] == 3 and lv[5] == 3 and 0 <= lv[3] < 5
+    assert terrain.histogram().sum() == 6
+
+
+# ----------------------------------------------------------------------------------- synced = unsharded
+
+
+def sync(store, shards, terms):
+    """Every shard publishes its terms' reports, then every shard pulls and applies."""
+    for client, mine in zip(shards, terms):
+        reports = {}
+        for term in mine:
+            reports.update(term.report_shard_state())
+        if reports:
+            client.publish(reports)
+    for client, mine in zip(shards, terms):
+        client.pull()
+        for term in mine:
+            term.apply_shard_state(client.known)
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 4, 8])
+def test_sharded_terms_equal_one_unsharded_term(make_store, n_shards):
+    envs, frames = 64, 600
+    single_sampler = AdaptiveMotionSampler(frames, 0.02, mode="local", dtype=F64)
+    single_norm = SyncedEmpiricalNormalization(4, mode="pooled")  # alone: its own statistics of every sample
+    samplers = [AdaptiveMotionSampler(frames, 0.02, mode="pooled", shard_id=i, rebuild_tol=0.0, dtype=F64) for i in range(n_shards)]
+    norms = [SyncedEmpiricalNormalization(4, mode="pooled") for _ in range(n_shards)]
+    store = make_store()
+    store.register(schema_of([samplers[0], norms[0]]))
+    clients = [store.shard(i) for i in range(n_shards)]
+    slices = np.array_split(np.arange(envs), n_shards)
+    g = torch.Generator().manual_seed(n_shards)
+    for step in range(1, 301):
+        ts = torch.randint(0, frames, (envs,), generator=g)
+        failed = torch.rand(envs, generator=g) < (0.01 + 0.3 * (ts > 450))
+        obs = torch.randn(envs, 4, generator=g, dtype=F64) * torch.tensor([1.0, 10.0, 0.1, 3.0], dtype=F64) + 5
+        single_sampler.record_failures(ts, failed)
+        single_sampler.step()
+        single_norm.update(obs)
+        for sampler, norm, sl in zip(samplers, norms, slices):
+            sampler.record_failures(ts[sl], failed[sl])
+            sampler.step()
+            norm.update(obs[sl])
+        if step % 100 == 0:
+            sync(store, clients, [[s, n] for s, n in zip(samplers, norms)])
+            want_mean, want_var, want_n = single_norm.pooled_moments()
+            for sampler, norm in zip(samplers, norms):
+                np.testing.assert_allclose(sampler.sampling_ema(), single_sampler.bin_failed_count, rtol=1e-9, atol=1e-15)
+                np.testing.assert_allclose(sampler.probabilities(), single_sampler.probabilities(), rtol=1e-9)
+                mean, var, n = norm.pooled_moments()
+                assert n == want_n == envs * step
+                np.testing.assert_allclose(mean, want_mean, rtol=1e-9)
+                np.testing.assert_allclose(var, want_var, rtol=1e-9)
+                assert int(norm.count) == want_n
+                np.testing.assert_allclose(norm._mean, single_norm._mean, rtol=1e-6)
+
+
+def test_between_syncs_a_shard_sees_others_as_pulled_plus_itself_now(make_store):
+    a, b = (AdaptiveMotionSampler(100, 0.1, mode="pooled", shard_id=i, rebuild_tol=0.0, dtype=F64) for i in range(2))
+    store = make_store()
+    store.register(schema_of([a]))
+    clients = [store.shard(0), store.shard(1)]
+    b.record_failures(torch.tensor([95]), torch.tensor([True]))
+    b.step()
+    sync(store, clients, [[a], [b]])
+    a.record_failures(torch.tensor([5]), torch.tensor([True]))
+    a.step()  # after the pull: only a's own view knows this
+    np.testing.assert_allclose(a.sampling_ema(), a.bin_failed_count + b.bin_failed_count, rtol=1e-12)
+    assert a.metrics()["drift_tv"] > 0.0
+
+
+def test_weighted_and_broadcast_sampler_modes(make_store):
+    store = make_store()
+    weighted = [AdaptiveMotionSampler(100, 0.1, mode="weighted", shard_id=i, dtype=F64) for i in range(2)]
+    store.register(schema_of([weighted[0]]))
+    clients = [store.shard(0), store.shard(1)]
+    weighted[0].record_failures(torch.tensor([5, 15, 25]), torch.tensor([True, True, True]))  # 3 failures
+    weighted[1].record_failures(torch.tensor([95]), torch.tensor([True]))  # 1 failure
+    for s in weighted:
+        s.step()
+    own = [s.bin_failed_count.clone() for s in weighted]
+    sync(store, clients, [[weighted[0]], [weighted[1]]])
+    want = (3 * own[0] + 1 * own[1]) / 4  # the failure-weighted mean overwrites each shard's EMA
+    for s in weighted:
+        np.testing.assert_allclose(s.bin_failed_count, want, rtol=1e-12)
+
+    store2 = store.__class__(store.redis, store.run + "-b", store.url)
+    owner, other = (AdaptiveMotionSampler(100, 0.1, mode="broadcast", shard_id=i, owner=0, dtype=F64) for i in range(2))
+    store2.register(schema_of([owner]))
+    try:
+        owner.record_failures(torch.tensor([55]), torch.tensor([True]))
+        owner.step()
+        other.record_failures(torch.tensor([5]), torch.tensor([True]))
+        other.step()
+        assert other.report_shard_state() == {}
+        sync(store2, [store2.shard(0), store2.shard(1)], [[owner], [other]])
+        assert torch.equal(other.probabilities(), owner.probabilities())
+    finally:
+        store2.delete()
+
+
+def test_curriculum_terms_sync(make_store):
+    store = make_store()
+    trackers = [AverageEpisodeLength(100, 100, mode="pooled") for _ in range(3)]
+    pens = [PenaltyCurriculum(0.5, degree=0.1, mode="broadcast", shard_id=i, owner=0) for i in range(3)]
+    terrains = [TerrainLevels(10, 4, mode="pooled", generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    store.register(schema_of([trackers[0], pens[0], terrains[0]]))
+    clients = [store.shard(i) for i in range(3)]
+    for i, t in enumerate(trackers):
+        t.update(torch.full((50 * (i + 1),), 100.0 * (i + 1)))
+    pens[0].update(1000)  # the owner decides: up
+    pens[1].update(10)  # a non-owner's own opinion is ignored
+    sync(store, clients, [[t, p, r] for t, p, r in zip(trackers, pens, terrains)])
+    fleet_avg = sum(min(50 * (i + 1), 100) * t.own_average for i, t in enumerate(trackers)) / (50 + 100 + 100)
+    assert all(t.value == pytest.approx(fleet_avg) for t in trackers)
+    assert all(p.scale == pytest.approx(0.55) for p in pens)
+    hist = sum(t.histogram() for t in terrains)
+    for t in terrains:
+        np.testing.assert_array_equal(t.fleet_histogram(), hist)
+        assert t.mean_level() == pytest.approx(float((hist * np.arange(4)).sum() / 30))
+
+
+def test_two_terms_may_not_claim_one_key():
+    from redisync.errors import InvalidSchema
+
+    with pytest.raises(InvalidSchema, match="declared by two terms"):
+        schema_of([AdaptiveMotionSampler(100, 0.1), AdaptiveMotionSampler(100, 0.1)])
+    assert isinstance(schema_of([AdaptiveMotionSampler(100, 0.1, mode="local"), SyncedEmpiricalNormalization(2)]), Schema)
