@@ -60,7 +60,7 @@ class Syncer:
         self._last_report = time.monotonic()
         self._subscribed = False
         self.stats = {"publishes": 0, "duplicates": 0, "coalesced": 0, "publish_failures": 0, "rejected": 0,
-                      "pulls": 0, "reseeds": 0, "subscription_drops": 0}
+                      "pulls": 0, "reseeds": 0, "subscription_drops": 0, "worker_errors": 0}
         self._latency_ms: float | None = None
         self._threads: list[threading.Thread] = []
 
@@ -85,6 +85,19 @@ class Syncer:
     def flush(self) -> None:
         """Hand over the current reports now (e.g. before a checkpoint or at the end of training)."""
         self._take_reports()
+
+    def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
+        """Block until our reports are published and a fleet state of version >= ``at_least`` (and
+        >= every version announced so far) is ready to apply. For checkpoints, shutdown and tests —
+        never on the hot path."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = self._ready
+            if self._pending is None and ready is not None and ready.fleet_version >= max(at_least, self._announced):
+                return True
+            self._wake.set()
+            time.sleep(0.01)
+        return False
 
     def _take_reports(self) -> None:
         reports: dict[str, Mapping[str, Any]] = {}
@@ -154,6 +167,11 @@ class Syncer:
                 self.stats["publish_failures"] += 1
                 self._stop.wait(self.retry_every_s)
                 self._wake.set()  # try again: the pending report is still there
+            except Exception:  # the worker must outlive any surprise; the collector keeps training
+                log.exception("redisync worker error (retrying)")
+                self.stats["worker_errors"] += 1
+                self._stop.wait(self.retry_every_s)
+                self._wake.set()
 
     def _publish_pending(self) -> bool:
         with self._lock:
@@ -177,10 +195,13 @@ class Syncer:
         return True
 
     def _pull(self) -> None:
-        if self.shard.pull() is not None:
+        changed = self.shard.pull()
+        if changed is not None:
             self.stats["pulls"] += 1
-            self._ready, self._ready_at = self.shard.known, time.monotonic()
-            self._announced = max(self._announced, self.shard.known.fleet_version)
+            known = self.shard.known
+            self._ready, self._ready_at = known, time.monotonic()
+            # versions of a lost epoch mean nothing in the new one
+            self._announced = known.fleet_version if changed.epoch_changed else max(self._announced, known.fleet_version)
 
     def _known_version(self) -> int:
         return self.shard.known.fleet_version if self.shard.known is not None else -1
