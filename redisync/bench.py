@@ -218,13 +218,17 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
     }
     limits = {"publish_64_over_ping<=1.5": 1.5, "publish_1024_over_ping<=3": 3.0,
               "pull_unchanged_over_ping<=1.3": 1.3, "server_fold_ns_per_value<=250": 250.0}
-    return {
-        "url": url or "embedded",
-        "calls": calls,
-        "ping_us": ping,
-        "sizes": sizes,
-        "concurrency": conc,
-        "targets": {
-            k: {"measured": v, "limit": limits[k], "met": None if v is None else v <= limits[k]} for k, v in targets.items()
-        },
+    result: dict[str, Any] = {"url": url or "embedded", "calls": calls, "ping_us": ping, "sizes": sizes, "concurrency": conc}
+    try:
+        from .torch.bench import measure_collector_overhead, measure_rebuild
+    except ImportError:  # torch is an optional dependency
+        result["collector"] = None
+    else:
+        result["collector"] = measure_collector_overhead(url, steps=max(calls, 500))
+        result["rebuild"] = measure_rebuild(calls=min(calls, 200))
+        targets["syncer_overhead_pct_of_1ms_step<=2"] = result["collector"]["overhead_pct_of_step"]
+        limits["syncer_overhead_pct_of_1ms_step<=2"] = 2.0
+    result["targets"] = {
+        k: {"measured": v, "limit": limits[k], "met": None if v is None else v <= limits[k]} for k, v in targets.items()
     }
+    return result

@@ -90,6 +90,14 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     if "watch_publishes_per_s" in c:
         line += f", WATCH/MULTI {c['watch_publishes_per_s']:.0f}/s ({c['watch_retries']} retries), ratio {c['lua_over_watch']:.2f}x"
     click.echo(line)
+    col = res.get("collector")
+    if col:
+        click.echo(f"collector loop: {col['step_ms_sync_off']:.3f} ms/step sync off, {col['step_ms_sync_on']:.3f} ms/step sync on "
+                   f"({col['overhead_pct_of_step']:+.1f}%); syncer calls median {col['syncer_call_us_median']:.1f} us, "
+                   f"p99 {col['syncer_call_us_p99']:.0f} us")
+        rows = [[r["device"], r["bins"], f"{r['rebuild_us_kernel1']:.1f}", f"{r['rebuild_us_kernel5']:.1f}", f"{r['sample_4096_us']:.0f}"]
+                for r in res["rebuild"]]
+        click.echo(_table(["device", "bins", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows))
     for name, t in res["targets"].items():
         m = t["measured"]
         click.echo(f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}"))

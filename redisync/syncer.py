@@ -4,8 +4,10 @@
 the latest reports every ``publish_every_steps`` steps or ``publish_every_s`` seconds — a report
 that was not sent yet is replaced by the next one, which is exact because merge reports are
 cumulative — and pulls the fleet state as soon as the run's channel announces a new version
-(polling every ``poll_every_s`` when the subscription is down). The reset boundary then only swaps
-the already-decoded state into the terms.
+(polling every ``poll_every_s`` when the subscription is down), at most once per
+``min_pull_interval_s`` however busy the fleet is. The reset boundary then only swaps the
+already-decoded state into the terms, so a collector applies a new fleet state a few times a
+second at most, whatever the number of shards.
 
 If the store loses the run (a restart without persistence: a new epoch), the worker registers
 the schema again and re-publishes the shard's latest cumulative reports, which re-seeds the
@@ -37,6 +39,7 @@ class Syncer:
         publish_every_steps: int = 50,
         publish_every_s: float = 1.0,
         poll_every_s: float = 1.0,
+        min_pull_interval_s: float = 0.1,
         retry_every_s: float = 0.5,
         incarnation: int | None = None,
     ):
@@ -46,6 +49,7 @@ class Syncer:
         self.shard = store.shard(shard_id, incarnation)
         self.publish_every_steps, self.publish_every_s = publish_every_steps, publish_every_s
         self.poll_every_s, self.retry_every_s = poll_every_s, retry_every_s
+        self.min_pull_interval_s = min_pull_interval_s
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -146,8 +150,12 @@ class Syncer:
     def _work(self) -> None:
         registered = False
         last_pull = 0.0
+        wanted = False  # a pull is owed (an announcement or our own publish) but came too soon
         while not self._stop.is_set():
-            self._wake.wait(self.poll_every_s if registered else self.retry_every_s)
+            timeout = self.poll_every_s if registered else self.retry_every_s
+            if wanted:
+                timeout = max(0.0, last_pull + self.min_pull_interval_s - time.monotonic())
+            self._wake.wait(timeout)
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -156,10 +164,11 @@ class Syncer:
                     self.store.register(self.schema)
                     registered = True
                 published = self._publish_pending()
-                due = time.monotonic() - last_pull >= self.poll_every_s
-                if published or due or self._announced > self._known_version():
+                wanted = wanted or published or self._announced > self._known_version()
+                since = time.monotonic() - last_pull
+                if since >= self.poll_every_s or (wanted and since >= self.min_pull_interval_s):
                     self._pull()
-                    last_pull = time.monotonic()
+                    last_pull, wanted = time.monotonic(), False
             except errors.RunNotFound:
                 self._reseed()
             except errors.ConnectionUnavailable as e:
@@ -195,7 +204,10 @@ class Syncer:
         return True
 
     def _pull(self) -> None:
+        seen_before = self.shard.known is not None
         changed = self.shard.pull()
+        if changed is not None and changed.epoch_changed and seen_before:
+            self._republish_latest()  # a new epoch (restore or a lost store): our slots may be missing
         if changed is not None:
             self.stats["pulls"] += 1
             known = self.shard.known
@@ -208,18 +220,21 @@ class Syncer:
 
     def _reseed(self) -> None:
         """The store lost the run: register again and re-publish our latest cumulative reports."""
-        self.stats["reseeds"] += 1
         log.warning("run %r lost by the store: re-seeding from shard %d", self.store.run, self.shard.shard_id)
         try:
             self.store.register(self.schema)
-            with self._lock:
-                if self._pending is None and self._latest is not None:
-                    self._pending = self._latest
-            self._wake.set()
+            self._republish_latest()
         except errors.RedisyncError as e:
             log.debug("re-seed failed: %s", e)
             self._stop.wait(self.retry_every_s)
             self._wake.set()
+
+    def _republish_latest(self) -> None:
+        self.stats["reseeds"] += 1
+        with self._lock:
+            if self._pending is None and self._latest is not None:
+                self._pending = self._latest
+        self._wake.set()
 
     def _listen(self) -> None:
         """Follow the run's channel; a new version wakes the worker. Polling covers the gaps."""

@@ -1,0 +1,113 @@
+"""Collector-side figures for ``redisync bench``: the syncer's cost on a collector loop, CDF rebuilds."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from ..client import connect
+from ..syncer import Syncer
+from .normalization import SyncedEmpiricalNormalization
+from .sampler import AdaptiveMotionSampler, sampling_probabilities
+
+STEP_S = 1e-3
+
+
+def _calibrated_step() -> tuple[torch.Tensor, int]:
+    """A torch workload of about 1 ms (it releases the GIL, like a simulator step)."""
+    x = torch.randn(128, 128)
+    for _ in range(20):
+        x @ x  # warm up
+    t = time.perf_counter()
+    for _ in range(200):
+        x @ x
+    per_rep = (time.perf_counter() - t) / 200
+    return x, max(1, round(STEP_S / per_rep))
+
+
+def _loop(steps: int, syncer: Syncer | None, sampler: AdaptiveMotionSampler, norm: SyncedEmpiricalNormalization,
+          work: tuple[torch.Tensor, int], reset_every: int, calls: list[float]) -> float:
+    x, reps = work
+    g = torch.Generator().manual_seed(0)
+    envs = 256
+    t0 = time.perf_counter()
+    for step in range(steps):
+        for _ in range(reps):
+            x @ x
+        ts = torch.randint(0, sampler.num_frames, (envs,), generator=g)
+        sampler.record_failures(ts, torch.rand(envs, generator=g) < 0.02)
+        sampler.step()
+        norm.update(torch.randn(envs, 64, generator=g))
+        if syncer is not None:
+            t = time.perf_counter()
+            syncer.on_step()
+            if step % reset_every == 0:
+                syncer.at_reset_boundary()
+            calls.append(time.perf_counter() - t)
+        if step % reset_every == 0:
+            sampler.sample(envs, generator=g)
+    return (time.perf_counter() - t0) / steps
+
+
+def measure_collector_overhead(url: str | None, steps: int = 2000, reset_every: int = 20) -> dict[str, Any]:
+    """Per-step wall time of a ~1 ms collector loop with sync off vs on, interleaved in blocks."""
+    work = _calibrated_step()
+    # the same terms both times: the difference is the syncer alone (its calls and its threads)
+    off_terms = (AdaptiveMotionSampler(3000, 0.02, mode="pooled"), SyncedEmpiricalNormalization(64, mode="pooled"))
+    on_terms = (AdaptiveMotionSampler(3000, 0.02, mode="pooled"), SyncedEmpiricalNormalization(64, mode="pooled"))
+    store = connect(url, run=f"bench-syncer-{uuid.uuid4().hex[:8]}")
+    syncer = Syncer(store, 0, list(on_terms), publish_every_steps=50, poll_every_s=0.5).start()
+    off, on, calls = [], [], []
+    try:
+        block = max(steps // 10, 50)
+        for _ in range(10):  # alternate, so that machine noise hits both alike
+            off.append(_loop(block, None, *off_terms, work, reset_every, []))
+            on.append(_loop(block, syncer, *on_terms, work, reset_every, calls))
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+    step_off, step_on = statistics.median(off), statistics.median(on)
+    return {
+        "step_ms_sync_off": step_off * 1e3,
+        "step_ms_sync_on": step_on * 1e3,
+        "overhead_pct_of_step": (step_on - step_off) / step_off * 100,
+        "syncer_call_us_median": statistics.median(calls) * 1e6,
+        "syncer_call_us_p99": sorted(calls)[int(0.99 * len(calls))] * 1e6,
+        "publishes": syncer.stats["publishes"],
+    }
+
+
+def measure_rebuild(bins: tuple[int, ...] = (100, 1000, 10000), calls: int = 200) -> list[dict[str, Any]]:
+    """Time to rebuild the sampling distribution (kernel sizes 1 and 5) and to draw 4096 start bins."""
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    out = []
+    for device in devices:
+        for n in bins:
+            ema = torch.rand(n, device=device)
+            row: dict[str, Any] = {"device": device, "bins": n}
+            for k in (1, 5):
+                kernel = torch.tensor([0.8**i for i in range(k)], device=device)
+                kernel = kernel / kernel.sum()
+                times = []
+                for _ in range(calls):
+                    t = time.perf_counter()
+                    sampling_probabilities(ema, 0.1, kernel)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - t)
+                row[f"rebuild_us_kernel{k}"] = statistics.median(times) * 1e6
+            p = sampling_probabilities(ema, 0.1, torch.ones(1, device=device))
+            times = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                torch.multinomial(p, 4096, replacement=True)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t)
+            row["sample_4096_us"] = statistics.median(times) * 1e6
+            out.append(row)
+    return out
