@@ -81,10 +81,12 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     rows = []
     for s in res["sizes"]:
         srv = s["server_fold_us"]
-        rows.append([s["elements"], f"{s['publish_us']:.0f}", f"{s['pull_unchanged_us']:.0f}", f"{s['pull_changed_us']:.0f}",
+        rows.append([s["elements"], f"{s['publish_us']:.0f}", f"{s['publish_over_ping']:.2f}", f"{s['pull_unchanged_us']:.0f}",
+                     f"{s['pull_unchanged_over_ping']:.2f}", f"{s['pull_changed_us']:.0f}",
                      "-" if srv is None else f"{srv:.0f}",
                      "-" if srv is None else f"{s['server_ns_per_payload_value']:.0f}"])
-    click.echo(_table(["N", "publish us", "pull same us", "pull changed us", "server fold us", "ns/value"], rows))
+    click.echo(_table(["N", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us", "ns/value"], rows))
+    click.echo("(x PING: each call timed beside a PING issued right before it)")
     c = res["concurrency"]
     line = f"{c['processes']} publishers, N={c['elements']}: Lua fold {c['lua_publishes_per_s']:.0f}/s"
     if "watch_publishes_per_s" in c:

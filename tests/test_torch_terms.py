@@ -272,3 +272,30 @@ def test_two_terms_may_not_claim_one_key():
     with pytest.raises(InvalidSchema, match="declared by two terms"):
         schema_of([AdaptiveMotionSampler(100, 0.1), AdaptiveMotionSampler(100, 0.1)])
     assert isinstance(schema_of([AdaptiveMotionSampler(100, 0.1, mode="local"), SyncedEmpiricalNormalization(2)]), Schema)
+
+
+def test_learner_owned_normaliser_is_broadcast_to_collectors(make_store):
+    from redisync.learner import FleetMonitor
+
+    store = make_store()
+    learner = SyncedEmpiricalNormalization(3, mode="learner", writer=True, owner=99)
+    collectors = [SyncedEmpiricalNormalization(3, mode="learner", owner=99) for _ in range(2)]
+    monitor = FleetMonitor(store, schema_of([learner]))
+    g = torch.Generator().manual_seed(5)
+    learner.update(torch.randn(500, 3, generator=g) * 2 + 1)
+    collectors[0].update(torch.randn(10, 3, generator=g))  # a collector never writes the statistics
+    assert int(collectors[0].count) == 0
+    store.shard(99).publish(learner.report_shard_state())
+    for i, c in enumerate(collectors):
+        client = store.shard(i)
+        client.pull()
+        c.apply_shard_state(client.known)
+        for name in ("_mean", "_var", "_std", "count"):
+            assert torch.equal(getattr(c, name), getattr(learner, name)), name
+    m = monitor.metrics()
+    assert m["redisync/fleet_version"] == 1 and m["redisync/obs/norm/version"] == 1
+    checkpoint = monitor.state_dict()
+    store.shard(99).publish(learner.report_shard_state())
+    monitor.load_state_dict(checkpoint)
+    monitor.refresh()
+    assert monitor.state.epoch_changed and monitor.state.fleet_version > 2
