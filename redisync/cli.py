@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
@@ -42,25 +43,36 @@ def cli() -> None:
 
 @cli.command()
 @URL
-@click.option("--shards", default=4, show_default=True, type=click.IntRange(1, 64))
-@click.option("--bins", default=20, show_default=True, type=click.IntRange(2, 10_000))
-@click.option("--envs", default=256, show_default=True, type=click.IntRange(1, 100_000), help="envs per shard")
-@click.option("--rounds", default=40, show_default=True, type=click.IntRange(1, 100_000), help="reset boundaries")
-@click.option("--steps", default=25, show_default=True, type=click.IntRange(1, 100_000), help="env steps per round")
+@click.option("--shards", default=4, show_default=True, type=click.IntRange(1, 32), help="collector processes")
+@click.option("--envs", default=1024, show_default=True, type=click.IntRange(1, 1_000_000), help="envs per collector")
+@click.option("--steps", default=15000, show_default=True, type=click.IntRange(200, 10_000_000), help="env steps per run")
+@click.option("--bins", default=20, show_default=True, type=click.IntRange(2, 10_000), help="motion length in seconds")
 @click.option("--seed", default=0, show_default=True, type=int)
-def demo(url: str | None, shards: int, bins: int, envs: int, rounds: int, steps: int, seed: int) -> None:
-    """A fleet of adaptive frame samplers run twice: sync off, then sync on."""
-    from .demo import run_fleet
+@click.option("--out", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False), help="folder for demo.png")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: int, out_dir: str, no_progress: bool) -> None:
+    """A fleet of collector processes with adaptive motion samplers, sync off then on."""
+    try:
+        from .demo import run_demo
+        from .torch.demo_collector import FleetConfig
+    except ImportError as e:
+        raise errors.RedisyncError(f"the demo needs the demo extra ({e.name} is missing): pip install 'redisync[demo]'") from None
 
-    click.echo(f"store: {url or EMBEDDED}; {shards} shards x {envs} envs, {bins} bins, {rounds} rounds x {steps} steps")
+    cfg = FleetConfig(shards=shards, envs=envs, steps=steps, bins=bins, seed=seed, snapshot_every=max(steps // 40, 1))
+    click.echo(f"store: {url or 'embedded (served over TCP to the collectors)'}; {shards} collector processes x "
+               f"{envs} envs, a {bins} s motion, {steps} steps per run")
+    phases = run_demo(url, cfg, Path(out_dir), show_progress=not no_progress)
     for sync in (False, True):
-        res = run_fleet(url, shards, bins, envs, rounds, steps, sync, seed)
-        click.echo(f"\nsync {'ON' if sync else 'OFF'}: fleet version {res.fleet_version}, {res.publishes} publishes"
-                   + (f", median publish {res.publish_ms_median:.2f} ms" if res.publish_ms_median else ""))
-        rows = [[o.shard, f"{o.tv_from_pooled:.4f}", f"{o.entropy:.3f}", o.top1_bin, f"{o.top1_prob:.3f}"] for o in res.shards]
-        click.echo(_table(["shard", "TV from pooled CDF", "entropy", "top-1 bin", "top-1 p"], rows))
-        worst = max(o.tv_from_pooled for o in res.shards)
-        click.echo(f"largest TV distance from the pooled CDF: {worst:.4f}")
+        ph = phases[sync]
+        head = f"\nsync {'ON' if sync else 'OFF'}"
+        if sync:
+            lat = ph.latency_ms
+            head += f": fleet version {ph.fleet_version}, {ph.publishes} publishes" + (f", median publish {lat:.2f} ms" if lat else "")
+        click.echo(head)
+        rows = [[r["shard"], f"{r['tv']:.4f}", f"{r['entropy']:.3f}", r["top1_bin"], f"{r['top1_prob']:.3f}"] for r in ph.rows()]
+        click.echo(_table(["shard", "TV from pooled", "entropy", "top-1 bin", "top-1 p"], rows))
+        click.echo(f"largest TV distance from the pooled distribution: {max(r['tv'] for r in ph.rows()):.4f}")
+    click.echo(f"\nplot: {Path(out_dir) / 'demo.png'}")
 
 
 @cli.command()

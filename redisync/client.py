@@ -34,6 +34,14 @@ _embedded_lock = threading.Lock()
 _embedded_server: Any = None
 
 
+def _with_struct_standin() -> None:
+    """fakeredis' Lua runtime resolves ``require('struct')`` through LUA_PATH when it starts."""
+    lua_dir = str(_LUA)
+    path = os.environ.get("LUA_PATH", ";;")
+    if lua_dir not in path:
+        os.environ["LUA_PATH"] = f"{lua_dir}/?.lua;{path}"
+
+
 def _embedded_client() -> redis.Redis:
     """A client of this process' embedded fakeredis server (one server per process)."""
     global _embedded_server
@@ -41,13 +49,40 @@ def _embedded_client() -> redis.Redis:
 
     with _embedded_lock:
         if _embedded_server is None:
-            # fakeredis' Lua runtime resolves `require('struct')` through LUA_PATH when it starts
-            lua_dir = str(_LUA)
-            path = os.environ.get("LUA_PATH", ";;")
-            if lua_dir not in path:
-                os.environ["LUA_PATH"] = f"{lua_dir}/?.lua;{path}"
+            _with_struct_standin()
             _embedded_server = fakeredis.FakeServer(version=(7, 0))
         return fakeredis.FakeRedis(server=_embedded_server, lua_modules={"struct"})
+
+
+@dataclass
+class EmbeddedServer:
+    """The embedded store served over TCP, so that several processes (collectors) can share it."""
+
+    tcp: Any
+    thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host, port = self.tcp.server_address[:2]
+        return f"redis://{host}:{port}/0"
+
+    def close(self) -> None:
+        self.tcp.shutdown()
+        self.tcp.server_close()
+
+
+def serve_embedded(host: str = "127.0.0.1", port: int = 0) -> EmbeddedServer:
+    """Start an embedded server on ``host:port`` (0: a free port) in a background thread."""
+    import fakeredis
+
+    _with_struct_standin()
+    tcp = fakeredis.TcpFakeServer((host, port), server_version=(7, 0))
+    tcp.daemon_threads = True
+    # the server's Lua runtime starts with the first script: start it here, with the struct stand-in
+    fakeredis.FakeRedis(server=tcp.fake_server, lua_modules={"struct"}).eval("return 1", 0)
+    thread = threading.Thread(target=tcp.serve_forever, name="redisync-embedded-server", daemon=True)
+    thread.start()
+    return EmbeddedServer(tcp, thread)
 
 
 def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
@@ -121,8 +156,13 @@ class Store:
 
     @property
     def schema(self) -> Schema:
+        """The run's schema: the one registered through this store, else the one stored in Redis."""
         if self._schema is None:
-            raise errors.RedisyncError("register(schema) first")
+            raw = self.redis.hget(self.keys.meta, "schema")
+            if raw is None:
+                raise errors.RunNotFound(f"run {self.run!r} is not registered")
+            self._adopt(Schema.model_validate_json(raw))
+        assert self._schema is not None
         return self._schema
 
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:

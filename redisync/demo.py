@@ -1,31 +1,33 @@
-"""``redisync demo``: a small fleet of adaptive frame samplers, with sync off and on.
+"""``redisync demo``: a fleet of collector processes with adaptive motion samplers, sync off then on.
 
-Each of ``shards`` collectors runs the WBT adaptive sampler's arithmetic (numpy, one bin per
-second of motion, α = 0.001, ε = 0.1) on its own envs; its shard sees its own failure rates,
-so unsynced CDFs drift apart. With sync on, every collector publishes the EMA of its own
-failures to a pooled ``merge`` key and samples from the own-substituted fleet view, so all
-shards sample from the same distribution: the one a single unsharded run would use.
+Each collector (a process of its own) steps its envs over a motion whose bins differ in
+difficulty, with failure rates of its own shard. Without sync every shard's sampling
+distribution follows its own failures and they drift apart; with sync every shard samples
+from the pooled distribution — the one a single unsharded run of all the envs would use.
+The demo prints per-shard figures and writes a PNG of both runs.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import queue
 import statistics
-import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .client import connect
-from .schema import Schema, merge
+from .client import connect, serve_embedded
+from .errors import RedisyncError
 
-ALPHA, EPSILON = 0.001, 0.1
-KEY = "motion/bin_failed"
+UNIFORM_RATIO = 0.1
 
 
 def sampling_probs(ema: np.ndarray) -> np.ndarray:
-    """BeyondMimic's start-frame distribution with kernel size 1: (ema + ε/B), normalised."""
-    p = ema + EPSILON / ema.size
+    """The sampler's start-bin distribution (kernel size 1): ``(ema + ε / B)`` normalised."""
+    p = ema + UNIFORM_RATIO / ema.size
     return p / p.sum()
 
 
@@ -39,65 +41,130 @@ def normalised_entropy(p: np.ndarray) -> float:
 
 
 @dataclass
-class ShardOutcome:
-    shard: int
-    tv_from_pooled: float
-    entropy: float
-    top1_bin: int
-    top1_prob: float
+class Phase:
+    """One run of the fleet: per step and shard, the own EMA and the distribution actually used."""
 
-
-@dataclass
-class DemoResult:
     sync: bool
-    shards: list[ShardOutcome]
-    fleet_version: int
-    publishes: int
-    publish_ms_median: float | None
+    own: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # step -> shard -> own EMA
+    used: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)  # step -> shard -> sampling probs
+    summaries: dict[int, dict[str, float]] = field(default_factory=dict)
+    fleet_version: int = 0
+
+    def pooled(self, step: int) -> np.ndarray:
+        """What one unsharded run would sample from: the EMA of all failures is the sum of the own EMAs."""
+        return sampling_probs(sum(self.own[step].values()))
+
+    def tv(self, step: int, shard: int) -> float:
+        return tv_distance(self.used[step][shard], self.pooled(step))
+
+    @property
+    def last(self) -> int:
+        return max(self.used)
+
+    def rows(self) -> list[dict[str, float]]:
+        out = []
+        for shard in sorted(self.used[self.last]):
+            p = self.used[self.last][shard]
+            out.append({"shard": shard, "tv": self.tv(self.last, shard), "entropy": normalised_entropy(p),
+                        "top1_bin": int(p.argmax()), "top1_prob": float(p.max())})
+        return out
+
+    @property
+    def publishes(self) -> int:
+        return int(sum(s.get("redisync/publishes", 0) for s in self.summaries.values()))
+
+    @property
+    def latency_ms(self) -> float | None:
+        lat = [s["redisync/publish_latency_ms"] for s in self.summaries.values() if "redisync/publish_latency_ms" in s]
+        return statistics.median(lat) if lat else None
 
 
-def run_fleet(
-    url: str | None, shards: int, bins: int, envs: int, rounds: int, steps: int, sync: bool, seed: int
-) -> DemoResult:
-    rng = np.random.default_rng(seed)
-    # every bin has its own difficulty; every shard sees its own perturbation profile on top
-    difficulty = rng.uniform(0.002, 0.02, bins)
-    profile = rng.uniform(0.3, 3.0, (shards, bins))
-    fail_p = np.clip(difficulty * profile, 0, 1)
-    own_ema = np.zeros((shards, bins))
-    view = own_ema.copy()
-    store = connect(url, run=f"demo-{uuid.uuid4().hex[:8]}")
-    latencies: list[float] = []
-    fleet_version = 0
+def run_phase(url: str, cfg: Any, sync: bool, progress: Any) -> Phase:
+    from .torch.demo_collector import run_collector
+
+    run = f"demo-{uuid.uuid4().hex[:8]}"
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out), daemon=True) for s in range(cfg.shards)]
+    for p in procs:
+        p.start()
+    phase, done = Phase(sync), 0
     try:
-        store.register(Schema.of({KEY: merge(bins)}))
-        clients = [store.shard(s) for s in range(shards)]
-        for _ in range(rounds):
-            for s in range(shards):
-                probs = sampling_probs(view[s])
-                for _ in range(steps):  # env steps: each env fails in its current bin with that bin's rate
-                    bins_now = rng.choice(bins, size=envs, p=probs)
-                    failed = rng.random(envs) < fail_p[s, bins_now]
-                    current = np.bincount(bins_now[failed], minlength=bins)
-                    own_ema[s] = ALPHA * current + (1 - ALPHA) * own_ema[s]
-                view[s] = own_ema[s]
-                if sync:  # the reset boundary: publish our own EMA, take the pooled one
-                    t = time.perf_counter()
-                    clients[s].publish({KEY: {"count": 1.0, "sum": own_ema[s]}})
-                    latencies.append(time.perf_counter() - t)
-                    clients[s].pull()
-                    key = clients[s].known.keys[KEY]
-                    view[s] = key.view({"count": 1.0, "sum": own_ema[s]})["sum"]
+        while done < cfg.shards:
+            try:
+                msg = out.get(timeout=5)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RedisyncError(f"a demo collector failed (exit codes {dead})") from None
+                continue
+            kind, shard = msg[0], msg[1]
+            if kind == "snapshot":
+                _, _, step, own, used = msg
+                phase.own.setdefault(step, {})[shard] = own
+                phase.used.setdefault(step, {})[shard] = used
+            elif kind == "progress":
+                progress.update(msg[2])
+            else:
+                phase.summaries[shard] = msg[2]
+                done += 1
         if sync:
-            fleet_version = store.fleet().fleet_version
+            phase.fleet_version = connect(url, run=run).fleet().fleet_version
     finally:
-        store.delete()
-    pooled = sampling_probs(own_ema.sum(axis=0))  # what one unsharded run of all envs would sample
-    outcomes = []
-    for s in range(shards):
-        p = sampling_probs(view[s])
-        outcomes.append(
-            ShardOutcome(s, tv_distance(p, pooled), normalised_entropy(p), int(p.argmax()), float(p.max()))
-        )
-    median = statistics.median(latencies) * 1e3 if latencies else None
-    return DemoResult(sync, outcomes, fleet_version, len(latencies), median)
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        connect(url, run=run).delete()
+    return phase
+
+
+def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    bins = np.arange(cfg.bins)
+    colors = plt.cm.tab10(np.arange(cfg.shards) % 10)
+    for ax, sync in zip(axes[:2], (False, True)):
+        ph = phases[sync]
+        for shard, p in sorted(ph.used[ph.last].items()):
+            ax.plot(bins, p, color=colors[shard], lw=1.6, label=f"shard {shard}")
+        ax.plot(bins, ph.pooled(ph.last), "k--", lw=2, label="pooled (unsharded)")
+        ax.set_title(f"sync {'ON' if sync else 'OFF'}: start-bin distributions at step {ph.last}")
+        ax.set_xlabel("motion bin (1 s each)")
+        ax.set_ylabel("sampling probability")
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    for sync, style in ((False, "--"), (True, "-")):
+        ph = phases[sync]
+        steps = sorted(ph.used)
+        for shard in range(cfg.shards):
+            ax.plot(steps, [ph.tv(s, shard) for s in steps], style, color=colors[shard],
+                    label=f"shard {shard} sync {'on' if sync else 'off'}")
+    ax.set_title("TV distance from the pooled distribution")
+    ax.set_xlabel("env step")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_demo(url: str | None, cfg: Any, out_dir: Path, show_progress: bool = True) -> dict[bool, Phase]:
+    """Both runs of the fleet against ``url`` (None: an embedded server all collectors reach over TCP)."""
+    from tqdm import tqdm
+
+    server = serve_embedded() if url is None else None
+    try:
+        with tqdm(total=2 * cfg.shards * cfg.steps, unit="step", unit_scale=True, disable=not show_progress,
+                  desc="demo (sync off, then on)") as bar:
+            phases = {sync: run_phase(server.url if server else url, cfg, sync, bar) for sync in (False, True)}
+    finally:
+        if server is not None:
+            server.close()
+    plot(phases, cfg, out_dir / "demo.png")
+    return phases
