@@ -6,26 +6,22 @@ prints one line naming what went wrong and exits with status 1.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
+import time
 from pathlib import Path
-from datetime import datetime, timezone
 from typing import Any
 
 import click
 import redis
+from pydantic import ValidationError
 
 from . import errors
-from .client import ENV_URL, EMBEDDED, connect, redis_client
-from .keys import ROOT, run_of
+from .client import ENV_URL, EMBEDDED, RunSnapshot, connect, redis_client
+from .inspection import describe_run, drift, list_runs, shard_ages
 
 URL = click.option("--url", envvar=ENV_URL, default=None, help=f"redis://, rediss:// or unix:// URL (env {ENV_URL}); unset: embedded")
-
-
-def _when(us: str | None) -> str:
-    if not us:
-        return "-"
-    return datetime.fromtimestamp(int(us) / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -117,43 +113,124 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
         click.echo(f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}"))
 
 
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+def _store(url: str | None, run: str) -> Any:
+    store = connect(url, run=run)
+    store.schema  # noqa: B018  (raises RunNotFound, naming the run, when there is none)
+    return store
+
+
 @cli.command()
 @URL
 @click.option("--run", default=None, help="only this run")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print as JSON")
 def inspect(url: str | None, run: str | None, as_json: bool) -> None:
-    """Runs, keys, versions and writers, stream lengths and dead letters."""
-    client = redis_client(url)
-    runs = sorted({run_of(k.decode()) for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)} - {None})
-    if run is not None:
-        if run not in runs:
-            raise errors.RunNotFound(f"no run {run!r} at {url or EMBEDDED}")
-        runs = [run]
-    report = []
-    for name in runs:
-        store = connect(url, run=name)
-        info = store.run_info()
-        keys = json.loads(info["schema"])["keys"]
-        report.append({
-            "run": name,
-            "epoch": info["epoch"],
-            "fleet_version": int(info["fleet_version"]),
-            "updated": _when(info.get("updated_at_us")),
-            "reports": store.redis.xlen(store.keys.reports),
-            "dead_letters": store.redis.xlen(store.keys.dead_letters),
-            "keys": [{"key": k, **{f: v for f, v in store.key_info(k).items() if not f.startswith("slot:")}} for k in keys],
-        })
+    """Runs, keys, specs, versions, slots, stream lengths and dead letters."""
+    runs = [run] if run is not None else list_runs(redis_client(url))
+    report = [describe_run(_store(url, name)) for name in runs]
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     if not report:
         click.echo(f"no runs at {url or EMBEDDED}")
     for r in report:
-        click.echo(f"run {r['run']}  epoch {r['epoch']}  fleet version {r['fleet_version']}  updated {r['updated']}  "
+        click.echo(f"run {r['run']}  epoch {r['epoch']}  fleet version {r['fleet_version']}  updated {_age(r['updated_age_s'])} ago  "
                    f"reports {r['reports']}  dead letters {r['dead_letters']}")
-        rows = [[k["key"], k["semantics"], k["shape"], k["version"], k.get("writers", k.get("writer", "-")) or "-",
-                 k.get("count", "-"), _when(k.get("updated_at_us"))] for k in r["keys"]]
-        click.echo(_table(["key", "semantics", "shape", "version", "writers", "count", "updated"], rows) + "\n")
+        rows = []
+        for k in r["keys"]:
+            who = ",".join(str(s["shard"]) for s in k["slots"]) if "slots" in k else (k.get("writer") or "-")
+            spec = f"stale {k['stale_after_s']}s" if k.get("stale_after_s") else (f"owner {k['owner']}" if k.get("owner") is not None else "")
+            rows.append([k["key"], k["semantics"], "x".join(map(str, k["shape"])) or "scalar", spec, k["version"], who or "-",
+                         f"{k['count']:g}" if "count" in k else "-", _age(k["updated_age_s"])])
+        click.echo(_table(["key", "semantics", "shape", "spec", "version", "writers", "count", "updated"], rows))
+        slots = [[k["key"], s["shard"], s["incarnation"], s["seq"], _age(s["age_s"]), f"{s['count']:g}"]
+                 for k in r["keys"] for s in k.get("slots", [])]
+        if slots:
+            click.echo("\n" + _table(["slot of key", "shard", "incarnation", "seq", "age", "count"], slots))
+        for d in r["newest_dead_letters"]:
+            click.echo(f"dead letter {d['id']}: shard {d.get('shard')} {d.get('reason')} {d.get('key') or ''} - {d.get('detail')}")
+        click.echo("")
+
+
+@cli.command()
+@URL
+@click.option("--run", required=True, help="the run to watch")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.05, 3600), help="seconds between refreshes")
+@click.option("--count", default=0, type=click.IntRange(0), help="stop after this many refreshes (0: until Ctrl-C)")
+def watch(url: str | None, run: str, interval: float, count: int) -> None:
+    """A live view of one run: version rate, per-shard staleness and drift, rejected reports."""
+    store = _store(url, run)
+    last: tuple[float, int, int] | None = None
+    shown = 0
+    try:
+        while True:
+            t = time.monotonic()
+            info = store.run_info()
+            version, dead = int(info["fleet_version"]), int(store.redis.xlen(store.keys.dead_letters))
+            rate = (version - last[1]) / (t - last[0]) if last else 0.0
+            new_dead = dead - last[2] if last else 0
+            last = (t, version, dead)
+            ages, drifts = shard_ages(store), drift(store)
+            lines = [f"run {run} at {url or EMBEDDED}   {time.strftime('%H:%M:%S')}",
+                     f"fleet version {version}   {rate:.1f} versions/s   rejected reports {dead} (+{new_dead})", ""]
+            rows = []
+            for shard in sorted(ages):
+                row = [shard, _age(ages[shard])]
+                for d in drifts.values():
+                    s = d["shards"].get(shard)
+                    row += ["-", "-"] if s is None else [f"{s['tv']:.4f}", f"{s['entropy']:.3f}"]
+                rows.append(row)
+            headers = ["shard", "last report"] + [h for name in drifts for h in (f"{name} TV", "entropy")]
+            lines.append(_table(headers, rows) if rows else "no shard has reported yet")
+            for name, d in drifts.items():
+                lines.append(f"pooled entropy of {name}: {d['pooled_entropy']:.3f}")
+            click.echo(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + "\n".join(lines), nl=True)
+            shown += 1
+            if count and shown >= count:
+                return
+            time.sleep(max(0.0, interval - (time.monotonic() - t)))
+    except KeyboardInterrupt:
+        click.echo("\nstopped")
+
+
+@cli.command()
+@URL
+@click.option("--run", required=True, help="the run to save")
+@click.argument("path", type=click.Path(dir_okay=False))
+def snapshot(url: str | None, run: str, path: str) -> None:
+    """Save a run's whole state to PATH (JSON, format redisync.snapshot v1)."""
+    snap = _store(url, run).snapshot()
+    Path(path).write_text(snap.model_dump_json(indent=1))
+    click.echo(f"saved run {run} (fleet version {_fleet_version(snap)}) to {path}")
+
+
+@cli.command()
+@URL
+@click.option("--run", required=True, help="the run to replace (may differ from the saved run's name)")
+@click.argument("path", type=click.Path(dir_okay=False))
+def restore(url: str | None, run: str, path: str) -> None:
+    """Replace a run's state by the snapshot in PATH, under a new epoch."""
+    try:
+        snap = RunSnapshot.model_validate_json(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise errors.RedisyncError(f"no snapshot file {path}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(map(str, err.get("loc", ()))) or "file"
+        raise errors.CorruptSnapshot(f"{path} is not a redisync snapshot ({where}: {err['msg']})") from None
+    epoch = connect(url, run=run).restore(snap)
+    click.echo(f"restored run {run} from {path} (saved from run {snap.run}); new epoch {epoch}")
+
+
+def _fleet_version(snap: RunSnapshot) -> int:
+    return int(base64.b64decode(snap.hashes["meta"]["fleet_version"]))
 
 
 def main() -> None:

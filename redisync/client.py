@@ -287,16 +287,16 @@ class Store:
         sees a version go backwards; the new epoch tells every client to take the full state.
         """
         if snap.format != "redisync.snapshot" or snap.format_version != 1:
-            raise errors.InvalidReport(None, f"unsupported snapshot format {snap.format} v{snap.format_version}")
+            raise errors.CorruptSnapshot(f"unsupported snapshot format {snap.format} v{snap.format_version}")
         try:
             hashes = {n: {k: base64.b64decode(v, validate=True) for k, v in h.items()} for n, h in snap.hashes.items()}
             schema = Schema.model_validate_json(hashes["meta"]["schema"])
         except (KeyError, ValueError) as e:
-            raise errors.InvalidReport(None, f"corrupt snapshot: {e}") from None
+            raise errors.CorruptSnapshot(f"corrupt snapshot: {str(e).splitlines()[0]}") from None
         self._adopt(schema)
         names = self._hash_names()
         if set(hashes) - set(names):
-            raise errors.InvalidReport(None, f"snapshot holds unknown hashes {sorted(set(hashes) - set(names))}")
+            raise errors.CorruptSnapshot(f"snapshot holds unknown hashes {sorted(set(hashes) - set(names))}")
         current = self.redis.pipeline(transaction=False)
         current.hget(self.keys.meta, "fleet_version")
         for name in schema.keys:

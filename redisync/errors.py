@@ -30,6 +30,10 @@ class SchemaMismatch(RedisyncError, ValueError):
         super().__init__(f"schema mismatch: {where}{difference}")
 
 
+class CorruptSnapshot(RedisyncError, ValueError):
+    """A snapshot file or object that is not a readable redisync snapshot."""
+
+
 class InvalidSchema(RedisyncError, ValueError):
     """A schema or key spec is malformed (bad key name, shape, owner, option)."""
 

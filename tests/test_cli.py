@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
+import uuid
 
 import numpy as np
 import pytest
 
+import redisync as redisync_api
+from redisync.client import serve_embedded
 from redisync.schema import Schema, broadcast, merge
 
 from .conftest import new_store, real_redis_or_skip
 
 
-def redisync(*args: str, env_url: str | None = None) -> subprocess.CompletedProcess:
+def cli(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "redisync.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
@@ -22,7 +27,7 @@ def redisync(*args: str, env_url: str | None = None) -> subprocess.CompletedProc
 @pytest.mark.parametrize("backend", ["embedded", "real"])
 def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     url = ["--url", real_redis_or_skip()] if backend == "real" else []
-    out = redisync("demo", *url, "--shards", "2", "--steps", "2000", "--envs", "512", "--out", str(tmp_path), "--no-progress")
+    out = cli("demo", *url, "--shards", "2", "--steps", "2000", "--envs", "512", "--out", str(tmp_path), "--no-progress")
     assert out.returncode == 0, out.stderr
     off, on = out.stdout.split("sync ON")
     worst_off = float(off.rsplit("largest TV distance from the pooled distribution:", 1)[1].split()[0])
@@ -35,7 +40,7 @@ def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
 
 
 def test_bench_json_on_real_redis(real_url):
-    out = redisync("bench", "--url", real_url, "--json", "--calls", "20", "--procs", "2", "--seconds", "0.5")
+    out = cli("bench", "--url", real_url, "--json", "--calls", "20", "--procs", "2", "--seconds", "0.5")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["ping_us"] > 0 and [s["elements"] for s in res["sizes"]] == [64, 1024, 16384]
@@ -46,20 +51,85 @@ def test_bench_json_on_real_redis(real_url):
     assert set(res["targets"]) >= {"publish_64_over_ping<=1.5", "server_fold_ns_per_value<=250"}
 
 
-def test_inspect_lists_runs_keys_and_versions(real_url):
-    store = new_store("real")
+@pytest.fixture(params=["embedded", "real"])
+def cli_url(request):
+    """A store the CLI subprocesses reach: a real Redis, or the embedded server served over TCP."""
+    if request.param == "real":
+        yield real_redis_or_skip()
+        return
+    server = serve_embedded()
+    yield server.url
+    server.close()
+
+
+@pytest.fixture
+def populated(cli_url):
+    """A run with three shards, a broadcast decision and one rejected report."""
+    store = redisync_api.connect(cli_url, run=f"cli-{uuid.uuid4().hex[:8]}")
+    store.register(Schema.of({"motion/bin_failed": merge(4, stale_after_s=60), "curriculum/scale": broadcast((), owner=0)}))
+    for shard in range(3):
+        store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.eye(4)[shard] + 0.1}})
+    store.shard(0).publish({"curriculum/scale": {"value": 0.5}})
+    with pytest.raises(redisync_api.errors.NotOwner):
+        store.shard(2).publish({"curriculum/scale": {"value": 0.9}})
+    yield cli_url, store
+    store.delete()
+
+
+def test_inspect_shows_keys_slots_and_dead_letters(populated):
+    url, store = populated
+    out = cli("inspect", "--url", url, "--run", store.run)
+    assert out.returncode == 0, out.stderr
+    assert f"run {store.run}" in out.stdout and "fleet version 4" in out.stdout and "dead letters 1" in out.stdout
+    line = next(l for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" in l)
+    assert line.split()[1:7] == ["merge", "4", "stale", "60.0s", "3", "0,1,2"]
+    slots = [l.split() for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" not in l]
+    assert [row[1] for row in slots] == ["0", "1", "2"] and all(row[-1] == "1" for row in slots)
+    assert "not_owner curriculum/scale" in out.stdout
+    report = json.loads(cli("inspect", "--url", url, "--run", store.run, "--json").stdout)[0]
+    key = next(k for k in report["keys"] if k["key"] == "motion/bin_failed")
+    assert [s["shard"] for s in key["slots"]] == [0, 1, 2] and report["dead_letters"] == 1
+    listing = cli("inspect", "--url", url)
+    assert f"run {store.run}" in listing.stdout
+
+
+def test_watch_shows_per_shard_drift_and_stops(populated):
+    url, store = populated
+    out = cli("watch", "--url", url, "--run", store.run, "--count", "2", "--interval", "0.1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("fleet version 4") == 2 and "rejected reports 1" in out.stdout
+    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if l[:1].isdigit()}
+    # each shard's own distribution is mostly its own hot bin: far from the pooled one
+    assert set(rows) == {"0", "1", "2"} and all(0.4 < float(r[2]) < 0.7 for r in rows.values())
+
+
+def test_watch_exits_cleanly_on_ctrl_c(populated):
+    url, store = populated
+    proc = subprocess.Popen([sys.executable, "-m", "redisync.cli", "watch", "--url", url, "--run", store.run, "--interval", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "stopped" in out and "Traceback" not in err
+
+
+def test_snapshot_and_restore_move_a_run(populated, tmp_path):
+    url, store = populated
+    path = tmp_path / "run.json"
+    out = cli("snapshot", "--url", url, "--run", store.run, str(path))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(path.read_text())["format"] == "redisync.snapshot"
+    copy = redisync_api.connect(url, run=store.run + "-copy")
     try:
-        store.register(Schema.of({"motion/bin_failed": merge(3), "curriculum/scale": broadcast(())}))
-        store.shard(2).publish({"motion/bin_failed": {"count": 1, "sum": np.ones(3)}})
-        out = redisync("inspect", "--url", real_url, "--run", store.run)
+        out = cli("restore", "--url", url, "--run", copy.run, str(path))
         assert out.returncode == 0, out.stderr
-        assert f"run {store.run}" in out.stdout and "fleet version 1" in out.stdout
-        line = next(l for l in out.stdout.splitlines() if l.startswith("motion/bin_failed"))
-        assert line.split()[1:5] == ["merge", "3", "1", "2"]
-        as_json = json.loads(redisync("inspect", "--url", real_url, "--run", store.run, "--json").stdout)
-        assert as_json[0]["keys"][1]["writers"] == "2"
+        want, got = store.fleet(), copy.fleet()
+        for name in want.keys:
+            np.testing.assert_array_equal(got.keys[name].value, want.keys[name].value)
+        assert got.fleet_version > want.fleet_version
     finally:
-        store.delete()
+        copy.delete()
 
 
 @pytest.mark.parametrize(
@@ -67,12 +137,16 @@ def test_inspect_lists_runs_keys_and_versions(real_url):
     [
         (["inspect", "--url", "redis://127.0.0.1:1"], "Connection refused"),
         (["inspect", "--url", "http://nowhere"], "unsupported URL"),
-        (["inspect", "--run", "no-such-run"], "no run 'no-such-run'"),
+        (["inspect", "--run", "no-such-run"], "run 'no-such-run' is not registered"),
+        (["watch", "--run", "no-such-run", "--count", "1"], "run 'no-such-run' is not registered"),
+        (["snapshot", "--run", "no-such-run", "/tmp/x.json"], "run 'no-such-run' is not registered"),
+        (["restore", "--run", "x", "/nonexistent/snap.json"], "no snapshot file"),
+        (["restore", "--run", "x", __file__], "is not a redisync snapshot"),
         (["demo", "--shards", "0"], "--shards"),
         (["demo", "--url", "redis://127.0.0.1:1", "--no-progress", "--steps", "200", "--shards", "1"], "Connection refused"),
     ],
 )
 def test_bad_arguments_print_one_line_and_exit_nonzero(args, words):
-    out = redisync(*args)
+    out = cli(*args)
     assert out.returncode != 0
     assert words in out.stderr and "Traceback" not in out.stderr

@@ -176,7 +176,7 @@ def test_restore_refuses_corrupt_snapshots(make_store):
     store.register(SCHEMA)
     snap = store.snapshot()
     bad = snap.model_copy(update={"hashes": {**snap.hashes, "meta": {**snap.hashes["meta"], "schema": "!!notbase64"}}})
-    with pytest.raises(errors.InvalidReport, match="corrupt snapshot"):
+    with pytest.raises(errors.CorruptSnapshot, match="corrupt snapshot"):
         store.restore(bad)
 
 

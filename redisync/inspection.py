@@ -1,0 +1,119 @@
+"""What an operator asks of a store: which runs, which keys and slots, how stale, how far apart.
+
+Read-only, plain data (dicts and lists) for ``redisync inspect`` and ``redisync watch`` to print
+as tables or JSON. Times are judged by the server's clock, the one that stamped the slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import redis
+
+from .client import Store
+from .codec import decode
+from .keys import ROOT, run_of
+from .schema import MergeSpec
+
+
+def list_runs(client: redis.Redis) -> list[str]:
+    found = {run_of(k.decode() if isinstance(k, bytes) else k) for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)}
+    return sorted(r for r in found if r)
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+
+
+def server_now_us(client: redis.Redis) -> int:
+    sec, usec = client.time()
+    return int(sec) * 1_000_000 + int(usec)
+
+
+def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
+    """Run metadata, stream lengths, the newest dead letters and, per key, its slots and their ages."""
+    r = store.redis
+    now = server_now_us(r)
+    info = store.run_info()
+    keys = []
+    for name, spec in store.schema.keys.items():
+        meta = store.key_info(name)
+        row: dict[str, Any] = {
+            "key": name,
+            "semantics": spec.semantics,
+            "shape": list(spec.shape),
+            "version": int(meta.get("version", 0)),
+            "updated_age_s": _age(now, meta.get("updated_at_us")),
+        }
+        if isinstance(spec, MergeSpec):
+            row.update(count=float(meta.get("count", 0)), stale_after_s=spec.stale_after_s,
+                       retired_count=float(meta.get("retired_count", 0)), dropped_stale=int(meta.get("dropped_stale", 0)))
+            row["slots"] = [
+                {"shard": int(shard), "incarnation": meta[f"slot:{shard}:incarnation"], "seq": int(meta[f"slot:{shard}:seq"]),
+                 "age_s": _age(now, meta[f"slot:{shard}:at_us"]), "count": float(meta[f"slot:{shard}:count"])}
+                for shard in filter(None, meta.get("writers", "").split(","))
+            ]
+        else:
+            row.update(owner=getattr(spec, "owner", None), writer=meta.get("writer"))
+        keys.append(row)
+    dead = [
+        {k: v for k, v in entry.items() if not k.startswith("report:")} for entry in store.dead_letters(dead_letters)
+    ]
+    return {
+        "run": store.run,
+        "epoch": info["epoch"],
+        "fleet_version": int(info["fleet_version"]),
+        "created_age_s": _age(now, info.get("created_at_us")),
+        "updated_age_s": _age(now, info.get("updated_at_us")),
+        "reports": int(r.xlen(store.keys.reports)),
+        "dead_letters": int(r.xlen(store.keys.dead_letters)),
+        "newest_dead_letters": dead,
+        "shards": shard_ages(store, now),
+        "keys": keys,
+    }
+
+
+def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:
+    """Seconds since each shard's last accepted report."""
+    now = now_us if now_us is not None else server_now_us(store.redis)
+    raw = {_text(k): _text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
+    return {int(f.split(":")[0]): _age(now, v) for f, v in raw.items() if f.endswith(":at_us")}
+
+
+def drift(store: Store) -> dict[str, dict[str, Any]]:
+    """Per distribution-like merge key (more than one element), each shard's own distribution
+    (its slot's sum, normalised) against the pooled one: total-variation distance and normalised entropy."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in store.schema.keys.items():
+        if not isinstance(spec, MergeSpec) or spec.size < 2:
+            continue
+        data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items()}
+        pooled = _distribution(spec, data.get("agg"))
+        if pooled is None:
+            continue
+        rows = {}
+        for field, raw in data.items():
+            if field.startswith("slot:"):
+                own = _distribution(spec, raw)
+                if own is not None:
+                    rows[int(field.split(":")[1])] = {"tv": 0.5 * float(np.abs(own - pooled).sum()), "entropy": _entropy(own)}
+        out[name] = {"pooled_entropy": _entropy(pooled), "shards": rows}
+    return out
+
+
+def _distribution(spec: MergeSpec, raw: bytes | None) -> np.ndarray | None:
+    if raw is None:
+        return None
+    sums = np.abs(decode(raw, spec.width)[spec.count_size : spec.count_size + spec.size])
+    total = sums.sum()
+    return sums / total if total > 0 else None
+
+
+def _entropy(p: np.ndarray) -> float:
+    nz = p[p > 0]
+    return float(-(nz * np.log(nz)).sum() / np.log(p.size))
+
+
+def _age(now_us: int, then_us: str | None) -> float | None:
+    return None if not then_us else max(now_us - int(then_us), 0) / 1e6
