@@ -8,6 +8,7 @@ same Lua, with a pure-Lua stand-in for the ``struct`` library.
 from __future__ import annotations
 
 import base64
+import functools
 import importlib.resources
 import os
 import secrets
@@ -135,6 +136,22 @@ class RunSnapshot(BaseModel):
     hashes: dict[str, dict[str, str]]
 
 
+def _translated(method: Any) -> Any:
+    """Redis failures as redisync's typed errors, naming the store's URL."""
+
+    @functools.wraps(method)
+    def call(self: "Store", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.exceptions.NoPermissionError, redis.exceptions.AuthenticationError,
+                redis.exceptions.AuthorizationError) as e:  # before ConnectionError: some subclass it
+            raise errors.PermissionDenied(f"{self.url}, run {self.run!r}: {e}") from e
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
+
+    return call
+
+
 def _b(v: Any) -> str:
     return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
 
@@ -155,6 +172,7 @@ class Store:
         return self.keys.run
 
     @property
+    @_translated
     def schema(self) -> Schema:
         """The run's schema: the one registered through this store, else the one stored in Redis."""
         if self._schema is None:
@@ -165,11 +183,9 @@ class Store:
         assert self._schema is not None
         return self._schema
 
+    @_translated
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return script(keys=keys, args=args)
-        except (redis.ConnectionError, redis.TimeoutError) as e:
-            raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
+        return script(keys=keys, args=args)
 
     def _key_hashes(self, schema: Schema) -> list[str]:
         """KEYS of the pull and register scripts: the run's meta, then meta and data of every key."""
@@ -206,6 +222,7 @@ class Store:
         self._schema = schema
         self._pull_keys = self._key_hashes(schema)
 
+    @_translated
     def limits(self) -> Limits:
         raw = self.redis.hmget(self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen")
         if raw[0] is None:
@@ -237,13 +254,16 @@ class Store:
         assert result is not None
         return result
 
+    @_translated
     def key_info(self, name: str) -> dict[str, str]:
         """The readable metadata of one key (what ``redis-cli HGETALL`` shows)."""
         return {_b(k): _b(v) for k, v in self.redis.hgetall(self.keys.key_meta(name)).items()}
 
+    @_translated
     def run_info(self) -> dict[str, str]:
         return {_b(k): _b(v) for k, v in self.redis.hgetall(self.keys.meta).items()}
 
+    @_translated
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """The newest rejected reports, newest first, with reason, key and detail as text."""
         out = []
@@ -262,6 +282,7 @@ class Store:
             f"{kind}:{name}" for name in self.schema.keys for kind in ("key", "data")
         ]
 
+    @_translated
     def snapshot(self) -> RunSnapshot:
         """The whole run's state, read in one transaction."""
         names = self._hash_names()
@@ -280,6 +301,7 @@ class Store:
             },
         )
 
+    @_translated
     def restore(self, snap: RunSnapshot) -> str:
         """Replace the run's state by ``snap`` under a new epoch; returns the epoch.
 
@@ -319,6 +341,7 @@ class Store:
         pipe.execute()
         return hashes["meta"]["epoch"].decode()
 
+    @_translated
     def delete(self) -> int:
         """Remove every key of the run (its state, streams and metadata)."""
         doomed = list(self.redis.scan_iter(match=self.keys.pattern, count=1000))

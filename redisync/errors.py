@@ -16,6 +16,10 @@ class ConnectionUnavailable(RedisyncError):
     """The store could not be reached (the URL is wrong or the server is down)."""
 
 
+class PermissionDenied(RedisyncError):
+    """The server refused the credentials or the command (ACL: NOPERM, WRONGPASS)."""
+
+
 class RunNotFound(RedisyncError):
     """The run has no state in the store: never registered, or the store lost it (new epoch)."""
 

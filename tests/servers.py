@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 def free_port() -> int:
@@ -33,10 +35,15 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> "RedisProcess":
+        return self.start_authenticated(None, None)
+
+    def start_authenticated(self, username: str | None, password: str | None) -> "RedisProcess":
+        """Start, then wait until ``username`` (None: the default user) gets a PONG."""
         cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
                "--save", "", "--appendonly", "no", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, username=username, password=password, socket_connect_timeout=0.2,
+                             retry=Retry(NoBackoff(), 0))  # redis-py's default retry would back off for seconds
         for _ in range(200):
             try:
                 client.ping()

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import redisync
 from redisync.schema import Schema, merge
@@ -28,7 +30,7 @@ def start_server(workdir: Path, port: int) -> subprocess.Popen:
         ["redis-server", str(CONF), "--port", str(port), "--dir", str(workdir), "--daemonize", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    client = redis.Redis(port=port)
+    client = redis.Redis(port=port, retry=Retry(NoBackoff(), 0))
     for _ in range(100):
         try:
             client.ping()
@@ -67,3 +69,61 @@ def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
         np.testing.assert_array_equal(state.keys["obs/norm"].value, before.keys["obs/norm"].value)
     finally:
         stop_server(proc)
+
+
+def test_compose_file_is_valid(tmp_path):
+    """`docker compose config` where the compose plugin exists, otherwise a structural check."""
+    import yaml
+
+    compose = CONF.parent / "docker-compose.yml"
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        result = subprocess.run(["docker", "compose", "-f", str(compose), "--profile", "sentinel", "config", "-q"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    doc = yaml.safe_load(compose.read_text())
+    services = doc["services"]
+    assert {"redis", "redis-primary", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"} <= set(services)
+    for name, svc in services.items():
+        assert isinstance(svc["image"], str) and svc["image"].startswith("redis:7"), name
+        assert isinstance(svc["command"], list) and svc["command"], name
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):  # a bind mount of one of deploy/'s own files
+                assert (compose.parent / source).is_file(), f"{name} mounts a missing {source}"
+            else:
+                assert source in doc["volumes"], f"{name} uses an undeclared volume {source}"
+        if name != "redis":
+            assert svc.get("profiles") == ["sentinel"], name
+    ports = [p.split(":")[0] for svc in services.values() for p in svc.get("ports", [])]
+    assert len(ports) == len(set(ports)), "two services publish the same host port"
+    assert "--replicaof" in services["redis-replica"]["command"]
+    assert "--min-replicas-to-write" in services["redis-primary"]["command"]
+
+
+def test_sentinel_conf_monitors_a_primary(tmp_path):
+    """deploy/sentinel.conf, pointed at a local primary, runs a sentinel that reports it."""
+    from .servers import RedisProcess
+
+    primary = RedisProcess(tmp_path / "primary")
+    primary.workdir.mkdir()
+    primary.start()
+    sentinel_port = free_port()
+    conf = (CONF.parent / "sentinel.conf").read_text()
+    conf = conf.replace("redis-primary 6379", f"127.0.0.1 {primary.port}").replace("port 26379", f"port {sentinel_port}")
+    conf = conf.replace("dir /data", f"dir {tmp_path}")
+    (tmp_path / "sentinel.conf").write_text(conf)
+    proc = subprocess.Popen(["redis-server", str(tmp_path / "sentinel.conf"), "--sentinel"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=sentinel_port, retry=Retry(NoBackoff(), 0), decode_responses=True)
+        for _ in range(100):
+            try:
+                addr = client.execute_command("SENTINEL", "get-master-addr-by-name", "redisync")
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        assert addr == ["127.0.0.1", str(primary.port)]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        primary.kill()
