@@ -150,10 +150,11 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
             rows.append([k["key"], k["semantics"], "x".join(map(str, k["shape"])) or "scalar", spec, k["version"], who or "-",
                          f"{k['count']:g}" if "count" in k else "-", _age(k["updated_age_s"])])
         click.echo(_table(["key", "semantics", "shape", "spec", "version", "writers", "count", "updated"], rows))
-        slots = [[k["key"], s["shard"], s["incarnation"], s["seq"], _age(s["age_s"]), f"{s['count']:g}"]
+        slots = [[k["key"], s["shard"], s["incarnation"], s["seq"], _age(s["age_s"]), f"{s['count']:g}",
+                  "stale: dropped at the next fold" if s["stale"] else "live"]
                  for k in r["keys"] for s in k.get("slots", [])]
         if slots:
-            click.echo("\n" + _table(["slot of key", "shard", "incarnation", "seq", "age", "count"], slots))
+            click.echo("\n" + _table(["slot of key", "shard", "incarnation", "seq", "age", "count", "state"], slots))
         for d in r["newest_dead_letters"]:
             click.echo(f"dead letter {d['id']}: shard {d.get('shard')} {d.get('reason')} {d.get('key') or ''} - {d.get('detail')}")
         click.echo("")

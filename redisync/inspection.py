@@ -49,11 +49,15 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
         if isinstance(spec, MergeSpec):
             row.update(count=float(meta.get("count", 0)), stale_after_s=spec.stale_after_s,
                        retired_count=float(meta.get("retired_count", 0)), dropped_stale=int(meta.get("dropped_stale", 0)))
-            row["slots"] = [
-                {"shard": int(shard), "incarnation": meta[f"slot:{shard}:incarnation"], "seq": int(meta[f"slot:{shard}:seq"]),
-                 "age_s": _age(now, meta[f"slot:{shard}:at_us"]), "count": float(meta[f"slot:{shard}:count"])}
-                for shard in filter(None, meta.get("writers", "").split(","))
-            ]
+            row["slots"] = []
+            for shard in filter(None, meta.get("writers", "").split(",")):
+                age = _age(now, meta[f"slot:{shard}:at_us"])
+                row["slots"].append({
+                    "shard": int(shard), "incarnation": meta[f"slot:{shard}:incarnation"], "seq": int(meta[f"slot:{shard}:seq"]),
+                    "age_s": age, "count": float(meta[f"slot:{shard}:count"]),
+                    # a stale slot still counts until the next fold of the key drops it
+                    "stale": spec.stale_after_s is not None and age is not None and age > spec.stale_after_s,
+                })
         else:
             row.update(owner=getattr(spec, "owner", None), writer=meta.get("writer"))
         keys.append(row)

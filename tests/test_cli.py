@@ -84,7 +84,7 @@ def test_inspect_shows_keys_slots_and_dead_letters(populated):
     line = next(l for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" in l)
     assert line.split()[1:7] == ["merge", "4", "stale", "60.0s", "3", "0,1,2"]
     slots = [l.split() for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" not in l]
-    assert [row[1] for row in slots] == ["0", "1", "2"] and all(row[-1] == "1" for row in slots)
+    assert [row[1] for row in slots] == ["0", "1", "2"] and all(row[5:] == ["1", "live"] for row in slots)
     assert "not_owner curriculum/scale" in out.stdout
     report = json.loads(cli("inspect", "--url", url, "--run", store.run, "--json").stdout)[0]
     key = next(k for k in report["keys"] if k["key"] == "motion/bin_failed")

@@ -49,3 +49,54 @@ def test_readme_collector_loop_runs(backend, monkeypatch):
         assert "redisync/motion/bin_failed/drift_tv" in metrics
     finally:
         redisync.connect(run="humanoid-v3-collectors").delete()
+
+
+def _block_after(marker: str) -> str:
+    text = README.read_text()
+    start = text.index(marker)
+    return text[start : text.index("```", start)]
+
+
+def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
+    import subprocess
+
+    import numpy as np
+
+    from redisync.schema import Schema, broadcast, merge
+
+    run = "readme-cli-check"
+    store = redisync.connect(real_url, run=run)
+    store.delete()
+    db = real_url.rsplit("/", 1)[1]
+    try:
+        store.register(Schema.of({"motion/bin_failed": merge(8, stale_after_s=120), "curriculum/penalty_scale": broadcast((), owner=0)}))
+        for shard in (0, 1):
+            store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.ones(8)}})
+        store.shard(0).publish({"curriculum/penalty_scale": {"value": 0.5}})
+        try:
+            store.shard(1).publish({"curriculum/penalty_scale": {"value": 0.9}})
+        except redisync.errors.NotOwner:
+            pass
+
+        def cli(*args: str) -> list[str]:
+            host, port = real_url.split("//")[1].split("/")[0].split(":")
+            out = subprocess.run(["redis-cli", "-h", host, "-p", port, "-n", db, *args], capture_output=True, text=True, errors="backslashreplace", check=True)
+            return out.stdout.splitlines()
+
+        # the key layout the README lists is the one SCAN finds
+        listed = {line.split()[0].replace("humanoid-v3", run) for line in _block_after("$ redis-cli --scan").splitlines()[1:] if line.strip()}
+        assert set(cli("--scan", "--pattern", f"redisync:\\{{{run}\\}}:*")) == listed | {f"redisync:{{{run}}}:data:curriculum/penalty_scale", f"redisync:{{{run}}}:key:curriculum/penalty_scale"}
+        # every field the README shows for a key is in its HGETALL
+        fields = set(cli("HGETALL", f"redisync:{{{run}}}:key:motion/bin_failed")[::2])
+        shown = {seg.split()[0] for line in _block_after("$ redis-cli HGETALL").splitlines()[1:] for seg in re.split(r"\s{2,}", line.strip()) if seg}
+        assert shown <= fields, shown - fields
+        assert {"name", "size", "owner", "count_size", "sumsq"} <= fields
+        # the dead-letter and report streams hold the fields the README names
+        dead = cli("XRANGE", f"redisync:{{{run}}}:dead", "-", "+")
+        for name in ("reason", "key", "detail", "shard", "incarnation", "seq", "report:curriculum/penalty_scale"):
+            assert name in dead, name
+        reports = cli("XRANGE", f"redisync:{{{run}}}:reports", "-", "+", "COUNT", "1")
+        for name in ("shard", "incarnation", "seq", "fleet_version", "report:motion/bin_failed"):
+            assert name in reports, name
+    finally:
+        store.delete()
