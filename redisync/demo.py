@@ -84,11 +84,11 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any) -> Phase:
 
     run = f"demo-{uuid.uuid4().hex[:8]}"
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out), daemon=True) for s in range(cfg.shards)]
+    out, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out, go), daemon=True) for s in range(cfg.shards)]
     for p in procs:
         p.start()
-    phase, done = Phase(sync), 0
+    phase, done, ready = Phase(sync), 0, 0
     try:
         while done < cfg.shards:
             try:
@@ -99,7 +99,11 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any) -> Phase:
                     raise RedisyncError(f"a demo collector failed (exit codes {dead})") from None
                 continue
             kind, shard = msg[0], msg[1]
-            if kind == "snapshot":
+            if kind == "ready":
+                ready += 1
+                if ready == cfg.shards:  # the whole fleet starts stepping at once
+                    go.set()
+            elif kind == "snapshot":
                 _, _, step, own, used = msg
                 phase.own.setdefault(step, {})[shard] = own
                 phase.used.setdefault(step, {})[shard] = used

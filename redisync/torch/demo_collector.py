@@ -44,8 +44,11 @@ class FleetConfig:
         return np.clip(base * profile, 0.0, 1.0)
 
 
-def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, out: Any) -> None:
-    """Step this shard's envs; report progress, periodic snapshots and a summary on ``out``."""
+def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, out: Any, go: Any) -> None:
+    """Step this shard's envs; report progress, periodic snapshots and a summary on ``out``.
+
+    Every collector says it is ready, then waits for ``go``, so that the fleet starts together.
+    """
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(cfg.seed * 1000 + shard)
     rates = torch.as_tensor(cfg.failure_rates()[shard], dtype=torch.float32)
@@ -56,6 +59,8 @@ def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, 
         syncer = Syncer(connect(url, run=run), shard, [sampler], publish_every_steps=25, poll_every_s=0.5,
                         min_pull_interval_s=0.05).start()
     time_steps = sampler.sample(cfg.envs, generator=g)
+    out.put(("ready", shard, None))
+    go.wait(120)
     t0 = time.perf_counter()
     for step in range(1, cfg.steps + 1):
         time_steps += 1
