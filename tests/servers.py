@@ -24,10 +24,10 @@ def free_port() -> int:
 class RedisProcess:
     """One redis-server; ``kill()`` is SIGKILL by pid, ``start()`` (re)starts it on the same port."""
 
-    def __init__(self, workdir: Path, port: int | None = None, *args: str):
+    def __init__(self, workdir: Path, port: int | None = None, *args: str, conf: Path | None = None):
         if not shutil.which("redis-server"):
             pytest.fail("redis-server is not installed (scripts/ensure-redis installs it)")
-        self.workdir, self.port, self.args = workdir, port or free_port(), args
+        self.workdir, self.port, self.args, self.conf = workdir, port or free_port(), args, conf
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -39,8 +39,10 @@ class RedisProcess:
 
     def start_authenticated(self, username: str | None, password: str | None) -> "RedisProcess":
         """Start, then wait until ``username`` (None: the default user) gets a PONG."""
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-               "--save", "", "--appendonly", "no", *self.args]
+        # with a config file, its persistence settings hold; without one, nothing touches the disk
+        base = [str(self.conf)] if self.conf else ["--save", "", "--appendonly", "no"]
+        cmd = ["redis-server", *base, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+               "--daemonize", "no", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, username=username, password=password, socket_connect_timeout=0.2,
                              retry=Retry(NoBackoff(), 0))  # redis-py's default retry would back off for seconds

@@ -16,7 +16,7 @@ import redisync as redisync_api
 from redisync.client import serve_embedded
 from redisync.schema import Schema, broadcast, merge
 
-from .conftest import new_store, real_redis_or_skip
+from .conftest import real_redis_or_skip
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -18,37 +15,14 @@ from redis.retry import Retry
 import redisync
 from redisync.schema import Schema, merge
 
-from .servers import free_port
+from .servers import RedisProcess, free_port
 
 CONF = Path(__file__).resolve().parents[1] / "deploy" / "redis.conf"
 
 
-def start_server(workdir: Path, port: int) -> subprocess.Popen:
-    if not shutil.which("redis-server"):
-        pytest.fail("redis-server is not installed (scripts/ensure-redis installs it)")
-    proc = subprocess.Popen(
-        ["redis-server", str(CONF), "--port", str(port), "--dir", str(workdir), "--daemonize", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port, retry=Retry(NoBackoff(), 0))
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"redis-server with {CONF} did not start")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)  # a clean shutdown writes the AOF out
-    proc.wait(timeout=10)
-
-
 def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
-    port = free_port()
-    proc = start_server(tmp_path, port)
+    server = RedisProcess(tmp_path, conf=CONF).start()
+    port = server.port
     try:
         cfg = redis.Redis(port=port).config_get("*")
         assert cfg["appendonly"] == "yes" and cfg["appendfsync"] == "everysec"
@@ -59,8 +33,8 @@ def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
         shard.publish({"obs/norm": {"count": 3, "sum": [1.0, 2.0]}})
         before = store.fleet()
     finally:
-        stop_server(proc)
-    proc = start_server(tmp_path, port)
+        server.stop()  # a clean shutdown writes the AOF out
+    server.start()
     try:
         after = redisync.connect(f"redis://127.0.0.1:{port}/0", run="conf")
         after.register(Schema.of({"obs/norm": merge(2)}))
@@ -68,7 +42,7 @@ def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
         assert state.epoch == before.epoch and state.fleet_version == before.fleet_version
         np.testing.assert_array_equal(state.keys["obs/norm"].value, before.keys["obs/norm"].value)
     finally:
-        stop_server(proc)
+        server.kill()
 
 
 def test_compose_file_is_valid(tmp_path):
@@ -102,8 +76,6 @@ def test_compose_file_is_valid(tmp_path):
 
 def test_sentinel_conf_monitors_a_primary(tmp_path):
     """deploy/sentinel.conf, pointed at a local primary, runs a sentinel that reports it."""
-    from .servers import RedisProcess
-
     primary = RedisProcess(tmp_path / "primary")
     primary.workdir.mkdir()
     primary.start()

@@ -18,12 +18,17 @@ def example(heading: str = "## Using it from a trainer") -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_example_runs(backend, monkeypatch):
+def use_backend(backend: str, monkeypatch) -> None:
+    """Point REDISYNC_URL at the backend, as a user would (unset: the embedded store)."""
     url = backend_url(backend)
     if url:
         monkeypatch.setenv("REDISYNC_URL", url)
     else:
         monkeypatch.delenv("REDISYNC_URL", raising=False)
+
+
+def test_readme_example_runs(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
     redisync.connect(run="humanoid-v3").delete()
     namespace: dict = {}
     try:
@@ -36,11 +41,7 @@ def test_readme_example_runs(backend, monkeypatch):
 
 
 def test_readme_collector_loop_runs(backend, monkeypatch):
-    url = backend_url(backend)
-    if url:
-        monkeypatch.setenv("REDISYNC_URL", url)
-    else:
-        monkeypatch.delenv("REDISYNC_URL", raising=False)
+    use_backend(backend, monkeypatch)
     namespace: dict = {}
     try:
         exec(compile(example("## A collector loop"), str(README), "exec"), namespace)
