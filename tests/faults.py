@@ -1,0 +1,77 @@
+"""Socket-level fault injection: a TCP proxy in front of a real redis-server that loses replies."""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+
+
+class ReplyDroppingProxy:
+    """Forwards 127.0.0.1:<port> to a Redis; after a request containing ``match`` reaches the server,
+    with probability ``p`` the server's reply is swallowed and the client's connection closed —
+    the server applied the command, the client never heard of it."""
+
+    def __init__(self, target_port: int, p: float, match: bytes = b"EVALSHA", seed: int = 0):
+        self.target_port, self.p, self.match = target_port, p, match
+        self.rng = random.Random(seed)
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            doomed = threading.Event()  # the next reply on this connection is to be lost
+            threading.Thread(target=self._upstream, args=(client, server, doomed), daemon=True).start()
+            threading.Thread(target=self._downstream, args=(server, client, doomed), daemon=True).start()
+
+    def _upstream(self, client: socket.socket, server: socket.socket, doomed: threading.Event) -> None:
+        try:
+            while data := client.recv(65536):
+                if self.match in data:
+                    with self._lock:
+                        if self.rng.random() < self.p:
+                            doomed.set()
+                server.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            server.close()
+
+    def _downstream(self, server: socket.socket, client: socket.socket, doomed: threading.Event) -> None:
+        try:
+            while data := server.recv(65536):
+                if doomed.is_set():
+                    with self._lock:
+                        self.dropped += 1
+                    break  # the reply is lost with the connection
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, server):  # shutdown first: it wakes the other pump's recv and sends FIN
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()

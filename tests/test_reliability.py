@@ -1,0 +1,112 @@
+"""Faults on a real server: lost replies and retries; a restart from the append-only file."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import redisync
+from redisync import errors
+from redisync.codec import encode
+from redisync.schema import Schema, broadcast, merge
+from redisync.semantics import ReferenceFold
+
+from .faults import ReplyDroppingProxy
+from .servers import RedisProcess
+from .support import assert_same_state, lua_state, reference_state
+from .test_fold_properties import random_operations
+
+# no stale keys: the reference fold cannot know the server time of a fold whose reply was lost
+SCHEMA = Schema.of({"motion/ema": merge(3), "obs/norm": merge(2, sumsq=True), "curriculum/stage": broadcast(2),
+                    "curriculum/scale": broadcast((), owner=0)})
+
+
+def test_lost_replies_are_retried_and_folded_once(tmp_path):
+    server = RedisProcess(tmp_path).start()
+    proxy = ReplyDroppingProxy(server.port, p=0.05, seed=1)
+    store = redisync.connect(proxy.url, run="lost-replies")
+    try:
+        store.register(SCHEMA)
+        ref = ReferenceFold(SCHEMA)
+        clients = {s: store.shard(s, incarnation=1000 + s) for s in range(3)}
+        last: dict[int, tuple[int, dict]] = {}
+        outcomes = {"applied": 0, "duplicate": 0, "rejected": 0, "gave_up_and_resent": 0}
+        reasons: dict[str, int] = {}
+        ops = [op for op in random_operations(7, 10_400, names=list(SCHEMA.keys), shards=3) if op[0] != "sleep"]
+        for _, shard, payloads in ops:  # the owned key from its owner only: other refusals are tested elsewhere
+            if shard != 0 and len(payloads) > 1:
+                payloads.pop("curriculum/scale", None)
+        for kind, shard, payloads in ops:
+            c = clients[shard]
+            inc, seq = c.incarnation, c.seq + 1
+            if kind == "duplicate" and shard in last:
+                seq, payloads = last[shard]
+            elif kind == "restart":
+                c.incarnation += 7
+                inc = c.incarnation
+            elif kind == "zombie":
+                inc = c.incarnation - 1
+            elif kind == "rollback" and c.seq > 1:
+                seq = c.seq - 1
+            encoded = {n: encode([p]) for n, p in payloads.items()}
+            while True:  # the application's retry on top of redis-py's: the same seq, until an answer
+                real = c.incarnation
+                c.incarnation = inc
+                try:
+                    res = c.publish_payloads(encoded, seq)
+                    got, now = (res.status, None, None), res.server_time_us or 0
+                    break
+                except errors.InvalidReport as e:
+                    got, now = ("rejected", e.reason, e.key), 0
+                    break
+                except errors.ConnectionUnavailable:
+                    outcomes["gave_up_and_resent"] += 1
+                finally:
+                    c.incarnation = real
+            outcomes[got[0]] += 1
+            if got[1]:
+                reasons[got[1]] = reasons.get(got[1], 0) + 1
+            if got[0] == "applied":
+                c.seq = max(c.seq, seq)
+                last[shard] = (seq, payloads)
+            expected = ref.apply(shard, inc, seq, payloads, now)
+            if got[0] == "duplicate" and expected.status == "applied":
+                # the first try was folded but its reply was lost: the retry is the duplicate
+                c.seq = max(c.seq, seq)
+                last[shard] = (seq, payloads)
+                got = ("applied", None, None)
+            assert got == (expected.status, expected.reason, expected.key), (kind, shard)
+        assert proxy.dropped > 100 and outcomes["duplicate"] > 100
+        assert_same_state(lua_state(store), reference_state(ref))
+        print(f"\n{len(ops)} publishes, {proxy.dropped} replies dropped: {outcomes}, rejections {reasons}")
+    finally:
+        proxy.close()
+        server.kill()
+
+
+def test_restart_from_the_append_only_file_keeps_state_and_versions(tmp_path):
+    """SIGKILL after the last write was fsynced: everything comes back, no version goes backwards."""
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[1] / "deploy" / "redis.conf"
+    server = RedisProcess(tmp_path, None, "--appendfsync", "always", conf=conf).start()
+    store = redisync.connect(server.url, run="aof")
+    schema = Schema.of({"obs/norm": merge(2), "curriculum/scale": broadcast(())})
+    store.register(schema)
+    shard = store.shard(0)
+    for i in range(50):
+        shard.publish({"obs/norm": {"count": i + 1, "sum": [i, 2 * i]}, "curriculum/scale": {"value": i / 10}})
+    seen = shard.pull()
+    server.kill()
+    server.start()
+    try:
+        shard.store.redis.connection_pool.disconnect()
+        after = shard.pull()
+        assert after is None  # same epoch, same fleet version: nothing changed for this client
+        fleet = store.fleet()
+        assert fleet.epoch == seen.epoch and fleet.fleet_version == seen.fleet_version == 50
+        np.testing.assert_array_equal(fleet.keys["obs/norm"].value, seen.keys["obs/norm"].value)
+        assert shard.publish({"obs/norm": {"count": 60, "sum": [0, 0]}}).fleet_version == 51
+    finally:
+        server.kill()
