@@ -86,23 +86,61 @@ def serve_embedded(host: str = "127.0.0.1", port: int = 0) -> EmbeddedServer:
     return EmbeddedServer(tcp, thread)
 
 
+SENTINEL = "redis+sentinel://"
+
+
 def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
     """A redis-py client for ``url`` (None or 'embedded' for the embedded default), with retries."""
     if url is None or url == EMBEDDED:
         return _embedded_client()
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise errors.ConnectionUnavailable(f"unsupported URL {url!r}: use redis://, rediss://, unix:// or leave it unset")
+    if not url.startswith(("redis://", "rediss://", "unix://", SENTINEL)):
+        raise errors.ConnectionUnavailable(
+            f"unsupported URL {url!r}: use redis://, rediss://, unix://, redis+sentinel:// or leave it unset"
+        )
     kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.5, base=0.01), 3))
     kwargs.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
     kwargs.setdefault("socket_connect_timeout", 2.0)
     kwargs.setdefault("socket_timeout", 5.0)
+    if url.startswith(SENTINEL):
+        return _sentinel_client(url, **kwargs)
     return redis.Redis.from_url(url, **kwargs)
 
 
-def connect(url: str | None = None, run: str = "default", **redis_kwargs: Any) -> "Store":
-    """A store for ``run``. ``url=None`` reads ``REDISYNC_URL``; unset, it is the embedded default."""
+def _sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``: the service's
+    current primary, followed across failovers by redis-py's Sentinel support."""
+    from urllib.parse import unquote, urlsplit
+
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    creds, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = creds.partition(":")
+    path = [p for p in parts.path.split("/") if p]
+    try:
+        nodes = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]) if ":" in h else 26379) for h in hosts.split(",") if h]
+        db = int(path[1]) if len(path) > 1 else 0
+    except ValueError:
+        nodes, db = [], 0
+    if not nodes or not path:
+        raise errors.ConnectionUnavailable(f"bad Sentinel URL {url!r}: use redis+sentinel://host:port[,host:port]/service[/db]")
+    timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
+    sentinel = Sentinel(nodes, **timeouts)
+    return sentinel.master_for(path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs)
+
+
+def connect(
+    url: str | None = None, run: str = "default", *, wait_replicas: int = 0, wait_timeout_ms: int = 1000, **redis_kwargs: Any
+) -> "Store":
+    """A store for ``run``. ``url=None`` reads ``REDISYNC_URL``; unset, it is the embedded default.
+
+    ``wait_replicas=n`` makes a publish count as done only once ``n`` replicas hold it (``WAIT``):
+    with it, a failover never loses an acknowledged report.
+    """
     url = url if url is not None else os.environ.get(ENV_URL) or None
-    return Store(redis_client(url, **redis_kwargs), run, url=url or EMBEDDED)
+    store = Store(redis_client(url, **redis_kwargs), run, url=url or EMBEDDED)
+    store.wait_replicas, store.wait_timeout_ms = wait_replicas, wait_timeout_ms
+    return store
 
 
 class Scripts:
@@ -148,6 +186,10 @@ def _translated(method: Any) -> Any:
             raise errors.PermissionDenied(f"{self.url}, run {self.run!r}: {e}") from e
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
+        except redis.ResponseError as e:
+            if any(state in str(e) for state in ("NOREPLICAS", "READONLY", "MASTERDOWN", "LOADING")):  # a failover's passing states
+                raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
+            raise
 
     return call
 
@@ -166,6 +208,7 @@ class Store:
         self.scripts = Scripts(client)
         self._schema: Schema | None = None
         self._pull_keys: list[str] = []
+        self.wait_replicas, self.wait_timeout_ms = 0, 1000
 
     @property
     def run(self) -> str:
@@ -186,6 +229,15 @@ class Store:
     @_translated
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         return script(keys=keys, args=args)
+
+    @_translated
+    def _call_replicated(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:
+        """The script and a WAIT on one connection: the reply and how many replicas hold the write."""
+        pipe = self.redis.pipeline(transaction=False)
+        script(keys=keys, args=args, client=pipe)
+        pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+        reply, acked = pipe.execute()
+        return reply, int(acked)
 
     def _key_hashes(self, schema: Schema) -> list[str]:
         """KEYS of the pull and register scripts: the run's meta, then meta and data of every key."""
@@ -383,8 +435,16 @@ class ShardClient:
         for name, payload in payloads.items():
             keys += [store.keys.key_meta(name), store.keys.key_data(name)]
             args += [name, payload]
-        reply = store._call(store.scripts.fold, keys, args)
-        return codec.parse_publish(reply, list(payloads))
+        if not store.wait_replicas:
+            return codec.parse_publish(store._call(store.scripts.fold, keys, args), list(payloads))
+        reply, acked = store._call_replicated(store.scripts.fold, keys, args)
+        result = codec.parse_publish(reply, list(payloads))
+        if result.applied and acked < store.wait_replicas:
+            raise errors.NotReplicated(
+                f"{store.url}: fold {result.fleet_version} reached {acked} of {store.wait_replicas} replicas "
+                f"within {store.wait_timeout_ms} ms; publish again"
+            )
+        return result
 
     def pull(self) -> codec.PullResult | None:
         """The keys that changed since this shard's last pull, or None. One round trip.

@@ -16,6 +16,11 @@ class ConnectionUnavailable(RedisyncError):
     """The store could not be reached (the URL is wrong or the server is down)."""
 
 
+class NotReplicated(ConnectionUnavailable):
+    """A fold was applied on the primary but fewer replicas than required acknowledged it in time;
+    it may be lost in a failover, so the caller should publish again (reports are cumulative)."""
+
+
 class PermissionDenied(RedisyncError):
     """The server refused the credentials or the command (ACL: NOPERM, WRONGPASS)."""
 
