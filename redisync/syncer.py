@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 import time
 from typing import Any, Mapping, Sequence
 
@@ -65,7 +66,7 @@ class Syncer:
         self._subscribed = False
         self.stats = {"publishes": 0, "duplicates": 0, "coalesced": 0, "publish_failures": 0, "rejected": 0,
                       "pulls": 0, "reseeds": 0, "subscription_drops": 0, "worker_errors": 0}
-        self._latency_ms: float | None = None
+        self.latencies_ms: deque[float] = deque(maxlen=10_000)  # the most recent publishes
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ the collector's side (no network)
@@ -198,7 +199,7 @@ class Syncer:
             if self._pending is reports:
                 self._pending = None
         if result is not None:
-            self._latency_ms = (time.perf_counter() - t) * 1e3
+            self.latencies_ms.append((time.perf_counter() - t) * 1e3)
             self.stats["publishes" if result.applied else "duplicates"] += 1
             self._announced = max(self._announced, result.fleet_version)
         return True
@@ -272,8 +273,11 @@ class Syncer:
             "redisync/staleness_s": time.monotonic() - self._applied_at,
             "redisync/subscribed": float(self._subscribed),
         }
-        if self._latency_ms is not None:
-            out["redisync/publish_latency_ms"] = self._latency_ms
+        if self.latencies_ms:
+            recent = sorted(self.latencies_ms)
+            out["redisync/publish_latency_ms"] = self.latencies_ms[-1]
+            out["redisync/publish_latency_ms_p50"] = recent[len(recent) // 2]
+            out["redisync/publish_latency_ms_p99"] = recent[int(0.99 * (len(recent) - 1))]
         out.update({f"redisync/{k}": float(v) for k, v in self.stats.items()})
         for term in self.terms:
             term_metrics = getattr(term, "metrics", None)
