@@ -87,15 +87,16 @@ def serve_embedded(host: str = "127.0.0.1", port: int = 0) -> EmbeddedServer:
 
 
 SENTINEL = "redis+sentinel://"
+CLUSTER = "redis+cluster://"
 
 
 def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
     """A redis-py client for ``url`` (None or 'embedded' for the embedded default), with retries."""
     if url is None or url == EMBEDDED:
         return _embedded_client()
-    if not url.startswith(("redis://", "rediss://", "unix://", SENTINEL)):
+    if not url.startswith(("redis://", "rediss://", "unix://", SENTINEL, CLUSTER)):
         raise errors.ConnectionUnavailable(
-            f"unsupported URL {url!r}: use redis://, rediss://, unix://, redis+sentinel:// or leave it unset"
+            f"unsupported URL {url!r}: use redis://, rediss://, unix://, redis+sentinel://, redis+cluster:// or leave it unset"
         )
     kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.5, base=0.01), 3))
     kwargs.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
@@ -103,7 +104,38 @@ def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
     kwargs.setdefault("socket_timeout", 5.0)
     if url.startswith(SENTINEL):
         return _sentinel_client(url, **kwargs)
+    if url.startswith(CLUSTER):
+        return _cluster_client(url, **kwargs)
     return redis.Redis.from_url(url, **kwargs)
+
+
+def _cluster_client(url: str, **kwargs: Any) -> Any:
+    """``redis+cluster://[user:password@]host:port[,host:port...]``: a Redis Cluster. Every key of a
+    run carries the hash tag ``{run}``, so a run lives in one slot and every script runs on one node."""
+    from urllib.parse import unquote, urlsplit
+
+    from redis.cluster import ClusterNode, RedisCluster
+
+    parts = urlsplit(url)
+    creds, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = creds.partition(":")
+    try:
+        nodes = [ClusterNode(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in hosts.split(",") if h]
+    except (ValueError, IndexError):
+        nodes = []
+    if not nodes:
+        raise errors.ConnectionUnavailable(f"bad Cluster URL {url!r}: use redis+cluster://host:port[,host:port]")
+    keep = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout", "retry") if k in kwargs}
+    return RedisCluster(startup_nodes=nodes, username=unquote(user) or None, password=unquote(password) or None, **keep)
+
+
+def server_time_us(client: Any) -> int:
+    """The server's clock in microseconds (a cluster answers per node: any node will do)."""
+    reply = client.time()
+    if isinstance(reply, dict):
+        reply = next(iter(reply.values()))
+    sec, usec = reply
+    return int(sec) * 1_000_000 + int(usec)
 
 
 def _sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
@@ -341,13 +373,12 @@ class Store:
         pipe = self.redis.pipeline(transaction=True)
         for n in names:
             pipe.hgetall(self.keys.prefix + n)
-        pipe.time()
-        *hashes, (sec, usec) = pipe.execute()
+        hashes = pipe.execute()
         if not hashes[0]:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
         return RunSnapshot(
             run=self.run,
-            taken_at_us=int(sec) * 1_000_000 + int(usec),
+            taken_at_us=server_time_us(self.redis),
             hashes={
                 n: {_b(k): base64.b64encode(v).decode() for k, v in h.items()} for n, h in zip(names, hashes)
             },

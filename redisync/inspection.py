@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from .client import Store
+from .client import Store, server_time_us
 from .codec import decode
 from .keys import ROOT, run_of
 from .schema import MergeSpec
@@ -26,15 +26,10 @@ def _text(v: Any) -> str:
     return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
 
 
-def server_now_us(client: redis.Redis) -> int:
-    sec, usec = client.time()
-    return int(sec) * 1_000_000 + int(usec)
-
-
 def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
     """Run metadata, stream lengths, the newest dead letters and, per key, its slots and their ages."""
     r = store.redis
-    now = server_now_us(r)
+    now = server_time_us(r)
     info = store.run_info()
     keys = []
     for name, spec in store.schema.keys.items():
@@ -80,7 +75,7 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
 
 def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:
     """Seconds since each shard's last accepted report."""
-    now = now_us if now_us is not None else server_now_us(store.redis)
+    now = now_us if now_us is not None else server_time_us(store.redis)
     raw = {_text(k): _text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
     return {int(f.split(":")[0]): _age(now, v) for f, v in raw.items() if f.endswith(":at_us")}
 

@@ -1,0 +1,92 @@
+"""Redis Cluster: three primaries started here; a run lives in one slot, runs do not interfere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import redisync
+from redisync.schema import Schema, broadcast, merge
+
+from .servers import RedisProcess
+
+SCHEMA = Schema.of({"obs/norm": merge(3, sumsq=True), "curriculum/scale": broadcast(())})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    nodes = []
+    for i in range(3):
+        d = tmp_path_factory.mktemp(f"node{i}")
+        nodes.append(RedisProcess(d, None, "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+                                  "--cluster-node-timeout", "2000").start())
+    subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes], "--cluster-replicas", "0",
+                    "--cluster-yes"], check=True, capture_output=True, timeout=60)
+    for n in nodes:
+        client = redis.Redis(port=n.port, retry=Retry(NoBackoff(), 0), decode_responses=True)
+        for _ in range(200):
+            if client.cluster("info")["cluster_state"] == "ok":
+                break
+            time.sleep(0.05)
+    yield "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)
+    for n in nodes:
+        n.kill()
+
+
+def two_runs_on_different_nodes(client) -> tuple[str, str]:
+    """Two run names whose hash tags map to slots served by different primaries."""
+    owner = {}
+    for i in range(100):
+        name = f"cluster-run-{i}"
+        node = client.get_node_from_key(f"redisync:{{{name}}}:meta")
+        owner.setdefault(node.name, name)
+        if len(owner) >= 2:
+            a, b = list(owner.values())[:2]
+            return a, b
+    pytest.fail("could not find two runs on different nodes")
+
+
+def test_runs_live_in_one_slot_and_do_not_interfere(cluster):
+    probe = redisync.connect(cluster, run="probe")
+    a_name, b_name = two_runs_on_different_nodes(probe.redis)
+    a, b = redisync.connect(cluster, run=a_name), redisync.connect(cluster, run=b_name)
+    try:
+        for store, k in ((a, 1.0), (b, 10.0)):
+            store.register(SCHEMA)
+            shard = store.shard(0)
+            shard.publish({"obs/norm": {"count": 2, "sum": np.full(3, k), "sumsq": np.full(3, k * k)},
+                           "curriculum/scale": {"value": k}})
+            assert shard.pull().fleet_version == 1
+        slots = {redis.cluster.key_slot(k.encode()) for k in [a.keys.meta, a.keys.key_data("obs/norm"), a.keys.dead_letters]}
+        assert len(slots) == 1  # the hash tag keeps the run in one slot
+        assert float(a.fleet().keys["curriculum/scale"].parts()["value"]) == 1.0
+        assert float(b.fleet().keys["curriculum/scale"].parts()["value"]) == 10.0
+        # pub/sub announcements and a snapshot/restore round trip through the cluster client
+        sub = a.redis.pubsub()
+        sub.subscribe(a.keys.channel)
+        a.shard(1).publish({"obs/norm": {"count": 1, "sum": np.ones(3), "sumsq": np.ones(3)}})
+        deadline, seen = time.monotonic() + 5, None
+        while seen is None and time.monotonic() < deadline:
+            msg = sub.get_message(timeout=0.5)
+            seen = msg["data"] if msg and msg["type"] == "message" else None
+        assert seen == b"2"
+        snap = a.snapshot()
+        a.restore(snap)
+        np.testing.assert_array_equal(a.fleet().keys["obs/norm"].parts()["count"], 3)
+        assert b.fleet().fleet_version == 1  # the other run saw none of it
+        # the CLI, through the same cluster URL
+        out = subprocess.run([sys.executable, "-m", "redisync.cli", "inspect", "--url", cluster, "--run", a_name, "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)[0]["fleet_version"] == 3
+    finally:
+        a.delete()
+        b.delete()
