@@ -8,6 +8,7 @@ same Lua, with a pure-Lua stand-in for the ``struct`` library.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import importlib.resources
 import os
@@ -218,8 +219,10 @@ def _translated(method: Any) -> Any:
             raise errors.PermissionDenied(f"{self.url}, run {self.run!r}: {e}") from e
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
+        except (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError) as e:  # a failover's passing states
+            raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
         except redis.ResponseError as e:
-            if any(state in str(e) for state in ("NOREPLICAS", "READONLY", "MASTERDOWN", "LOADING")):  # a failover's passing states
+            if any(state in str(e) for state in ("NOREPLICAS", "MASTERDOWN", "READONLY")):
                 raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
             raise
 
@@ -447,6 +450,7 @@ class ShardClient:
         self.incarnation = int(incarnation) if incarnation is not None else time.time_ns()
         self.seq = 0
         self.known: codec.PullResult | None = None
+        self.highest_version = 0  # the highest fleet version this client has seen, in any epoch
         self._limits: Limits | None = None
 
     def publish(self, reports: Mapping[str, Any]) -> codec.PublishResult:
@@ -462,14 +466,17 @@ class ShardClient:
         """Fold already-encoded payloads with an explicit ``seq`` (no client-side checks)."""
         store = self.store
         keys = [store.keys.meta, store.keys.shards, store.keys.reports, store.keys.dead_letters]
-        args: list[Any] = [store.schema.digest, self.shard_id, self.incarnation, seq]
+        args: list[Any] = [store.schema.digest, self.shard_id, self.incarnation, seq, self.highest_version]
         for name, payload in payloads.items():
             keys += [store.keys.key_meta(name), store.keys.key_data(name)]
             args += [name, payload]
         if not store.wait_replicas:
-            return codec.parse_publish(store._call(store.scripts.fold, keys, args), list(payloads))
+            result = codec.parse_publish(store._call(store.scripts.fold, keys, args), list(payloads))
+            self.highest_version = max(self.highest_version, result.fleet_version)
+            return result
         reply, acked = store._call_replicated(store.scripts.fold, keys, args)
         result = codec.parse_publish(reply, list(payloads))
+        self.highest_version = max(self.highest_version, result.fleet_version)
         if result.applied and acked < store.wait_replicas:
             raise errors.NotReplicated(
                 f"{store.url}: fold {result.fleet_version} reached {acked} of {store.wait_replicas} replicas "
@@ -484,6 +491,10 @@ class ShardClient:
         """
         result = self.store.pull(self.shard_id, self.known, self.incarnation)
         if result is not None:
+            if not result.epoch_changed and result.fleet_version < self.highest_version:
+                # same epoch, older version: the store lost its last writes (a crash between fsyncs)
+                result = dataclasses.replace(result, lost_writes=True)
+            self.highest_version = max(self.highest_version, result.fleet_version)
             known = result
             if self.known is not None and not result.epoch_changed:
                 known = codec.PullResult(

@@ -116,6 +116,7 @@ class PullResult:
     epoch_changed: bool
     keys: dict[str, KeyView]
     server_time_us: int
+    lost_writes: bool = False  # same epoch but older than a version already seen: re-publish
 
 
 def parse_pull(

@@ -92,7 +92,10 @@ class ReferenceFold:
         seq: int,
         payloads: Mapping[str, np.ndarray],
         now_us: int,
+        floor: int = 0,
     ) -> Outcome:
+        """Fold one report; ``floor`` is the highest fleet version the client has seen (the new
+        version is above it, so no client ever sees versions go backwards)."""
         cur = self.shards.get(shard_id)
         if cur is not None:
             if incarnation < cur.incarnation:
@@ -125,7 +128,7 @@ class ReferenceFold:
                 self._fold_merge(state, shard_id, incarnation, seq, payload, now_us)
             state.version += 1
             state.updated_us = now_us
-        self.fleet_version += 1
+        self.fleet_version = max(self.fleet_version, floor) + 1
         self.shards[shard_id] = ShardState(incarnation, seq, now_us)
         return Outcome("applied", self.fleet_version)
 

@@ -207,8 +207,10 @@ class Syncer:
     def _pull(self) -> None:
         seen_before = self.shard.known is not None
         changed = self.shard.pull()
-        if changed is not None and changed.epoch_changed and seen_before:
-            self._republish_latest()  # a new epoch (restore or a lost store): our slots may be missing
+        if changed is not None and ((changed.epoch_changed and seen_before) or changed.lost_writes):
+            self._republish_latest()  # a new epoch, or lost writes: our slots may be missing or old
+        if changed is not None and changed.lost_writes:
+            return  # not applied: the state is older than one applied already; the re-publish moves it on
         if changed is not None:
             self.stats["pulls"] += 1
             known = self.shard.known

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -19,6 +20,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10 000) is free too; Redis Cluster wants it below 55 536."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisProcess:
@@ -46,7 +62,10 @@ class RedisProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, username=username, password=password, socket_connect_timeout=0.2,
                              retry=Retry(NoBackoff(), 0))  # redis-py's default retry would back off for seconds
-        for _ in range(200):
+        deadline = time.monotonic() + 20  # generous: CI machines are shared
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"redis-server exited with {self.proc.returncode}: {' '.join(cmd)}")
             try:
                 client.ping()
                 return self

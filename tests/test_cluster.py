@@ -16,7 +16,7 @@ from redis.retry import Retry
 import redisync
 from redisync.schema import Schema, broadcast, merge
 
-from .servers import RedisProcess
+from .servers import RedisProcess, free_cluster_port
 
 SCHEMA = Schema.of({"obs/norm": merge(3, sumsq=True), "curriculum/scale": broadcast(())})
 
@@ -26,7 +26,7 @@ def cluster(tmp_path_factory):
     nodes = []
     for i in range(3):
         d = tmp_path_factory.mktemp(f"node{i}")
-        nodes.append(RedisProcess(d, None, "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+        nodes.append(RedisProcess(d, free_cluster_port(), "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
                                   "--cluster-node-timeout", "2000").start())
     subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes], "--cluster-replicas", "0",
                     "--cluster-yes"], check=True, capture_output=True, timeout=60)

@@ -118,8 +118,11 @@ def forged_call(draw):
             inc = bad if bad != "01" else "0"
         else:
             seq = bad if bad not in ("01",) else "9" * 16
+    floor = "0"
+    if kind == "ids" and draw(st.booleans()):
+        floor = draw(st.sampled_from(["", "-1", "1.5", "9" * 16, "x"]))
     items = [(n, f64(values) if p is None else p) for n, p in items]
-    return kind, digest, shard, inc, seq, items
+    return kind, digest, shard, inc, seq, floor, items
 
 
 @pytest.fixture(scope="module", params=["embedded", "real"])
@@ -158,12 +161,12 @@ def test_client_refuses_malformed_reports(fuzz_store, report):
 @given(call=forged_call())
 def test_server_refuses_forged_arguments(fuzz_store, call):
     store = fuzz_store
-    kind, digest, shard, inc, seq, items = call
+    kind, digest, shard, inc, seq, floor, items = call
     k = store.keys
     keys = [k.meta, k.shards, k.reports, k.dead_letters]
     for name, _ in items:
         keys += [k.prefix.encode() + b"key:" + name, k.prefix.encode() + b"data:" + name]
-    args = [digest or store.schema.digest, shard, inc, seq] + [x for item in items for x in item]
+    args = [digest or store.schema.digest, shard, inc, seq, floor] + [x for item in items for x in item]
     dead = store.redis.xlen(store.keys.dead_letters)
     before = state(store)
     with pytest.raises(errors.InvalidReport) as info:

@@ -111,3 +111,20 @@ def test_restart_from_the_append_only_file_keeps_state_and_versions(tmp_path):
         assert shard.publish({"obs/norm": {"count": 60, "sum": [0, 0]}}).fleet_version == 51
     finally:
         server.kill()
+
+
+def test_versions_never_go_backwards_for_a_client_when_writes_are_lost(make_store):
+    """A restart that loses the last second of folds (AOF everysec) must not move a client's versions back."""
+    store = make_store()
+    store.register(SCHEMA)
+    a, b = store.shard(0), store.shard(1)
+    for i in range(5):
+        a.publish({"motion/ema": {"count": 1, "sum": [i, i, i]}})
+    seen = b.pull().fleet_version
+    assert seen == 5
+    store.redis.hset(store.keys.meta, "fleet_version", 2)  # what a crash between two fsyncs leaves behind
+    regressed = b.pull()
+    assert regressed.lost_writes and regressed.fleet_version == 2  # flagged, so a Syncer re-publishes
+    result = b.publish({"motion/ema": {"count": 1, "sum": [9, 9, 9]}})
+    assert result.fleet_version > seen  # the fold continues above what this client had seen
+    assert b.pull().fleet_version == result.fleet_version and not b.known.lost_writes

@@ -25,7 +25,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         try:
             if predicate():
                 return
-        except redis.RedisError:
+        except (redis.RedisError, errors.ConnectionUnavailable):
             pass
         time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}")
@@ -69,7 +69,7 @@ def sentinel_fleet(tmp_path):
 def test_failover_loses_no_acknowledged_report(sentinel_fleet):
     url, primary, replica, sentinel_ports = sentinel_fleet
     store = redisync.connect(url, run="failover", wait_replicas=1, wait_timeout_ms=500, socket_timeout=1.0)
-    store.register(Schema.of({"obs/norm": merge(1)}))
+    wait_for(lambda: store.register(Schema.of({"obs/norm": merge(1)})), 15, "the run to register")
     shard = store.shard(0)
     acknowledged, versions, gaps = 0, [], []
     last_ok = time.monotonic()
@@ -95,7 +95,13 @@ def test_failover_loses_no_acknowledged_report(sentinel_fleet):
             killed = True
     new_primary = plain(sentinel_ports[0]).execute_command("SENTINEL", "get-master-addr-by-name", SERVICE)
     assert int(new_primary[1]) == replica.port  # the replica was promoted and the client followed it
-    fleet = store.fleet().keys["obs/norm"].parts()
+    fleet = None
+    for _ in range(50):
+        try:
+            fleet = store.fleet().keys["obs/norm"].parts()
+            break
+        except errors.ConnectionUnavailable:
+            time.sleep(0.1)
     assert float(fleet["count"]) == acknowledged  # every acknowledged report is there
     assert all(b > a for a, b in zip(versions, versions[1:]))  # no version went backwards
     print(f"\nfailover: the longest pause between acknowledged publishes was {max(gaps):.2f}s")

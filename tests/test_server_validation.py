@@ -48,7 +48,7 @@ def forge(store, *, keys=None, digest=None, shard="1", inc="500", seq="2", items
         return (p + b"key:" + n, p + b"data:" + n)
 
     keys = keys or [k.meta, k.shards, k.reports, k.dead_letters] + [x for n, _ in items for x in named(n)]
-    args = [digest or store.schema.digest, shard, inc, seq] + [x for item in items for x in item]
+    args = [digest or store.schema.digest, shard, inc, seq, "0"] + [x for item in items for x in item]
     return store.scripts.fold(keys=keys, args=args)
 
 
@@ -129,7 +129,7 @@ def test_a_report_applies_all_or_none(run):
 
 def test_a_non_redisync_meta_key_is_refused_without_writing(run):
     store, _ = run
-    reply = store.scripts.fold(keys=["some:other:key"], args=["x"])
+    reply = store.scripts.fold(keys=["some:other:key"], args=["x"])  # refused before reading any ARGV
     with pytest.raises(errors.MalformedReport, match="not a redisync meta key"):
         parse_publish(reply, [])
     assert store.redis.exists("some:other:key") == 0

@@ -8,7 +8,9 @@
 -- KEYS[4 + 2i]       its data hash                             redisync:{run}:data:<name>
 -- ARGV[1]            the client's schema digest
 -- ARGV[2], [3], [4]  shard id, incarnation, seq (decimal integers)
--- ARGV[3 + 2i]       name of the i-th key; ARGV[4 + 2i] its payload, little-endian float64:
+-- ARGV[5]            the highest fleet version the client has seen: the new version is above it,
+--                    so versions never go backwards for a client, even after a restart lost writes
+-- ARGV[4 + 2i]       name of the i-th key; ARGV[5 + 2i] its payload, little-endian float64:
 --                    a broadcast value, or a merge key's count || sum [|| sumsq]
 -- returns {'applied', fleet_version, now_us, version_1, ..., version_k}
 --       | {'duplicate', fleet_version}
@@ -29,13 +31,13 @@ end
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'dead_letter_maxlen',
   'fleet_version')
 local dead_maxlen = tonumber(meta[5]) or 10000
-local shard, inc, seq = ARGV[2] or '', ARGV[3] or '', ARGV[4] or ''
+local shard, inc, seq, floor = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
 
 local function reject(reason, key, detail)
   local entry = {'XADD', prefix .. 'dead', 'MAXLEN', '~', dead_maxlen, '*',
     'reason', reason, 'key', key, 'detail', detail, 'shard', shard, 'incarnation', inc, 'seq', seq}
   local budget = tonumber(meta[3]) or 1048576
-  for i = 5, #ARGV, 2 do
+  for i = 6, #ARGV, 2 do
     local name, payload = ARGV[i], ARGV[i + 1] or ''
     if #payload > budget then payload = string.sub(payload, 1, budget); name = name .. ' (truncated)' end
     budget = budget - #payload
@@ -64,7 +66,10 @@ end
 if not string.match(seq, '^%d+$') or #seq > 15 then
   return reject('malformed', '', 'seq must be a decimal integer below 1e15, got ' .. string.format('%q', seq))
 end
-local nkeys = (#ARGV - 4) / 2
+if not string.match(floor, '^%d+$') or #floor > 15 then
+  return reject('malformed', '', 'the known fleet version must be a decimal integer, got ' .. string.format('%q', floor))
+end
+local nkeys = (#ARGV - 5) / 2
 if nkeys < 1 or nkeys ~= math.floor(nkeys) or #KEYS ~= 4 + 2 * nkeys then
   return reject('malformed', '', 'expected one (name, payload) pair per reported key and two KEYS per key')
 end
@@ -90,7 +95,7 @@ if cur[1] then
 end
 
 local total = 0
-for i = 1, nkeys do total = total + #ARGV[4 + 2 * i] end
+for i = 1, nkeys do total = total + #ARGV[5 + 2 * i] end
 if total > (tonumber(meta[3]) or 0) then
   return reject('too_large', '', 'payload of ' .. total .. ' bytes exceeds max_report_bytes=' .. tostring(meta[3]))
 end
@@ -161,7 +166,7 @@ end
 -- validate and compute every key before writing anything (a report applies all or none) ------------
 local items, seen = {}, {}
 for i = 1, nkeys do
-  local name, payload = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+  local name, payload = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
   if seen[name] then return reject('malformed', name, 'key reported twice') end
   seen[name] = true
   local km, kd = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
@@ -261,7 +266,7 @@ for i = 1, nkeys do
   versions[i] = item.version
 end
 
-fleet_version = fleet_version + 1
+fleet_version = math.max(fleet_version, tonumber(floor)) + 1
 redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
 redis.call('HSET', KEYS[2], shard .. ':incarnation', inc, shard .. ':seq', seq, shard .. ':at_us', now_s)
 
