@@ -33,7 +33,8 @@ def test_lost_replies_are_retried_and_folded_once(tmp_path):
         last: dict[int, tuple[int, dict]] = {}
         outcomes = {"applied": 0, "duplicate": 0, "rejected": 0, "gave_up_and_resent": 0}
         reasons: dict[str, int] = {}
-        ops = [op for op in random_operations(7, 10_400, names=list(SCHEMA.keys), shards=3) if op[0] != "sleep"]
+        ops = [op for op in random_operations(7, 10_700, names=list(SCHEMA.keys), shards=3) if op[0] != "sleep"]
+        assert len(ops) >= 10_000
         for _, shard, payloads in ops:  # the owned key from its owner only: other refusals are tested elsewhere
             if shard != 0 and len(payloads) > 1:
                 payloads.pop("curriculum/scale", None)

@@ -10,7 +10,7 @@ import torch
 
 import redisync
 from redisync.syncer import Syncer
-from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
+from redisync.torch import AdaptiveMotionSampler, PenaltyCurriculum, SyncedEmpiricalNormalization
 
 from .conftest import backend_url
 from .servers import RedisProcess
@@ -20,11 +20,13 @@ FRAMES, ENVS = 500, 32
 
 
 class Collector:
-    """One simulated collector: a sampler and a normaliser fed by its own stream."""
+    """One simulated collector: a sampler and a normaliser fed by its own stream, and a penalty
+    curriculum whose scale shard 0 decides (a broadcast key)."""
 
     def __init__(self, shard: int):
         self.sampler = AdaptiveMotionSampler(FRAMES, 0.02, mode="pooled", shard_id=shard, rebuild_tol=0.0, dtype=F64)
         self.norm = SyncedEmpiricalNormalization(3, mode="pooled")
+        self.penalty = PenaltyCurriculum(0.5, degree=0.01, mode="broadcast", shard_id=shard, owner=0)
         self.g = torch.Generator().manual_seed(100 + shard)
         self.samples = 0
 
@@ -34,7 +36,12 @@ class Collector:
         self.sampler.record_failures(ts, failed)
         self.sampler.step()
         self.norm.update(torch.randn(ENVS, 3, generator=self.g, dtype=F64))
+        self.penalty.update(1000.0)  # long episodes: the owner raises the scale
         self.samples += ENVS
+
+    @property
+    def terms(self) -> list:
+        return [self.sampler, self.norm, self.penalty]
 
 
 def run(collectors, syncers, steps, reset_every=10, timings=None):
@@ -71,6 +78,7 @@ def assert_pooled(collectors):
     for c in collectors:
         np.testing.assert_allclose(c.sampler.sampling_ema(), total, rtol=1e-9, atol=1e-15)
         assert c.norm.pooled_moments()[2] == sum(x.samples for x in collectors)
+        assert c.penalty.scale == collectors[0].penalty.scale  # the owner's decision, everywhere
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
@@ -79,7 +87,7 @@ def test_fleet_converges_through_syncers(backend, make_store):
     run_name = make_store().run
     collectors = [Collector(i) for i in range(4)]
     syncers = [
-        Syncer(redisync.connect(store_url, run=run_name), i, [c.sampler, c.norm], publish_every_steps=15,
+        Syncer(redisync.connect(store_url, run=run_name), i, c.terms, publish_every_steps=15,
                poll_every_s=0.05).start()
         for i, c in enumerate(collectors)
     ]
@@ -100,7 +108,7 @@ def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path):
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]
     syncers = [
-        Syncer(redisync.connect(server.url, run="hotpath", socket_timeout=1.0), i, [c.sampler, c.norm],
+        Syncer(redisync.connect(server.url, run="hotpath", socket_timeout=1.0), i, c.terms,
                publish_every_steps=10, poll_every_s=0.05, retry_every_s=0.1).start()
         for i, c in enumerate(collectors)
     ]
@@ -131,6 +139,7 @@ def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path):
         assert_pooled(collectors)  # nothing lost: the cumulative reports re-seeded the fleet exactly
         fleet = syncers[0].store.fleet().keys
         assert float(fleet["obs/norm"].parts()["count"]) == sum(c.samples for c in collectors)
+        assert float(fleet["curriculum/penalty_scale"].parts()["value"]) == collectors[0].penalty.scale  # re-seeded by its owner
     finally:
         for s in syncers:
             s.stop(flush=False)
