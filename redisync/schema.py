@@ -181,13 +181,14 @@ class Schema(BaseModel):
 
 
 def _as_float64(v: Any) -> np.ndarray:
-    if isinstance(v, (str, bytes)) or v is None:
-        raise ValueError(f"expected a number or an array of numbers, got {type(v).__name__}")
+    """Numbers (ints, floats, arrays or tensors of them) as float64; strings, bools and objects are refused."""
     try:
-        arr = np.asarray(v, dtype=np.float64)
+        arr = np.asarray(v)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"not convertible to float64: {e}") from None
-    return arr
+        raise ValueError(f"not an array of numbers: {e}") from None
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"expected numbers, got {type(v).__name__} of {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
 
 
 class _Report(BaseModel):
