@@ -84,3 +84,30 @@ def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
         else:
             assert l["writer"] == r["writer"], name
             assert (l["value"] is None and r["value"] is None) or np.array_equal(l["value"], r["value"]), name
+
+
+def envelope(kind: str, client, last: dict, shard: int, payloads: dict) -> tuple[int, int, dict]:
+    """The (incarnation, seq, payloads) an operation of a random sequence sends: a new report, a
+    duplicate of the last applied one, a restart (new incarnation), a zombie (an older incarnation)
+    or a rollback (an older seq)."""
+    inc, seq = client.incarnation, client.seq + 1
+    if kind == "duplicate" and shard in last:
+        seq, payloads = last[shard]
+    elif kind == "restart":
+        client.incarnation += 7
+        inc = client.incarnation
+    elif kind == "zombie":
+        inc = client.incarnation - 1
+    elif kind == "rollback" and client.seq > 1:
+        seq = client.seq - 1
+    return inc, seq, payloads
+
+
+def send_as(client, incarnation: int, encoded: dict, seq: int):
+    """Publish as ``incarnation`` (a zombie's, possibly) without changing the client's own."""
+    own = client.incarnation
+    client.incarnation = incarnation
+    try:
+        return client.publish_payloads(encoded, seq)
+    finally:
+        client.incarnation = own

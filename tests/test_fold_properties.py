@@ -20,7 +20,7 @@ from redisync.schema import Schema, broadcast, merge
 from redisync.semantics import ReferenceFold
 
 from .conftest import new_store
-from .support import assert_same_state, lua_state, reference_state
+from .support import assert_same_state, envelope, lua_state, reference_state, send_as
 
 SCHEMA = Schema.of(
     {
@@ -78,25 +78,12 @@ def run_sequence(store, ops) -> None:
         if kind == "sleep":
             time.sleep(0.005)
             continue
-        inc, seq = c.incarnation, c.seq + 1
-        if kind == "duplicate" and shard in last:
-            seq, payloads = last[shard]
-        elif kind == "restart":
-            c.incarnation += 7
-            inc = c.incarnation
-        elif kind == "zombie":
-            inc = c.incarnation - 1
-        elif kind == "rollback" and c.seq > 1:
-            seq = c.seq - 1
+        inc, seq, payloads = envelope(kind, c, last, shard, payloads)
         try:
-            c.incarnation, real_inc = inc, c.incarnation
-            res = c.publish_payloads({n: encode([p]) for n, p in payloads.items()}, seq)
-            got = (res.status, None, None)
-            now = res.server_time_us or 0
+            res = send_as(c, inc, {n: encode([p]) for n, p in payloads.items()}, seq)
+            got, now = (res.status, None, None), res.server_time_us or 0
         except errors.InvalidReport as e:
             got, now = ("rejected", e.reason, e.key), 0
-        finally:
-            c.incarnation = real_inc
         if got[0] == "applied":
             c.seq = max(c.seq, seq)
             last[shard] = (seq, payloads)

@@ -14,7 +14,7 @@ from redisync.semantics import ReferenceFold
 
 from .faults import ReplyDroppingProxy
 from .servers import RedisProcess
-from .support import assert_same_state, lua_state, reference_state
+from .support import assert_same_state, envelope, lua_state, reference_state, send_as
 from .test_fold_properties import random_operations
 
 # no stale keys: the reference fold cannot know the server time of a fold whose reply was lost
@@ -40,22 +40,11 @@ def test_lost_replies_are_retried_and_folded_once(tmp_path):
                 payloads.pop("curriculum/scale", None)
         for kind, shard, payloads in ops:
             c = clients[shard]
-            inc, seq = c.incarnation, c.seq + 1
-            if kind == "duplicate" and shard in last:
-                seq, payloads = last[shard]
-            elif kind == "restart":
-                c.incarnation += 7
-                inc = c.incarnation
-            elif kind == "zombie":
-                inc = c.incarnation - 1
-            elif kind == "rollback" and c.seq > 1:
-                seq = c.seq - 1
+            inc, seq, payloads = envelope(kind, c, last, shard, payloads)
             encoded = {n: encode([p]) for n, p in payloads.items()}
             while True:  # the application's retry on top of redis-py's: the same seq, until an answer
-                real = c.incarnation
-                c.incarnation = inc
                 try:
-                    res = c.publish_payloads(encoded, seq)
+                    res = send_as(c, inc, encoded, seq)
                     got, now = (res.status, None, None), res.server_time_us or 0
                     break
                 except errors.InvalidReport as e:
@@ -63,8 +52,6 @@ def test_lost_replies_are_retried_and_folded_once(tmp_path):
                     break
                 except errors.ConnectionUnavailable:
                     outcomes["gave_up_and_resent"] += 1
-                finally:
-                    c.incarnation = real
             outcomes[got[0]] += 1
             if got[1]:
                 reasons[got[1]] = reasons.get(got[1], 0) + 1
