@@ -43,7 +43,6 @@ class Slot:
 class KeyState:
     spec: BroadcastSpec | MergeSpec
     version: int = 0
-    updated_us: int = 0
     # broadcast: the value and its writer; merge: the aggregate, live slots and retired history
     value: np.ndarray | None = None
     writer: int | None = None
@@ -127,7 +126,6 @@ class ReferenceFold:
             else:
                 self._fold_merge(state, shard_id, incarnation, seq, payload, now_us)
             state.version += 1
-            state.updated_us = now_us
         self.fleet_version = max(self.fleet_version, floor) + 1
         self.shards[shard_id] = ShardState(incarnation, seq, now_us)
         return Outcome("applied", self.fleet_version)
