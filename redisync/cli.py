@@ -96,10 +96,11 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     click.echo(_table(["N", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us", "ns/value"], rows))
     click.echo("(x PING: each call timed beside a PING issued right before it)")
     c = res["concurrency"]
-    line = f"{c['processes']} publishers, N={c['elements']}: Lua fold {c['lua_publishes_per_s']:.0f}/s"
-    if "watch_publishes_per_s" in c:
-        line += f", WATCH/MULTI {c['watch_publishes_per_s']:.0f}/s ({c['watch_retries']} retries), ratio {c['lua_over_watch']:.2f}x"
-    click.echo(line)
+    if c is None:
+        click.echo("concurrency: not measured on the embedded store (each process would have its own); use --url")
+    else:
+        click.echo(f"{c['processes']} publishers, N={c['elements']}: Lua fold {c['lua_publishes_per_s']:.0f}/s, WATCH/MULTI "
+                   f"{c['watch_publishes_per_s']:.0f}/s ({c['watch_retries']} retries), ratio {c['lua_over_watch']:.2f}x")
     col = res.get("collector")
     if col:
         click.echo(f"collector loop: {col['step_ms_sync_off']:.3f} ms/step sync off, {col['step_ms_sync_on']:.3f} ms/step sync on "
@@ -108,6 +109,8 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
         rows = [[r["device"], r["bins"], f"{r['rebuild_us_kernel1']:.1f}", f"{r['rebuild_us_kernel5']:.1f}", f"{r['sample_4096_us']:.0f}"]
                 for r in res["rebuild"]]
         click.echo(_table(["device", "bins", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows))
+    if res["url"] == EMBEDDED:
+        click.echo("(the targets are set for a real Redis on loopback; the embedded store is Python)")
     for name, t in res["targets"].items():
         m = t["measured"]
         click.echo(f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}"))
