@@ -220,9 +220,11 @@ def _translated(method: Any) -> Any:
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
         except (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError) as e:  # a failover's passing states
+            self._forget_connections()
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
         except redis.ResponseError as e:
-            if any(state in str(e) for state in ("NOREPLICAS", "MASTERDOWN", "READONLY")):
+            if any(state in str(e) for state in ("NOREPLICAS", "MASTERDOWN", "READONLY", "used with replica")):
+                self._forget_connections()
                 raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
             raise
 
@@ -260,6 +262,13 @@ class Store:
             self._adopt(Schema.model_validate_json(raw))
         assert self._schema is not None
         return self._schema
+
+    def _forget_connections(self) -> None:
+        """After a failover, pooled connections may point at a node that became a replica: drop them,
+        so that the next call asks Sentinel for the primary again."""
+        pool = getattr(self.redis, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
 
     @_translated
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
