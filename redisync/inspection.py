@@ -15,6 +15,7 @@ from .client import Store, server_time_us
 from .codec import decode
 from .keys import ROOT, run_of
 from .schema import MergeSpec
+from .semantics import split_parts
 
 
 def list_runs(client: redis.Redis) -> list[str]:
@@ -80,6 +81,15 @@ def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:
     return {int(f.split(":")[0]): _age(now, v) for f, v in raw.items() if f.endswith(":at_us")}
 
 
+def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, dict[int, dict[str, np.ndarray]]]:
+    """A merge key's aggregate and every live slot, in parts (``count``, ``sum``, ``sumsq``), by shard."""
+    spec = store.schema.keys[name]
+    data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items()}
+    agg = data.get("agg")
+    slots = {int(f.split(":")[1]): split_parts(spec, decode(raw, spec.width)) for f, raw in data.items() if f.startswith("slot:")}
+    return (None if agg is None else split_parts(spec, decode(agg, spec.width))), slots
+
+
 def drift(store: Store) -> dict[str, dict[str, Any]]:
     """Per distribution-like merge key (more than one element), each shard's own distribution
     (its slot's sum, normalised) against the pooled one: total-variation distance and normalised entropy."""
@@ -87,24 +97,21 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
     for name, spec in store.schema.keys.items():
         if not isinstance(spec, MergeSpec) or spec.size < 2:
             continue
-        data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items()}
-        pooled = _distribution(spec, data.get("agg"))
+        agg, slots = slot_parts(store, name)
+        pooled = None if agg is None else _distribution(agg["sum"])
         if pooled is None:
             continue
         rows = {}
-        for field, raw in data.items():
-            if field.startswith("slot:"):
-                own = _distribution(spec, raw)
-                if own is not None:
-                    rows[int(field.split(":")[1])] = {"tv": 0.5 * float(np.abs(own - pooled).sum()), "entropy": _entropy(own)}
+        for shard, parts in slots.items():
+            own = _distribution(parts["sum"])
+            if own is not None:
+                rows[shard] = {"tv": 0.5 * float(np.abs(own - pooled).sum()), "entropy": _entropy(own)}
         out[name] = {"pooled_entropy": _entropy(pooled), "shards": rows}
     return out
 
 
-def _distribution(spec: MergeSpec, raw: bytes | None) -> np.ndarray | None:
-    if raw is None:
-        return None
-    sums = np.abs(decode(raw, spec.width)[spec.count_size : spec.count_size + spec.size])
+def _distribution(sums: np.ndarray) -> np.ndarray | None:
+    sums = np.abs(np.ravel(sums))
     total = sums.sum()
     return sums / total if total > 0 else None
 
