@@ -56,7 +56,7 @@ class StudyConfig:
     publish_every_steps: int = 10
     eval_every: int = 10_000
     eval_starts_per_bin: int = 4  # per profile
-    eval_horizon: int = 100
+    eval_horizon: int = 50  # one bin: a start's survival is about its own bin
     drift_every: int = 2_000
     survival_threshold: float = 0.8
     task: TaskConfig = field(default_factory=TaskConfig)

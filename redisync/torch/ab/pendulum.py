@@ -62,7 +62,7 @@ def validate(steps: int = 20_000, num_envs: int = 4, seed: int = 0, eval_every: 
     curve: list[tuple[int, float]] = []
     done_steps = 0
     while done_steps < steps:
-        x = torch.as_tensor(obs, dtype=torch.float32)
+        x = torch.tensor(obs, dtype=torch.float32)  # a copy: `obs` is overwritten in place below
         if done_steps < learning_starts:
             action = rng.uniform(-1, 1, size=(num_envs, 1)).astype(np.float32)
         else:

@@ -182,7 +182,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
     lines += ["", *[f"![{p}]({p})" for p in plots], "", "## Conclusion", ""]
     lines += conclusion(results)
     lines += ["", "## Reproduce", "", "```", command, "```", "",
-              f"Wall-clock per run: " + ", ".join(f"`{a}` {per_arm[a]['wall_s']['mean']:.0f} s" for a in arms if a in per_arm) + "."]
+              "Wall-clock per run: " + ", ".join(f"`{a}` {per_arm[a]['wall_s']['mean']:.0f} s" for a in arms if a in per_arm) + "."]
     return "\n".join(lines) + "\n"
 
 
