@@ -201,3 +201,30 @@ def test_unknown_arms_are_refused_by_name():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "telepathy" in out.stderr and "pooled" in out.stderr
     assert set(ARMS) >= {"single", "local", "pooled", "weighted", "broadcast"}
+
+
+def _fake_results(final_returns: dict[str, list[float]]) -> dict:
+    """Results of a study whose runs differ only in their final return, as ``summarise`` sees them."""
+    from redisync.torch.ab.study import SUMMARY_METRICS, summarise
+
+    runs = []
+    for arm, values in final_returns.items():
+        for seed, v in enumerate(values):
+            summary = {m: 1.0 for m in SUMMARY_METRICS} | {"final_return": v, "reached_threshold": 1.0, "wall_s": 1.0}
+            runs.append({"arm": arm, "seed": seed, "summary": summary})
+    arms = list(final_returns)
+    return {"arms": arms, "seeds": list(range(len(values))), "runs": runs, "summary": summarise(runs, arms)}
+
+
+def test_the_conclusion_names_a_difference_only_where_its_interval_excludes_zero():
+    from redisync.torch.ab.report import conclusion
+
+    rng = np.random.default_rng(0)
+    base = 40 + rng.normal(0, 1, 6)
+    same = _fake_results({"single": list(base), "local": list(base[::-1]), "pooled": list(rng.permutation(base))})
+    text = "\n".join(conclusion(same))
+    assert "`local` and `pooled` differ on no training metric" in text and "worse on" not in text
+    hurt = _fake_results({"single": list(base), "local": list(base - 10), "pooled": list(rng.permutation(base))})
+    text = "\n".join(conclusion(hurt))
+    assert "`local` vs `pooled`: worse on final_return by -10 " in text
+    assert "`pooled` and `single` differ on no training metric" in text
