@@ -48,16 +48,16 @@ ARMS: dict[str, tuple[str, str]] = {
 class StudyConfig:
     shards: int = 4
     envs_per_shard: int = 16
-    env_steps: int = 120_000  # across the fleet
+    env_steps: int = 48_000  # across the fleet: every arm has learnt the task by ~25k
     learning_starts: int = 4_000
     updates_per_step: int = 2  # learner updates per fleet step (every shard stepped once)
     republish_every: int = 8  # learner updates between policy republications
     sampler_alpha: float = 0.01  # BeyondMimic's 0.001 is for ~10⁵ steps; the study is shorter
     publish_every_steps: int = 10
-    eval_every: int = 10_000
+    eval_every: int = 3_000
     eval_starts_per_bin: int = 4  # per profile
     eval_horizon: int = 50  # one bin: a start's survival is about its own bin
-    drift_every: int = 2_000
+    drift_every: int = 1_000
     survival_threshold: float = 0.7
     task: TaskConfig = field(default_factory=TaskConfig)
     sac: SACConfig = field(default_factory=lambda: SACConfig(hidden=128, batch_size=1024))

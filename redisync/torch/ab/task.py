@@ -68,7 +68,7 @@ class TaskConfig:
     tight_tolerance: float = 0.1
     sigma: float = 0.1
     push_prob: float = 0.1
-    push_speed: float = 1.8
+    push_speed: float = 1.5
     hard_fraction: float = 0.2
     push_fraction: float = 0.2
     episode_s: float = 5.0
