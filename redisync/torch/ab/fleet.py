@@ -41,6 +41,8 @@ ARMS: dict[str, tuple[str, str]] = {
     "broadcast": ("broadcast", "pooled"),
     "local+norm-local": ("local", "local"),
     "pooled+norm-local": ("pooled", "local"),
+    # the control: no adaptive sampling at all, start frames uniform (does the curriculum matter here?)
+    "uniform": ("uniform", "pooled"),
 }
 
 
@@ -90,8 +92,8 @@ class DriftProbe:
 
     OWN, USED = "ab/own_failures", "ab/used_probs"
 
-    def __init__(self, sampler: AdaptiveMotionSampler, step_dt: float):
-        self.sampler = sampler
+    def __init__(self, sampler: AdaptiveMotionSampler, step_dt: float, uniform: bool = False):
+        self.sampler, self.uniform = sampler, uniform
         self.witness = AdaptiveMotionSampler(sampler.num_frames, step_dt, mode="local", alpha=sampler.alpha,
                                              uniform_ratio=sampler.uniform_ratio)
 
@@ -107,21 +109,26 @@ class DriftProbe:
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.witness.bin_failed_count.double().numpy().copy()
-        used = self.sampler.probabilities().double().numpy().copy()
+        n = self.sampler.bin_count
+        used = np.full(n, 1.0 / n) if self.uniform else self.sampler.probabilities().double().numpy().copy()
         return {self.OWN: {"count": 1.0, "sum": own}, self.USED: {"count": 1.0, "sum": used}}
 
     def apply_shard_state(self, fleet: Any) -> None:
         """Nothing to apply: the probe only reports."""
 
 
-def fleet_drift(store: Store, uniform_ratio: float) -> list[float]:
-    """Per shard (by id), the TV distance between the distribution it samples from and the pooled one."""
+def fleet_drift(store: Store, uniform_ratio: float) -> dict[str, Any]:
+    """``tv``: per shard (by id), the TV distance between the distribution it samples from and the
+    pooled one; ``buffer_tv``: the same for the mixture of the shards' distributions — what the
+    replay buffer receives, since every shard feeds it equally."""
     own_agg, _ = slot_parts(store, DriftProbe.OWN)
     _, used = slot_parts(store, DriftProbe.USED)
     if own_agg is None or not used:
-        return []
+        return {"tv": [], "buffer_tv": None}
     pooled = sampling_probabilities(torch.as_tensor(own_agg["sum"]), uniform_ratio, torch.ones(1, dtype=torch.float64)).numpy()
-    return [0.5 * float(np.abs(used[s]["sum"] / used[s]["sum"].sum() - pooled).sum()) for s in sorted(used)]
+    dists = [used[s]["sum"] / used[s]["sum"].sum() for s in sorted(used)]
+    tv = [0.5 * float(np.abs(d - pooled).sum()) for d in dists]
+    return {"tv": tv, "buffer_tv": 0.5 * float(np.abs(np.mean(dists, 0) - pooled).sum())}
 
 
 @dataclass
@@ -135,6 +142,7 @@ class Collector:
     probe: DriftProbe
     syncer: Syncer
     generator: torch.Generator
+    uniform_starts: bool = False
     sync_s: float = 0.0
     episode_return: torch.Tensor | None = None
     finished_returns: list[float] = field(default_factory=list)
@@ -165,9 +173,15 @@ class Collector:
             ids = done.nonzero().squeeze(1)
             self.finished_returns.extend(self.episode_return[ids].tolist())
             self.episode_return[ids] = 0
-            env.reset(ids, self.sampler.sample(len(ids), generator=self.generator))
+            env.reset(ids, self.starts(len(ids)))
         else:
             self.sync_s += time.perf_counter() - t
+
+
+    def starts(self, n: int) -> torch.Tensor:
+        if self.uniform_starts:
+            return torch.randint(0, self.env.num_frames, (n,), generator=self.generator)
+        return self.sampler.sample(n, generator=self.generator)
 
 
 class Evaluation:
@@ -222,14 +236,16 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, url: str | None = None,
         ids = torch.arange(per_shard) + s * per_shard
         profiles = ids % cfg.task.profiles if n_shards == 1 else torch.full((per_shard,), s % cfg.task.profiles)
         env = make_env(profiles, seed * 1_000 + s)
-        sampler = AdaptiveMotionSampler(env.num_frames, env.step_dt, mode=sampler_mode, shard_id=s, alpha=cfg.sampler_alpha)
+        uniform = sampler_mode == "uniform"
+        sampler = AdaptiveMotionSampler(env.num_frames, env.step_dt, mode="local" if uniform else sampler_mode, shard_id=s,
+                                        alpha=cfg.sampler_alpha)
         normalizer = SyncedEmpiricalNormalization(env.obs_dim, mode=norm_mode)
-        probe = DriftProbe(sampler, env.step_dt)
+        probe = DriftProbe(sampler, env.step_dt, uniform)
         syncer = Syncer(connect(url, run=run), s, [sampler, normalizer, probe], publish_every_steps=cfg.publish_every_steps,
                         publish_every_s=0.5, poll_every_s=0.5, min_pull_interval_s=0.02).start()
-        g = torch.Generator().manual_seed(seed * 1_000 + 500 + s)
-        env.reset(torch.arange(env.num_envs), sampler.sample(env.num_envs, generator=g))
-        collectors.append(Collector(s, env, sampler, normalizer, probe, syncer, g))
+        collector = Collector(s, env, sampler, normalizer, probe, syncer, torch.Generator().manual_seed(seed * 1_000 + 500 + s), uniform)
+        env.reset(torch.arange(env.num_envs), collector.starts(env.num_envs))
+        collectors.append(collector)
     first = collectors[0].env
     learner = SAC(first.obs_dim, first.act_dim, cfg.sac, seed=seed)
     monitor = connect(url, run=run)
@@ -254,7 +270,7 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, url: str | None = None,
                         policy = learner.policy_copy()
                 timing["learn_s"] += time.perf_counter() - t
             if env_steps // cfg.drift_every > before // cfg.drift_every:
-                drift.append({"env_steps": env_steps, "tv": fleet_drift(monitor, collectors[0].sampler.uniform_ratio)})
+                drift.append({"env_steps": env_steps, **fleet_drift(monitor, collectors[0].sampler.uniform_ratio)})
             if env_steps // cfg.eval_every > before // cfg.eval_every or env_steps >= cfg.env_steps:
                 t = time.perf_counter()
                 actor = learner.actor

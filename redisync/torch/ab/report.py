@@ -16,7 +16,7 @@ from .stats import diff_ci, mean_ci
 from .study import SUMMARY_METRICS
 
 COLORS = {"single": "black", "local": "tab:red", "pooled": "tab:blue", "weighted": "tab:green",
-          "broadcast": "tab:purple", "local+norm-local": "tab:orange", "pooled+norm-local": "tab:cyan"}
+          "broadcast": "tab:purple", "local+norm-local": "tab:orange", "pooled+norm-local": "tab:cyan", "uniform": "tab:brown"}
 
 
 def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
@@ -181,7 +181,8 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         "",
         "Arms: `single` (ideal pool), `local` (no sync), `pooled` (merge of own EMAs, the default), `weighted` "
         "(failure-weighted mean of blended EMAs), `broadcast` (shard 0's EMA wins); the `+norm-local` arms keep "
-        "each shard's observation normaliser to itself (every other arm pools it).",
+        "each shard's observation normaliser to itself (every other arm pools it); `uniform`, the control, samples "
+        "start frames uniformly (no adaptive curriculum).",
         "",
         "## Figures (mean [95% CI] over seeds)",
         "",
@@ -221,14 +222,22 @@ def conclusion(results: dict[str, Any]) -> list[str]:
         line += "".join(f", `{a}` at {_fmt(drift[a])}" for a in ("weighted", "broadcast") if a in drift)
         out.append(line + ". What remains under `pooled` is the sync lag: a shard applies the others' state at its next "
                    "reset boundary after a pull, and the probe compares slots published a few steps apart.")
+        buffer = {a: per_arm[a]["mean_buffer_tv"] for a in ("local", "broadcast") if a in per_arm}
+        if buffer:
+            out.append("- **The replay buffer sees less of it.** Every shard feeds the one buffer, so it receives the mixture of "
+                       "the shards' distributions: " + ", ".join(f"TV {_fmt(v)} from the pooled one under `{a}`" for a, v in buffer.items())
+                       + " — unsynced shards' drifts largely cancel in the mixture, a broadcast owner's does not.")
     pairs = [(a, b) for a, b in (("local", "pooled"), ("local", "single"), ("pooled", "single")) if a in per_arm and b in per_arm]
     if pairs:
         out.append("- **Does drift hurt training?** " + ". ".join(_describe(a, b, _versus(results, a, b), per_arm) for a, b in pairs) + ".")
-    others = [a for a in arms if a not in ("local", "pooled", "single") and a in per_arm and "pooled" in per_arm]
+    if "uniform" in per_arm and "pooled" in per_arm:
+        out.append("- **Does the adaptive curriculum matter at all on this task?** " + _describe("uniform", "pooled", _versus(results, "uniform", "pooled"), per_arm)
+                   + ". Where uniform start frames do as well as the adaptive sampler, no way of syncing the sampler can matter much.")
+    others = [a for a in arms if a not in ("local", "pooled", "single", "uniform") and a in per_arm and "pooled" in per_arm]
     if others:
         out.append("- **Other sync modes against `pooled`:** " + ". ".join(_describe(a, "pooled", _versus(results, a, "pooled"), per_arm)
                                                                           for a in others) + ".")
-    ranked = sorted((a for a in arms if a in per_arm), key=lambda a: -per_arm[a]["mean_return"]["mean"])
+    ranked = sorted((a for a in arms if a in per_arm and a != "uniform"), key=lambda a: -per_arm[a]["mean_return"]["mean"])
     if ranked:
         best = ranked[0]
         ties = [a for a in ranked[1:] if _better("mean_return", _versus(results, a, best)["mean_return"]) is None]

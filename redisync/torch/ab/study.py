@@ -26,6 +26,7 @@ SUMMARY_METRICS = {
     "final_hard_survival": ("survival on the hardest bins, last 3 evaluations", True),
     "steps_to_threshold": ("env steps until the hardest bins' survival first reaches the threshold (budget if never)", False),
     "mean_drift_tv": ("TV distance of the shards' sampling distributions from the pooled one, run average", False),
+    "mean_buffer_tv": ("TV distance of the mixture the replay buffer receives from the pooled one, run average", False),
     "sync_overhead_pct": ("collector time spent in sync calls, % of collection time", False),
 }
 
@@ -55,6 +56,7 @@ def summarise_run(run: dict[str, Any], hard: Sequence[int], cfg: StudyConfig) ->
     hard_curve = [float(np.mean([row["survival"][b] for b in hard])) for row in curve]
     reached = next((row["env_steps"] for row, s in zip(curve, hard_curve) if s >= cfg.survival_threshold), None)
     drift = [float(np.mean(d["tv"])) for d in run["drift"] if d["tv"]]
+    buffer_drift = [d["buffer_tv"] for d in run["drift"] if d["buffer_tv"] is not None]
     return {
         "final_return": float(np.mean([r["return"] for r in last])),
         "mean_return": float(np.mean([r["return"] for r in curve])),
@@ -64,6 +66,7 @@ def summarise_run(run: dict[str, Any], hard: Sequence[int], cfg: StudyConfig) ->
         "reached_threshold": float(reached is not None),
         "mean_drift_tv": float(np.mean(drift)) if drift else 0.0,
         "final_drift_tv": drift[-1] if drift else 0.0,
+        "mean_buffer_tv": float(np.mean(buffer_drift)) if buffer_drift else 0.0,
         "sync_overhead_pct": 100.0 * run["sync_s"] / max(run["collect_s"], 1e-9),
         "wall_s": run["wall_s"],
     }
