@@ -171,7 +171,40 @@ def test_a_users_own_env_runs_through_the_store(backend):
     cfg = replace(TINY, task=replace(TINY.task, bins=4))
     run = run_arm(cfg, "pooled", seed=0, url=url, make_env=load_env_factory("tests.test_ab:user_env_factory", cfg))
     assert run["publishes"] > 0 and len(run["curve"]) == 2 and len(run["curve"][0]["survival"]) == 4
-    assert run["drift"] and all(len(d["tv"]) == cfg.shards for d in run["drift"])
+    assert run["drift"] and all(len(d["tv"]) == cfg.shards and d["buffer_tv"] is not None for d in run["drift"])
+
+
+@pytest.mark.parametrize("backend", ["embedded", "real"])
+def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
+    """Two unsynced shards failing in different bins: each is far from the pooled distribution,
+    their mixture (what the buffer gets) much closer; the probe of a `uniform` shard reports uniform."""
+    import uuid
+
+    import redisync
+    from redisync.syncer import Syncer
+    from redisync.torch import AdaptiveMotionSampler
+    from redisync.torch.ab.fleet import DriftProbe, fleet_drift
+
+    url = real_redis_or_skip() if backend == "real" else None
+    store = redisync.connect(url, run=f"t-drift-{uuid.uuid4().hex[:8]}")
+    try:
+        probes = []
+        for shard, hard_bin in ((0, 1), (1, 3)):
+            sampler = AdaptiveMotionSampler(4 * 50 - 1, 0.02, mode="local", alpha=0.5)
+            probe = DriftProbe(sampler, 0.02)
+            for term in (sampler, probe):
+                term.record_failures(torch.full((10,), hard_bin * 50 + 5), torch.ones(10, dtype=torch.bool))
+                term.step()
+            syncer = Syncer(redisync.connect(url, run=store.run), shard, [sampler, probe]).start()
+            syncer.stop()  # flushes the reports
+            probes.append(probe)
+        drift = fleet_drift(store, probes[0].sampler.uniform_ratio)
+        assert len(drift["tv"]) == 2 and min(drift["tv"]) > 0.3
+        assert drift["buffer_tv"] < min(drift["tv"]) / 3
+        uniform = DriftProbe(probes[0].sampler, 0.02, uniform=True).report_shard_state()[DriftProbe.USED]["sum"]
+        assert np.allclose(uniform, 0.25)
+    finally:
+        store.delete()
 
 
 def test_a_malformed_env_spec_is_refused_with_its_expected_form():
