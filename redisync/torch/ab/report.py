@@ -205,7 +205,8 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
             lines.append(f"| `{arm}` | " + " | ".join(_fmt(diffs[arm][m]) for m in SUMMARY_METRICS) + " |")
     lines += ["", *[f"![{p}]({p})" for p in plots], "", "## Conclusion", ""]
     lines += conclusion(results)
-    lines += ["", "## Reproduce", "", "```", command, "```", "",
+    lines += ["", "## Reproduce", "", "From a fresh clone, after `scripts/setup` (and `scripts/ensure-redis` for a `--url` on this machine):",
+              "", "```", command, "```", "",
               "Wall-clock per run: " + ", ".join(f"`{a}` {per_arm[a]['wall_s']['mean']:.0f} s" for a in arms if a in per_arm) + "."]
     return "\n".join(lines) + "\n"
 
@@ -226,7 +227,9 @@ def conclusion(results: dict[str, Any]) -> list[str]:
         if buffer:
             out.append("- **The replay buffer sees less of it.** Every shard feeds the one buffer, so it receives the mixture of "
                        "the shards' distributions: " + ", ".join(f"TV {_fmt(v)} from the pooled one under `{a}`" for a, v in buffer.items())
-                       + " — unsynced shards' drifts largely cancel in the mixture, a broadcast owner's does not.")
+                       + (f": the mixture keeps {100 * buffer['local']['mean'] / drift['local']['mean']:.0f}% of an unsynced shard's "
+                          "drift (the shards' drifts partly cancel), while a broadcast owner's distribution reaches the buffer whole."
+                          if "local" in buffer else "."))
     pairs = [(a, b) for a, b in (("local", "pooled"), ("local", "single"), ("pooled", "single")) if a in per_arm and b in per_arm]
     if pairs:
         out.append("- **Does drift hurt training?** " + ". ".join(_describe(a, b, _versus(results, a, b), per_arm) for a, b in pairs) + ".")
