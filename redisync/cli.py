@@ -135,7 +135,7 @@ def ab(url: str | None, out_dir: str, arms: str, seeds: int, workers: int, smoke
     try:
         from .torch.ab.fleet import ARMS, StudyConfig
         from .torch.ab.report import write_report
-        from .torch.ab.study import run_study
+        from .torch.ab.study import load_env_factory, run_study
     except ImportError as e:
         raise errors.RedisyncError(f"the study needs the demo extra ({e.name} is missing): pip install 'redisync[demo]'") from None
 
@@ -152,6 +152,10 @@ def ab(url: str | None, out_dir: str, arms: str, seeds: int, workers: int, smoke
     cfg = StudyConfig().smoke() if smoke else StudyConfig()
     if env_steps is not None:
         cfg = replace(cfg, env_steps=env_steps)
+    try:
+        load_env_factory(env_spec, cfg)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--env") from None
     click.echo(f"{len(chosen)} arms x {seeds} seeds, {cfg.env_steps:,} env steps each, {workers} workers; "
                f"store: {url or 'embedded (one per worker)'}")
     results = run_study(cfg, chosen, list(range(seeds)), url=url, env_spec=env_spec, workers=workers, show_progress=not no_progress)

@@ -207,9 +207,16 @@ def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
         store.delete()
 
 
-def test_a_malformed_env_spec_is_refused_with_its_expected_form():
+def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
     with pytest.raises(ValueError, match="module:function"):
         load_env_factory("tests.test_ab", TINY)
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        load_env_factory("no_such_module:make", TINY)
+    with pytest.raises(ValueError, match="has no 'no_such_factory'"):
+        load_env_factory("tests.test_ab:no_such_factory", TINY)
+    out = subprocess.run([sys.executable, "-m", "redisync.cli", "ab", "--env", "no_such_module:make", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--env" in out.stderr and "no_such_module" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_the_smoke_study_learns_and_shows_drift_only_without_sync(tmp_path):

@@ -12,9 +12,7 @@ import torch
 
 from ..client import connect
 from ..syncer import Syncer
-from .sampler import AdaptiveMotionSampler
-
-FPS = 50  # one bin per second of motion at a 50 Hz control rate
+from .sampler import FPS, AdaptiveMotionSampler, frames_for_bins
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,7 @@ class FleetConfig:
 
     @property
     def num_frames(self) -> int:
-        return self.bins * FPS - 1  # BeyondMimic's bin_count is then exactly `bins`
+        return frames_for_bins(self.bins)
 
     def failure_rates(self) -> np.ndarray:
         """Per env step, the probability to fall in each bin, per shard: shared difficulty × own profile.

@@ -32,6 +32,14 @@ Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES = ("local", "pooled", "weighted", "broadcast")
 
 
+FPS = 50  # the control rate of the tracking tasks: one bin per second of motion is 50 frames
+
+
+def frames_for_bins(bins: int, fps: int = FPS) -> int:
+    """The motion length in frames whose BeyondMimic ``bin_count`` is exactly ``bins``."""
+    return bins * fps - 1
+
+
 def sampling_probabilities(ema: torch.Tensor, uniform_ratio: float, kernel: torch.Tensor) -> torch.Tensor:
     """BeyondMimic's start-bin distribution from a failure EMA (vectorised, on ``ema``'s device)."""
     bins = ema.numel()

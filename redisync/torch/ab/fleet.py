@@ -135,7 +135,6 @@ def fleet_drift(store: Store, uniform_ratio: float) -> dict[str, Any]:
 class Collector:
     """One shard: its envs, terms and syncer, acting with the last republished policy."""
 
-    shard_id: int
     env: TrackingEnv
     sampler: AdaptiveMotionSampler
     normalizer: SyncedEmpiricalNormalization
@@ -243,7 +242,7 @@ def run_arm(cfg: StudyConfig, arm: str, seed: int, url: str | None = None,
         probe = DriftProbe(sampler, env.step_dt, uniform)
         syncer = Syncer(connect(url, run=run), s, [sampler, normalizer, probe], publish_every_steps=cfg.publish_every_steps,
                         publish_every_s=0.5, poll_every_s=0.5, min_pull_interval_s=0.02).start()
-        collector = Collector(s, env, sampler, normalizer, probe, syncer, torch.Generator().manual_seed(seed * 1_000 + 500 + s), uniform)
+        collector = Collector(env, sampler, normalizer, probe, syncer, torch.Generator().manual_seed(seed * 1_000 + 500 + s), uniform)
         env.reset(torch.arange(env.num_envs), collector.starts(env.num_envs))
         collectors.append(collector)
     first = collectors[0].env

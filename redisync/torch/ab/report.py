@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .stats import diff_ci, mean_ci
+from .stats import Interval, diff_ci, mean_ci
 from .study import SUMMARY_METRICS
 
 COLORS = {"single": "black", "local": "tab:red", "pooled": "tab:blue", "weighted": "tab:green",
@@ -25,6 +25,22 @@ def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
     plots = [plot_learning_curves(results, out_dir), plot_survival_heatmap(results, out_dir), plot_drift(results, out_dir)]
     path = out_dir / "report.md"
     path.write_text(render_markdown(results, command, [p.name for p in plots]))
+    return path
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path
 
 
@@ -42,11 +58,7 @@ def _band(ax: Any, steps: np.ndarray, values: np.ndarray, arm: str) -> None:
 
 
 def plot_learning_curves(results: dict[str, Any], out_dir: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     hard = results["hard_bins"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for arm in results["arms"]:
@@ -58,19 +70,11 @@ def plot_learning_curves(results: dict[str, Any], out_dir: Path) -> Path:
     axes[1].set(title=f"survival on the hardest bins {hard}", xlabel="env steps", ylabel="survival", ylim=(0, 1.02))
     axes[0].legend(fontsize=8)
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "learning_curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "learning_curves.png")
 
 
 def plot_survival_heatmap(results: dict[str, Any], out_dir: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     arms = results["arms"]
     grid = np.array([np.mean([np.mean([row["survival"] for row in r["curve"][-3:]], 0)
                               for r in results["runs"] if r["arm"] == arm], 0) for arm in arms])
@@ -82,19 +86,11 @@ def plot_survival_heatmap(results: dict[str, Any], out_dir: Path) -> Path:
         ax.get_xticklabels()[b].set_color("red")
     ax.set(xlabel="motion bin (red: hardest)", title="final per-bin survival, mean over seeds")
     fig.colorbar(im, ax=ax, fraction=0.03)
-    fig.tight_layout()
-    path = out_dir / "survival_heatmap.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "survival_heatmap.png")
 
 
 def plot_drift(results: dict[str, Any], out_dir: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in results["arms"]:
         runs = [r for r in results["runs"] if r["arm"] == arm and r["shards"] > 1 and r["drift"]]
@@ -106,11 +102,7 @@ def plot_drift(results: dict[str, Any], out_dir: Path) -> Path:
         _band(ax, steps, values, arm)
     ax.set(title="shard drift: TV(shard's sampling distribution, pooled)", xlabel="env steps", ylabel="mean TV over shards")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "drift.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "drift.png")
 
 
 def _fmt(ci: dict[str, float], digits: int = 3) -> str:
@@ -122,7 +114,7 @@ TRAINING_METRICS = ("final_return", "mean_return", "final_survival", "final_hard
 
 def _better(metric: str, ci: dict[str, float]) -> bool | None:
     """True/False when the interval of ``a − b`` excludes zero in a better/worse direction; None if it does not."""
-    if ci["lo"] <= 0 <= ci["hi"]:
+    if not Interval(**ci).excludes_zero():
         return None
     return (ci["mean"] > 0) == SUMMARY_METRICS[metric][1]
 

@@ -38,7 +38,13 @@ def load_env_factory(spec: str | None, cfg: StudyConfig) -> EnvFactory:
     module, _, name = spec.partition(":")
     if not name:
         raise ValueError(f"--env must look like 'package.module:function', got {spec!r}")
-    return getattr(importlib.import_module(module), name)(cfg.task)
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ValueError(f"--env {spec!r}: cannot import {module!r} ({e})") from None
+    except AttributeError:
+        raise ValueError(f"--env {spec!r}: module {module!r} has no {name!r}") from None
+    return factory(cfg.task)
 
 
 def hard_bins(cfg: StudyConfig, env_spec: str | None) -> list[int]:

@@ -17,7 +17,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-FPS = 50
+from ..sampler import FPS, frames_for_bins
 
 
 class Step(NamedTuple):
@@ -75,7 +75,7 @@ class TaskConfig:
 
     @property
     def num_frames(self) -> int:
-        return self.bins * FPS - 1  # BeyondMimic's bin_count is then exactly `bins`
+        return frames_for_bins(self.bins)
 
     def layout(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(hard bins as a bool mask, per-profile push probability per bin), fixed by ``seed``."""
