@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import redis
@@ -183,6 +183,8 @@ class Scripts:
         self.fold = client.register_script(_LUA.joinpath("fold.lua").read_text())
         self.pull = client.register_script(_LUA.joinpath("pull.lua").read_text())
         self.register = client.register_script(_LUA.joinpath("register.lua").read_text())
+        self.claim = client.register_script(_LUA.joinpath("claim.lua").read_text())
+        self.restore = client.register_script(_LUA.joinpath("restore.lua").read_text())
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,55 @@ def _translated(method: Any) -> Any:
 
 def _b(v: Any) -> str:
     return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+
+
+def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], Schema]:
+    """The snapshot's hashes decoded, and its schema, after checking every hash and vector."""
+    if snap.format != "redisync.snapshot" or snap.format_version != 1:
+        raise errors.CorruptSnapshot(f"unsupported snapshot format {snap.format} v{snap.format_version}")
+
+    def bad(where: str, what: str) -> errors.CorruptSnapshot:
+        return errors.CorruptSnapshot(f"snapshot of run {snap.run!r}, {where}: {what}")
+
+    hashes: dict[str, dict[str, bytes]] = {}
+    for name, fields in snap.hashes.items():
+        try:
+            hashes[name] = {k: base64.b64decode(v, validate=True) for k, v in fields.items()}
+        except ValueError:
+            raise bad(f"hash {name!r}", "a field value is not base64") from None
+    meta = hashes.get("meta")
+    if not meta or "schema" not in meta or "digest" not in meta:
+        raise bad("hash 'meta'", "missing, or without its schema and digest")
+    try:
+        schema = Schema.model_validate_json(meta["schema"])
+    except ValueError as e:
+        raise bad("the schema", str(e).splitlines()[0]) from None
+    if _b(meta["digest"]) != schema.digest:
+        raise bad("hash 'meta'", "the digest does not match the schema")
+    for field in ("fleet_version", "max_report_bytes", "stream_maxlen", "dead_letter_maxlen"):
+        if not _b(meta.get(field, b"")).isdigit():
+            raise bad("hash 'meta'", f"{field} is missing or not a whole number")
+    expected = {"meta", "shards"} | {f"{kind}:{name}" for name in schema.keys for kind in ("key", "data")}
+    if set(hashes) - expected:
+        raise bad("the hashes", f"unknown hashes {sorted(set(hashes) - expected)}")
+    for name, spec in schema.keys.items():
+        info = {k: _b(v) for k, v in hashes.get(f"key:{name}", {}).items()}
+        data = hashes.get(f"data:{name}", {})
+        if info.get("semantics") != spec.semantics or info.get("width") != str(spec.width) or not info.get("version", "").isdigit():
+            raise bad(f"key {name!r}", "its metadata is missing or does not match the schema")
+        for field, raw in data.items():
+            if field not in ("agg", "retired", "value") and not field.startswith("slot:"):
+                raise bad(f"key {name!r}", f"unexpected data field {field!r}")
+            if len(raw) != 8 * spec.width:
+                raise bad(f"key {name!r}", f"{field} is {len(raw)} bytes, the key needs {8 * spec.width}")
+            if not np.isfinite(codec.decode(raw)).all():
+                raise bad(f"key {name!r}", f"{field} holds a non-finite value")
+        if spec.semantics == "merge":
+            writers = [w for w in info.get("writers", "").split(",") if w]
+            slots = sorted(f[len("slot:"):] for f in data if f.startswith("slot:"))
+            if sorted(writers) != slots or any(f"slot:{w}:incarnation" not in info for w in writers):
+                raise bad(f"key {name!r}", f"writers {writers} do not match the stored slots {slots}")
+    return hashes, schema
 
 
 class Store:
@@ -304,7 +355,7 @@ class Store:
             args += [
                 name, spec.semantics, "x".join(map(str, spec.shape)) or "scalar", spec.size, spec.width,
                 "" if owner is None else owner, "" if stale is None else repr(float(stale)),
-                getattr(spec, "count_size", 0), int(getattr(spec, "sumsq", False)),
+                getattr(spec, "count_size", 0), int(getattr(spec, "sumsq", False)), getattr(spec, "lifecycle", ""),
             ]
         status, epoch, registered = self._call(self.scripts.register, self._key_hashes(schema), args)
         if _b(status) == "mismatch":
@@ -325,14 +376,31 @@ class Store:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
         return Limits(max_report_bytes=int(raw[0]), stream_maxlen=int(raw[1]), dead_letter_maxlen=int(raw[2]))
 
-    def shard(self, shard_id: int, incarnation: int | None = None) -> "ShardClient":
-        """The client of collector ``shard_id``; a fresh incarnation per process start by default."""
-        return ShardClient(self, shard_id, incarnation)
+    def shard(
+        self, shard_id: int, incarnation: int | None = None, *, resume: bool | Iterable[str] = False
+    ) -> "ShardClient":
+        """The client of collector ``shard_id``. Without ``incarnation`` it claims a new one from the
+        server at its first call; ``resume`` names the keys (True: all) this process resumed from a
+        checkpoint holding its own cumulative statistics, whose previous slots it takes over."""
+        return ShardClient(self, shard_id, incarnation, resume=resume)
+
+    @_translated
+    def claim(self, shard_id: int) -> int:
+        """A new incarnation of ``shard_id``, issued by the server and above every earlier claim."""
+        reply = self._call(self.scripts.claim, [self.keys.meta, self.keys.shards], [shard_id])
+        if _b(reply[0]) == "no_run":
+            raise errors.RunNotFound(f"run {self.run!r} is not registered")
+        return int(_b(reply[1]))
 
     def pull(
-        self, shard_id: int | None = None, known: codec.PullResult | None = None, incarnation: int | None = None
+        self,
+        shard_id: int | None = None,
+        known: codec.PullResult | None = None,
+        incarnation: int | None = None,
+        resumed: Any = lambda name: False,
     ) -> codec.PullResult | None:
-        """The state changed since ``known`` (all of it when None), with the slots of ``shard_id``'s ``incarnation``."""
+        """The state changed since ``known`` (all of it when None), with the slots of ``shard_id``'s
+        ``incarnation`` (and of its previous life where its next fold takes them out: see ``parse_pull``)."""
         schema = self.schema
         args: list[Any] = ["" if shard_id is None else shard_id]
         if known is None:
@@ -342,7 +410,7 @@ class Store:
                 known.keys[n].version if n in known.keys else -1 for n in schema.keys
             ]
         reply = self._call(self.scripts.pull, self._pull_keys, args)
-        return codec.parse_pull(reply, schema, None if known is None else known.epoch, incarnation)
+        return codec.parse_pull(reply, schema, None if known is None else known.epoch, incarnation, resumed)
 
     def fleet(self) -> codec.PullResult:
         """The whole fleet state, read-only (for the learner, logging and inspection)."""
@@ -398,43 +466,27 @@ class Store:
 
     @_translated
     def restore(self, snap: RunSnapshot) -> str:
-        """Replace the run's state by ``snap`` under a new epoch; returns the epoch.
+        """Replace the run's state by ``snap`` under a new epoch, atomically; returns the epoch.
 
-        Versions continue from the larger of the current and the snapshot's, so no client ever
-        sees a version go backwards; the new epoch tells every client to take the full state.
+        Every hash and vector is checked before anything is written (a bad snapshot raises
+        :class:`~redisync.errors.CorruptSnapshot` and leaves the run as it was). Versions continue
+        from the larger of the current and the snapshot's, so no client ever sees a version go back;
+        the new epoch tells every client to take the full state. Shards the run knows keep their
+        current incarnation, so live collectors keep publishing: a slot of theirs from another
+        incarnation in the snapshot is their previous life (retired or dropped by the key's
+        lifecycle, or taken over on resume) at their next fold.
         """
-        if snap.format != "redisync.snapshot" or snap.format_version != 1:
-            raise errors.CorruptSnapshot(f"unsupported snapshot format {snap.format} v{snap.format_version}")
-        try:
-            hashes = {n: {k: base64.b64decode(v, validate=True) for k, v in h.items()} for n, h in snap.hashes.items()}
-            schema = Schema.model_validate_json(hashes["meta"]["schema"])
-        except (KeyError, ValueError) as e:
-            raise errors.CorruptSnapshot(f"corrupt snapshot: {str(e).splitlines()[0]}") from None
+        hashes, schema = _checked_snapshot(snap)
         self._adopt(schema)
         names = self._hash_names()
-        if set(hashes) - set(names):
-            raise errors.CorruptSnapshot(f"snapshot holds unknown hashes {sorted(set(hashes) - set(names))}")
-        current = self.redis.pipeline(transaction=False)
-        current.hget(self.keys.meta, "fleet_version")
-        for name in schema.keys:
-            current.hget(self.keys.key_meta(name), "version")
-        now_fleet, *now_keys = current.execute()
-
-        def later(mine: Any, theirs: bytes | None) -> int:
-            return max(int(mine or 0), int(theirs or 0)) + 1
-
-        hashes["meta"]["epoch"] = secrets.token_hex(8).encode()
-        hashes["meta"]["fleet_version"] = str(later(now_fleet, hashes["meta"].get("fleet_version"))).encode()
-        for name, v in zip(schema.keys, now_keys):
-            km = hashes.setdefault(f"key:{name}", {})
-            km["version"] = str(later(v, km.get("version"))).encode()
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(*[self.keys.prefix + n for n in names])
-        for n, fields in hashes.items():
-            if fields:
-                pipe.hset(self.keys.prefix + n, mapping=fields)
-        pipe.execute()
-        return hashes["meta"]["epoch"].decode()
+        args: list[Any] = [secrets.token_hex(8)]
+        for n in names:
+            fields = hashes.get(n, {})
+            args.append(len(fields))
+            for k, v in fields.items():
+                args += [k, v]
+        self._call(self.scripts.restore, [self.keys.prefix + n for n in names], args)
+        return _b(args[0])
 
     @_translated
     def delete(self) -> int:
@@ -447,20 +499,41 @@ class ShardClient:
     """One collector's side of the store: publish its shard reports, pull the fleet state.
 
     Every publish takes the next sequence number, so a retry of the same call is recognised
-    as a duplicate while a later, different report never is.
+    as a duplicate while a later, different report never is. Safe to share between threads:
+    publishes are serialised, so folds arrive in sequence order.
     """
 
-    def __init__(self, store: Store, shard_id: int, incarnation: int | None = None):
+    def __init__(
+        self, store: Store, shard_id: int, incarnation: int | None = None, *, resume: bool | Iterable[str] = False
+    ):
         if not isinstance(shard_id, (int, np.integer)) or isinstance(shard_id, bool) or not 0 <= shard_id < 10**9:
             raise errors.MalformedReport(None, f"shard_id must be an int in [0, 1e9), got {shard_id!r}")
         self.store = store
         self.shard_id = int(shard_id)
-        # time-ordered, so a restarted collector outranks its previous life
-        self.incarnation = int(incarnation) if incarnation is not None else time.time_ns()
+        # issued by the server at the first call unless given (claim()), so host clocks never order lives
+        self._incarnation = int(incarnation) if incarnation is not None else None
+        self.resume: bool | frozenset[str] = resume if isinstance(resume, bool) else frozenset(resume)
         self.seq = 0
         self.known: codec.PullResult | None = None
         self.highest_version = 0  # the highest fleet version this client has seen, in any epoch
         self._limits: Limits | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def incarnation(self) -> int:
+        """This process' incarnation of the shard, claimed from the server on first use."""
+        if self._incarnation is None:
+            with self._lock:
+                if self._incarnation is None:
+                    self._incarnation = self.store.claim(self.shard_id)
+        return self._incarnation
+
+    @incarnation.setter
+    def incarnation(self, value: int) -> None:
+        self._incarnation = int(value)
+
+    def resumes(self, name: str) -> bool:
+        return self.resume if isinstance(self.resume, bool) else name in self.resume
 
     def publish(self, reports: Mapping[str, Any]) -> codec.PublishResult:
         """Validate, then fold ``{key: report}`` in one EVALSHA. Raises a typed error on rejection."""
@@ -468,24 +541,28 @@ class ShardClient:
         if self._limits is None:
             self._limits = store.limits()
         vectors = validate_reports(store.schema, reports, self._limits)
-        self.seq += 1
-        return self.publish_payloads({n: codec.encode(v) for n, v in vectors.items()}, self.seq)
+        payloads = {n: codec.encode(v) for n, v in vectors.items()}
+        with self._lock:
+            self.seq += 1
+            return self.publish_payloads(payloads, self.seq)
 
     def publish_payloads(self, payloads: Mapping[str, bytes], seq: int) -> codec.PublishResult:
         """Fold already-encoded payloads with an explicit ``seq`` (no client-side checks)."""
         store = self.store
         keys = [store.keys.meta, store.keys.shards, store.keys.reports, store.keys.dead_letters]
-        args: list[Any] = [store.schema.digest, self.shard_id, self.incarnation, seq, self.highest_version]
-        for name, payload in payloads.items():
-            keys += [store.keys.key_meta(name), store.keys.key_data(name)]
-            args += [name, payload]
-        if not store.wait_replicas:
-            result = codec.parse_publish(store._call(store.scripts.fold, keys, args), list(payloads))
+        with self._lock:
+            args: list[Any] = [store.schema.digest, self.shard_id, self.incarnation, seq, self.highest_version,
+                               "".join("1" if self.resumes(n) else "0" for n in payloads)]
+            for name, payload in payloads.items():
+                keys += [store.keys.key_meta(name), store.keys.key_data(name)]
+                args += [name, payload]
+            if not store.wait_replicas:
+                result = codec.parse_publish(store._call(store.scripts.fold, keys, args), list(payloads))
+                self.highest_version = max(self.highest_version, result.fleet_version)
+                return result
+            reply, acked = store._call_replicated(store.scripts.fold, keys, args)
+            result = codec.parse_publish(reply, list(payloads))
             self.highest_version = max(self.highest_version, result.fleet_version)
-            return result
-        reply, acked = store._call_replicated(store.scripts.fold, keys, args)
-        result = codec.parse_publish(reply, list(payloads))
-        self.highest_version = max(self.highest_version, result.fleet_version)
         if result.applied and acked < store.wait_replicas:
             raise errors.NotReplicated(
                 f"{store.url}: fold {result.fleet_version} reached {acked} of {store.wait_replicas} replicas "
@@ -498,16 +575,17 @@ class ShardClient:
 
         ``self.known`` keeps the whole fleet state as last seen (every key, latest version).
         """
-        result = self.store.pull(self.shard_id, self.known, self.incarnation)
-        if result is not None:
-            if not result.epoch_changed and result.fleet_version < self.highest_version:
-                # same epoch, older version: the store lost its last writes (a crash between fsyncs)
-                result = dataclasses.replace(result, lost_writes=True)
-            self.highest_version = max(self.highest_version, result.fleet_version)
-            known = result
-            if self.known is not None and not result.epoch_changed:
-                known = codec.PullResult(
-                    result.epoch, result.fleet_version, False, {**self.known.keys, **result.keys}, result.server_time_us
-                )
-            self.known = known
-        return result
+        with self._lock:
+            result = self.store.pull(self.shard_id, self.known, self.incarnation, self.resumes)
+            if result is not None:
+                if not result.epoch_changed and result.fleet_version < self.highest_version:
+                    # same epoch, older version: the store lost its last writes (a crash between fsyncs)
+                    result = dataclasses.replace(result, lost_writes=True)
+                self.highest_version = max(self.highest_version, result.fleet_version)
+                known = result
+                if self.known is not None and not result.epoch_changed:
+                    known = codec.PullResult(
+                        result.epoch, result.fleet_version, False, {**self.known.keys, **result.keys}, result.server_time_us
+                    )
+                self.known = known
+            return result

@@ -7,7 +7,7 @@ that the Lua ``struct`` library decodes without per-element parsing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class PublishResult:
     fleet_version: int
     key_versions: dict[str, int] = field(default_factory=dict)
     server_time_us: int | None = None
+    epoch: str | None = None  # the run's epoch after the fold (a new one after a server restart)
 
     @property
     def applied(self) -> bool:
@@ -52,8 +53,8 @@ def parse_publish(reply: Sequence[Any], names: Sequence[str]) -> PublishResult:
     """The typed result of ``fold.lua``; a rejection raises its typed error."""
     status = _text(reply[0])
     if status == "applied":
-        versions = {n: int(v) for n, v in zip(names, reply[3:])}
-        return PublishResult("applied", int(reply[1]), versions, int(_text(reply[2])))
+        versions = {n: int(v) for n, v in zip(names, reply[4:])}
+        return PublishResult("applied", int(reply[1]), versions, int(_text(reply[2])), _text(reply[3]))
     if status == "duplicate":
         return PublishResult("duplicate", int(reply[1]))
     if status == "rejected":
@@ -120,12 +121,18 @@ class PullResult:
 
 
 def parse_pull(
-    reply: Any, schema: Schema, known_epoch: str | None, incarnation: int | None = None
+    reply: Any,
+    schema: Schema,
+    known_epoch: str | None,
+    incarnation: int | None = None,
+    resumed: Callable[[str], bool] = lambda name: False,
 ) -> PullResult | None:
     """The typed result of ``pull.lua``: None when nothing changed.
 
-    The caller's slot is kept only when it belongs to ``incarnation``: a previous life's slot is
-    not the caller's own data (the next fold retires or drops it).
+    The caller's slot is its own when it belongs to ``incarnation``, and also when it is a previous
+    life's slot that the caller's next fold removes from the aggregate: one it takes over (a key it
+    ``resumed``) or drops (a ``state`` key). A previous life's slot of a ``history`` key stays in the
+    aggregate as retired history, so it is not the caller's own.
     """
     if reply is None:
         return None
@@ -140,10 +147,11 @@ def parse_pull(
     rest = reply[4:]
     for i in range(0, len(rest), 5):
         index, version, value, own, own_inc = rest[i : i + 5]
-        if own_inc and incarnation is not None and int(own_inc) != incarnation:
-            own, own_inc = b"", b""
         name = names[int(index) - 1]
         spec = schema.keys[name]
+        if own_inc and incarnation is not None and int(own_inc) != incarnation:
+            if not (resumed(name) or getattr(spec, "lifecycle", None) == "state"):
+                own, own_inc = b"", b""
         keys[name] = KeyView(
             name=name,
             spec=spec,

@@ -119,6 +119,13 @@ class SeqRollback(InvalidReport):
     reason = "seq_rollback"
 
 
+class CorruptState(InvalidReport):
+    """The run's stored state is damaged (a vector of the wrong length, a missing slot or hash, a key
+    of the wrong type): the fold refused to touch it. Restore a snapshot or delete the run."""
+
+    reason = "corrupt_state"
+
+
 class SchemaDigestMismatch(InvalidReport):
     """The server refused a report made against a different schema."""
 
@@ -138,6 +145,7 @@ _BY_REASON: dict[str, type[InvalidReport]] = {
         StaleIncarnation,
         SeqRollback,
         SchemaDigestMismatch,
+        CorruptState,
     )
 }
 

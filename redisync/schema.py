@@ -62,17 +62,26 @@ class BroadcastSpec(_Spec):
         return self.size
 
 
+Lifecycle = Literal["history", "state"]
+
+
 class MergeSpec(_Spec):
     """Per-shard slots of cumulative (count, sum[, sumsq]); the fleet value is their sum.
 
     ``count`` is one number per report (samples seen, or 1 for a pooled EMA) unless
     ``elementwise_count`` gives every element its own count (a histogram of partial views).
+
+    ``lifecycle`` says what a shard's *fresh* restart means for its previous life's slot:
+    ``history`` (counts that accumulate over a run, e.g. normaliser moments) keeps it as retired
+    history; ``state`` (a current value, e.g. a failure EMA or a histogram of env levels) drops it.
+    A restart that *resumes* the key from a checkpoint takes the slot over in both cases.
     """
 
     semantics: Literal["merge"] = "merge"
     stale_after_s: float | None = Field(default=None, gt=0)
     sumsq: bool = False
     elementwise_count: bool = False
+    lifecycle: Lifecycle = "history"
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -105,10 +114,12 @@ def merge(
     stale_after_s: float | None = None,
     sumsq: bool = False,
     elementwise_count: bool = False,
+    lifecycle: Lifecycle = "history",
 ) -> MergeSpec:
     """A pooled-statistics key (failure EMA, normaliser moments, histograms)."""
     return _build(
-        MergeSpec, shape=shape, stale_after_s=stale_after_s, sumsq=sumsq, elementwise_count=elementwise_count
+        MergeSpec, shape=shape, stale_after_s=stale_after_s, sumsq=sumsq, elementwise_count=elementwise_count,
+        lifecycle=lifecycle,
     )
 
 

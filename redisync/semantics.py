@@ -3,18 +3,20 @@
 Everything the fold script does to a run's state is written here once more, in the same
 order and with the same float64 arithmetic, so that tests can require the Lua fold (on a
 real Redis and on fakeredis) to end in the same state as this reference after any sequence
-of reports. Payloads are flat float64 vectors: a broadcast key's value, or a merge key's
+of reports. Payloads are flat float64 vectors: a broadcast value, or a merge key's
 ``count ‖ sum [‖ sumsq]`` parts laid end to end.
 
-The merge aggregate is updated incrementally, ``agg ← (agg − old slot) + new slot``, so one
-fold costs O(payload) whatever the number of shards. It equals the sum of the live slots
-(plus ``retired``) up to float64 rounding: counts, which are integers below 2**53, stay exact.
+The merge aggregate is recomputed at every fold as the sum of the retired history and the live
+slots, in ascending shard order. Its error is therefore bounded by the live values alone,
+``|agg − Σ live| ≤ (n − 1)·2⁻⁵³·Σ|live|`` for n summands — far inside ``1e-12·Σ|live|`` — however
+large the values that once passed through a slot. A fold that would make an aggregate or its
+moments non-finite is refused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import AbstractSet, Literal, Mapping
 
 import numpy as np
 
@@ -74,6 +76,29 @@ def check_values(spec: BroadcastSpec | MergeSpec, payload: np.ndarray) -> str | 
     return None
 
 
+def summed(vectors: list[np.ndarray], width: int) -> np.ndarray:
+    """``0 + v₁ + v₂ + …`` in the given order: the fold script's summation, bit for bit."""
+    out = np.zeros(width)
+    for v in vectors:
+        out = out + v
+    return out
+
+
+def finite_moments(spec: MergeSpec, flat: np.ndarray) -> bool:
+    """Whether a merge vector and the moments a reader takes of it (mean, mean², sumsq/count) are finite."""
+    if not np.isfinite(flat).all():
+        return False
+    parts = split_parts(spec, flat)
+    count = np.broadcast_to(parts["count"], spec.shape)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        safe = np.where(count > 0, count, 1.0)
+        mean = np.where(count > 0, parts["sum"] / safe, 0.0)
+        ok = np.isfinite(mean)
+        if spec.sumsq:
+            ok &= np.isfinite(mean * mean) & np.isfinite(np.where(count > 0, parts["sumsq"] / safe, 0.0))
+    return bool(ok.all())
+
+
 class ReferenceFold:
     """The state of one run, folded exactly as ``lua/fold.lua`` folds it."""
 
@@ -83,6 +108,16 @@ class ReferenceFold:
         self.fleet_version = 0
         self.keys = {name: KeyState(spec) for name, spec in schema.keys.items()}
         self.shards: dict[int, ShardState] = {}
+        self.claimed: dict[int, int] = {}
+
+    def claim(self, shard_id: int, now_us: int) -> int:
+        """A new incarnation, as ``lua/claim.lua`` issues it: the server's time, or one above the
+        shard's current and last claimed incarnation; it becomes the shard's current one at once."""
+        cur = self.shards.get(shard_id)
+        new = max(now_us, (cur.incarnation + 1) if cur else 0, self.claimed.get(shard_id, 0) + 1)
+        self.shards[shard_id] = ShardState(new, 0, cur.at_us if cur else 0)
+        self.claimed[shard_id] = new
+        return new
 
     def apply(
         self,
@@ -92,9 +127,10 @@ class ReferenceFold:
         payloads: Mapping[str, np.ndarray],
         now_us: int,
         floor: int = 0,
+        resume: AbstractSet[str] = frozenset(),
     ) -> Outcome:
         """Fold one report; ``floor`` is the highest fleet version the client has seen (the new
-        version is above it, so no client ever sees versions go backwards)."""
+        version is above it); ``resume`` names the keys this incarnation resumed from a checkpoint."""
         cur = self.shards.get(shard_id)
         if cur is not None:
             if incarnation < cur.incarnation:
@@ -106,6 +142,7 @@ class ReferenceFold:
                     return Outcome("rejected", reason="seq_rollback")
         if sum(8 * p.size for p in payloads.values()) > self.limits.max_report_bytes:
             return Outcome("rejected", reason="too_large")
+        folded: dict[str, tuple[np.ndarray, np.ndarray | None, dict[int, Slot]]] = {}
         for name, payload in payloads.items():
             state = self.keys.get(name)
             if state is None:
@@ -117,6 +154,11 @@ class ReferenceFold:
             bad = check_values(state.spec, payload)
             if bad:
                 return Outcome("rejected", reason=bad, key=name)
+            if isinstance(state.spec, MergeSpec):
+                result = self._fold_merge(state, shard_id, incarnation, seq, payload, now_us, name in resume)
+                if result is None:
+                    return Outcome("rejected", reason="non_finite", key=name)
+                folded[name] = result
 
         for name, payload in payloads.items():
             state = self.keys[name]
@@ -124,36 +166,37 @@ class ReferenceFold:
                 state.value = payload.copy()
                 state.writer = shard_id
             else:
-                self._fold_merge(state, shard_id, incarnation, seq, payload, now_us)
+                state.value, state.retired, state.slots = folded[name]
             state.version += 1
         self.fleet_version = max(self.fleet_version, floor) + 1
         self.shards[shard_id] = ShardState(incarnation, seq, now_us)
         return Outcome("applied", self.fleet_version)
 
     @staticmethod
-    def _fold_merge(state: KeyState, shard_id: int, incarnation: int, seq: int, payload: np.ndarray, now_us: int) -> None:
+    def _fold_merge(
+        state: KeyState, shard_id: int, incarnation: int, seq: int, payload: np.ndarray, now_us: int, resumed: bool
+    ) -> tuple[np.ndarray, np.ndarray | None, dict[int, Slot]] | None:
+        """The key's new (aggregate, retired, slots), or None when they would not be finite."""
         spec = state.spec
-        assert isinstance(spec, MergeSpec) and state.value is not None
-        agg = state.value
+        assert isinstance(spec, MergeSpec)
+        retired = state.retired
         old = state.slots.get(shard_id)
-        if old is not None and old.incarnation != incarnation:
-            # the shard restarted: its previous life's statistics leave the slot
-            if spec.stale_after_s is None:
-                state.retired = old.payload.copy() if state.retired is None else state.retired + old.payload
-            else:
-                agg = agg - old.payload
-            del state.slots[shard_id]
-            old = None
-        if spec.stale_after_s is not None:
-            limit = spec.stale_after_s * 1e6
-            for other in sorted(state.slots):
-                slot = state.slots[other]
-                if other != shard_id and now_us - slot.at_us > limit:
-                    agg = agg - slot.payload
-                    del state.slots[other]
-        agg = agg + payload if old is None else (agg - old.payload) + payload
-        state.value = agg
-        state.slots[shard_id] = Slot(incarnation, seq, now_us, payload.copy())
+        if old is not None and old.incarnation != incarnation and not resumed and spec.lifecycle == "history":
+            # a fresh restart of a history key: the previous life's counts are kept as retired history
+            retired = old.payload.copy() if retired is None else retired + old.payload
+            if not finite_moments(spec, retired):
+                return None
+        slots = {}
+        for other, slot in state.slots.items():
+            stale = spec.stale_after_s is not None and now_us - slot.at_us > spec.stale_after_s * 1e6
+            if other != shard_id and not stale:
+                slots[other] = slot
+        slots[shard_id] = Slot(incarnation, seq, now_us, payload.copy())
+        vectors = ([] if retired is None else [retired]) + [slots[s].payload for s in sorted(slots)]
+        agg = summed(vectors, spec.width)
+        if not finite_moments(spec, agg):
+            return None
+        return agg, retired, slots
 
 
 # ------------------------------------------------------------------------- reading helpers

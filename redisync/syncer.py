@@ -12,6 +12,11 @@ second at most, whatever the number of shards.
 If the store loses the run (a restart without persistence: a new epoch), the worker registers
 the schema again and re-publishes the shard's latest cumulative reports, which re-seeds the
 merge keys exactly.
+
+Life cycle: the shard's incarnation is claimed from the server at ``start()``. A term that was
+loaded from a checkpoint holding its own cumulative statistics says so (``term.resumed``, set by
+its ``load_state_dict``), and its keys then take over the previous life's slots instead of adding
+to them; ``resume=True``/``False`` overrides that for every key.
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ class Syncer:
         min_pull_interval_s: float = 0.1,
         retry_every_s: float = 0.5,
         incarnation: int | None = None,
+        resume: bool | None = None,
     ):
         self.store = store
         self.terms = list(terms)
         self.schema = schema_of(self.terms)
         self.shard = store.shard(shard_id, incarnation)
+        self.resume = resume
         self.publish_every_steps, self.publish_every_s = publish_every_steps, publish_every_s
         self.poll_every_s, self.retry_every_s = poll_every_s, retry_every_s
         self.min_pull_interval_s = min_pull_interval_s
@@ -64,8 +71,11 @@ class Syncer:
         self._steps = 0
         self._last_report = time.monotonic()
         self._subscribed = False
+        self._registered = False
         self.stats = {"publishes": 0, "duplicates": 0, "coalesced": 0, "publish_failures": 0, "rejected": 0,
-                      "pulls": 0, "reseeds": 0, "subscription_drops": 0, "worker_errors": 0}
+                      "pulls": 0, "pull_failures": 0, "reseeds": 0, "subscription_drops": 0, "worker_errors": 0}
+        self._problem: str | None = None  # the current error, logged once per change
+        self._schema_mismatch: errors.SchemaMismatch | None = None
         self.latencies_ms: deque[float] = deque(maxlen=10_000)  # the most recent publishes
         self._threads: list[threading.Thread] = []
 
@@ -120,6 +130,23 @@ class Syncer:
     # ------------------------------------------------------------------ life cycle
 
     def start(self) -> "Syncer":
+        """Register the schema, claim the shard's incarnation and start the worker.
+
+        Raises :class:`~redisync.errors.SchemaMismatch` when the run is registered with another
+        schema. An unreachable store is not an error here: the worker keeps trying.
+        """
+        resumed = self.resume
+        if resumed is None:
+            resumed_keys = {k for t in self.terms if getattr(t, "resumed", False) for k in t.schema_entries()}
+            self.shard.resume = frozenset(resumed_keys)
+        else:
+            self.shard.resume = resumed
+        try:
+            self.store.register(self.schema)
+            self.shard.incarnation  # claimed now, before this process publishes anything
+            self._registered = True
+        except errors.ConnectionUnavailable as e:
+            log.info("store unavailable at start (the worker keeps trying): %s", e)
         self._threads = [
             threading.Thread(target=self._work, name=f"redisync-worker-{self.shard.shard_id}", daemon=True),
             threading.Thread(target=self._listen, name=f"redisync-listener-{self.shard.shard_id}", daemon=True),
@@ -129,16 +156,25 @@ class Syncer:
         return self
 
     def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
-        """Stop the worker, after a last publish of the current reports when ``flush``."""
+        """Stop the worker, after a last publish of the current reports when ``flush``. Returns within
+        ``timeout`` even against an unresponsive server (the daemon threads then end on their own)."""
+        deadline = time.monotonic() + timeout
         if flush:
             self._take_reports()
-            deadline = time.monotonic() + timeout
             while self._pending is not None and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):
                 time.sleep(0.01)
         self._stop.set()
         self._wake.set()
         for t in self._threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def health(self) -> dict[str, Any]:
+        """Whether the worker is getting through: ``ok``, the current ``error`` (None when ok) and
+        ``schema_mismatch`` (the registered schema differs from this collector's, e.g. after the store
+        restarted and another trainer registered the run first)."""
+        mismatch = self._schema_mismatch
+        return {"ok": self._problem is None, "error": self._problem,
+                "schema_mismatch": None if mismatch is None else str(mismatch)}
 
     def __enter__(self) -> "Syncer":
         return self.start()
@@ -149,39 +185,69 @@ class Syncer:
     # ------------------------------------------------------------------ the worker (network)
 
     def _work(self) -> None:
-        registered = False
         last_pull = 0.0
         wanted = False  # a pull is owed (an announcement or our own publish) but came too soon
         while not self._stop.is_set():
-            timeout = self.poll_every_s if registered else self.retry_every_s
+            timeout = self.poll_every_s if self._registered else self.retry_every_s
             if wanted:
                 timeout = max(0.0, last_pull + self.min_pull_interval_s - time.monotonic())
             self._wake.wait(timeout)
             self._wake.clear()
             if self._stop.is_set():
                 break
-            try:
-                if not registered:
-                    self.store.register(self.schema)
-                    registered = True
-                published = self._publish_pending()
-                wanted = wanted or published or self._announced > self._known_version()
-                since = time.monotonic() - last_pull
-                if since >= self.poll_every_s or (wanted and since >= self.min_pull_interval_s):
-                    self._pull()
+            if not self._registered and not self._attempt("register", self._register):
+                continue
+            # a failed publish never stops the pulls: the view follows the store whatever happens to our reports
+            published = self._attempt("publish", self._publish_pending)
+            wanted = wanted or bool(published) or self._announced > self._known_version()
+            since = time.monotonic() - last_pull
+            if since >= self.poll_every_s or (wanted and since >= self.min_pull_interval_s):
+                if self._attempt("pull", self._pull) is not None:
                     last_pull, wanted = time.monotonic(), False
-            except errors.RunNotFound:
-                self._reseed()
-            except errors.ConnectionUnavailable as e:
-                log.debug("store unavailable: %s", e)
-                self.stats["publish_failures"] += 1
+            if self._problem is not None:
                 self._stop.wait(self.retry_every_s)
                 self._wake.set()  # try again: the pending report is still there
-            except Exception:  # the worker must outlive any surprise; the collector keeps training
-                log.exception("redisync worker error (retrying)")
-                self.stats["worker_errors"] += 1
-                self._stop.wait(self.retry_every_s)
-                self._wake.set()
+
+    def _register(self) -> bool:
+        self.store.register(self.schema)
+        self.shard.incarnation
+        self._registered = True
+        return True
+
+    def _attempt(self, what: str, call: Any) -> Any:
+        """Run one step of the worker; a failure is counted and logged once per change, never raised."""
+        try:
+            result = call()
+        except errors.RunNotFound:
+            self._registered = False
+            self._reseed()
+            return None
+        except errors.SchemaMismatch as e:
+            self._schema_mismatch = e
+            self._report_problem(f"{what}: {e}", logging.ERROR)
+            return None
+        except errors.ConnectionUnavailable as e:
+            self.stats["publish_failures" if what == "publish" else "pull_failures"] += 1
+            self._report_problem(f"{what}: store unavailable: {e}", logging.INFO)
+            return None
+        except Exception as e:  # the worker must outlive any surprise; the collector keeps training
+            self.stats["worker_errors"] += 1
+            self._report_problem(f"{what}: {type(e).__name__}: {e}", logging.ERROR, exc=True)
+            return None
+        if what == "register":
+            self._schema_mismatch = None
+        self._clear_problem(what)
+        return result
+
+    def _report_problem(self, text: str, level: int, exc: bool = False) -> None:
+        if text != self._problem:
+            log.log(level, "redisync shard %d: %s (retrying)", self.shard.shard_id, text, exc_info=exc)
+        self._problem = text
+
+    def _clear_problem(self, what: str) -> None:
+        if self._problem is not None and self._problem.startswith(what + ":"):
+            log.info("redisync shard %d: %s works again", self.shard.shard_id, what)
+            self._problem = None
 
     def _publish_pending(self) -> bool:
         with self._lock:
@@ -195,6 +261,10 @@ class Syncer:
             log.warning("report refused: %s", e)
             self.stats["rejected"] += 1
             result = None
+            if isinstance(e, errors.StaleIncarnation):
+                self._report_problem(f"publish: a later process claimed shard {self.shard.shard_id}: {e}", logging.ERROR)
+            if isinstance(e, errors.SchemaDigestMismatch):
+                self._registered = False  # the run was registered again with another schema: find out which
         with self._lock:
             if self._pending is reports:
                 self._pending = None
@@ -204,19 +274,20 @@ class Syncer:
             self._announced = max(self._announced, result.fleet_version)
         return True
 
-    def _pull(self) -> None:
+    def _pull(self) -> bool:
         seen_before = self.shard.known is not None
         changed = self.shard.pull()
         if changed is not None and ((changed.epoch_changed and seen_before) or changed.lost_writes):
             self._republish_latest()  # a new epoch, or lost writes: our slots may be missing or old
         if changed is not None and changed.lost_writes:
-            return  # not applied: the state is older than one applied already; the re-publish moves it on
+            return True  # not applied: the state is older than one applied already; the re-publish moves it on
         if changed is not None:
             self.stats["pulls"] += 1
             known = self.shard.known
             self._ready, self._ready_at = known, time.monotonic()
             # versions of a lost epoch mean nothing in the new one
             self._announced = known.fleet_version if changed.epoch_changed else max(self._announced, known.fleet_version)
+        return True
 
     def _known_version(self) -> int:
         return self.shard.known.fleet_version if self.shard.known is not None else -1
@@ -224,13 +295,8 @@ class Syncer:
     def _reseed(self) -> None:
         """The store lost the run: register again and re-publish our latest cumulative reports."""
         log.warning("run %r lost by the store: re-seeding from shard %d", self.store.run, self.shard.shard_id)
-        try:
-            self.store.register(self.schema)
+        if self._attempt("register", self._register):
             self._republish_latest()
-        except errors.RedisyncError as e:
-            log.debug("re-seed failed: %s", e)
-            self._stop.wait(self.retry_every_s)
-            self._wake.set()
 
     def _republish_latest(self) -> None:
         self.stats["reseeds"] += 1
@@ -274,6 +340,8 @@ class Syncer:
             "redisync/staleness_versions": float(max(self._announced - applied, 0)),
             "redisync/staleness_s": time.monotonic() - self._applied_at,
             "redisync/subscribed": float(self._subscribed),
+            "redisync/healthy": float(self._problem is None),
+            "redisync/schema_mismatch": float(self._schema_mismatch is not None),
         }
         if self.latencies_ms:
             recent = sorted(self.latencies_ms)

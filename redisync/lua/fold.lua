@@ -1,4 +1,4 @@
--- fold.lua: validate one shard report and fold it into the run's fleet state, atomically.
+-- fold.lua: validate one shard report and fold it into the run's fleet state, all or nothing.
 --
 -- KEYS[1]            the run's meta hash        redisync:{run}:meta
 -- KEYS[2]            the run's shards hash      redisync:{run}:shards
@@ -10,52 +10,63 @@
 -- ARGV[2], [3], [4]  shard id, incarnation, seq (decimal integers)
 -- ARGV[5]            the highest fleet version the client has seen: the new version is above it,
 --                    so versions never go backwards for a client, even after a restart lost writes
--- ARGV[4 + 2i]       name of the i-th key; ARGV[5 + 2i] its payload, little-endian float64:
+-- ARGV[6]            one character per reported key: '1' if this incarnation resumed that key from
+--                    a checkpoint (it takes over its previous life's slot), '0' otherwise
+-- ARGV[5 + 2i]       name of the i-th key; ARGV[6 + 2i] its payload, little-endian float64:
 --                    a broadcast value, or a merge key's count || sum [|| sumsq]
--- returns {'applied', fleet_version, now_us, version_1, ..., version_k}
+-- returns {'applied', fleet_version, now_us, epoch, version_1, ..., version_k}
 --       | {'duplicate', fleet_version}
 --       | {'rejected', reason, key, detail}     (also appended to the dead-letter stream)
 --
--- Idempotent: a retried call (same shard, incarnation and seq) returns 'duplicate'. The work is
--- O(payload): the merge aggregate is updated as (agg - old slot) + new slot, as semantics.py does.
+-- Every check, including those of the stored state the fold reads, runs before the first write.
+-- A merge aggregate is recomputed from the live slots (retired history first, then ascending shard
+-- ids), so its rounding error is bounded by the live values, never by what once passed through a
+-- slot; semantics.py sums in the same order. Idempotent: a retried call returns 'duplicate'.
 
 local CHUNK = 128
 local FMT = '<' .. string.rep('d', CHUNK)
 local sunpack, spack = struct.unpack, struct.pack
+local BIG = 1.79769313486231570e308
 
-local prefix = string.match(KEYS[1] or '', '^(redisync:{[^}]+}:)meta$')
-if not prefix then
+local run = string.match(KEYS[1] or '', '^redisync:{([%w_%.:%-]+)}:meta$')
+if not run or #run > 128 then
   return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'}
 end
+local prefix = 'redisync:{' .. run .. '}:'
 
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'dead_letter_maxlen',
-  'fleet_version')
+  'fleet_version', 'server')
+local shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
+-- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
+if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
 local dead_maxlen = tonumber(meta[5]) or 10000
-local shard, inc, seq, floor = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or ''
 
 local function reject(reason, key, detail)
   local entry = {'XADD', prefix .. 'dead', 'MAXLEN', '~', dead_maxlen, '*',
     'reason', reason, 'key', key, 'detail', detail, 'shard', shard, 'incarnation', inc, 'seq', seq}
   local budget = tonumber(meta[3]) or 1048576
-  for i = 6, #ARGV, 2 do
+  for i = 7, #ARGV, 2 do
     local name, payload = ARGV[i], ARGV[i + 1] or ''
     if #payload > budget then payload = string.sub(payload, 1, budget); name = name .. ' (truncated)' end
     budget = budget - #payload
     entry[#entry + 1] = 'report:' .. name
     entry[#entry + 1] = payload
   end
+  local kind = redis.call('TYPE', prefix .. 'dead')['ok']
+  if kind ~= 'none' and kind ~= 'stream' then
+    return {'rejected', reason, key, detail .. ' (not recorded: the dead-letter key is a ' .. kind .. ')'}
+  end
   redis.call(unpack(entry))
   return {'rejected', reason, key, detail}
 end
 
 -- the envelope -------------------------------------------------------------------------------
-if not meta[1] then return reject('no_run', '', 'the run is not registered (or the store lost it)') end
 if KEYS[2] ~= prefix .. 'shards' or KEYS[3] ~= prefix .. 'reports' or KEYS[4] ~= prefix .. 'dead' then
   return reject('malformed', '', 'KEYS[2..4] are not this run\'s shards, reports and dead-letter keys')
 end
 if ARGV[1] ~= meta[2] then
   return reject('schema_mismatch', '', 'the report was made against schema ' .. tostring(ARGV[1]) ..
-    ', the run is registered with ' .. meta[2])
+    ', the run is registered with ' .. tostring(meta[2]))
 end
 if not string.match(shard, '^%d+$') or #shard > 9 or (#shard > 1 and string.sub(shard, 1, 1) == '0') then
   return reject('malformed', '', 'shard id must be a decimal integer, got ' .. string.format('%q', shard))
@@ -69,10 +80,21 @@ end
 if not string.match(floor, '^%d+$') or #floor > 15 then
   return reject('malformed', '', 'the known fleet version must be a decimal integer, got ' .. string.format('%q', floor))
 end
-local nkeys = (#ARGV - 5) / 2
+local nkeys = (#ARGV - 6) / 2
 if nkeys < 1 or nkeys ~= math.floor(nkeys) or #KEYS ~= 4 + 2 * nkeys then
   return reject('malformed', '', 'expected one (name, payload) pair per reported key and two KEYS per key')
 end
+if #resume ~= nkeys or string.find(resume, '[^01]') then
+  return reject('malformed', '', 'ARGV[6] must hold one resume flag (0 or 1) per reported key')
+end
+for _, k in ipairs({KEYS[3], KEYS[4]}) do
+  local t = redis.call('TYPE', k)['ok']
+  if t ~= 'none' and t ~= 'stream' then
+    return {'rejected', 'corrupt_state', '', k .. ' is a ' .. t .. ', not a stream'}
+  end
+end
+local fleet_version = tonumber(meta[6])
+if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
 
 -- duplicates, retries and zombies --------------------------------------------------------------
 local function newer(a, b) -- decimal strings without leading zeros: is a > b?
@@ -80,22 +102,21 @@ local function newer(a, b) -- decimal strings without leading zeros: is a > b?
   return a > b
 end
 local cur = redis.call('HMGET', KEYS[2], shard .. ':incarnation', shard .. ':seq')
-local fleet_version = tonumber(meta[6]) or 0
 if cur[1] then
   if newer(cur[1], inc) then
     return reject('stale_incarnation', '', 'incarnation ' .. inc .. ' is older than the shard\'s current ' .. cur[1])
   end
   if cur[1] == inc then
-    local last = tonumber(cur[2])
+    local last = tonumber(cur[2]) or 0
     if tonumber(seq) == last then return {'duplicate', fleet_version} end
     if tonumber(seq) < last then
-      return reject('seq_rollback', '', 'seq ' .. seq .. ' is below the last folded seq ' .. cur[2])
+      return reject('seq_rollback', '', 'seq ' .. seq .. ' is below the last folded seq ' .. tostring(cur[2]))
     end
   end
 end
 
 local total = 0
-for i = 1, nkeys do total = total + #ARGV[5 + 2 * i] end
+for i = 1, nkeys do total = total + #ARGV[6 + 2 * i] end
 if total > (tonumber(meta[3]) or 0) then
   return reject('too_large', '', 'payload of ' .. total .. ' bytes exceeds max_report_bytes=' .. tostring(meta[3]))
 end
@@ -104,137 +125,176 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_s = string.format('%.0f', now)
 
--- vector helpers: payloads are decoded CHUNK values at a time ----------------------------------------
+-- The server process: a fold by another process than the previous fold's (a restart, a failover)
+-- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
+-- re-publishes, and no (epoch, version) pair ever names two states.
+local info = redis.pcall('INFO', 'server')
+local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or 'embedded'
+local epoch = meta[1]
+if meta[7] and meta[7] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
+
+-- vector helpers: vectors are decoded CHUNK values at a time ----------------------------------------
 local function fmt_of(len)
   return len == CHUNK and FMT or '<' .. string.rep('d', len)
 end
 
-local function combine(a, b, width, sign) -- bytes of a + sign * b
+local function g17(v) return string.format('%.17g', v) end
+
+-- Checks a new payload: finite everywhere, non-negative outside the signed part (signed_from, signed_to].
+local function check_payload(name, payload, width, signed_from, signed_to)
+  local pos, base = 1, 0
+  while base < width do
+    local len = math.min(CHUNK, width - base)
+    local c = {sunpack(fmt_of(len), payload, pos)}
+    for k = 1, len do
+      local v, g = c[k], base + k
+      if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
+      if v < 0 and (g <= signed_from or g > signed_to) then
+        return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) .. ' in a count or sumsq part (must be >= 0)'}
+      end
+    end
+    base = base + len
+    pos = pos + len * 8
+  end
+  return nil
+end
+
+-- The sum of ``vectors`` (in order), and the rejection if it or the moments it implies are not finite.
+-- count_size values of count, then size values of sum, then (sumsq) size values of sum of squares.
+local function sum_checked(name, vectors, width, count_size, size, sumsq)
   local out, pos, base = {}, 1, 0
+  local counts = {}
   while base < width do
     local len = math.min(CHUNK, width - base)
     local fmt = fmt_of(len)
-    local x = {struct.unpack(fmt, a, pos)}
-    local y = {struct.unpack(fmt, b, pos)}
-    for j = 1, len do x[j] = x[j] + sign * y[j] end
-    out[#out + 1] = struct.pack(fmt, unpack(x, 1, len))
+    local a = {}
+    for k = 1, len do a[k] = 0.0 end
+    for _, vec in ipairs(vectors) do
+      local y = {sunpack(fmt, vec, pos)}
+      for k = 1, len do a[k] = a[k] + y[k] end
+    end
+    for k = 1, len do
+      local v, g = a[k], base + k
+      if v - v ~= 0 then return nil, {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)} end
+      if g <= count_size then
+        counts[g] = v
+      else
+        -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = v / count
+        local e = (g - count_size - 1) % size
+        local n = counts[count_size == 1 and 1 or e + 1]
+        if n > 0 then
+          local m = v / n
+          if m - m ~= 0 or (g <= count_size + size and sumsq and (m * m) - (m * m) ~= 0) then
+            return nil, {'non_finite', name, 'the fleet moments would overflow at element ' .. e}
+          end
+        end
+      end
+    end
+    out[#out + 1] = spack(fmt, unpack(a, 1, len))
     base = base + len
     pos = pos + len * 8
   end
   return table.concat(out)
 end
 
--- Checks the new payload and, for merge keys, computes (agg - old) + new in the same pass.
--- Elements in (nonneg_upto, nonneg_from] may be negative (a merge key's sum part).
--- returns the new aggregate bytes (merge) or true (broadcast), or nil and the rejection.
-local function check_and_fold(name, payload, width, nonneg_upto, nonneg_from, agg, old)
-  local out, pos, base = {}, 1, 0
-  while base < width do
-    local len = math.min(CHUNK, width - base)
-    local fmt = fmt_of(len)
-    local c = {sunpack(fmt, payload, pos)}
-    local a = agg and {sunpack(fmt, agg, pos)}
-    local o = old and {sunpack(fmt, old, pos)}
-    -- each run of this chunk lies in one part: non-negative (count, sumsq) or signed (sum)
-    local j = 1
-    while j <= len do
-      local g = base + j  -- 1-based index in the payload
-      local signed = g > nonneg_upto and g <= nonneg_from
-      local stop = math.min(len, (signed and nonneg_from or (g <= nonneg_upto and nonneg_upto or width)) - base)
-      for k = j, stop do
-        local v = c[k]
-        if v - v ~= 0 then return nil, {'non_finite', name, 'element ' .. (base + k - 1) .. ' is not finite'} end
-        if v < 0 and not signed then
-          return nil, {'negative', name, 'element ' .. (base + k - 1) .. ' is ' .. string.format('%.17g', v) ..
-            ' in a count or sumsq part (must be >= 0)'}
-        end
-      end
-      if o then
-        for k = j, stop do a[k] = (a[k] - o[k]) + c[k] end
-      elseif a then
-        for k = j, stop do a[k] = a[k] + c[k] end
-      end
-      j = stop + 1
-    end
-    if a then out[#out + 1] = spack(fmt, unpack(a, 1, len)) end
-    base = base + len
-    pos = pos + len * 8
-  end
-  return agg and table.concat(out) or true
-end
-
 -- validate and compute every key before writing anything (a report applies all or none) ------------
 local items, seen = {}, {}
 for i = 1, nkeys do
-  local name, payload = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local name, payload = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  local resumed = string.sub(resume, i, i) == '1'
   if seen[name] then return reject('malformed', name, 'key reported twice') end
   seen[name] = true
   local km, kd = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
   if km ~= prefix .. 'key:' .. name or kd ~= prefix .. 'data:' .. name then
     return reject('malformed', name, 'KEYS do not match the reported key names')
   end
+  for _, k in ipairs({km, kd}) do
+    local kt = redis.call('TYPE', k)['ok']
+    if kt ~= 'none' and kt ~= 'hash' then return reject('corrupt_state', name, k .. ' is a ' .. kt .. ', not a hash') end
+  end
   local spec = redis.call('HMGET', km, 'semantics', 'width', 'count_size', 'owner', 'stale_after_s', 'version', 'writers',
-    'slot:' .. shard .. ':incarnation', 'size')
+    'slot:' .. shard .. ':incarnation', 'size', 'lifecycle', 'sumsq')
   if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
-  local width = tonumber(spec[2])
+  local width, version = tonumber(spec[2]), tonumber(spec[6])
+  if not width or not version then return reject('corrupt_state', name, 'the key\'s width or version is missing') end
   if #payload ~= width * 8 then
     return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
       ' (' .. width .. ' float64)')
   end
-  local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd,
-    version = tonumber(spec[6]) + 1}
-  local folded, why
+  local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1}
   if spec[1] == 'broadcast' then
     if spec[4] ~= '' and spec[4] ~= shard then
-      return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. spec[4])
+      return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. tostring(spec[4]))
     end
-    folded, why = check_and_fold(name, payload, width, 0, width)
-  else
+    local why = check_payload(name, payload, width, 0, width)
+    if why then return reject(why[1], why[2], why[3]) end
+  elseif spec[1] == 'merge' then
+    local count_size, size = tonumber(spec[3]), tonumber(spec[9])
+    if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
+    local why = check_payload(name, payload, width, count_size, count_size + size)
+    if why then return reject(why[1], why[2], why[3]) end
     local stale = tonumber(spec[5])
-    local count_size = tonumber(spec[3])
-    local data = redis.call('HMGET', kd, 'agg', 'slot:' .. shard)
-    local agg, old = data[1], data[2]
-    item.forget = {}
-    if old and spec[8] ~= inc then
-      -- the shard restarted: its previous life's statistics leave the slot
-      if stale then
-        agg = combine(agg, old, width, -1)
-      else
-        local retired = redis.call('HGET', kd, 'retired')
-        item.retired = retired and combine(retired, old, width, 1) or old
-      end
-      old = nil
-    end
-    -- a slot not refreshed for stale_after_s stops weighting the fleet
-    local live = {}
+    -- every slot the fold reads: the other writers', the shard's own, and the retired history
     local ids = {}
-    for id in string.gmatch(spec[7] or '', '%d+') do
+    for id in string.gmatch(spec[7] or '', '[^,]+') do
+      if not string.match(id, '^%d+$') then return reject('corrupt_state', name, 'writers holds ' .. string.format('%q', id)) end
       if id ~= shard then ids[#ids + 1] = id end
     end
     table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
-    if stale and #ids > 0 then
-      local fields = {}
-      for k, id in ipairs(ids) do fields[k] = 'slot:' .. id .. ':at_us' end
-      local at = redis.call('HMGET', km, unpack(fields))
-      for k, id in ipairs(ids) do
-        if now - tonumber(at[k]) > stale * 1e6 then
-          agg = combine(agg, redis.call('HGET', kd, 'slot:' .. id), width, -1)
-          item.forget[#item.forget + 1] = id
-        else
-          live[#live + 1] = id
-        end
+    local fields = {'retired', 'slot:' .. shard}
+    for _, id in ipairs(ids) do fields[#fields + 1] = 'slot:' .. id end
+    local data = redis.call('HMGET', kd, unpack(fields))
+    local retired, old = data[1], data[2]
+    for k, v in ipairs(data) do
+      if v and #v ~= width * 8 then
+        return reject('corrupt_state', name, 'stored ' .. fields[k] .. ' is ' .. #v .. ' bytes, the key needs ' .. (width * 8))
       end
-    else
-      live = ids
     end
-    live[#live + 1] = shard
-    table.sort(live, function(a, b) return tonumber(a) < tonumber(b) end)
+    for k, id in ipairs(ids) do
+      if not data[k + 2] then return reject('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
+    end
+    item.forget = {}
+    if old and spec[8] ~= inc and not resumed then
+      -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
+      if spec[10] ~= 'state' then
+        if retired then
+          local sum, e = sum_checked(name, {retired, old}, width, count_size, size, spec[11] == '1')
+          if not sum then return reject(e[1], e[2], e[3]) end
+          retired = sum
+        else
+          retired = old
+        end
+        item.retired = retired
+      end
+    end
+    -- a slot not refreshed for stale_after_s stops weighting the fleet
+    local live, vectors = {}, {}
+    if retired then vectors[1] = retired end
+    local at = {}
+    if stale and #ids > 0 then
+      local atf = {}
+      for k, id in ipairs(ids) do atf[k] = 'slot:' .. id .. ':at_us' end
+      at = redis.call('HMGET', km, unpack(atf))
+    end
+    local mine_added = false
+    for k, id in ipairs(ids) do
+      if not mine_added and tonumber(id) > tonumber(shard) then
+        vectors[#vectors + 1] = payload; live[#live + 1] = shard; mine_added = true
+      end
+      if stale and now - (tonumber(at[k]) or 0) > stale * 1e6 then
+        item.forget[#item.forget + 1] = id
+      else
+        vectors[#vectors + 1] = data[k + 2]; live[#live + 1] = id
+      end
+    end
+    if not mine_added then vectors[#vectors + 1] = payload; live[#live + 1] = shard end
     item.writers = table.concat(live, ',')
-    -- the sum part, right after the count, is the only signed one
-    folded, why = check_and_fold(name, payload, width, count_size, count_size + tonumber(spec[9]), agg, old)
+    local agg, e = sum_checked(name, vectors, width, count_size, size, spec[11] == '1')
+    if not agg then return reject(e[1], e[2], e[3]) end
+    item.agg = agg
+  else
+    return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
   end
-  if not folded then return reject(why[1], why[2], why[3]) end
-  item.agg = folded
   items[i] = item
 end
 
@@ -251,13 +311,13 @@ for i = 1, nkeys do
     if #item.forget > 0 then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget) end
     if item.retired then
       redis.call('HSET', item.data, 'retired', item.retired)
-      redis.call('HSET', item.meta, 'retired_count', string.format('%.17g', (struct.unpack('<d', item.retired, 1))))
+      redis.call('HSET', item.meta, 'retired_count', g17((struct.unpack('<d', item.retired, 1))))
     end
     redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload)
     redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writers', item.writers,
       'slot:' .. shard .. ':incarnation', inc, 'slot:' .. shard .. ':seq', seq, 'slot:' .. shard .. ':at_us', now_s,
-      'slot:' .. shard .. ':count', string.format('%.17g', (struct.unpack('<d', item.payload, 1))),
-      'count', string.format('%.17g', (struct.unpack('<d', item.agg, 1))))
+      'slot:' .. shard .. ':count', g17((struct.unpack('<d', item.payload, 1))),
+      'count', g17((struct.unpack('<d', item.agg, 1))))
   else
     redis.call('HSET', item.data, 'value', item.payload)
     redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writer', shard,
@@ -267,7 +327,7 @@ for i = 1, nkeys do
 end
 
 fleet_version = math.max(fleet_version, tonumber(floor)) + 1
-redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
+redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s, 'epoch', epoch, 'server', server)
 redis.call('HSET', KEYS[2], shard .. ':incarnation', inc, shard .. ':seq', seq, shard .. ':at_us', now_s)
 
 local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
@@ -279,6 +339,6 @@ end
 redis.call(unpack(entry))
 redis.call('PUBLISH', prefix .. 'versions', fleet_version)
 
-local reply = {'applied', fleet_version, now_s}
-for i = 1, nkeys do reply[3 + i] = versions[i] end
+local reply = {'applied', fleet_version, now_s, epoch}
+for i = 1, nkeys do reply[4 + i] = versions[i] end
 return reply

@@ -6,8 +6,8 @@
 -- ARGV[1]          the schema as canonical JSON;   ARGV[2] its digest
 -- ARGV[3]          a fresh epoch id (used only when the run is created)
 -- ARGV[4], [5], [6] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen
--- ARGV[7 + 9(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
---                  count_size, sumsq ('1' or '0')
+-- ARGV[7 + 10(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
+--                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state')
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
 
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'schema')
@@ -18,17 +18,21 @@ end
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local nkeys = (#KEYS - 1) / 2
-redis.call('HSET', KEYS[1], 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
+-- the server process that holds the run: a fold on another one opens a new epoch (see fold.lua)
+local info = redis.pcall('INFO', 'server')
+local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or 'embedded'
+redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
   'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
   'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6])
 for i = 1, nkeys do
-  local a = 7 + 9 * (i - 1)
+  local a = 7 + 10 * (i - 1)
   local name, semantics, shape, size, width, owner, stale =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
   redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
     'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
   if semantics == 'merge' then
-    redis.call('HSET', KEYS[2 * i], 'writers', '', 'count', '0', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8])
+    redis.call('HSET', KEYS[2 * i], 'writers', '', 'count', '0', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8],
+      'lifecycle', ARGV[a + 9])
     redis.call('HSET', KEYS[2 * i + 1], 'agg', string.rep('\0', 8 * tonumber(width)))
   end
 end

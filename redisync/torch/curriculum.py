@@ -71,7 +71,8 @@ class AverageEpisodeLength:
         return total / count if count > 0 else 0.0
 
     def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
-        return {self.key: merge((), stale_after_s=self.stale_after_s)} if self.mode == "pooled" else {}
+        # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
+        return {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")} if self.mode == "pooled" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         if self.mode != "pooled":
@@ -188,7 +189,9 @@ class TerrainLevels:
         return float((hist * np.arange(self.num_levels)).sum() / max(hist.sum(), 1.0))
 
     def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
-        return {self.key: merge(self.num_levels, stale_after_s=self.stale_after_s)} if self.mode == "pooled" else {}
+        # where the shard's envs are now: a state, dropped on a fresh restart
+        merged = merge(self.num_levels, stale_after_s=self.stale_after_s, lifecycle="state")
+        return {self.key: merged} if self.mode == "pooled" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         if self.mode != "pooled":

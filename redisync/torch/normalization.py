@@ -12,8 +12,10 @@ The buffers and their ``state_dict`` keys are rsl_rl's — ``_mean``, ``_var``, 
 - ``learner``: the learner's normaliser is the single writer (``writer=True``, rsl_rl's update)
   and publishes ``mean ‖ var ‖ count`` to a ``broadcast`` key; collectors apply it and never update.
 
-Only rsl_rl's four buffers are persistent. A restarted collector starts its own statistics from
-zero: the store keeps its previous life's slot as retired history, so nothing is counted twice.
+Only rsl_rl's four buffers are persistent, so a checkpoint does not hold the shard's own
+cumulative statistics: a restarted collector, resumed or not, starts them from zero, and the store
+keeps its previous life's slot as retired history (the key's ``history`` lifecycle) — nothing is
+counted twice and nothing is lost. ``resumed`` therefore stays False.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         self.register_buffer("_offset", torch.broadcast_to(torch.as_tensor(offset, **f64), self.shape).clone(), persistent=False)
         self.register_buffer("_own", torch.zeros((3, *self.shape), **f64), persistent=False)  # count, Σ, Σ²
         self.register_buffer("_others", torch.zeros((3, *self.shape), **f64), persistent=False)
+        self.resumed = False
 
     @property
     def mean(self) -> torch.Tensor:
@@ -111,9 +114,13 @@ class SyncedEmpiricalNormalization(nn.Module):
         self._set(mean_shifted + self._offset, var, int(round(float(n.flatten()[0]))))
 
     def _set(self, mean: Any, var: Any, count: int) -> None:
+        # fleet moments are finite in float64 (the store refuses others); beyond this dtype's range
+        # they are held at its largest value rather than turned into inf
         dtype, device = self._mean.dtype, self._mean.device
-        self._mean.copy_(torch.as_tensor(mean).to(device, dtype).reshape(self._mean.shape))
-        self._var.copy_(torch.as_tensor(var).to(device, dtype).reshape(self._var.shape))
+        big = torch.finfo(dtype).max
+        for buf, value in ((self._mean, mean), (self._var, var)):
+            wide = torch.as_tensor(value, dtype=torch.float64).clamp(-big, big)
+            buf.copy_(wide.to(device, dtype).reshape(buf.shape))
         self._std.copy_(torch.sqrt(self._var))
         self.count.fill_(count)
 

@@ -41,13 +41,22 @@ def frames_for_bins(bins: int, fps: int = FPS) -> int:
 
 
 def sampling_probabilities(ema: torch.Tensor, uniform_ratio: float, kernel: torch.Tensor) -> torch.Tensor:
-    """BeyondMimic's start-bin distribution from a failure EMA (vectorised, on ``ema``'s device)."""
+    """BeyondMimic's start-bin distribution from a failure EMA (vectorised, on ``ema``'s device).
+
+    Computed in ``ema``'s dtype when every intermediate fits it; an EMA near the top of the
+    dtype's range (a fleet sum beyond float32, say) is scaled down by its maximum first, which
+    leaves the distribution as it is up to rounding, so it never turns into inf or NaN.
+    """
     bins = ema.numel()
     p = ema + uniform_ratio / float(bins)
+    if not torch.isfinite(p.sum()):
+        wide = ema.to(torch.float64)
+        top = float(wide.max())
+        p = (wide / top + uniform_ratio / float(bins) / top).to(ema.dtype)
     k = kernel.numel()
     if k > 1:
         p = nn.functional.pad(p.view(1, 1, -1), (0, k - 1), mode="replicate")
-        p = nn.functional.conv1d(p, kernel.view(1, 1, -1)).view(-1)
+        p = nn.functional.conv1d(p, kernel.to(p.dtype).view(1, 1, -1)).view(-1)
     return p / p.sum()
 
 
@@ -97,12 +106,15 @@ class AdaptiveMotionSampler(nn.Module):
         self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, **kw))  # the OWN failure EMA
         self.register_buffer("_current_bin_failed", torch.zeros(self.bin_count, **kw), persistent=False)
         # the rest of the fleet as last applied (pooled), or the fleet value (broadcast)
-        self.register_buffer("_fleet", torch.zeros(self.bin_count, **kw), persistent=False)
+        self.register_buffer("_fleet", torch.zeros(self.bin_count, device=device, dtype=torch.float64), persistent=False)
         self.register_buffer("_probs", torch.zeros(self.bin_count, **kw), persistent=False)
         self.register_buffer("_own_at_build", torch.full((self.bin_count,), float("nan"), **kw), persistent=False)
         self._failures_since_report = 0.0
         self.fleet_version = 0
         self.rebuilds = 0
+        # loading a checkpoint restores the own EMA: this process then resumes its previous life's slot
+        self.resumed = False
+        self.register_load_state_dict_post_hook(_mark_resumed)
 
     # ------------------------------------------------------------------ the algorithm
 
@@ -123,9 +135,10 @@ class AdaptiveMotionSampler(nn.Module):
         self._current_bin_failed.zero_()
 
     def sampling_ema(self) -> torch.Tensor:
-        """The EMA that decides the start distribution, per mode."""
+        """The EMA that decides the start distribution, per mode (the fleet part is float64, so a
+        fleet value beyond the sampler's dtype stays finite)."""
         if self.mode == "pooled":
-            return self._fleet + self.bin_failed_count
+            return self._fleet + self.bin_failed_count.to(torch.float64)
         if self.mode == "broadcast" and self.shard_id != self.owner:
             return self._fleet
         return self.bin_failed_count
@@ -134,12 +147,13 @@ class AdaptiveMotionSampler(nn.Module):
         """The start-bin distribution, rebuilt only when it could have moved by more than ``rebuild_tol``."""
         own = self.bin_failed_count
         moved = torch.nan_to_num((own - self._own_at_build).abs().sum(), nan=math.inf)
-        if float(moved) > self.rebuild_tol * float(self.sampling_ema().sum() + self.uniform_ratio):
+        if float(moved) > self.rebuild_tol * (float(self.sampling_ema().to(torch.float64).sum()) + self.uniform_ratio):
             self._rebuild()
         return self._probs
 
     def _rebuild(self) -> None:
-        self._probs = sampling_probabilities(self.sampling_ema(), self.uniform_ratio, self.kernel)
+        dtype = self.bin_failed_count.dtype
+        self._probs = sampling_probabilities(self.sampling_ema(), self.uniform_ratio, self.kernel).to(dtype)
         self._own_at_build = self.bin_failed_count.clone()
         self.rebuilds += 1
 
@@ -170,7 +184,9 @@ class AdaptiveMotionSampler(nn.Module):
             return {}
         if self.mode == "broadcast":
             return {self.key: broadcast(self.bin_count, owner=self.owner)}
-        return {self.key: merge(self.bin_count, stale_after_s=self.stale_after_s if self.mode == "pooled" else None)}
+        # an EMA is a current state: a fresh restart drops the previous life's slot (a resume takes it over)
+        stale = self.stale_after_s if self.mode == "pooled" else None
+        return {self.key: merge(self.bin_count, stale_after_s=stale, lifecycle="state")}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.bin_failed_count.detach().to("cpu", torch.float64).numpy().copy()
@@ -195,10 +211,21 @@ class AdaptiveMotionSampler(nn.Module):
             self._fleet = self._tensor(others)
         elif self.mode == "weighted":
             if float(parts["count"]) > 0:  # the failure-weighted mean of the shards' blended EMAs
-                self.bin_failed_count.copy_(self._tensor(parts["sum"] / parts["count"]))
+                mean = self._tensor(parts["sum"] / parts["count"]).to(self.bin_failed_count.dtype)
+                self.bin_failed_count.copy_(_finite(mean))
         elif self.shard_id != self.owner:
             self._fleet = self._tensor(parts["value"])
         self._own_at_build.fill_(float("nan"))  # the fleet moved: rebuild at the next sample
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array), dtype=self._fleet.dtype).to(self._fleet.device)
+        return torch.as_tensor(np.asarray(array), dtype=torch.float64).to(self._fleet.device)
+
+
+def _mark_resumed(module: nn.Module, incompatible: Any) -> None:
+    module.resumed = True
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with values beyond its dtype's range held at the largest finite value."""
+    big = torch.finfo(t.dtype).max
+    return torch.nan_to_num(t, nan=0.0, posinf=big, neginf=-big)

@@ -1,0 +1,40 @@
+-- claim.lua: a new incarnation for a shard id, issued by the server (never by a host's clock).
+--
+-- KEYS[1]   the run's meta hash
+-- KEYS[2]   the run's shards hash
+-- ARGV[1]   the shard id (a decimal integer)
+-- returns {'claimed', incarnation} | {'no_run'}
+--
+-- The incarnation is the server's time in microseconds, or one above the shard's current (and
+-- last claimed) incarnation if that is larger: every claim outranks every earlier one, whatever
+-- the collectors' clocks say. It becomes the shard's current incarnation at once, so a process
+-- still running under an earlier claim is refused as a zombie at its next publish.
+
+if not redis.call('HGET', KEYS[1], 'epoch') then return {'no_run'} end
+local shard = ARGV[1]
+
+local function newer(a, b) -- decimal strings without leading zeros: is a > b?
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+
+local function plus_one(s) -- a decimal string + 1, exact beyond 2^53
+  local digits, i = {}, #s
+  for k = 1, #s do digits[k] = string.byte(s, k) - 48 end
+  while i >= 1 do
+    if digits[i] < 9 then digits[i] = digits[i] + 1; break end
+    digits[i] = 0
+    i = i - 1
+  end
+  local out = table.concat(digits)
+  return i == 0 and '1' .. out or out
+end
+
+local t = redis.call('TIME')
+local new = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+for _, field in ipairs({shard .. ':incarnation', shard .. ':claimed'}) do
+  local cur = redis.call('HGET', KEYS[2], field)
+  if cur and string.match(cur, '^[1-9]%d*$') and not newer(new, cur) then new = plus_one(cur) end
+end
+redis.call('HSET', KEYS[2], shard .. ':incarnation', new, shard .. ':seq', 0, shard .. ':claimed', new)
+return {'claimed', new}

@@ -1,0 +1,57 @@
+-- restore.lua: replace a run's state by a snapshot's, in one atomic step (no fold in between).
+--
+-- KEYS[1]          the run's meta hash;   KEYS[2] the run's shards hash
+-- KEYS[2i+1], [2i+2] key-meta and data hashes of the i-th key of the snapshot's schema
+-- ARGV[1]          the new epoch id
+-- ARGV[2 ...]      per KEYS[h], in order: the number of fields n, then n (field, value) pairs
+-- returns {'restored', epoch, fleet_version}
+--
+-- The client validated every hash and vector before calling. Versions continue above both the
+-- current and the snapshot's, so no client sees one go backwards. The shards hash keeps the
+-- current entry of every shard id the run knows (its live collectors keep publishing; a slot of
+-- another incarnation in the snapshot is a previous life to them) and takes the snapshot's entry
+-- only for ids the run does not know (zombies of the snapshot's time stay refused).
+
+local function num(v) return tonumber(v) or 0 end
+
+local info = redis.pcall('INFO', 'server')
+local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or 'embedded'
+
+local current_fleet = num(redis.call('HGET', KEYS[1], 'fleet_version'))
+local current_versions = {}
+for h = 3, #KEYS, 2 do current_versions[h] = num(redis.call('HGET', KEYS[h], 'version')) end
+local current_shards = redis.call('HGETALL', KEYS[2])
+local known = {}
+for i = 1, #current_shards, 2 do known[string.match(current_shards[i], '^([^:]+):')] = true end
+
+redis.call('DEL', unpack(KEYS))
+local pos = 2
+local snap_fleet, snap_versions = 0, {}
+for h = 1, #KEYS do
+  local n = tonumber(ARGV[pos])
+  pos = pos + 1
+  local batch = {}
+  for i = 0, n - 1 do
+    local field, value = ARGV[pos + 2 * i], ARGV[pos + 2 * i + 1]
+    if h == 1 and field == 'fleet_version' then snap_fleet = num(value) end
+    if h >= 3 and h % 2 == 1 and field == 'version' then snap_versions[h] = num(value) end
+    local id = h == 2 and string.match(field, '^([^:]+):')
+    if not (id and known[id]) then
+      batch[#batch + 1] = field
+      batch[#batch + 1] = value
+    end
+    if #batch >= 2000 then redis.call('HSET', KEYS[h], unpack(batch)); batch = {} end
+  end
+  if #batch > 0 then redis.call('HSET', KEYS[h], unpack(batch)) end
+  pos = pos + 2 * n
+end
+for i = 1, #current_shards, 2000 do
+  redis.call('HSET', KEYS[2], unpack(current_shards, i, math.min(i + 1999, #current_shards)))
+end
+
+local fleet_version = math.max(current_fleet, snap_fleet) + 1
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version, 'server', server)
+for h = 3, #KEYS, 2 do
+  redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
+end
+return {'restored', ARGV[1], fleet_version}
