@@ -21,7 +21,7 @@ def lua_state(store: Store) -> dict:
     shards = {_s(k): _s(v) for k, v in r.hgetall(store.keys.shards).items()}
     for field, v in shards.items():
         sid, what = field.split(":")
-        if what != "at_us":
+        if what not in ("at_us", "claimed"):
             out["shards"].setdefault(int(sid), {})[what] = int(v)
     for name, spec in store.schema.keys.items():
         meta = {_s(k): _s(v) for k, v in r.hgetall(store.keys.key_meta(name)).items()}

@@ -40,7 +40,7 @@ def run(make_store):
     return store, shard
 
 
-def forge(store, *, keys=None, digest=None, shard="1", inc="500", seq="2", items=(("motion/bin_failed", GOOD_BINS),)):
+def forge(store, *, keys=None, digest=None, shard="1", inc="500", seq="2", items=(("motion/bin_failed", GOOD_BINS),), resume=None):
     k = store.keys
     def named(n):  # names may be forged bytes
         p = k.prefix.encode()
@@ -48,7 +48,8 @@ def forge(store, *, keys=None, digest=None, shard="1", inc="500", seq="2", items
         return (p + b"key:" + n, p + b"data:" + n)
 
     keys = keys or [k.meta, k.shards, k.reports, k.dead_letters] + [x for n, _ in items for x in named(n)]
-    args = [digest or store.schema.digest, shard, inc, seq, "0"] + [x for item in items for x in item]
+    resume = "0" * len(items) if resume is None else resume
+    args = [digest or store.schema.digest, shard, inc, seq, "0", resume] + [x for item in items for x in item]
     return store.scripts.fold(keys=keys, args=args)
 
 
@@ -71,6 +72,8 @@ CASES = {
     "zero incarnation": (dict(inc="0"), "malformed", None),
     "key reported twice": (dict(items=(("motion/bin_failed", GOOD_BINS), ("motion/bin_failed", GOOD_BINS))), "malformed", "motion/bin_failed"),
     "missing payload": (dict(items=(("motion/bin_failed",),)), "malformed", None),
+    "resume flag not 0 or 1": (dict(resume="2"), "malformed", None),
+    "resume flags miscounted": (dict(resume="00"), "malformed", None),
     "too large": (dict(items=(("motion/bin_failed", GOOD_BINS), ("obs/norm", f64(*[1] * 5)))), "too_large", None),
 }
 

@@ -128,10 +128,13 @@ local now_s = string.format('%.0f', now)
 -- The server process: a fold by another process than the previous fold's (a restart, a failover)
 -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
 -- re-publishes, and no (epoch, version) pair ever names two states.
+-- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
+-- denies INFO leaves the field as it is)
 local info = redis.pcall('INFO', 'server')
-local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or 'embedded'
+local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
+  (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
 local epoch = meta[1]
-if meta[7] and meta[7] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
+if server and meta[7] and meta[7] ~= '' and meta[7] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
 
 -- vector helpers: vectors are decoded CHUNK values at a time ----------------------------------------
 local function fmt_of(len)
@@ -327,7 +330,8 @@ for i = 1, nkeys do
 end
 
 fleet_version = math.max(fleet_version, tonumber(floor)) + 1
-redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s, 'epoch', epoch, 'server', server)
+redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s, 'epoch', epoch,
+  'server', server or meta[7] or '')
 redis.call('HSET', KEYS[2], shard .. ':incarnation', inc, shard .. ':seq', seq, shard .. ':at_us', now_s)
 
 local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',

@@ -14,8 +14,11 @@
 
 local function num(v) return tonumber(v) or 0 end
 
+-- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
+-- denies INFO leaves the field as it is)
 local info = redis.pcall('INFO', 'server')
-local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or 'embedded'
+local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
+  (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
 
 local current_fleet = num(redis.call('HGET', KEYS[1], 'fleet_version'))
 local current_versions = {}
@@ -50,7 +53,8 @@ for i = 1, #current_shards, 2000 do
 end
 
 local fleet_version = math.max(current_fleet, snap_fleet) + 1
-redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version, 'server', server)
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version)
+if server then redis.call('HSET', KEYS[1], 'server', server) end
 for h = 3, #KEYS, 2 do
   redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
 end

@@ -1,0 +1,483 @@
+"""A collector's life cycle, one test per problem of the life-cycle issue, on both backends.
+
+Restarts and resumes, clock skew, cancellation, overflow, half-failed folds, restores, lost writes,
+the Syncer's honesty and reports for runs that do not exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+import redisync
+from redisync import errors
+from redisync.schema import Schema, broadcast, merge
+from redisync.syncer import Syncer
+from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
+
+FRAMES = 20 * 50 - 1  # 20 one-second bins
+
+
+def scalar(x) -> float:
+    return float(np.ravel(x)[0])
+
+
+def state_bytes(store) -> dict:
+    return store.snapshot().hashes
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# 1. restarts and resumes ------------------------------------------------------------------------
+
+
+def test_a_fresh_restart_drops_a_state_slot_and_retires_a_history_slot(make_store):
+    store = make_store()
+    store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2)})
+    first = store.shard(0)
+    first.publish({"motion/ema": {"count": 1, "sum": [3.0, 1.0]}, "obs/norm": {"count": 10, "sum": [5.0, 5.0]}})
+    for life in range(3):  # each further restart adds nothing to the state key
+        again = store.shard(0)
+        again.publish({"motion/ema": {"count": 1, "sum": [0.5, 0.25]}, "obs/norm": {"count": 2, "sum": [1.0, 1.0]}})
+    fleet = store.fleet().keys
+    np.testing.assert_array_equal(fleet["motion/ema"].parts()["sum"], [0.5, 0.25])
+    assert fleet["motion/ema"].parts()["count"] == 1
+    assert fleet["obs/norm"].parts()["count"] == 10 + 2 * 3  # every life's samples, each counted once
+
+
+def test_a_resumed_shard_takes_over_its_slot_for_both_kinds(make_store):
+    store = make_store()
+    store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2)})
+    store.shard(1).publish({"motion/ema": {"count": 1, "sum": [1.0, 1.0]}, "obs/norm": {"count": 4, "sum": [4.0, 4.0]}})
+    store.shard(0).publish({"motion/ema": {"count": 1, "sum": [3.0, 1.0]}, "obs/norm": {"count": 10, "sum": [5.0, 5.0]}})
+    resumed = store.shard(0, resume=True)  # a checkpoint holding the cumulative statistics above
+    view = resumed.pull().keys["obs/norm"]
+    own_now = {"count": 11, "sum": [6.0, 6.0]}
+    np.testing.assert_array_equal(view.view(own_now)["count"], 4 + 11)  # the previous life is own data, not others'
+    resumed.publish({"motion/ema": {"count": 1, "sum": [3.0, 1.5]}, "obs/norm": own_now})
+    fleet = store.fleet().keys
+    np.testing.assert_array_equal(fleet["motion/ema"].parts()["sum"], [4.0, 2.5])  # not counted twice
+    assert fleet["obs/norm"].parts()["count"] == 15
+    assert "retired" not in store.redis.hgetall(store.keys.key_data("obs/norm")) and b"retired" not in store.redis.hgetall(store.keys.key_data("obs/norm"))
+
+
+def test_resume_can_name_single_keys(make_store):
+    store = make_store()
+    store.register({"motion/ema": merge(1, lifecycle="state"), "obs/norm": merge(1)})
+    store.shard(0).publish({"motion/ema": {"count": 1, "sum": 2.0}, "obs/norm": {"count": 10, "sum": 5.0}})
+    store.shard(0, resume={"motion/ema"}).publish({"motion/ema": {"count": 1, "sum": 2.5}, "obs/norm": {"count": 1, "sum": 1.0}})
+    fleet = store.fleet().keys
+    assert scalar(fleet["motion/ema"].parts()["sum"]) == 2.5
+    assert scalar(fleet["obs/norm"].parts()["count"]) == 11  # not resumed: the old life retired, the new one added
+
+
+def _sampler_fleet(url, shard_id: int, sampler: AdaptiveMotionSampler, run: str) -> Syncer:
+    return Syncer(redisync.connect(url, run=run), shard_id, [sampler], publish_every_steps=1).start()
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_restarted_pooled_sampler_is_counted_once(backend, resume):
+    """The default sampler through Syncers: a checkpoint resume takes the slot over, a fresh start drops it."""
+    from .conftest import backend_url
+
+    url, run = backend_url(backend), f"life-{backend}-{resume}-{time.time_ns()}"
+    store = redisync.connect(url, run=run)
+    try:
+        ema = torch.tensor([0.0] * 19 + [2.0])
+        first = AdaptiveMotionSampler(FRAMES, 0.02)
+        first.bin_failed_count.copy_(ema)
+        checkpoint = first.state_dict()
+        syncer = _sampler_fleet(url, 0, first, run)
+        syncer.on_step()
+        assert syncer.wait_synced(timeout=10)
+        syncer.stop()  # the process dies; its slot is still in the store
+
+        second = AdaptiveMotionSampler(FRAMES, 0.02)
+        if resume:
+            second.load_state_dict(checkpoint)
+            assert second.resumed
+        syncer = _sampler_fleet(url, 0, second, run)
+        syncer.on_step()
+        assert syncer.wait_synced(timeout=10)
+        syncer.at_reset_boundary()
+        fleet_sum = store.fleet().keys["motion/bin_failed"].parts()["sum"]
+        want = ema.numpy() if resume else np.zeros(20)
+        np.testing.assert_allclose(fleet_sum, want)  # never 2x, never a frozen copy of the old life
+        np.testing.assert_allclose(second.sampling_ema().numpy(), want, atol=1e-6)
+        syncer.stop()
+    finally:
+        store.delete()
+
+
+# 2. clock skew ----------------------------------------------------------------------------------
+
+
+def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkeypatch):
+    store = make_store()
+    store.register({"obs/norm": merge(1)})
+    first = store.shard(0)
+    first.publish({"obs/norm": {"count": 1, "sum": 1.0}})
+    monkeypatch.setattr(time, "time_ns", lambda: 1)  # a host whose clock is far behind
+    restarted = store.shard(0)
+    assert restarted.incarnation > first.incarnation
+    restarted.publish({"obs/norm": {"count": 2, "sum": 2.0}})  # accepted, not a zombie
+    assert scalar(store.fleet().keys["obs/norm"].parts()["count"]) == 3
+
+
+def test_the_later_of_two_claims_wins(make_store):
+    store = make_store()
+    store.register({"obs/norm": merge(1)})
+    early, late = store.shard(3), store.shard(3)
+    assert early.incarnation < late.incarnation  # both claimed before either published
+    late.publish({"obs/norm": {"count": 1, "sum": 1.0}})
+    with pytest.raises(errors.StaleIncarnation):
+        early.publish({"obs/norm": {"count": 5, "sum": 5.0}})
+    # even before the later claim publishes, the earlier one is a zombie
+    a, b = store.shard(4), store.shard(4)
+    a.incarnation, b.incarnation
+    with pytest.raises(errors.StaleIncarnation):
+        a.publish({"obs/norm": {"count": 1, "sum": 1.0}})
+
+
+def test_claims_outrank_incarnations_beyond_float_precision(make_store):
+    store = make_store()
+    store.register({"obs/norm": merge(1)})
+    old = store.shard(0, incarnation=9_007_199_254_740_993)  # 2^53 + 1, a nanosecond clock's range
+    old.publish({"obs/norm": {"count": 1, "sum": 1.0}})
+    assert store.shard(0).incarnation == 9_007_199_254_740_994
+
+
+# 3. cancellation and 4. overflow ----------------------------------------------------------------
+
+
+def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
+    store = make_store()
+    store.register({"motion/ema": merge(1)})
+    shard = store.shard(0)
+    for v in (1e16, 1.0, 0.0, 0.5):
+        shard.publish({"motion/ema": {"count": 1, "sum": v}})
+    assert scalar(store.fleet().keys["motion/ema"].parts()["sum"]) == 0.5
+
+
+def test_a_fold_that_would_overflow_is_refused_and_changes_nothing(make_store):
+    store = make_store()
+    store.register({"motion/ema": merge(2), "obs/norm": merge(1, sumsq=True)})
+    a, b = store.shard(0), store.shard(1, incarnation=7)
+    a.publish({"motion/ema": {"count": 1, "sum": [1e308, 0.0]}})
+    before = state_bytes(store)
+    with pytest.raises(errors.NonFiniteValue, match="overflow"):
+        b.publish({"motion/ema": {"count": 1, "sum": [1e308, 0.0]}})
+    assert state_bytes(store) == before
+    assert store.dead_letters(1)[0]["reason"] == "non_finite"
+    with pytest.raises(errors.NonFiniteValue, match="moments"):  # sumsq / count beyond float64
+        b.publish({"obs/norm": {"count": 1e-10, "sum": 0.0, "sumsq": 1e300}})
+    a.publish({"motion/ema": {"count": 1, "sum": [1.0, 0.0]}})  # small again: everything finite and exact
+    b.publish({"motion/ema": {"count": 1, "sum": [2.0, 0.0]}})
+    view = store.fleet().keys["motion/ema"]
+    assert view.parts()["sum"][0] == 3.0 and np.isfinite(view.moments()[0]).all()
+
+
+def test_a_float32_sampler_survives_a_fleet_value_beyond_its_range(make_store):
+    store = make_store()
+    sampler = AdaptiveMotionSampler(FRAMES, 0.02, dtype=torch.float32)
+    store.register(Schema.of(sampler.schema_entries()))
+    store.shard(1).publish({"motion/bin_failed": {"count": 1, "sum": [1e300] + [0.0] * 19}})
+    shard = store.shard(0)
+    sampler.apply_shard_state(shard.pull())
+    starts = sampler.sample(256)
+    p = sampler.probabilities()
+    assert torch.isfinite(p).all() and abs(float(p.sum()) - 1) < 1e-5 and float(p[0]) > 0.99
+    assert ((starts >= 0) & (starts < FRAMES)).all()
+    weighted = AdaptiveMotionSampler(FRAMES, 0.02, mode="weighted", key="motion/w")
+    store2 = make_store()
+    store2.register(Schema.of(weighted.schema_entries()))
+    store2.shard(1).publish({"motion/w": {"count": 1, "sum": [1e300] + [0.0] * 19}})
+    weighted.apply_shard_state(store2.shard(0).pull())
+    assert torch.isfinite(weighted.bin_failed_count).all() and torch.isfinite(weighted.sample(16).float()).all()
+
+
+def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store):
+    store = make_store()
+    norm = SyncedEmpiricalNormalization(1)
+    store.register(Schema.of(norm.schema_entries()))
+    store.shard(1).publish({"obs/norm": {"count": 1, "sum": [1e100], "sumsq": [1e250]}})  # finite in float64 only
+    norm.apply_shard_state(store.shard(0).pull())
+    out = norm(torch.tensor([[1.0]]))
+    assert torch.isfinite(norm._mean).all() and torch.isfinite(norm._std).all() and torch.isfinite(out).all()
+
+
+# 5. all-or-nothing folds ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["slot of the wrong length", "missing data hash", "retired of the wrong length",
+                                    "data hash of the wrong type"])
+def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
+    store = make_store()
+    store.register({"a/first": merge(2), "b/second": merge(2)})
+    other = store.shard(1)
+    other.publish({"a/first": {"count": 1, "sum": [1.0, 1.0]}, "b/second": {"count": 1, "sum": [1.0, 1.0]}})
+    data = store.keys.key_data("b/second")
+    if damage == "slot of the wrong length":
+        store.redis.hset(data, "slot:1", b"\0" * 12)
+    elif damage == "missing data hash":  # evicted, or lost in a partial restore
+        store.redis.delete(data)
+    elif damage == "retired of the wrong length":
+        store.redis.hset(data, "retired", b"\0" * 8)
+    else:
+        store.redis.delete(data)
+        store.redis.set(data, "not a hash")
+    shard = store.shard(0, incarnation=7)
+    before = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    with pytest.raises(errors.CorruptState, match="b/second"):
+        shard.publish({"a/first": {"count": 1, "sum": [2.0, 2.0]}, "b/second": {"count": 1, "sum": [2.0, 2.0]}})
+    after = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    dead = after.pop(store.keys.dead_letters.encode())
+    assert dead is not None and {k: v for k, v in before.items() if k != store.keys.dead_letters.encode()} == after
+
+
+# 6. restore -------------------------------------------------------------------------------------
+
+
+def _bad_snapshots(snap):
+    import base64
+
+    def with_field(hash_name, field, raw):
+        hashes = {n: dict(h) for n, h in snap.hashes.items()}
+        if raw is None:
+            hashes[hash_name].pop(field)
+        else:
+            hashes[hash_name][field] = base64.b64encode(raw).decode()
+        return snap.model_copy(update={"hashes": hashes})
+
+    yield "wrong length", with_field("data:obs/norm", "agg", b"\0" * 16)
+    yield "non-finite", with_field("data:obs/norm", "slot:0", np.array([1.0, np.inf, 0.0]).tobytes())
+    yield "writers without a slot", with_field("data:obs/norm", "slot:0", None)
+    yield "missing key hash", snap.model_copy(update={"hashes": {n: h for n, h in snap.hashes.items() if n != "key:obs/norm"}})
+    yield "missing meta field", with_field("meta", "fleet_version", None)
+
+
+def test_restore_validates_everything_before_writing(make_store):
+    store = make_store()
+    store.register({"obs/norm": merge(2), "c/scale": broadcast(())})
+    store.shard(0).publish({"obs/norm": {"count": 2, "sum": [1.0, 2.0]}, "c/scale": {"value": 0.5}})
+    snap = store.snapshot()
+    store.shard(1).publish({"obs/norm": {"count": 3, "sum": [1.0, 1.0]}})
+    before = state_bytes(store)
+    for what, bad in _bad_snapshots(snap):
+        with pytest.raises(errors.CorruptSnapshot):
+            store.restore(bad)
+        assert state_bytes(store) == before, what
+
+
+def test_restore_is_atomic_with_a_fold_racing_it(make_store):
+    store = make_store()
+    store.register({"obs/norm": merge(2)})
+    racer = store.shard(1)
+    racer.publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}})
+    snap = store.snapshot()
+    seen = []
+    call = store._call
+
+    def injected(script, keys, args):  # a fold lands right before the restore runs
+        if script is store.scripts.restore:
+            seen.append(racer.publish({"obs/norm": {"count": 5, "sum": [2.0, 2.0]}}).fleet_version)
+        return call(script, keys, args)
+
+    store._call = injected
+    store.restore(snap)
+    store._call = call
+    after = racer.pull()
+    assert after.epoch_changed and after.fleet_version > seen[0]  # never backwards for the racer
+    racer.publish({"obs/norm": {"count": 6, "sum": [2.0, 2.0]}})  # the live collector keeps publishing
+    assert scalar(store.fleet().keys["obs/norm"].parts()["count"]) == 6
+
+
+def test_restore_into_another_run_keeps_its_live_collectors(make_store):
+    source, target = make_store(), make_store()
+    schema = Schema.of({"obs/norm": merge(1), "ema/x": merge(1, lifecycle="state")})
+    source.register(schema)
+    target.register(schema)
+    source.shard(0, incarnation=10**17).publish({"obs/norm": {"count": 7, "sum": 7.0}, "ema/x": {"count": 1, "sum": 3.0}})
+    live = target.shard(0)
+    live.publish({"obs/norm": {"count": 1, "sum": 1.0}, "ema/x": {"count": 1, "sum": 1.0}})
+    target.restore(source.snapshot())
+    # the snapshot's shard 0 is another incarnation: a previous life to the live collector
+    live.publish({"obs/norm": {"count": 2, "sum": 2.0}, "ema/x": {"count": 1, "sum": 0.5}})
+    fleet = target.fleet().keys
+    assert scalar(fleet["obs/norm"].parts()["count"]) == 7 + 2  # history retired
+    assert scalar(fleet["ema/x"].parts()["sum"]) == 0.5  # state dropped
+
+
+# 7. lost writes ---------------------------------------------------------------------------------
+
+
+def lose_tail(store, saved: dict) -> None:
+    """What a crash that lost the tail of the append-only file leaves: the keys as they were, on a
+    new server process (the run's ``server`` field names another process than the current one)."""
+    for k in list(store.redis.scan_iter(match=store.keys.pattern)):
+        store.redis.delete(k)
+    for k, v in saved.items():
+        store.redis.restore(k, 0, v, replace=True)
+    store.redis.hset(store.keys.meta, "server", "previous-process")
+
+
+def test_after_lost_writes_no_version_names_two_states(make_store):
+    store = make_store()
+    store.register({"obs/norm": merge(1)})
+    a, b, c = store.shard(0), store.shard(1), store.shard(2)
+    a.publish({"obs/norm": {"count": 1, "sum": 1.0}})
+    b.publish({"obs/norm": {"count": 1, "sum": 1.0}})
+    saved = {k: store.redis.dump(k) for k in store.redis.scan_iter(match=store.keys.pattern)}
+    lost = a.publish({"obs/norm": {"count": 10, "sum": 10.0}})  # folded, seen, then lost
+    seen = a.pull()
+    lose_tail(store, saved)
+    folded = b.publish({"obs/norm": {"count": 2, "sum": 2.0}})  # another client folds first
+    assert folded.epoch != seen.epoch  # a new server process opens a new epoch
+    assert (folded.epoch, folded.fleet_version) != (seen.epoch, seen.fleet_version)
+    again = a.pull()  # the client that saw the lost state takes the new one
+    assert again is not None and again.epoch_changed and scalar(again.keys["obs/norm"].parts()["count"]) == 3
+    a.publish({"obs/norm": {"count": 11, "sum": 11.0}})  # and its re-publish restores its slot
+    c.publish({"obs/norm": {"count": 1, "sum": 1.0}})
+    assert scalar(store.fleet().keys["obs/norm"].parts()["count"]) == 11 + 2 + 1
+    assert lost.fleet_version == 3
+
+
+# 8. the Syncer tells the truth ------------------------------------------------------------------
+
+
+class _NormTerm:
+    def __init__(self, key="obs/n", size=2):
+        self.key, self.size, self.count, self.fleet = key, size, 0.0, None
+
+    def schema_entries(self):
+        return {self.key: merge(self.size)}
+
+    def report_shard_state(self):
+        self.count += 1
+        return {self.key: {"count": self.count, "sum": np.full(self.size, self.count)}}
+
+    def apply_shard_state(self, fleet):
+        view = fleet.keys.get(self.key)
+        if view is not None and view.value is not None:
+            self.fleet = scalar(view.parts()["count"])
+
+
+def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
+    store = make_store()
+    term = _NormTerm()
+    syncer = Syncer(store, 0, [term], publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
+
+    def out_of_memory(reports):
+        raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+
+    syncer.shard.publish = out_of_memory
+    with caplog.at_level(logging.ERROR, logger="redisync.syncer"):
+        other = store.shard(1)
+        for i in range(5):
+            syncer.on_step()
+            other.publish({"obs/n": {"count": i + 1, "sum": [1.0, 1.0]}})
+            time.sleep(0.1)
+        assert wait_for(lambda: syncer.at_reset_boundary() or term.fleet == 5.0)
+        assert term.fleet == 5.0  # the view follows the store although our publishes fail
+        assert syncer.health()["ok"] is False and "OOM" in syncer.health()["error"]
+        assert syncer.metrics()["redisync/healthy"] == 0.0
+    syncer.stop(flush=False, timeout=1)
+    assert sum("OOM" in r.getMessage() for r in caplog.records) == 1  # logged once, not per retry
+
+
+def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog):
+    store = make_store()
+    store.register({"obs/n": merge(3)})
+    with pytest.raises(errors.SchemaMismatch, match="obs/n"):
+        Syncer(store, 0, [_NormTerm()]).start()
+    store.delete()
+    syncer = Syncer(store, 0, [_NormTerm()], publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
+    syncer.on_step()
+    assert syncer.wait_synced(timeout=10)
+    store.delete()  # the store restarts, and another trainer registers the run first
+    redisync.connect(None if store.url == "embedded" else store.url, run=store.run).register({"obs/n": merge(30)})
+    with caplog.at_level(logging.ERROR, logger="redisync.syncer"):
+        for _ in range(5):
+            syncer.on_step()
+            time.sleep(0.1)
+        assert wait_for(lambda: syncer.metrics()["redisync/schema_mismatch"] == 1.0)
+        time.sleep(0.3)
+    assert "obs/n" in syncer.health()["schema_mismatch"]
+    assert sum("mismatch" in r.getMessage() for r in caplog.records) == 1
+    syncer.stop(flush=False, timeout=1)
+
+
+def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    held = []
+    threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
+    store = redisync.connect(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", run="silent", socket_timeout=30)
+    syncer = Syncer(store, 0, [_NormTerm()], incarnation=1)
+    syncer._threads = [threading.Thread(target=syncer._work, daemon=True), threading.Thread(target=syncer._listen, daemon=True)]
+    for t in syncer._threads:
+        t.start()
+    syncer.on_step()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    syncer.stop(timeout=1)
+    assert time.monotonic() - t0 < 1.5
+    listener.close()
+
+
+def test_a_shard_client_shared_by_threads_never_rolls_back(make_store):
+    store = make_store()
+    store.register({"obs/n": merge(1)})
+    shard = store.shard(0)
+    failures = []
+
+    def publish_many():
+        for i in range(50):
+            try:
+                shard.publish({"obs/n": {"count": i, "sum": 0.0}})
+            except errors.RedisyncError as e:
+                failures.append(e)
+
+    threads = [threading.Thread(target=publish_many) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [] and shard.seq == 200
+
+
+# 9. reports for runs that do not exist ----------------------------------------------------------
+
+
+def test_a_report_for_an_unknown_run_creates_no_key(make_store):
+    store = make_store()
+    store.register({"obs/n": merge(1)})
+    ghost = redisync.connect(None if store.url == "embedded" else store.url, run=store.run + "-ghost")
+    ghost._adopt(store.schema)
+    with pytest.raises(errors.RunNotFound):
+        ghost.shard(0, incarnation=5).publish({"obs/n": {"count": 1, "sum": 1.0}})
+    assert list(ghost.redis.scan_iter(match=ghost.keys.pattern)) == []
+
+
+def test_the_fold_accepts_exactly_the_run_names_the_client_accepts(make_store):
+    store = make_store()
+    store.register({"obs/n": merge(1)})
+    from redisync.codec import parse_publish
+
+    for forged in ("redisync:{a b}:meta", "redisync:{" + "x" * 129 + "}:meta", "redisync:{a/b}:meta"):
+        reply = store.scripts.fold(keys=[forged], args=["x"])
+        with pytest.raises(errors.MalformedReport, match="not a redisync meta key"):
+            parse_publish(reply, [])
