@@ -15,6 +15,7 @@ moments non-finite is refused.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import AbstractSet, Literal, Mapping
 
@@ -118,6 +119,17 @@ class ReferenceFold:
         self.shards[shard_id] = ShardState(new, 0, cur.at_us if cur else 0)
         self.claimed[shard_id] = new
         return new
+
+    def restore(self, snap: "ReferenceFold") -> None:
+        """Replace the state by ``snap``'s, as ``lua/restore.lua`` does: versions above both, and the
+        shards this run knows keep their current incarnation (its live collectors keep publishing)."""
+        self.fleet_version = max(self.fleet_version, snap.fleet_version) + 1
+        for name, key in snap.keys.items():
+            mine = self.keys[name]
+            self.keys[name] = copy.deepcopy(key)
+            self.keys[name].version = max(mine.version, key.version) + 1
+        self.shards = {**copy.deepcopy(snap.shards), **self.shards}
+        self.claimed = {**snap.claimed, **self.claimed}
 
     def apply(
         self,
