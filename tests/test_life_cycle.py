@@ -167,8 +167,8 @@ def test_claims_outrank_incarnations_beyond_float_precision(make_store):
 def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
     store = make_store()
     store.register({"motion/ema": merge(1)})
-    shard = store.shard(0)
-    for v in (1e16, 1.0, 0.0, 0.5):
+    a, b = store.shard(0), store.shard(1)
+    for shard, v in ((a, 1e16), (b, 1.0), (a, 0.0), (b, 0.5)):  # an incremental (agg - old) + new ends at -0.5
         shard.publish({"motion/ema": {"count": 1, "sum": v}})
     assert scalar(store.fleet().keys["motion/ema"].parts()["sum"]) == 0.5
 
@@ -467,8 +467,8 @@ def test_a_report_for_an_unknown_run_creates_no_key(make_store):
     store.register({"obs/n": merge(1)})
     ghost = redisync.connect(None if store.url == "embedded" else store.url, run=store.run + "-ghost")
     ghost._adopt(store.schema)
-    with pytest.raises(errors.RunNotFound):
-        ghost.shard(0, incarnation=5).publish({"obs/n": {"count": 1, "sum": 1.0}})
+    with pytest.raises(errors.RunNotFound):  # straight to the script, as a client that skips its checks
+        ghost.shard(0, incarnation=5).publish_payloads({"obs/n": np.array([1.0, 1.0]).tobytes()}, seq=1)
     assert list(ghost.redis.scan_iter(match=ghost.keys.pattern)) == []
 
 
