@@ -142,9 +142,7 @@ class Syncer:
         else:
             self.shard.resume = resumed
         try:
-            self.store.register(self.schema)
-            self.shard.incarnation  # claimed now, before this process publishes anything
-            self._registered = True
+            self._register()  # the incarnation is claimed now, before this process publishes anything
         except errors.ConnectionUnavailable as e:
             log.info("store unavailable at start (the worker keeps trying): %s", e)
         self._threads = [
@@ -209,6 +207,7 @@ class Syncer:
                 self._wake.set()  # try again: the pending report is still there
 
     def _register(self) -> bool:
+        """Register the schema and claim the shard's incarnation (a no-op once claimed)."""
         self.store.register(self.schema)
         self.shard.incarnation
         self._registered = True

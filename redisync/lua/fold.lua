@@ -26,7 +26,6 @@
 local CHUNK = 128
 local FMT = '<' .. string.rep('d', CHUNK)
 local sunpack, spack = struct.unpack, struct.pack
-local BIG = 1.79769313486231570e308
 
 local run = string.match(KEYS[1] or '', '^redisync:{([%w_%.:%-]+)}:meta$')
 if not run or #run > 128 then
