@@ -107,9 +107,9 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
         click.echo(f"collector loop: {col['step_ms_sync_off']:.3f} ms/step sync off, {col['step_ms_sync_on']:.3f} ms/step sync on "
                    f"({col['overhead_pct_of_step']:+.1f}%); syncer calls median {col['syncer_call_us_median']:.1f} us, "
                    f"p99 {col['syncer_call_us_p99']:.0f} us")
-        rows = [[r["device"], r["bins"], f"{r['rebuild_us_kernel1']:.1f}", f"{r['rebuild_us_kernel5']:.1f}", f"{r['sample_4096_us']:.0f}"]
-                for r in res["rebuild"]]
-        click.echo(_table(["device", "bins", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows))
+        rows = [[r["device"], r["groups"], r["bins"], f"{r['rebuild_us_kernel1']:.1f}", f"{r['rebuild_us_kernel5']:.1f}",
+                 f"{r['sample_4096_us']:.0f}"] for r in res["rebuild"]]
+        click.echo(_table(["device", "groups", "bins per group", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows))
     if res["url"] == EMBEDDED:
         click.echo("(the targets are set for a real Redis on loopback; the embedded store is Python)")
     for name, t in res["targets"].items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -12,12 +12,18 @@ from .schema import MergeSpec, Schema
 
 
 class FleetMonitor:
-    """Follows a run without a slot of its own. ``refresh()`` costs one round trip."""
+    """Follows a run without a slot of its own. ``refresh()`` costs one round trip.
 
-    def __init__(self, store: Store, schema: Schema | None = None):
+    ``terms`` are the learner's copies of collector terms (the same configuration, no slot): a term
+    with ``fleet_metrics(state)`` adds its own view of the fleet to :meth:`metrics`, one with
+    ``fleet_probabilities(state)`` (the adaptive sampler, per group) shows in :meth:`distributions`.
+    """
+
+    def __init__(self, store: Store, schema: Schema | None = None, terms: Iterable[Any] = ()):
         self.store = store
         if schema is not None:
             store.register(schema)
+        self.terms = list(terms)
         self.state: PullResult | None = None
 
     def refresh(self) -> PullResult | None:
@@ -45,7 +51,19 @@ class FleetMonitor:
                 out[f"redisync/{name}/sum_total"] = float(np.sum(parts["sum"]))
             elif parts["value"].size == 1:
                 out[f"redisync/{name}/value"] = float(parts["value"])
+        for term in self.terms:
+            if hasattr(term, "fleet_metrics"):
+                out.update(term.fleet_metrics(state))
         return out
+
+    def distributions(self) -> dict[str, Any]:
+        """Per sampler key, the distribution the fleet samples from (``[groups, bins]`` when grouped)."""
+        if self.state is None:
+            self.refresh()
+        state = self.state
+        assert state is not None
+        found = {term.key: term.fleet_probabilities(state) for term in self.terms if hasattr(term, "fleet_probabilities")}
+        return {key: probs for key, probs in found.items() if probs is not None}
 
     def state_dict(self) -> dict[str, Any]:
         """The whole run, JSON-safe, to put into the learner's checkpoint."""

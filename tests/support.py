@@ -111,3 +111,17 @@ def send_as(client, incarnation: int, encoded: dict, seq: int):
         return client.publish_payloads(encoded, seq)
     finally:
         client.incarnation = own
+
+
+def sync(store, shards, terms):
+    """Every shard publishes its terms' reports, then every shard pulls and applies."""
+    for client, mine in zip(shards, terms):
+        reports = {}
+        for term in mine:
+            reports.update(term.report_shard_state())
+        if reports:
+            client.publish(reports)
+    for client, mine in zip(shards, terms):
+        client.pull()
+        for term in mine:
+            term.apply_shard_state(client.known)

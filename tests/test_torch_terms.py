@@ -20,6 +20,8 @@ from redisync.torch import (
     TerrainLevels,
 )
 
+from .support import sync
+
 F64 = torch.float64
 
 
@@ -86,7 +88,7 @@ def test_local_sampler_reproduces_beyondmimic_step_for_step(kernel_size):
         if step % 3 == 0:
             ours.record_failures(ts, failed)
             ref.reset(ts, failed)
-            assert torch.equal(ours.sample(16, g1), ref.sample(16, g2))
+            assert torch.equal(ours.sample(16, generator=g1), ref.sample(16, g2))
         assert torch.equal(ours.probabilities(), ref.probs())
         ours.step()
         ref.step()
@@ -148,20 +150,6 @@ def test_terrain_levels_follow_isaaclab():
 
 
 # ----------------------------------------------------------------------------------- synced = unsharded
-
-
-def sync(store, shards, terms):
-    """Every shard publishes its terms' reports, then every shard pulls and applies."""
-    for client, mine in zip(shards, terms):
-        reports = {}
-        for term in mine:
-            reports.update(term.report_shard_state())
-        if reports:
-            client.publish(reports)
-    for client, mine in zip(shards, terms):
-        client.pull()
-        for term in mine:
-            term.apply_shard_state(client.known)
 
 
 @pytest.mark.parametrize("n_shards", [1, 2, 4, 8])

@@ -12,9 +12,10 @@ import torch
 from ..client import connect
 from ..syncer import Syncer
 from .normalization import SyncedEmpiricalNormalization
-from .sampler import AdaptiveMotionSampler, sampling_probabilities
+from .sampler import FPS, AdaptiveMotionSampler, frames_for_bins
 
 STEP_S = 1e-3
+REBUILD_SHAPES = ((1, 100), (1, 1000), (1, 10000), (1000, 100))  # (groups, bins per group): 1 000 motions x 100 bins last
 
 
 def _calibrated_step() -> tuple[torch.Tensor, int]:
@@ -81,33 +82,33 @@ def measure_collector_overhead(url: str | None, steps: int = 2000, reset_every: 
     }
 
 
-def measure_rebuild(bins: tuple[int, ...] = (100, 1000, 10000), calls: int = 200) -> list[dict[str, Any]]:
-    """Time to rebuild the sampling distribution (kernel sizes 1 and 5) and to draw 4096 start bins."""
+def measure_rebuild(shapes: tuple[tuple[int, int], ...] = REBUILD_SHAPES, calls: int = 200) -> list[dict[str, Any]]:
+    """Per (groups, bins per group): the time to rebuild every group's sampling distribution after
+    the EMA moved (kernel sizes 1 and 5), and to draw 4 096 start frames (each env its own group)."""
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     out = []
     for device in devices:
-        for n in bins:
-            ema = torch.rand(n, device=device)
-            row: dict[str, Any] = {"device": device, "bins": n}
+        for groups, bins in shapes:
+            row: dict[str, Any] = {"device": device, "groups": groups, "bins": bins}
+            frames = frames_for_bins(bins) if groups == 1 else [frames_for_bins(bins)] * groups
             for k in (1, 5):
-                kernel = torch.tensor([0.8**i for i in range(k)], device=device)
-                kernel = kernel / kernel.sum()
+                sampler = AdaptiveMotionSampler(frames, 1 / FPS, mode="local", kernel_size=k, device=device)
+                sampler.bin_failed_count.copy_(torch.rand(sampler.bin_count, device=device))
                 times = []
                 for _ in range(calls):
-                    t = time.perf_counter()
-                    sampling_probabilities(ema, 0.1, kernel)
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - t)
+                    sampler.bin_failed_count.add_(1e-3)  # the EMA moved: the next call rebuilds
+                    times.append(_timed(sampler.probabilities, device))
                 row[f"rebuild_us_kernel{k}"] = statistics.median(times) * 1e6
-            p = sampling_probabilities(ema, 0.1, torch.ones(1, device=device))
-            times = []
-            for _ in range(calls):
-                t = time.perf_counter()
-                torch.multinomial(p, 4096, replacement=True)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t)
+            group_ids = None if groups == 1 else torch.randint(0, groups, (4096,), device=device)
+            times = [_timed(lambda: sampler.sample(4096, group_ids), device) for _ in range(calls)]
             row["sample_4096_us"] = statistics.median(times) * 1e6
             out.append(row)
     return out
+
+
+def _timed(call: Any, device: str) -> float:
+    t = time.perf_counter()
+    call()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t

@@ -2,8 +2,23 @@
 
 The algorithm, unchanged: one bin per second of motion; each env step the per-bin failure EMA
 takes in the bins of the envs that failed, ``ema ← α·current + (1 − α)·ema``; at reset the start
-distribution is ``p = ema + ε / bin_count``, right-padded by ``k − 1`` (replicate), convolved with
-the kernel ``λʲ / Σλʲ`` and normalised; a bin is drawn, then a uniform offset inside it.
+distribution is built from ``ema``, right-padded by ``k − 1`` (replicate) and convolved with the
+kernel ``λʲ / Σλʲ``; a bin is drawn, then a uniform offset inside it. The uniform term enters in
+one of two ways (``uniform_mix``):
+
+- ``code`` (default, bit-exact with BeyondMimic's code and mjlab's port): ``p ∝ smooth(ema + ε/B)``.
+  The uniform share is ``ε / (Σema + ε)``, so it shrinks as the envs feeding the EMA and their
+  failures grow: a shard that sees 1/N of the fleet samples flatter than the fleet does.
+- ``paper`` (the paper's formula): ``p' = ε/B + (1 − ε)·p`` with ``p = smooth(ema) / Σ``
+  (uniform while nothing failed). Every bin keeps at least ``ε/B`` whatever the env count, and
+  scaling every failure count by a constant changes nothing.
+
+**Groups.** ``num_frames`` may be a sequence: one motion of a library, or one env profile, per
+group, each with bins of its own. The EMA is one flat vector (the groups' bins end to end: the
+synced key), and every group's distribution is rebuilt at once on a padded ``[G, max bins]``
+grid; nothing loops over groups in Python. Pooling is per bin, so each group is pooled across the
+fleet whatever mix of groups each shard runs. :meth:`AdaptiveMotionSampler.sample_groups` draws
+the group itself, weighted by its failure mass with a uniform floor.
 
 What sync changes is only *which* EMA feeds ``p``:
 
@@ -17,8 +32,9 @@ What sync changes is only *which* EMA feeds ``p``:
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +46,8 @@ from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES = ("local", "pooled", "weighted", "broadcast")
+UniformMix = Literal["code", "paper"]
+MIXES = ("code", "paper")
 
 
 FPS = 50  # the control rate of the tracking tasks: one bin per second of motion is 50 frames
@@ -40,24 +58,97 @@ def frames_for_bins(bins: int, fps: int = FPS) -> int:
     return bins * fps - 1
 
 
-def sampling_probabilities(ema: torch.Tensor, uniform_ratio: float, kernel: torch.Tensor) -> torch.Tensor:
-    """BeyondMimic's start-bin distribution from a failure EMA (vectorised, on ``ema``'s device).
+class BinLayout(nn.Module):
+    """Where G groups' bins sit: end to end in the flat EMA (the synced key), and row by row on a
+    ``[G, width]`` grid (``width`` = the most bins of any group) where the distributions are built.
 
-    Computed in ``ema``'s dtype when every intermediate fits it; an EMA near the top of the
-    dtype's range (a fleet sum beyond float32, say) is scaled down by its maximum first, which
-    leaves the distribution as it is up to rounding, so it never turns into inf or NaN.
+    Groups of equal length are a plain view of the flat vector; groups of different lengths
+    ("ragged") are gathered onto the grid, each row repeating its last bin after it. A module of
+    non-persistent buffers, so that it moves with its sampler (``.to(device)``) and adds nothing
+    to a checkpoint.
     """
-    bins = ema.numel()
-    p = ema + uniform_ratio / float(bins)
-    if not torch.isfinite(p.sum()):
-        wide = ema.to(torch.float64)
-        top = float(wide.max())
-        p = (wide / top + uniform_ratio / float(bins) / top).to(ema.dtype)
-    k = kernel.numel()
-    if k > 1:
-        p = nn.functional.pad(p.view(1, 1, -1), (0, k - 1), mode="replicate")
-        p = nn.functional.conv1d(p, kernel.to(p.dtype).view(1, 1, -1)).view(-1)
-    return p / p.sum()
+
+    def __init__(self, bin_counts: Sequence[int], device: torch.device | str | None = None):
+        super().__init__()
+        self.bin_counts = tuple(int(b) for b in bin_counts)
+        self.groups, self.width, self.size = len(self.bin_counts), max(self.bin_counts), sum(self.bin_counts)
+        self.ragged = len(set(self.bin_counts)) > 1
+        bins = torch.tensor(self.bin_counts, device=device)
+        offsets = torch.cumsum(bins, 0) - bins
+        real = torch.arange(self.width, device=device) < bins.unsqueeze(1)  # [G, width]: a group's own bins
+        last = offsets.unsqueeze(1) + torch.minimum(torch.arange(self.width, device=device).unsqueeze(0), bins.unsqueeze(1) - 1)
+        for name, value in (
+            ("bins", bins),
+            ("offsets", offsets),
+            ("real", real),
+            ("inverse_bins", (1.0 / bins.to(torch.float64)).unsqueeze(1)),
+            ("last", last),  # the grid's gather: past its bins, a row repeats its last one
+            ("zero", torch.where(real, last, self.size)),  # the same, pointing at an appended zero instead
+        ):
+            self.register_buffer(name, value, persistent=False)
+
+    def grid(self, flat: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        """``[G, width + pad]``: each row its group's bins, then its last bin repeated (replicate padding)."""
+        if not self.ragged:
+            rows = flat.view(self.groups, self.width)
+            return rows if pad == 0 else nn.functional.pad(rows.unsqueeze(1), (0, pad), mode="replicate").squeeze(1)
+        index = self.last if pad == 0 else torch.cat([self.last, self.last[:, -1:].expand(-1, pad)], dim=1)
+        return flat[index]
+
+    def group_sums(self, flat: torch.Tensor) -> torch.Tensor:
+        """Per group, the sum of its bins."""
+        if not self.ragged:
+            return flat.view(self.groups, self.width).sum(dim=1)
+        return torch.cat([flat, flat.new_zeros(1)])[self.zero].sum(dim=1)
+
+
+def grouped_probabilities(
+    ema: torch.Tensor, layout: BinLayout, uniform_ratio: float, kernel: torch.Tensor, mix: UniformMix = "code"
+) -> torch.Tensor:
+    """Every group's start-bin distribution at once from the flat EMA (vectorised, on its device):
+    ``[G, width]``, each row a distribution over its group's bins, zero past them.
+
+    Computed in ``ema``'s dtype; an EMA near the top of the dtype's range (a fleet sum beyond
+    float32, say) is divided by its row's maximum first, which leaves every distribution as it is
+    up to rounding, so nothing turns into inf or NaN.
+    """
+    grid = layout.grid(ema, kernel.numel() - 1)
+    # ε/B: a Python number when every group has B bins (BeyondMimic's own arithmetic), else per row
+    per_bin = uniform_ratio / layout.width if not layout.ragged else uniform_ratio * layout.inverse_bins.to(ema.dtype)
+    p = _unnormalised(grid, per_bin, kernel, mix)
+    if not math.isfinite(float(p.sum())):
+        wide = grid.to(torch.float64)
+        top = wide.amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        p = _unnormalised((wide / top).to(ema.dtype), (per_bin / top).to(ema.dtype), kernel, mix)
+    if layout.ragged:
+        p = p * layout.real
+    if mix == "code":
+        return p / p.sum(dim=1, keepdim=True)
+    total = p.sum(dim=1, keepdim=True)
+    uniform = layout.inverse_bins.to(p.dtype)
+    shape = torch.where(total > 0, p / torch.where(total > 0, total, 1), uniform)  # no failure yet: uniform
+    p = per_bin + (1 - uniform_ratio) * shape
+    return p * layout.real if layout.ragged else p
+
+
+def _unnormalised(grid: torch.Tensor, per_bin: float | torch.Tensor, kernel: torch.Tensor, mix: UniformMix) -> torch.Tensor:
+    """``smooth(ema + ε/B)`` for the code's formula, ``smooth(ema)`` for the paper's (``grid`` is padded by k − 1)."""
+    p = grid + per_bin if mix == "code" else grid
+    if kernel.numel() == 1:
+        return p
+    return nn.functional.conv1d(p.unsqueeze(1), kernel.to(p.dtype).view(1, 1, -1)).squeeze(1)
+
+
+def sampling_probabilities(
+    ema: torch.Tensor, uniform_ratio: float, kernel: torch.Tensor, mix: UniformMix = "code"
+) -> torch.Tensor:
+    """One group's start-bin distribution from its failure EMA (BeyondMimic's, for ``mix="code"``)."""
+    return grouped_probabilities(ema, _one_group(ema.numel(), str(ema.device)), uniform_ratio, kernel, mix)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _one_group(bins: int, device: str) -> BinLayout:
+    return BinLayout((bins,), device)
 
 
 def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -67,13 +158,14 @@ def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
 class AdaptiveMotionSampler(nn.Module):
     """Adaptive start-frame sampling for one shard's envs, optionally synced through the store.
 
-    Call :meth:`record_failures` at reset with the time steps and failure flags of the envs being
-    reset, :meth:`step` once per env step, and :meth:`sample` for the new start frames.
+    Call :meth:`record_failures` once per env step with the time steps and failure flags of the
+    envs being reset, :meth:`step` once per env step, and :meth:`sample` for the new start frames.
+    With a sequence of ``num_frames`` (groups), pass each env's group to both.
     """
 
     def __init__(
         self,
-        num_frames: int,
+        num_frames: int | Sequence[int],
         step_dt: float,
         *,
         mode: Mode = "pooled",
@@ -82,6 +174,10 @@ class AdaptiveMotionSampler(nn.Module):
         owner: int = 0,
         alpha: float = 0.001,
         uniform_ratio: float = 0.1,
+        uniform_mix: UniformMix = "code",
+        group_uniform_ratio: float = 0.1,
+        group_names: Sequence[str] | None = None,
+        worst_groups: int = 3,
         kernel_size: int = 1,
         kernel_lambda: float = 0.8,
         stale_after_s: float | None = None,
@@ -90,16 +186,21 @@ class AdaptiveMotionSampler(nn.Module):
         dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        if mode not in MODES:
-            raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
-        if num_frames < 1 or step_dt <= 0 or kernel_size < 1:
-            raise InvalidSchema("num_frames >= 1, step_dt > 0 and kernel_size >= 1 are required")
+        self.grouped = not isinstance(num_frames, int)
+        frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
+        _check_arguments(mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
-        self.num_frames = num_frames
-        self.alpha, self.uniform_ratio, self.stale_after_s = alpha, uniform_ratio, stale_after_s
+        self.frame_counts = frames
+        self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
+        self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
+        self.group_uniform_ratio, self.worst_groups, self.stale_after_s = group_uniform_ratio, worst_groups, stale_after_s
+        self.group_names = tuple(group_names) if group_names is not None else tuple(f"group_{g}" for g in range(len(frames)))
         # local sampling must reproduce the unsynced algorithm exactly: rebuild on every change
         self.rebuild_tol = 0.0 if mode == "local" else rebuild_tol
-        self.bin_count = int(num_frames // (1 / step_dt)) + 1
+        self.bin_counts = tuple(int(f // (1 / step_dt)) + 1 for f in frames)
+        self.groups = len(frames)
+        self.bin_count = sum(self.bin_counts)  # the flat EMA's length: the synced key's
+        self.layout = BinLayout(self.bin_counts, device)
         kw = {"device": device, "dtype": dtype}
         kernel = torch.tensor([kernel_lambda**i for i in range(kernel_size)], **kw)
         self.register_buffer("kernel", kernel / kernel.sum())
@@ -107,8 +208,10 @@ class AdaptiveMotionSampler(nn.Module):
         self.register_buffer("_current_bin_failed", torch.zeros(self.bin_count, **kw), persistent=False)
         # the rest of the fleet as last applied (pooled), or the fleet value (broadcast)
         self.register_buffer("_fleet", torch.zeros(self.bin_count, device=device, dtype=torch.float64), persistent=False)
-        self.register_buffer("_probs", torch.zeros(self.bin_count, **kw), persistent=False)
         self.register_buffer("_own_at_build", torch.full((self.bin_count,), float("nan"), **kw), persistent=False)
+        self.register_buffer("_frames", torch.tensor(frames, device=device), persistent=False)
+        self.register_buffer("_probs", torch.zeros(self.groups, self.layout.width, **kw), persistent=False)
+        self._cdf: torch.Tensor | None = None
         self._failures_since_report = 0.0
         self.fleet_version = 0
         self.rebuilds = 0
@@ -118,13 +221,24 @@ class AdaptiveMotionSampler(nn.Module):
 
     # ------------------------------------------------------------------ the algorithm
 
-    def bin_of(self, time_steps: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((time_steps * self.bin_count) // max(self.num_frames, 1), 0, self.bin_count - 1)
+    def bin_of(self, time_steps: torch.Tensor, group_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Each time step's bin inside its group (BeyondMimic's ``t·B // T``, clamped)."""
+        if group_ids is None:
+            self._single_group("bin_of")
+            bins, frames = self.bin_counts[0], self.frame_counts[0]
+            return torch.clamp((time_steps * bins) // max(frames, 1), 0, bins - 1)
+        g = self._checked_groups(group_ids, time_steps.shape[0])
+        bins = self.layout.bins[g]
+        return torch.minimum((time_steps * bins) // self._frames[g].clamp(min=1), bins - 1).clamp(min=0)
 
-    def record_failures(self, time_steps: torch.Tensor, failed: torch.Tensor) -> None:
-        """At reset: the bins in which the reset envs failed become this step's failure counts."""
+    def record_failures(self, time_steps: torch.Tensor, failed: torch.Tensor, group_ids: torch.Tensor | None = None) -> None:
+        """At reset (once per env step, every env being reset at once): the bins in which the reset
+        envs failed become this step's failure counts."""
         if torch.any(failed):
-            counts = torch.bincount(self.bin_of(time_steps)[failed], minlength=self.bin_count)
+            flat = self.bin_of(time_steps, group_ids)
+            if group_ids is not None:
+                flat = flat + self.layout.offsets[torch.as_tensor(group_ids, device=flat.device).long()]
+            counts = torch.bincount(flat[failed], minlength=self.bin_count)
             self._current_bin_failed[:] = counts
             if self.mode == "weighted":
                 self._failures_since_report += float(counts.sum())
@@ -144,38 +258,113 @@ class AdaptiveMotionSampler(nn.Module):
         return self.bin_failed_count
 
     def probabilities(self) -> torch.Tensor:
-        """The start-bin distribution, rebuilt only when it could have moved by more than ``rebuild_tol``."""
-        own = self.bin_failed_count
-        moved = torch.nan_to_num((own - self._own_at_build).abs().sum(), nan=math.inf)
-        if float(moved) > self.rebuild_tol * (float(self.sampling_ema().to(torch.float64).sum()) + self.uniform_ratio):
+        """The start-bin distribution: ``[bins]``, or ``[groups, max bins]`` (zero past a group's
+        bins) for a grouped sampler. Rebuilt only when some group's could have moved by more than
+        ``rebuild_tol``."""
+        if self._needs_rebuild():
             self._rebuild()
-        return self._probs
+        return self._probs if self.grouped else self._probs[0]
+
+    def _needs_rebuild(self) -> bool:
+        # the NaN that a fleet update leaves in _own_at_build is never equal, nor <= anything: a rebuild
+        own, built = self.bin_failed_count, self._own_at_build
+        if self.rebuild_tol == 0:
+            return not torch.equal(own, built)
+        if self.groups == 1:  # scalars: the cheapest check on the collector's reset path
+            moved = float((own - built).abs().sum())
+            return not moved <= self.rebuild_tol * (float(self.sampling_ema().sum()) + self.uniform_ratio)
+        moved = self.layout.group_sums((own - built).abs())
+        scale = self.layout.group_sums(self.sampling_ema()) + self.uniform_ratio
+        return not bool((moved <= self.rebuild_tol * scale).all())
 
     def _rebuild(self) -> None:
-        dtype = self.bin_failed_count.dtype
-        self._probs = sampling_probabilities(self.sampling_ema(), self.uniform_ratio, self.kernel).to(dtype)
+        self._probs = self._distributions(self.sampling_ema())
+        self._cdf = None
         self._own_at_build = self.bin_failed_count.clone()
         self.rebuilds += 1
 
-    def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Start time steps for ``n`` envs: a bin from the distribution, then a uniform offset inside it."""
+    def _distributions(self, ema: torch.Tensor) -> torch.Tensor:
+        """``[groups, max bins]`` distributions of a flat EMA, in the sampler's dtype."""
+        return grouped_probabilities(ema, self.layout, self.uniform_ratio, self.kernel, self.uniform_mix).to(self.bin_failed_count.dtype)
+
+    def sample(self, n: int, group_ids: torch.Tensor | None = None, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Start time steps for ``n`` envs (of groups ``group_ids``): a bin from the group's
+        distribution, then a uniform offset inside it."""
+        bins = self.sample_bins(n, group_ids, generator=generator)
+        offset = torch.rand(n, device=bins.device, dtype=self._probs.dtype, generator=generator)
+        if group_ids is None:
+            return ((bins + offset) / self.bin_count * (self.frame_counts[0] - 1)).long()
+        g = torch.as_tensor(group_ids, device=bins.device).long()
+        return ((bins + offset) / self.layout.bins[g] * (self._frames[g] - 1)).long()
+
+    def sample_bins(self, n: int, group_ids: torch.Tensor | None = None, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Start bins for ``n`` envs, each inside its group (the first half of :meth:`sample`)."""
         probs = self.probabilities()
-        bins = torch.multinomial(probs, n, replacement=True, generator=generator)
-        offset = torch.rand(n, device=probs.device, dtype=probs.dtype, generator=generator)
-        return ((bins + offset) / self.bin_count * (self.num_frames - 1)).long()
+        if group_ids is None:
+            self._single_group("sample")
+            return torch.multinomial(probs.view(-1)[: self.bin_count], n, replacement=True, generator=generator)
+        g = self._checked_groups(group_ids, n)
+        if self._cdf is None:
+            self._cdf = self._probs.cumsum(dim=1)
+        u = torch.rand(n, 1, device=probs.device, dtype=probs.dtype, generator=generator)
+        return torch.minimum(torch.searchsorted(self._cdf[g], u, right=True).squeeze(1), self.layout.bins[g] - 1)
+
+    def group_probabilities(self) -> torch.Tensor:
+        """The distribution over groups: each group's failure mass, mixed with a uniform floor
+        ``group_uniform_ratio / G`` (the paper's form, so it does not depend on the env count)."""
+        mass = self.layout.group_sums(self.sampling_ema().to(torch.float64))
+        total = float(mass.sum())
+        shape = mass / total if 0 < total < math.inf else torch.full_like(mass, 1 / self.groups)
+        lam = self.group_uniform_ratio
+        return (lam / self.groups + (1 - lam) * shape).to(self.bin_failed_count.dtype)
+
+    def sample_groups(self, n: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Groups for ``n`` envs (a motion library's motion draw), from :meth:`group_probabilities`."""
+        return torch.multinomial(self.group_probabilities(), n, replacement=True, generator=generator)
 
     def metrics(self) -> dict[str, float]:
-        """BeyondMimic's sampling metrics and the drift of the own distribution from the one used."""
-        p = self.probabilities()
-        entropy = -(p * (p + 1e-12).log()).sum() / math.log(self.bin_count)
-        pmax, imax = p.max(dim=0)
-        own = sampling_probabilities(self.bin_failed_count, self.uniform_ratio, self.kernel)
-        return {
-            "sampling_entropy": float(entropy),
-            "sampling_top1_prob": float(pmax),
-            "sampling_top1_bin": float(imax) / self.bin_count,
-            "drift_tv": total_variation(own, p),
-        }
+        """BeyondMimic's sampling metrics and the drift of the own distribution from the one used;
+        for groups, their mean and extreme over groups and the few worst groups (not one per group)."""
+        used = self.probabilities().view(self.groups, -1)
+        own = self._distributions(self.bin_failed_count)
+        drift = 0.5 * (own - used).abs().sum(dim=1)
+        return _summary(used, self.layout.bins, drift, self.group_names if self.grouped else None, self.worst_groups)
+
+    def fleet_probabilities(self, fleet: PullResult) -> torch.Tensor | None:
+        """What the fleet samples, from a learner's view of the key (``FleetMonitor.state``): the
+        pooled sum, the broadcast value or the weighted mean; None when there is nothing yet."""
+        view = fleet.keys.get(self.key)
+        if view is None or view.value is None:
+            return None
+        parts = view.parts()
+        if "value" in parts:
+            ema = parts["value"]
+        elif self.mode == "weighted":
+            ema = parts["sum"] / parts["count"] if float(parts["count"]) > 0 else np.zeros(self.bin_count)
+        else:
+            ema = parts["sum"]
+        probs = self._distributions(self._tensor(ema))
+        return probs if self.grouped else probs[0]
+
+    def fleet_metrics(self, fleet: PullResult) -> dict[str, float]:
+        """The learner's per-group view of the fleet's distributions, summarised like :meth:`metrics`."""
+        probs = self.fleet_probabilities(fleet)
+        if probs is None:
+            return {}
+        out = _summary(probs.view(self.groups, -1), self.layout.bins, None, self.group_names if self.grouped else None, self.worst_groups)
+        return {f"redisync/{self.key}/{name}": value for name, value in out.items()}
+
+    def _single_group(self, what: str) -> None:
+        if self.groups > 1:
+            raise ValueError(f"{what}: this sampler has {self.groups} groups; pass group_ids (one per env)")
+
+    def _checked_groups(self, group_ids: torch.Tensor, n: int) -> torch.Tensor:
+        g = torch.as_tensor(group_ids, device=self._frames.device).long()
+        if g.shape != (n,):
+            raise ValueError(f"group_ids must have shape ({n},), one group per env; got {tuple(g.shape)}")
+        if n and bool(((g < 0) | (g >= self.groups)).any()):
+            raise ValueError(f"group_ids must lie in [0, {self.groups}); got values in [{int(g.min())}, {int(g.max())}]")
+        return g
 
     # ------------------------------------------------------------------ the seam
 
@@ -219,6 +408,48 @@ class AdaptiveMotionSampler(nn.Module):
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array), dtype=torch.float64).to(self._fleet.device)
+
+
+def _check_arguments(mode: str, mix: str, frames: tuple[int, ...], step_dt: float, kernel_size: int, uniform_ratio: float,
+                     group_uniform_ratio: float, group_names: Sequence[str] | None) -> None:
+    if mode not in MODES:
+        raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
+    if mix not in MIXES:
+        raise InvalidSchema(f"uniform_mix must be one of {MIXES}, got {mix!r}")
+    if not frames or min(frames) < 1 or step_dt <= 0 or kernel_size < 1:
+        raise InvalidSchema("num_frames >= 1 (for every group), step_dt > 0 and kernel_size >= 1 are required")
+    if uniform_ratio < 0 or (mix == "paper" and uniform_ratio > 1) or not 0 <= group_uniform_ratio <= 1:
+        raise InvalidSchema("uniform_ratio >= 0 (at most 1 with uniform_mix='paper') and group_uniform_ratio in [0, 1] are required")
+    if group_names is not None and len(group_names) != len(frames):
+        raise InvalidSchema(f"group_names has {len(group_names)} names for {len(frames)} groups")
+
+
+def _summary(probs: torch.Tensor, bins: torch.Tensor, drift: torch.Tensor | None, names: Sequence[str] | None,
+             worst: int) -> dict[str, float]:
+    """Entropy (normalised by each group's bin count), top bin and drift of ``[G, max bins]``
+    distributions. Ungrouped (``names`` None): BeyondMimic's metric names. Grouped: the mean and
+    the extreme over groups, and the ``worst`` groups by name — bounded whatever G is."""
+    p = probs.to(torch.float64)
+    logs = torch.log(bins.to(torch.float64))
+    entropy = torch.where(logs > 0, -(p * (p + 1e-12).log()).sum(dim=1) / torch.where(logs > 0, logs, 1), 1.0)
+    top_prob, top_bin = p.max(dim=1)
+    if names is None:
+        out = {"sampling_entropy": float(entropy[0]), "sampling_top1_prob": float(top_prob[0]),
+               "sampling_top1_bin": float(top_bin[0]) / int(bins[0])}
+        if drift is not None:
+            out["drift_tv"] = float(drift[0])
+        return out
+    out = {"sampling_entropy": float(entropy.mean()), "sampling_entropy_min": float(entropy.min()),
+           "sampling_top1_prob": float(top_prob.mean()), "sampling_top1_prob_max": float(top_prob.max())}
+    k = min(worst, len(names))
+    # the sharpest groups: where the curriculum concentrates the fleet's starts
+    for g in torch.topk(-entropy, k).indices.tolist():
+        out[f"sampling_entropy/{names[g]}"] = float(entropy[g])
+    if drift is not None:
+        out["drift_tv"], out["drift_tv_max"] = float(drift.mean()), float(drift.max())
+        for g in torch.topk(drift.to(torch.float64), k).indices.tolist():
+            out[f"drift_tv/{names[g]}"] = float(drift[g])
+    return out
 
 
 def _mark_resumed(module: nn.Module, incompatible: Any) -> None:
