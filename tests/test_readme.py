@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import torch
+
 import redisync
+from redisync.torch.sampler import grouped_probabilities
 
 from .conftest import backend_url
 
@@ -101,3 +104,22 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
             assert name in reports, name
     finally:
         store.delete()
+
+
+def test_readme_multi_motion_loop_runs(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
+    redisync.connect(run="motion-library").delete()
+    namespace: dict = {}
+    try:
+        exec(compile(example("## Many motions, many env profiles"), str(README), "exec"), namespace)
+        fleet, collectors = namespace["fleet"], namespace["collectors"]
+        assert tuple(fleet.shape) == (4, 60)
+        # the learner sees the fleet sum of every collector's own EMA: what one unsharded sampler uses
+        pooled = sum(sampler.bin_failed_count.double() for sampler, *_ in collectors)
+        sampler = collectors[0][0]
+        want = grouped_probabilities(pooled, sampler.layout, sampler.uniform_ratio, sampler.kernel.double(), "paper")
+        assert torch.allclose(fleet.double(), want.double(), rtol=1e-5, atol=1e-7)
+        assert int(fleet[1, :11].argmax()) >= 6  # the cartwheel's hard landing gets the starts
+        assert namespace["monitor"].metrics()["redisync/motion/bin_failed/sampling_entropy_min"] < 0.99
+    finally:
+        redisync.connect(run="motion-library").delete()

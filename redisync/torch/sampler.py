@@ -305,9 +305,12 @@ class AdaptiveMotionSampler(nn.Module):
             return torch.multinomial(probs.view(-1)[: self.bin_count], n, replacement=True, generator=generator)
         g = self._checked_groups(group_ids, n)
         if self._cdf is None:
-            self._cdf = self._probs.cumsum(dim=1)
-        u = torch.rand(n, 1, device=probs.device, dtype=probs.dtype, generator=generator)
-        return torch.minimum(torch.searchsorted(self._cdf[g], u, right=True).squeeze(1), self.layout.bins[g] - 1)
+            # every row's CDF shifted by its group id: one sorted sequence, searched once for all envs
+            rows = torch.arange(self.groups, device=probs.device, dtype=torch.float64).unsqueeze(1)
+            self._cdf = (self._probs.to(torch.float64).cumsum(dim=1) + rows).view(-1)
+        u = torch.rand(n, device=probs.device, dtype=torch.float64, generator=generator)
+        column = torch.searchsorted(self._cdf, u + g, right=True) - g * self.layout.width
+        return torch.minimum(column, self.layout.bins[g] - 1)
 
     def group_probabilities(self) -> torch.Tensor:
         """The distribution over groups: each group's failure mass, mixed with a uniform floor
