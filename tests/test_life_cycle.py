@@ -89,16 +89,19 @@ def _sampler_fleet(url, shard_id: int, sampler: AdaptiveMotionSampler, run: str)
     return Syncer(redisync.connect(url, run=run), shard_id, [sampler], publish_every_steps=1).start()
 
 
+@pytest.mark.parametrize("frames", [FRAMES, (FRAMES, 149)], ids=["one-motion", "two-motions"])
 @pytest.mark.parametrize("resume", [False, True])
-def test_a_restarted_pooled_sampler_is_counted_once(backend, resume):
-    """The default sampler through Syncers: a checkpoint resume takes the slot over, a fresh start drops it."""
+def test_a_restarted_pooled_sampler_is_counted_once(backend, resume, frames):
+    """The default sampler through Syncers: a checkpoint resume takes the slot over, a fresh start
+    drops it — for one motion and for a grouped sampler (one flat key over the motions' bins)."""
     from .conftest import backend_url
 
     url, run = backend_url(backend), f"life-{backend}-{resume}-{time.time_ns()}"
     store = redisync.connect(url, run=run)
     try:
-        ema = torch.tensor([0.0] * 19 + [2.0])
-        first = AdaptiveMotionSampler(FRAMES, 0.02)
+        first = AdaptiveMotionSampler(frames, 0.02)
+        ema = torch.zeros(first.bin_count)
+        ema[19] = 2.0
         first.bin_failed_count.copy_(ema)
         checkpoint = first.state_dict()
         syncer = _sampler_fleet(url, 0, first, run)
@@ -106,7 +109,7 @@ def test_a_restarted_pooled_sampler_is_counted_once(backend, resume):
         assert syncer.wait_synced(timeout=10)
         syncer.stop()  # the process dies; its slot is still in the store
 
-        second = AdaptiveMotionSampler(FRAMES, 0.02)
+        second = AdaptiveMotionSampler(frames, 0.02)
         if resume:
             second.load_state_dict(checkpoint)
             assert second.resumed
@@ -115,7 +118,7 @@ def test_a_restarted_pooled_sampler_is_counted_once(backend, resume):
         assert syncer.wait_synced(timeout=10)
         syncer.at_reset_boundary()
         fleet_sum = store.fleet().keys["motion/bin_failed"].parts()["sum"]
-        want = ema.numpy() if resume else np.zeros(20)
+        want = ema.numpy() if resume else np.zeros(first.bin_count)
         np.testing.assert_allclose(fleet_sum, want)  # never 2x, never a frozen copy of the old life
         np.testing.assert_allclose(second.sampling_ema().numpy(), want, atol=1e-6)
         syncer.stop()
