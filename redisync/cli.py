@@ -121,34 +121,34 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
 @URL
 @click.option("--out", "out_dir", default="docs/ab", show_default=True, type=click.Path(file_okay=False),
               help="folder for results.json, the plots and report.md")
-@click.option("--arms", default="all", show_default=True, help="comma-separated arms, or 'all'")
-@click.option("--seeds", default=5, show_default=True, type=click.IntRange(1, 1000), help="seeds per arm")
+@click.option("--seeds", default=8, show_default=True, type=click.IntRange(2, 1000),
+              help="seeds per arm of the primary contrasts (the other arms get half)")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256), help="runs trained side by side")
 @click.option("--smoke", is_flag=True, help="the small CI configuration (minutes, not an hour)")
+@click.option("--gate-only", is_flag=True, help="run the gate (single vs uniform on H) and stop")
 @click.option("--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)")
 @click.option("--env", "env_spec", default=None, help="'module:function' making your own TrackingEnv batches (see README)")
 @click.option("--report-only", is_flag=True, help="rebuild the plots and report.md from OUT/results.json")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
-def ab(url: str | None, out_dir: str, arms: str, seeds: int, workers: int, smoke: bool, env_steps: int | None,
+def ab(url: str | None, out_dir: str, seeds: int, workers: int, smoke: bool, gate_only: bool, env_steps: int | None,
        env_spec: str | None, report_only: bool, no_progress: bool) -> None:
-    """The drift A/B study: every sync arm x seed trained with SAC, figures and report in OUT."""
+    """The drift study: the gate, then every sync arm on H and X trained with SAC; figures and report in OUT."""
     try:
-        from .torch.ab.fleet import ARMS, StudyConfig
-        from .torch.ab.report import write_report
-        from .torch.ab.study import load_env_factory, run_study
+        from .study.fleet import StudyConfig
+        from .study.report import write_report
+        from .study.study import load_env_factory, run_study
     except ImportError as e:
         raise errors.RedisyncError(f"the study needs the demo extra ({e.name} is missing): pip install 'redisync[demo]'") from None
 
     out = Path(out_dir)
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
     if report_only:
-        results = json.loads((out / "results.json").read_text())
+        try:
+            results = json.loads((out / "results.json").read_text())
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(f"{out / 'results.json'}: {e}", param_hint="--out") from None
         click.echo(f"report: {write_report(results, out, results.get('command', command))}")
         return
-    chosen = list(ARMS) if arms == "all" else [a.strip() for a in arms.split(",") if a.strip()]
-    unknown = [a for a in chosen if a not in ARMS]
-    if unknown:
-        raise click.BadParameter(f"unknown arm(s) {unknown}; the arms are {list(ARMS)}", param_hint="--arms")
     cfg = StudyConfig().smoke() if smoke else StudyConfig()
     if env_steps is not None:
         cfg = replace(cfg, env_steps=env_steps)
@@ -156,16 +156,19 @@ def ab(url: str | None, out_dir: str, arms: str, seeds: int, workers: int, smoke
         load_env_factory(env_spec, cfg)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--env") from None
-    click.echo(f"{len(chosen)} arms x {seeds} seeds, {cfg.env_steps:,} env steps each, {workers} workers; "
-               f"store: {url or 'embedded (one per worker)'}")
-    results = run_study(cfg, chosen, list(range(seeds)), url=url, env_spec=env_spec, workers=workers, show_progress=not no_progress)
+    click.echo(f"{cfg.env_steps:,} env steps per run, {workers} workers; store: {url or 'embedded (one per worker)'}")
+    results = run_study(cfg, primary_seeds=seeds, secondary_seeds=max(2, seeds // 2), url=url, env_spec=env_spec,
+                        workers=workers, show_progress=not no_progress, gate_only=gate_only, on_stage=click.echo)
     results["command"] = command
     report = write_report(results, out, command)
-    per_arm = results["summary"]["per_arm"]
-    rows = [[a, f"{per_arm[a]['final_return']['mean']:.1f}", f"{per_arm[a]['final_hard_survival']['mean']:.2f}",
-             f"{per_arm[a]['mean_drift_tv']['mean']:.3f}"] for a in chosen]
-    click.echo(_table(["arm", "final return", "hard-bin survival", "drift TV"], rows))
-    click.echo(f"random policy: return {results['random']['return']:.1f}\nreport: {report}")
+    g = results["gate"]
+    click.echo(f"gate: single - uniform = {g['mean_difference']:+.3f} (needs >= {g['threshold']}): "
+               f"{'passed' if g['passed'] else 'FAILED'}")
+    if results["analysis"]:
+        rows = [[c["name"], f"{c['mean']:+.3f}", f"[{c['lo']:+.3f}, {c['hi']:+.3f}]", f"{c['p_holm']:.3g}", c["verdict"]]
+                for c in results["analysis"]["primary"]]
+        click.echo(_table(["primary contrast", "mean", "95% t-interval", "Holm p", "verdict"], rows))
+    click.echo(f"report: {report}")
 
 
 def _age(seconds: float | None) -> str:

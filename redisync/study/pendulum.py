@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .sac import SAC, SACConfig
+from .learner import SAC, SACConfig
 
 MAX_TORQUE = 2.0
 

@@ -1,0 +1,181 @@
+"""``docs/ab/``: the plots and ``report.md`` of a study, built from its ``results.json`` alone.
+
+The gate comes first. Claims follow the pre-registered tests only: a difference where the
+Holm-corrected sign-flip test finds one, "no difference" only where the equivalence test does,
+"inconclusive" otherwise; everything outside the primary family is labelled descriptive.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .study import GATE_SEEDS, MARGIN, PRIMARY_METRIC, SUMMARY_METRICS
+
+COLORS = {"single": "black", "local": "tab:red", "pooled": "tab:blue", "weighted": "tab:green", "broadcast": "tab:purple",
+          "uniform": "tab:brown", "per-profile": "tab:cyan", "local-paper": "salmon", "pooled-paper": "lightsteelblue",
+          "local-16-shards": "darkred", "pooled-16-shards": "navy", "norm-local": "tab:orange"}
+
+
+def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    plots = [plot_completion(results, out_dir)]
+    if results["runs"]:
+        plots.append(plot_mechanism(results, out_dir))
+    path = out_dir / "report.md"
+    path.write_text(render_markdown(results, command, [p.name for p in plots]))
+    return path
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no screen
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _mean_curve(runs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    n = min(len(r["curve"]) for r in runs)
+    steps = np.array([row["env_steps"] for row in runs[0]["curve"][:n]])
+    return steps, np.mean([[row["completion"] for row in r["curve"][:n]] for r in runs], axis=0)
+
+
+def plot_completion(results: dict[str, Any], out_dir: Path) -> Path:
+    """Full-motion completion over training, mean over seeds: the gate's runs, then H and X."""
+    plt = _pyplot()
+    panels = [("gate (H)", results["gate_runs"])] + [(c, [r for r in results["runs"] if r["condition"] == c]) for c in ("H", "X")]
+    panels = [(title, runs) for title, runs in panels if runs]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (title, runs) in zip(axes[0], panels):
+        for arm in sorted({r["arm"] for r in runs}):
+            steps, mean = _mean_curve([r for r in runs if r["arm"] == arm])
+            ax.plot(steps, mean, color=COLORS.get(arm), label=arm)
+        ax.set(title=f"{title}: full-motion completion (mean over seeds)", xlabel="env steps", ylabel="completion", ylim=(0, 1.02))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "completion.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_mechanism(results: dict[str, Any], out_dir: Path) -> Path:
+    """Per condition and arm: the share of env steps in skill segments, and the shards' and buffer's drift."""
+    plt = _pyplot()
+    per_arm = results["analysis"]["per_arm"]
+    cells = sorted(per_arm)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.35 * len(cells) + 2))
+    y = np.arange(len(cells))
+    axes[0].barh(y, [per_arm[c]["skill_share"] for c in cells], color=[COLORS.get(c.split("/")[1]) for c in cells])
+    axes[0].set(yticks=y, yticklabels=cells, title="share of env steps in skill segments", xlabel="share")
+    axes[1].barh(y - 0.2, [per_arm[c]["mean_drift_tv"] for c in cells], height=0.4, label="shards (mean)")
+    axes[1].barh(y + 0.2, [per_arm[c]["mean_buffer_tv"] for c in cells], height=0.4, label="replay buffer (mixture)")
+    axes[1].set(yticks=y, yticklabels=cells, title="TV distance from the pooled start distribution", xlabel="TV")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "mechanism.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _p(p: float | None) -> str:
+    return "—" if p is None else f"{p:.3g}"
+
+
+def contrast_rows(contrasts: list[dict[str, Any]]) -> list[str]:
+    rows = ["| contrast | seeds | mean difference [95% t-interval] | sign-flip p | Holm p | equivalence p (±{m}) | verdict |".format(m=MARGIN),
+            "|---|---|---|---|---|---|---|"]
+    for c in contrasts:
+        rows.append(f"| {c['name']} | {c['n']} | {c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] | {_p(c['p_sign_flip'])} | "
+                    f"{_p(c['p_holm'])} | {_p(c['p_equivalence'])} | **{c['verdict']}** |")
+    return rows
+
+
+def answer(c: dict[str, Any]) -> str:
+    """One sentence for a contrast ``a − b``, from its verdict alone."""
+    condition, _, arms = c["name"].partition(": ")
+    a, _, b = arms.partition(" − ")
+    ci = f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
+    small = f", a difference within the equivalence margin ±{c['margin']}" if c["p_equivalence"] < 0.05 else ""
+    return {
+        "higher": f"on {condition}, `{a}` completes more of the motion than `{b}`: {ci} in completion AUC{small}",
+        "lower": f"on {condition}, `{a}` completes less of the motion than `{b}`: {ci} in completion AUC{small}",
+        "equivalent": f"on {condition}, `{a}` and `{b}` are equivalent within ±{c['margin']}: {ci}",
+        "inconclusive": f"on {condition}, `{a}` vs `{b}` is inconclusive at {c['n']} seeds (neither a difference nor "
+                        f"equivalence within ±{c['margin']}): {ci}",
+    }[c["verdict"]]
+
+
+def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> str:
+    cfg, g = results["config"], results["gate"]
+    task = cfg["task"]
+    lines = [
+        "# Does curriculum drift between collector shards hurt training?",
+        "",
+        f"Produced by `{command}`; every figure below comes from `results.json` next to this file.",
+        "",
+        "## The gate (fixed before the study)",
+        f"On H, one unsharded adaptive collector (`single`) must beat uniform start frames (`uniform`) by at least "
+        f"{g['threshold']} in the primary metric (completion AUC) over the gate's seeds {list(GATE_SEEDS)}; otherwise "
+        "the task cannot tell curricula apart and the study stops.",
+        "",
+        "| seed | single | uniform | difference |",
+        "|---|---|---|---|",
+        *[f"| {GATE_SEEDS[i] if i < len(GATE_SEEDS) else i} | {s:.3f} | {u:.3f} | {s - u:+.3f} |"
+          for i, (s, u) in enumerate(zip(g["single"], g["uniform"]))],
+        "",
+        f"Mean difference **{g['mean_difference']:+.3f}**: the gate **{'passed' if g['passed'] else 'FAILED'}**.",
+        "",
+        "## Set-up",
+        f"- Task: {results['env']}. A {task['bins']} s reference motion at 50 Hz ({task['bins']} one-second bins) with "
+        f"{task['skill_segments']} skill segments per profile in which the actuation is rotated (±{task['skill_angle_deg']:g}°, "
+        f"strength ×{task['skill_gain']:g}); the policy sees the current and upcoming segment kind and its profile. "
+        f"Episodes of {task['episode_s']:g} s from sampled starts; a fall (error > {task['tolerance']} m) ends one and is a "
+        "failure in its bin.",
+        "- Conditions: **H** — every shard the same env distribution (one profile); **X** — "
+        f"{task['profiles']} profiles with skill segments of their own, shard s runs profile s mod {task['profiles']}, "
+        "and a profile-specific observation offset.",
+        f"- Fleet: {cfg['shards']} shards × {cfg['envs_per_shard']} envs (`single`: one collector with all of them; "
+        "`*-16-shards`: 16 shards sharing the same envs), each shard with its own store connection and `Syncer`; sampler EMA "
+        f"α = {cfg['sampler_alpha']}, ε = 0.1, `uniform_mix=\"code\"` unless the arm says `paper`.",
+        f"- Learner: FastSAC-style SAC, hidden {cfg['sac']['hidden']}, batch {cfg['sac']['batch_size']}, "
+        f"{cfg['updates_per_step']} updates per fleet step; {cfg['env_steps']:,} env steps per run.",
+        f"- Evaluation every {cfg['eval_every']:,} env steps: {cfg['eval_rollouts']} rollouts per profile of the "
+        "deterministic policy from frame 0 through the whole motion; completion = share tracked before the first fall.",
+        f"- Primary metric `{PRIMARY_METRIC}`: the mean completion over the run's evaluations. Arms share seeds "
+        "(same networks, env noise and generators), so contrasts are paired by seed: an exact sign-flip test, "
+        f"Holm's correction over the primary family, a 95% t-interval, and TOST equivalence within ±{MARGIN}.",
+        "",
+    ]
+    if not g["passed"]:
+        lines += ["## Result", "The gate failed, so no comparison of sync modes is reported: on this task the curriculum "
+                  "does not matter enough for any way of syncing it to show. Retune the task (never the gate) and run again.", ""]
+        lines += [f"![{p}]({p})" for p in plots]
+        return "\n".join(lines) + "\n"
+    analysis = results["analysis"]
+    primary = analysis["primary"]
+    by_name = {c["name"]: c for c in primary + analysis["secondary"]}
+    lines += ["## Primary contrasts (pre-registered)", "", *contrast_rows(primary), "", "## Answers", ""]
+    for condition, title in (("H", "H — identical shards"), ("X", "X — different shards")):
+        lines.append(f"**{title}.**")
+        for c in primary:
+            if c["name"].startswith(condition + ":"):
+                lines.append(f"- {answer(c)}.")
+        lines.append("")
+    lines += ["## Secondary contrasts (descriptive, no correction)", "", *contrast_rows(analysis["secondary"]), "",
+              "## Per arm (descriptive, means over seeds)", "",
+              "| condition/arm | seeds | " + " | ".join(SUMMARY_METRICS) + " |",
+              "|---|---|" + "---|" * len(SUMMARY_METRICS)]
+    for cell, row in sorted(analysis["per_arm"].items()):
+        lines.append(f"| {cell} | {row['seeds']} | " + " | ".join(f"{row[m]:.3g}" for m in SUMMARY_METRICS) + " |")
+    lines += ["", "Metrics: " + "; ".join(f"`{m}`: {d}" for m, (d, _) in SUMMARY_METRICS.items()) + ".", ""]
+    lines += [f"![{p}]({p})" for p in plots]
+    del by_name
+    return "\n".join(lines) + "\n"

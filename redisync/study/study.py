@@ -1,0 +1,212 @@
+"""The study, pre-registered: the gate, the plan of arms and seeds, the contrasts, and the runner.
+
+Fixed here, in code, before any run:
+
+- **Primary metric**: ``completion_auc``, the area under the full-motion completion curve (the mean
+  completion over the run's evaluations, in [0, 1]).
+- **Gate**: on H, ``single − uniform`` over the gate's seeds must be at least :data:`GATE` in the
+  primary metric; otherwise the task cannot tell curricula apart and the study stops there (retune
+  the task, never the gate).
+- **Primary contrasts** (:data:`PRIMARY`), paired by seed, exact sign-flip tests with Holm's
+  correction; "no difference" only from the equivalence test against :data:`MARGIN`.
+- Everything else (:data:`SECONDARY`, the mechanism figures) is descriptive.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import queue
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
+from .stats import contrast, primary_family
+
+PRIMARY_METRIC = "completion_auc"
+GATE = 0.2
+GATE_SEEDS = (100, 101, 102)  # not the study's seeds: the gate is a pilot
+MARGIN = 0.1  # the equivalence margin in completion AUC
+PRIMARY: tuple[tuple[str, str, str], ...] = (
+    # (condition, a, b): the contrast a − b
+    ("H", "single", "uniform"),  # does the curriculum matter at all (the positive control)
+    ("H", "local", "pooled"),  # identical shards: does unsynced drift hurt
+    ("X", "local", "pooled"),  # different shards: own state vs one pooled distribution
+    ("X", "broadcast", "pooled"),  # different shards: one shard's state for all
+)
+SECONDARY: tuple[tuple[str, str, str], ...] = (
+    ("H", "pooled", "single"),
+    ("H", "broadcast", "pooled"),
+    ("H", "weighted", "pooled"),
+    ("H", "local-paper", "pooled-paper"),  # noise without the sharpness bias
+    ("H", "local", "local-paper"),  # the sharpness bias of an unsynced shard
+    ("H", "local-16-shards", "pooled-16-shards"),  # the noise dose: a quarter of the envs per shard
+    ("X", "per-profile", "pooled"),
+    ("X", "per-profile", "local"),
+    ("X", "weighted", "pooled"),
+    ("X", "local-paper", "pooled-paper"),
+    ("X", "norm-local", "pooled"),  # the normaliser, with a profile-specific observation offset
+    ("X", "single", "uniform"),
+)
+X_OBS_OFFSET = 1.0
+
+SUMMARY_METRICS = {
+    # metric: (description, higher is better)
+    "completion_auc": ("PRIMARY: mean full-motion completion over the run's evaluations", True),
+    "final_completion": ("full-motion completion at the last evaluation", True),
+    "skill_share": ("share of the fleet's env steps spent in skill segments", True),
+    "mean_drift_tv": ("TV distance of the shards' start distributions from the pooled one, run average", False),
+    "mean_buffer_tv": ("TV distance of the mixture the replay buffer receives from the pooled one, run average", False),
+    "sync_overhead_pct": ("collector time spent in sync calls, % of collection time", False),
+}
+
+
+def condition_config(cfg: StudyConfig, condition: str) -> StudyConfig:
+    """The configuration of a fleet condition: X has profiles of its own and their observation offset."""
+    task = replace(cfg.task, condition=condition, obs_offset=X_OBS_OFFSET if condition == "X" else 0.0)
+    return replace(cfg, task=task)
+
+
+def plan(primary_seeds: int, secondary_seeds: int) -> list[tuple[str, str, list[int]]]:
+    """Every (condition, arm) the contrasts need, with its seeds: the primary contrasts' arms get
+    ``primary_seeds``, the others ``secondary_seeds`` (the first of the same seeds, so all pair)."""
+    seeds: dict[tuple[str, str], int] = {}
+    for family, n in ((SECONDARY, secondary_seeds), (PRIMARY, primary_seeds)):
+        for condition, a, b in family:
+            for arm in (a, b):
+                seeds[(condition, arm)] = max(seeds.get((condition, arm), 0), n)
+    return [(c, a, list(range(n))) for (c, a), n in sorted(seeds.items())]
+
+
+def load_env_factory(spec: str | None, cfg: StudyConfig) -> EnvFactory:
+    """``module:function`` returning a :data:`EnvFactory` for the study's task config, or the built-in task."""
+    if not spec:
+        return default_env(cfg.task)
+    module, _, name = spec.partition(":")
+    if not name:
+        raise ValueError(f"--env must look like 'package.module:function', got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ValueError(f"--env {spec!r}: cannot import {module!r} ({e})") from None
+    except AttributeError:
+        raise ValueError(f"--env {spec!r}: module {module!r} has no {name!r}") from None
+    return factory(cfg.task)
+
+
+def summarise_run(run: dict[str, Any]) -> dict[str, float]:
+    completion = [row["completion"] for row in run["curve"]]
+    drift = [float(np.mean(d["tv"])) for d in run["drift"] if d["tv"]]
+    buffer_drift = [d["buffer_tv"] for d in run["drift"] if d["buffer_tv"] is not None]
+    return {
+        "completion_auc": float(np.mean(completion)),
+        "final_completion": float(completion[-1]),
+        "skill_share": float(run["skill_share"]),
+        "mean_drift_tv": float(np.mean(drift)) if drift else 0.0,
+        "mean_buffer_tv": float(np.mean(buffer_drift)) if buffer_drift else 0.0,
+        "sync_overhead_pct": 100.0 * run["sync_s"] / max(run["collect_s"], 1e-9),
+    }
+
+
+def _values(runs: list[dict[str, Any]], condition: str, arm: str, metric: str = PRIMARY_METRIC) -> dict[int, float]:
+    return {r["seed"]: r["summary"][metric] for r in runs if r["condition"] == condition and r["arm"] == arm}
+
+
+def paired(runs: list[dict[str, Any]], condition: str, a: str, b: str, metric: str = PRIMARY_METRIC) -> tuple[list[float], list[float]]:
+    """The two arms' values on the seeds both ran, in seed order."""
+    va, vb = _values(runs, condition, a, metric), _values(runs, condition, b, metric)
+    seeds = sorted(set(va) & set(vb))
+    return [va[s] for s in seeds], [vb[s] for s in seeds]
+
+
+def gate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    single, uniform = paired(runs, "H", "single", "uniform")
+    diffs = [s - u for s, u in zip(single, uniform)]
+    mean = float(np.mean(diffs)) if diffs else float("nan")
+    return {"threshold": GATE, "seeds": len(diffs), "single": single, "uniform": uniform, "differences": diffs,
+            "mean_difference": mean, "passed": bool(diffs) and mean >= GATE}
+
+
+def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per condition and arm the mean of every metric; the primary family (Holm) and the secondary contrasts."""
+    cells = sorted({(r["condition"], r["arm"]) for r in runs})
+    per_arm = {f"{c}/{a}": {m: float(np.mean([r["summary"][m] for r in runs if (r["condition"], r["arm"]) == (c, a)]))
+                            for m in SUMMARY_METRICS} | {"seeds": sum(1 for r in runs if (r["condition"], r["arm"]) == (c, a))}
+               for c, a in cells}
+
+    def contrasts(family: Sequence[tuple[str, str, str]]) -> list[Any]:
+        out = []
+        for condition, a, b in family:
+            x, y = paired(runs, condition, a, b)
+            if len(x) >= 2:
+                out.append(contrast(f"{condition}: {a} − {b}", x, y, MARGIN))
+        return out
+
+    primary = primary_family(contrasts(PRIMARY))
+    return {"metric": PRIMARY_METRIC, "margin": MARGIN, "per_arm": per_arm,
+            "primary": [c.to_dict() | {"verdict": c.verdict()} for c in primary],
+            "secondary": [c.to_dict() | {"verdict": c.verdict()} for c in contrasts(SECONDARY)]}
+
+
+def _worker(cfg_dict: dict[str, Any], arm: str, seed: int, url: str | None, env_spec: str | None, progress: Any) -> dict[str, Any]:
+    cfg = StudyConfig.from_dict(cfg_dict)
+    return run_arm(cfg, arm, seed, url, load_env_factory(env_spec, cfg), on_progress=progress.put)
+
+
+def run_cells(cfg: StudyConfig, cells: Sequence[tuple[str, str, Sequence[int]]], *, url: str | None, env_spec: str | None,
+              workers: int, show_progress: bool, desc: str) -> list[dict[str, Any]]:
+    """Train every (condition, arm, seed) in worker processes; each run summarised."""
+    jobs = [(condition_config(cfg, c), arm, seed) for c, arm, seeds in cells for seed in seeds]
+    bar = _progress_bar(len(jobs) * cfg.env_steps, show_progress, desc)
+    runs: list[dict[str, Any]] = []
+    ctx = mp.get_context("spawn")  # torch and the syncers' threads do not survive a fork
+    with ctx.Manager() as manager, ctx.Pool(workers) as pool:
+        progress = manager.Queue()
+        pending = [pool.apply_async(_worker, (c.to_dict(), arm, seed, url, env_spec, progress)) for c, arm, seed in jobs]
+        while pending:
+            try:
+                bar.update(progress.get(timeout=0.5))
+            except queue.Empty:
+                pass
+            for job in [p for p in pending if p.ready()]:
+                pending.remove(job)
+                run = job.get()  # a failed run raises here, with its worker's traceback
+                run["summary"] = summarise_run(run)
+                runs.append(run)
+                bar.set_postfix_str(f"{run['condition']}/{run['arm']} seed {run['seed']}: AUC {run['summary'][PRIMARY_METRIC]:.2f}")
+        while not progress.empty():
+            bar.update(progress.get())
+    bar.close()
+    runs.sort(key=lambda r: (r["condition"], r["arm"], r["seed"]))
+    return runs
+
+
+def run_study(cfg: StudyConfig, *, primary_seeds: int = 8, secondary_seeds: int = 4, url: str | None = None,
+              env_spec: str | None = None, workers: int = 2, show_progress: bool = True, gate_only: bool = False,
+              on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The gate, then (if it passes) the plan; returns what ``results.json`` holds."""
+    say = on_stage or (lambda _: None)
+    say(f"gate: single vs uniform on H, seeds {list(GATE_SEEDS)}")
+    gate_runs = run_cells(cfg, [("H", "single", GATE_SEEDS), ("H", "uniform", GATE_SEEDS)], url=url, env_spec=env_spec,
+                          workers=workers, show_progress=show_progress, desc="gate")
+    result: dict[str, Any] = {"config": cfg.to_dict(), "env": env_spec or "built-in skill tracking", "store": url or "embedded",
+                              "gate": gate(gate_runs), "gate_runs": gate_runs, "runs": [], "analysis": None}
+    if gate_only or not result["gate"]["passed"]:
+        return result
+    cells = plan(primary_seeds, secondary_seeds)
+    say(f"study: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
+    result["runs"] = run_cells(cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress,
+                               desc="study")
+    result["analysis"] = analyse(result["runs"])
+    return result
+
+
+def _progress_bar(total: int, show: bool, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", unit_scale=True, desc=desc, disable=not show, smoothing=0.05)
+
+
+__all__ = ["ARMS", "GATE", "MARGIN", "PRIMARY", "SECONDARY", "analyse", "gate", "plan", "run_study"]

@@ -1,0 +1,333 @@
+"""The study: its task, learner, pre-registered statistics and the whole pipeline at smoke size."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from redisync.study.fleet import ARMS, StudyConfig, run_arm
+from redisync.study.learner import SAC, ReplayBuffer, SACConfig
+from redisync.study.stats import contrast, equivalence_p, holm, primary_family, sign_flip_p, t_interval
+from redisync.study.study import PRIMARY, analyse, gate, load_env_factory, plan
+from redisync.study.task import KINDS, SkillTracking, Step, TaskConfig, TrackingEnv
+
+from .conftest import real_redis_or_skip
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_the_sign_flip_test_is_exact():
+    d = [0.3, 0.1, -0.05, 0.2, 0.25]
+    flips = [np.mean(np.array(s) * d) for s in itertools.product((-1, 1), repeat=len(d))]
+    want = np.mean(np.abs(flips) >= abs(np.mean(d)) - 1e-12)
+    assert sign_flip_p(d) == pytest.approx(want)
+    assert sign_flip_p([1.0] * 8) == pytest.approx(2 / 256)  # the smallest p of 8 seeds: all positive
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert holm([0.5]) == [0.5]
+
+
+def test_the_t_interval_and_equivalence_answer_what_they_should():
+    rng = np.random.default_rng(0)
+    same = rng.normal(0.0, 0.02, 12)
+    lo, hi = t_interval(same)
+    assert lo < 0 < hi
+    assert equivalence_p(same, margin=0.1) < 0.01  # tightly around 0: equivalent within ±0.1
+    assert equivalence_p(same + 0.3, margin=0.1) > 0.5  # a real difference is never "equivalent"
+    noisy = rng.normal(0.0, 0.5, 4)
+    c = contrast("H: a − b", noisy + 1, np.ones(4), margin=0.1)
+    assert c.verdict() == "inconclusive"  # neither significant nor equivalent: no claim
+    big = contrast("H: a − b", np.full(8, 0.9) + rng.normal(0, 0.01, 8), np.full(8, 0.3), margin=0.1)
+    assert big.verdict() == "higher" and big.lo > 0.5
+
+
+def test_the_primary_family_is_holm_corrected():
+    rng = np.random.default_rng(1)
+    cs = [contrast(f"H: a{i} − b", rng.normal(m, 0.05, 8), np.zeros(8), 0.1) for i, m in enumerate((0.5, 0.01, 0.0))]
+    family = primary_family(cs)
+    assert [c.p_holm for c in family] == pytest.approx(holm([c.p_sign_flip for c in cs]))
+    assert family[0].verdict() == "higher" and family[1].p_holm >= family[1].p_sign_flip
+
+
+def test_contrasts_need_paired_finite_values():
+    with pytest.raises(ValueError, match="same length"):
+        contrast("H: a − b", [1.0, 2.0], [1.0], 0.1)
+    with pytest.raises(ValueError, match="finite"):
+        contrast("H: a − b", [1.0, float("nan")], [1.0, 1.0], 0.1)
+
+
+def test_the_plan_gives_every_primary_arm_its_seeds_and_pairs_everything():
+    cells = {(c, a): seeds for c, a, seeds in plan(8, 3)}
+    for condition, a, b in PRIMARY:
+        assert cells[(condition, a)] == cells[(condition, b)] == list(range(8))
+    assert cells[("H", "weighted")] == [0, 1, 2] and all(a in ARMS for _, a in cells)
+
+
+def _runs(values: dict[tuple[str, str], list[float]]) -> list[dict]:
+    return [{"condition": c, "arm": a, "seed": s, "summary": {"completion_auc": v, "final_completion": v, "skill_share": 0.1,
+                                                              "mean_drift_tv": 0.0, "mean_buffer_tv": 0.0, "sync_overhead_pct": 1.0}}
+            for (c, a), vs in values.items() for s, v in enumerate(vs)]
+
+
+def test_the_gate_and_the_analysis_follow_the_pre_registration():
+    rng = np.random.default_rng(3)
+    assert not gate(_runs({("H", "single"): [0.5, 0.6, 0.55], ("H", "uniform"): [0.45, 0.5, 0.5]}))["passed"]
+    passed = gate(_runs({("H", "single"): [0.9, 0.8, 0.85], ("H", "uniform"): [0.4, 0.5, 0.45]}))
+    assert passed["passed"] and passed["mean_difference"] == pytest.approx(0.4)
+    base = list(0.6 + rng.normal(0, 0.01, 8))
+    values = {("H", "single"): [b + 0.3 for b in base], ("H", "uniform"): base, ("H", "local"): base,
+              ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)), ("X", "local"): [b + 0.2 for b in base],
+              ("X", "pooled"): base, ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2])}
+    primary = {c["name"]: c["verdict"] for c in analyse(_runs(values))["primary"]}
+    assert primary == {"H: single − uniform": "higher", "H: local − pooled": "equivalent", "X: local − pooled": "higher",
+                       "X: broadcast − pooled": "inconclusive"}
+
+
+# ---------------------------------------------------------------- the task
+
+
+def test_skill_segments_rotate_the_actuation_only_there():
+    cfg = TaskConfig(bins=8, skill_segments=2, skill_angle_deg=90.0)
+    env = SkillTracking(cfg, torch.zeros(2, dtype=torch.long))
+    assert isinstance(env, TrackingEnv) and env.num_frames == 8 * 50 - 1
+    skill = env.kinds[0].nonzero().flatten()
+    assert len(skill) == 2 and int(skill.min()) >= 2 and bool((skill.diff() > 1).all())
+    plain, rotated = 0, int(skill[0]) * 50 + 10
+    for start in (plain, rotated):
+        env.reset(torch.arange(2), torch.tensor([start, start]))
+        env.pos[:] = env.ref_pos[env.frames]
+        env.vel[:] = 0.0
+        env.step(torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+        push = env.vel[0] / (env.step_dt * cfg.max_force)
+        kind = int(env.kinds[0, start // 50])
+        want = torch.tensor([1.0, 0.0]) if kind == 0 else env.actuation[kind][:, 0]
+        assert torch.allclose(push, want, atol=1e-5), (start, push, want)
+        assert kind == 0 or abs(float(push[0])) < 1e-5  # ±90°: the force is perpendicular to the action
+
+
+def test_a_policy_blind_to_the_skill_falls_in_the_first_skill_segment():
+    cfg = TaskConfig(bins=20, skill_segments=2)
+    env = SkillTracking(cfg, torch.zeros(1, dtype=torch.long))
+    first_skill = int(env.kinds[0].nonzero().min())
+
+    def run(aware: bool) -> int:
+        env.reset(torch.arange(1), torch.zeros(1, dtype=torch.long))
+        for _ in range(env.num_frames - 1):
+            f = env.frames
+            acc = (env.ref_vel[(f + 1).clamp(max=env.num_frames - 1)] - env.ref_vel[f]) * 50
+            want = (acc + cfg.damping * env.ref_vel[f] + 40 * (env.ref_pos[f] - env.pos) + 10 * (env.ref_vel[f] - env.vel)) / cfg.max_force
+            if aware:  # the inverse of the segment's actuation
+                want = torch.linalg.solve(env.actuation[env.kind_of_frame[0, f]], want.unsqueeze(2)).squeeze(2)
+            out = env.step(want)
+            if bool(out.terminated[0]):
+                return int(env.frames[0])
+        return env.num_frames
+
+    assert run(aware=True) == env.num_frames  # every segment is trackable
+    assert run(aware=False) // 50 == first_skill  # the plain skill fails exactly there
+
+
+def test_observations_show_the_segment_its_preview_and_the_profile():
+    cfg = TaskConfig(condition="X", bins=12, profiles=2, skill_segments=1, obs_offset=1.0)
+    env = SkillTracking(cfg, torch.tensor([0, 1]))
+    assert env.obs_dim == 12 + 2 * KINDS + 2
+    skill = int(env.kinds[0].nonzero()[0])
+    env.reset(torch.arange(2), torch.tensor([skill * 50 - 10, skill * 50 - 10]))  # 10 frames before profile 0's segment
+    obs = env.observations()
+    now, ahead, profile = obs[:, 12:16], obs[:, 16:20], obs[:, 20:22]
+    assert int((now[0] - env.offset[0]).argmax()) == 0 and int((ahead[0] - env.offset[0]).argmax()) == int(env.kinds[0, skill])
+    assert torch.allclose(profile - env.offset, torch.eye(2))  # the profile's one-hot, shifted by its offset
+    assert env.offset.flatten().tolist() == [-0.5, 0.5]
+    assert not torch.equal(env.kinds[0], env.kinds[1])  # X: each profile has skill segments of its own
+    assert torch.allclose(obs[0, :2] - obs[1, :2], torch.tensor([-1.0, -1.0]), atol=0.2)  # the profile-specific offset
+
+
+def test_h_has_one_profile_and_x_gives_each_profile_its_own_segments():
+    h = TaskConfig(condition="H", profiles=4)
+    x = TaskConfig(condition="X", profiles=3)
+    assert h.layout().shape == (1, 60) and x.layout().shape == (3, 60)
+    assert (x.layout() > 0).sum(1).tolist() == [3, 3, 3]
+
+
+# ---------------------------------------------------------------- the learner
+
+
+def test_the_replay_buffer_wraps_around_and_keeps_the_newest():
+    buf = ReplayBuffer(5, 1, 1)
+    for i in range(3):
+        x = torch.full((2, 1), float(i))
+        buf.add(x, x, x[:, 0], x, torch.zeros(2))
+    assert buf.size == 5 and sorted(buf.obs.flatten().tolist()) == [0.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_sac_learns_a_one_step_bandit():
+    """Reward −(a − 0.5)²: the actor's mean must move to 0.5 (terminal steps, so Q is the reward)."""
+    sac = SAC(1, 1, SACConfig(hidden=32, batch_size=256, init_alpha=0.01, lr=3e-3, buffer_size=4096), seed=0)
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(4096, 1, generator=g) * 2 - 1
+    sac.add(torch.zeros(4096, 1), a, -(a[:, 0] - 0.5) ** 2, torch.zeros(4096, 1), torch.ones(4096))
+    for _ in range(600):
+        sac.update()
+    with torch.no_grad():
+        best = sac.actor(torch.zeros(1, 1), deterministic=True)[0]
+    assert abs(float(best) - 0.5) < 0.1
+
+
+@pytest.mark.slow
+def test_sac_solves_pendulum_within_20000_env_steps():
+    pytest.importorskip("gymnasium")
+    from redisync.study.pendulum import validate
+
+    result = validate(steps=20_000)
+    print(f"Pendulum-v1: -250 first reached after {result.first_step_reaching(-250)} env steps, best {result.best:.0f}; "
+          f"curve (env steps, average return of 10 episodes): {result.curve}")
+    assert result.best >= -250, result.curve
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+class ConstantDriftEnv:
+    """A user's own env, to show the interface suffices: a 1-D mass whose profile decides where it falls."""
+
+    obs_dim, act_dim, step_dt = 3, 1, 0.02
+
+    def __init__(self, profiles: torch.Tensor, seed: int):
+        self.num_envs, self.num_frames = len(profiles), 4 * 50 - 1
+        self.profiles = profiles
+        self.frames = torch.zeros(self.num_envs, dtype=torch.long)
+        self.x = torch.zeros(self.num_envs)
+        self.g = torch.Generator().manual_seed(seed)
+
+    def reset(self, env_ids, start_frames):
+        self.frames[env_ids] = start_frames
+        self.x[env_ids] = 0.0
+
+    def observations(self):
+        return torch.stack([self.x, self.frames.float() / self.num_frames, self.profiles.float()], 1)
+
+    def step(self, actions):
+        self.frames = (self.frames + 1).clamp(max=self.num_frames - 1)
+        bin_ = self.frames * 4 // self.num_frames
+        kick = (bin_ == self.profiles % 4).float() * torch.randn(self.num_envs, generator=self.g)
+        self.x = self.x + 0.1 * actions[:, 0] + kick
+        terminated = self.x.abs() > 1.0
+        truncated = ~terminated & (self.frames >= self.num_frames - 1)
+        return Step(self.observations(), torch.exp(-self.x**2), terminated, truncated)
+
+
+def user_env_factory(task):
+    return lambda profiles, seed: ConstantDriftEnv(profiles, seed)
+
+
+TINY = replace(StudyConfig().smoke(), env_steps=3_000, learning_starts=1_000, eval_every=1_500, drift_every=1_000,
+               envs_per_shard=16, sac=SACConfig(hidden=32, batch_size=128))
+
+
+@pytest.mark.parametrize("backend", ["embedded", "real"])
+def test_a_users_own_env_runs_through_the_store(backend):
+    url = real_redis_or_skip() if backend == "real" else None
+    cfg = replace(TINY, task=replace(TINY.task, bins=4))
+    run = run_arm(cfg, "pooled", seed=0, url=url, make_env=load_env_factory("tests.test_study:user_env_factory", cfg))
+    assert len(run["curve"]) == 2 and 0.0 <= run["curve"][-1]["completion"] <= 1.0
+    assert run["drift"] and all(len(d["tv"]) == cfg.shards and d["buffer_tv"] is not None for d in run["drift"])
+
+
+@pytest.mark.parametrize("arm", ["per-profile", "local-paper", "norm-local", "local-16-shards"])
+def test_every_kind_of_arm_trains_on_x(arm):
+    cfg = replace(TINY, task=replace(TINY.task, condition="X", obs_offset=1.0))
+    run = run_arm(cfg, arm, seed=0)
+    assert run["shards"] == ARMS[arm].shards or cfg.shards
+    assert len(run["curve"]) == 2 and 0.0 < run["skill_share"] < 1.0
+
+
+@pytest.mark.parametrize("backend", ["embedded", "real"])
+def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
+    """Two unsynced shards failing in different bins: each is far from the pooled distribution,
+    their mixture (what the buffer gets) much closer."""
+    import uuid
+
+    import redisync
+    from redisync.study.fleet import DriftProbe, fleet_drift
+    from redisync.syncer import Syncer
+    from redisync.torch import AdaptiveMotionSampler
+
+    url = real_redis_or_skip() if backend == "real" else None
+    store = redisync.connect(url, run=f"t-drift-{uuid.uuid4().hex[:8]}")
+    try:
+        for shard, hard_bin in ((0, 1), (1, 3)):
+            sampler = AdaptiveMotionSampler(4 * 50 - 1, 0.02, mode="local", alpha=0.5)
+            probe = DriftProbe(4, 4 * 50 - 1, 0.02, alpha=0.5, uniform_ratio=0.1)
+            for term in (sampler, probe):
+                term.record_failures(torch.full((10,), hard_bin * 50 + 5), torch.ones(10, dtype=torch.bool))
+                term.step()
+            probe.used = sampler.probabilities().double().numpy()
+            syncer = Syncer(redisync.connect(url, run=store.run), shard, [sampler, probe]).start()
+            syncer.stop()  # flushes the reports
+        drift = fleet_drift(store, 0.1)
+        assert len(drift["tv"]) == 2 and min(drift["tv"]) > 0.3
+        assert drift["buffer_tv"] < min(drift["tv"]) / 3
+    finally:
+        store.delete()
+
+
+def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
+    with pytest.raises(ValueError, match="module:function"):
+        load_env_factory("tests.test_study", TINY)
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        load_env_factory("no_such_module:make", TINY)
+    with pytest.raises(ValueError, match="has no 'no_such_factory'"):
+        load_env_factory("tests.test_study:no_such_factory", TINY)
+    out = subprocess.run([sys.executable, "-m", "redisync.cli", "ab", "--env", "no_such_module:make", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--env" in out.stderr and "no_such_module" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_the_smoke_gate_holds_its_direction_and_the_report_says_so(tmp_path):
+    """CI's run of the gate in miniature: the adaptive `single` collector must complete more of the
+    motion than uniform starts, and the report states the gate's figures first."""
+    out = subprocess.run([sys.executable, "-m", "redisync.cli", "ab", "--smoke", "--gate-only", "--out", str(tmp_path),
+                          "--no-progress"], capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    g = results["gate"]
+    assert g["seeds"] == 3 and g["mean_difference"] > 0, g
+    report = (tmp_path / "report.md").read_text()
+    assert report.index("## The gate") < report.index("## Set-up") and "redisync ab --smoke" in report
+    assert (tmp_path / "completion.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_report_claims_only_what_the_tests_say(tmp_path):
+    from redisync.study.report import render_markdown
+
+    rng = np.random.default_rng(0)
+    base = list(0.5 + rng.normal(0, 0.01, 8))
+    values = {("H", "single"): [b + 0.3 for b in base], ("H", "uniform"): base, ("H", "local"): base,
+              ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)), ("X", "local"): [b + 0.2 for b in base],
+              ("X", "pooled"): base,
+              ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2])}
+    runs = _runs(values)
+    for r in runs:
+        r["curve"] = [{"env_steps": 1, "completion": r["summary"]["completion_auc"]}]
+    results = {"config": StudyConfig().to_dict(), "env": "test", "gate": gate(runs), "gate_runs": runs, "runs": runs,
+               "analysis": analyse(runs)}
+    text = render_markdown(results, "redisync ab", [])
+    assert "the gate **passed**" in text
+    assert "on H, `single` completes more of the motion than `uniform`" in text
+    assert "on H, `local` and `pooled` are equivalent within ±0.1" in text
+    assert "on X, `local` completes more of the motion than `pooled`" in text
+    assert "on X, `broadcast` vs `pooled` is inconclusive at 8 seeds" in text
+    failed = dict(results, gate=gate(_runs({("H", "single"): base[:3], ("H", "uniform"): base[:3]})), analysis=None, runs=[])
+    text = render_markdown(failed, "redisync ab", [])
+    assert "the gate **FAILED**" in text and "## Primary contrasts" not in text
