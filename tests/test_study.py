@@ -155,7 +155,7 @@ def test_observations_show_the_segment_its_preview_and_the_profile():
 def test_h_has_one_profile_and_x_gives_each_profile_its_own_segments():
     h = TaskConfig(condition="H", profiles=4)
     x = TaskConfig(condition="X", profiles=3)
-    assert h.layout().shape == (1, 60) and x.layout().shape == (3, 60)
+    assert h.layout().shape == (1, 120) and x.layout().shape == (3, 120)
     assert (x.layout() > 0).sum(1).tolist() == [3, 3, 3]
 
 
@@ -294,17 +294,20 @@ def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
 
 
 @pytest.mark.slow
-def test_the_smoke_gate_holds_its_direction_and_the_report_says_so(tmp_path):
-    """CI's run of the gate in miniature: the adaptive `single` collector must complete more of the
-    motion than uniform starts, and the report states the gate's figures first."""
+def test_the_smoke_gate_runs_end_to_end_and_the_report_leads_with_it(tmp_path):
+    """CI's run of the gate in miniature through the command line: three paired seeds of `single`
+    and `uniform` on H, the decision taken by the pre-registered threshold, the gate first in the report."""
     out = subprocess.run([sys.executable, "-m", "redisync.cli", "ab", "--smoke", "--gate-only", "--out", str(tmp_path),
                           "--no-progress"], capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     g = results["gate"]
-    assert g["seeds"] == 3 and g["mean_difference"] > 0, g
+    assert g["seeds"] == 3 and g["passed"] == (g["mean_difference"] >= 0.2)
+    assert all(0.0 <= v <= 1.0 for v in g["single"] + g["uniform"])
+    assert {r["seed"] for r in results["gate_runs"]} == {100, 101, 102}
     report = (tmp_path / "report.md").read_text()
     assert report.index("## The gate") < report.index("## Set-up") and "redisync ab --smoke" in report
+    assert f"{g['mean_difference']:+.3f}" in report and "gate:" in out.stdout
     assert (tmp_path / "completion.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -331,3 +334,21 @@ def test_the_report_claims_only_what_the_tests_say(tmp_path):
     failed = dict(results, gate=gate(_runs({("H", "single"): base[:3], ("H", "uniform"): base[:3]})), analysis=None, runs=[])
     text = render_markdown(failed, "redisync ab", [])
     assert "the gate **FAILED**" in text and "## Primary contrasts" not in text
+
+
+@pytest.mark.slow
+def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
+    """Past the gate: every (condition, arm) of the plan trains, pairs by seed and reaches the report."""
+    from redisync.study.report import write_report
+    from redisync.study.study import SECONDARY, run_cells
+
+    runs = run_cells(TINY, plan(2, 2), url=None, env_spec=None, workers=2, show_progress=False, desc="test")
+    assert {(r["condition"], r["arm"]) for r in runs} == {(c, a) for c, a, _ in plan(2, 2)}
+    analysis = analyse(runs)
+    assert len(analysis["primary"]) == len(PRIMARY) and len(analysis["secondary"]) == len(SECONDARY)
+    assert all(c["n"] == 2 and c["p_holm"] is not None for c in analysis["primary"])
+    results = {"config": TINY.to_dict(), "env": "built-in", "gate": {**gate(runs), "passed": True}, "gate_runs": runs,
+               "runs": runs, "analysis": analysis}
+    text = (write_report(results, tmp_path, "redisync ab (test)")).read_text()
+    assert "## Primary contrasts" in text and "**H — identical shards.**" in text and "**X — different shards.**" in text
+    assert (tmp_path / "mechanism.png").read_bytes()[:4] == b"\x89PNG"

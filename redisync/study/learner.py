@@ -103,8 +103,9 @@ class SAC:
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), requires_grad=True)
         self.target_entropy = cfg.target_entropy_per_dim * act_dim
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.lr)
+        # foreach: one fused step over all parameters (on the CPU, Adam otherwise loops tensor by tensor)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr, foreach=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.lr, foreach=True)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.lr)
         self.normalizer = SyncedEmpiricalNormalization(obs_dim, mode="local")
         self.buffer = ReplayBuffer(cfg.buffer_size, obs_dim, act_dim, torch.Generator().manual_seed(seed))
@@ -147,7 +148,6 @@ class SAC:
         self.alpha_opt.step()
 
         with torch.no_grad():
-            for p, p_t in zip(self.critic.parameters(), self.critic_target.parameters()):
-                p_t.lerp_(p, self.cfg.tau)
+            torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.critic.parameters()), self.cfg.tau)
         self.updates += 1
         return {"critic_loss": critic_loss.item(), "actor_loss": actor_loss.item(), "alpha": alpha.item()}

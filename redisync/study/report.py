@@ -119,7 +119,8 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
     lines = [
         "# Does curriculum drift between collector shards hurt training?",
         "",
-        f"Produced by `{command}`; every figure below comes from `results.json` next to this file.",
+        f"Produced by `{command}`{' on ' + results['date'] if results.get('date') else ''}; every figure below comes "
+        "from `results.json` next to this file.",
         "",
         "## The gate (fixed before the study)",
         f"On H, one unsharded adaptive collector (`single`) must beat uniform start frames (`uniform`) by at least "

@@ -14,6 +14,7 @@ Fixed here, in code, before any run:
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import multiprocessing as mp
 import queue
@@ -192,6 +193,7 @@ def run_study(cfg: StudyConfig, *, primary_seeds: int = 8, secondary_seeds: int 
     gate_runs = run_cells(cfg, [("H", "single", GATE_SEEDS), ("H", "uniform", GATE_SEEDS)], url=url, env_spec=env_spec,
                           workers=workers, show_progress=show_progress, desc="gate")
     result: dict[str, Any] = {"config": cfg.to_dict(), "env": env_spec or "built-in skill tracking", "store": url or "embedded",
+                              "date": datetime.date.today().isoformat(),
                               "gate": gate(gate_runs), "gate_runs": gate_runs, "runs": [], "analysis": None}
     if gate_only or not result["gate"]["passed"]:
         return result

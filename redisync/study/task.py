@@ -68,7 +68,7 @@ class TaskConfig:
     """The motion, its skill segments and the fleet condition."""
 
     condition: Condition = "H"
-    bins: int = 60
+    bins: int = 120  # a two-minute motion: three skill segments are 2.5 % of it
     profiles: int = 2  # X only: each profile has skill segments of its own (H has one profile)
     skill_segments: int = 3  # per profile
     skill_angle_deg: float = 90.0  # θ: how far a skill segment rotates the actuation
