@@ -540,7 +540,7 @@ class ShardClient:
         store = self.store
         if self._limits is None:
             self._limits = store.limits()
-        vectors = validate_reports(store.schema, reports, self._limits)
+        vectors = validate_reports(store.schema, reports, self._limits, self.shard_id)
         payloads = {n: codec.encode(v) for n, v in vectors.items()}
         with self._lock:
             self.seq += 1

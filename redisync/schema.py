@@ -284,11 +284,12 @@ def coerce_report(name: str, spec: BroadcastSpec | MergeSpec, raw: Any) -> Repor
 
 
 def validate_reports(
-    schema: Schema, reports: Mapping[str, Any], limits: Limits
+    schema: Schema, reports: Mapping[str, Any], limits: Limits, shard: int | None = None
 ) -> dict[str, list[np.ndarray]]:
     """Check a whole shard report against the schema; returns per key its float64 vectors.
 
-    Raises a typed :class:`~redisync.errors.InvalidReport` naming the first bad key.
+    With ``shard``, a broadcast key owned by another shard is refused too. Raises a typed
+    :class:`~redisync.errors.InvalidReport` naming the first bad key.
     """
     if not isinstance(reports, Mapping) or not reports:
         raise errors.MalformedReport(None, "a report must be a non-empty mapping of key name to report")
@@ -300,6 +301,9 @@ def validate_reports(
         spec = schema.keys.get(name)
         if spec is None:
             raise errors.UnknownKey(name, "not declared in the run's schema")
+        owner = getattr(spec, "owner", None)
+        if shard is not None and owner is not None and owner != shard:
+            raise errors.NotOwner(name, f"owned by shard {owner}; this is shard {shard} (refused before sending)")
         vectors = coerce_report(name, spec, raw).vectors(name, spec)
         total += sum(v.nbytes for v in vectors)
         if total > limits.max_report_bytes:

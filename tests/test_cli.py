@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import redisync as redisync_api
+from redisync import codec
 from redisync.client import serve_embedded
 from redisync.schema import Schema, broadcast, merge
 
@@ -70,8 +71,8 @@ def populated(cli_url):
     for shard in range(3):
         store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.eye(4)[shard] + 0.1}})
     store.shard(0).publish({"curriculum/scale": {"value": 0.5}})
-    with pytest.raises(redisync_api.errors.NotOwner):
-        store.shard(2).publish({"curriculum/scale": {"value": 0.9}})
+    with pytest.raises(redisync_api.errors.NotOwner):  # a misbehaving client skips the client-side check: the server refuses
+        store.shard(2).publish_payloads({"curriculum/scale": codec.encode([np.array([0.9])])}, seq=1)
     yield cli_url, store
     store.delete()
 

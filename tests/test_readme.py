@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import redisync
+from redisync import codec
 from redisync.torch.sampler import grouped_probabilities
 
 from .conftest import backend_url
@@ -77,8 +79,8 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
         for shard in (0, 1):
             store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.ones(8)}})
         store.shard(0).publish({"curriculum/penalty_scale": {"value": 0.5}})
-        try:
-            store.shard(1).publish({"curriculum/penalty_scale": {"value": 0.9}})
+        try:  # a client that skips the client-side check: the server refuses and dead-letters it
+            store.shard(1).publish_payloads({"curriculum/penalty_scale": codec.encode([np.array([0.9])])}, seq=1)
         except redisync.errors.NotOwner:
             pass
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import redisync
-from redisync import errors
+from redisync import codec, errors
 from redisync.client import RunSnapshot
 from redisync.schema import Limits, Schema, broadcast, merge
 
@@ -113,8 +113,12 @@ def test_broadcast_is_last_writer_wins_and_owned_keys_refuse_others(make_store):
     a.publish({"curriculum/stage": {"value": [1.0]}})
     b.publish({"curriculum/stage": {"value": [2.0]}})
     assert store.fleet().keys["curriculum/stage"].parts()["value"].tolist() == [2.0]
-    with pytest.raises(errors.NotOwner, match="owned by shard 0"):
+    with pytest.raises(errors.NotOwner, match="owned by shard 0; this is shard 1"):
         b.publish({"curriculum/scale": {"value": 1.0}})
+    assert store.dead_letters() == [] and b.seq == 1  # refused on the client: nothing was sent, no seq used
+    with pytest.raises(errors.NotOwner):  # and by the server, for a client that skips the check
+        b.publish_payloads({"curriculum/scale": codec.encode([np.array([1.0])])}, seq=3)
+    assert [d["reason"] for d in store.dead_letters()] == ["not_owner"]
     assert store.key_info("curriculum/stage")["writer"] == "1"
 
 
