@@ -19,7 +19,7 @@ import redis
 from pydantic import ValidationError
 
 from . import errors
-from .client import ENV_URL, EMBEDDED, RunSnapshot, connect, redis_client
+from .client import ENV_URL, EMBEDDED, RunSnapshot, connect
 from .inspection import describe_run, drift, list_runs, shard_ages
 
 URL = click.option("--url", envvar=ENV_URL, default=None, help=f"redis://, rediss:// or unix:// URL (env {ENV_URL}); unset: embedded")
@@ -82,6 +82,7 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI."""
     from .bench import run_all
 
+    _connected(url)
     res = run_all(url, calls=calls, procs=procs, seconds=seconds)
     if as_json:
         click.echo(json.dumps(res, indent=2))
@@ -179,10 +180,35 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
 
 
-def _store(url: str | None, run: str) -> Any:
+def _connected(url: str | None, run: str = "default") -> Any:
+    """A store that answered a PING: every connection problem ends here, naming the URL."""
     store = connect(url, run=run)
+    store.ping()
+    return store
+
+
+def _store(url: str | None, run: str) -> Any:
+    store = _connected(url, run)
     store.schema  # noqa: B018  (raises RunNotFound, naming the run, when there is none)
     return store
+
+
+def _snapshot_file(path: str) -> RunSnapshot:
+    """The snapshot in ``path``, or a CorruptSnapshot that names the file and says what is wrong."""
+    try:
+        return RunSnapshot.model_validate_json(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise errors.CorruptSnapshot(f"{path}: no such file") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(map(str, err.get("loc", ())))
+        if err["type"] == "json_invalid":
+            problem = f"not JSON ({err['msg']})"
+        elif err["type"] == "missing":
+            problem = f"the field {where!r} is missing"
+        else:
+            problem = f"the field {where!r} is wrong: {err['msg']}"
+        raise errors.CorruptSnapshot(f"{path} is not a redisync snapshot: {problem}") from None
 
 
 @cli.command()
@@ -191,7 +217,7 @@ def _store(url: str | None, run: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="print as JSON")
 def inspect(url: str | None, run: str | None, as_json: bool) -> None:
     """Runs, keys, specs, versions, slots, stream lengths and dead letters."""
-    runs = [run] if run is not None else list_runs(redis_client(url))
+    runs = [run] if run is not None else list_runs(_connected(url).redis)
     report = [describe_run(_store(url, name)) for name in runs]
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -276,15 +302,12 @@ def snapshot(url: str | None, run: str, path: str) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 def restore(url: str | None, run: str, path: str) -> None:
     """Replace a run's state by the snapshot in PATH, under a new epoch."""
+    snap = _snapshot_file(path)
+    store = _connected(url, run)
     try:
-        snap = RunSnapshot.model_validate_json(Path(path).read_bytes())
-    except FileNotFoundError:
-        raise errors.RedisyncError(f"no snapshot file {path}") from None
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(map(str, err.get("loc", ()))) or "file"
-        raise errors.CorruptSnapshot(f"{path} is not a redisync snapshot ({where}: {err['msg']})") from None
-    epoch = connect(url, run=run).restore(snap)
+        epoch = store.restore(snap)
+    except errors.CorruptSnapshot as e:
+        raise errors.CorruptSnapshot(f"{path}: {e}") from None
     click.echo(f"restored run {run} from {path} (saved from run {snap.run}); new epoch {epoch}")
 
 

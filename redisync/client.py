@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import importlib.resources
 import os
+import re
 import secrets
 import threading
 import time
@@ -209,6 +210,11 @@ class RunSnapshot(BaseModel):
     hashes: dict[str, dict[str, str]]
 
 
+def masked_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``: what messages and logs may show."""
+    return re.sub(r"(?<=://)([^:@/,]*):[^@/]*@", r"\1:***@", url)
+
+
 def _translated(method: Any) -> Any:
     """Redis failures as redisync's typed errors, naming the store's URL."""
 
@@ -292,7 +298,7 @@ class Store:
     def __init__(self, client: redis.Redis, run: str, url: str = EMBEDDED):
         self.redis = client
         self.keys = RunKeys(run)
-        self.url = url
+        self.url = masked_url(url)  # only ever shown: messages, inspect, logs
         self.scripts = Scripts(client)
         self._schema: Schema | None = None
         self._pull_keys: list[str] = []
@@ -324,6 +330,18 @@ class Store:
     @_translated
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         return script(keys=keys, args=args)
+
+    @_translated
+    def ping(self) -> None:
+        """Reach the server now (connections are otherwise opened lazily): a typed error naming the
+        URL and the cause when it does not answer, or refuses the URL's database or credentials."""
+        try:
+            self.redis.ping()
+        except redis.exceptions.NoPermissionError:
+            raise  # PermissionDenied, from the decorator
+        except redis.ResponseError as e:  # raised while connecting, e.g. SELECT of a database the server lacks
+            hint = " (the server has fewer databases: see its 'databases' setting)" if "DB index" in str(e) else ""
+            raise errors.ConnectionUnavailable(f"{self.url}: {e}{hint}") from e
 
     @_translated
     def _call_replicated(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:

@@ -141,7 +141,7 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
         (["inspect", "--run", "no-such-run"], "run 'no-such-run' is not registered"),
         (["watch", "--run", "no-such-run", "--count", "1"], "run 'no-such-run' is not registered"),
         (["snapshot", "--run", "no-such-run", "/tmp/x.json"], "run 'no-such-run' is not registered"),
-        (["restore", "--run", "x", "/nonexistent/snap.json"], "no snapshot file"),
+        (["restore", "--run", "x", "/nonexistent/snap.json"], "/nonexistent/snap.json: no such file"),
         (["restore", "--run", "x", __file__], "is not a redisync snapshot"),
         (["demo", "--shards", "0"], "--shards"),
         (["demo", "--url", "redis://127.0.0.1:1", "--no-progress", "--steps", "200", "--shards", "1"], "Connection refused"),
@@ -151,3 +151,36 @@ def test_bad_arguments_print_one_line_and_exit_nonzero(args, words):
     out = cli(*args)
     assert out.returncode != 0
     assert words in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_connection_error_names_the_url_with_its_password_masked():
+    for command in (["inspect"], ["watch", "--run", "x", "--count", "1"], ["bench", "--calls", "10"], ["snapshot", "--run", "x", "/tmp/x.json"]):
+        out = cli(*command, "--url", "redis://operator:s3cret@127.0.0.1:1/0")
+        assert out.returncode == 1, (command, out.stdout)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("redisync: error: redis://operator:***@127.0.0.1:1/0: "), (command, out.stderr)
+        assert "refused" in lines[0] and "s3cret" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_database_the_server_lacks_is_named_in_words(real_url):
+    base = real_url.rsplit("/", 1)[0]
+    out = cli("inspect", "--url", f"{base}/99")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert f"{base}/99: DB index is out of range" in out.stderr and "'databases' setting" in out.stderr
+
+
+def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
+    url, store = populated
+    missing, not_json, no_run, damaged = (tmp_path / n for n in ("missing.json", "not.json", "norun.json", "damaged.json"))
+    not_json.write_text("garbage")
+    no_run.write_text("{}")
+    assert cli("snapshot", "--url", url, "--run", store.run, str(damaged)).returncode == 0
+    snap = json.loads(damaged.read_text())
+    snap["hashes"]["meta"]["fleet_version"] = "not base64!"
+    damaged.write_text(json.dumps(snap))
+    for path, problem in ((missing, "no such file"), (not_json, "is not a redisync snapshot: not JSON"),
+                          (no_run, "is not a redisync snapshot: the field 'run' is missing"), (damaged, "meta")):
+        out = cli("restore", "--url", url, "--run", store.run, str(path))
+        assert out.returncode == 1 and f"redisync: error: {path}" in out.stderr and problem in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert store.fleet().fleet_version == 4  # nothing was restored
