@@ -172,6 +172,11 @@ def ab(url: str | None, out_dir: str, seeds: int, workers: int, smoke: bool, gat
     click.echo(f"report: {report}")
 
 
+def _num(x: float, digits: int) -> str:
+    """``x`` to ``digits`` decimals, never as a negative zero."""
+    return f"{round(x, digits) + 0.0:.{digits}f}"
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -270,12 +275,18 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
                 row = [shard, _age(ages[shard])]
                 for d in drifts.values():
                     s = d["shards"].get(shard)
-                    row += ["-", "-"] if s is None else [f"{s['tv']:.4f}", f"{s['entropy']:.3f}"]
+                    if d["kind"] == "moments":
+                        row += ["-" if s is None else _num(s["offset_sd"], 2)]
+                    else:
+                        row += ["-", "-"] if s is None else [_num(s["tv"], 4), _num(s["entropy"], 3)]
                 rows.append(row)
-            headers = ["shard", "last report"] + [h for name in drifts for h in (f"{name} TV", "entropy")]
+            headers = ["shard", "last report"]
+            for name, d in drifts.items():
+                headers += [f"{name} |mean offset| (pooled sd)"] if d["kind"] == "moments" else [f"{name} TV", "entropy"]
             lines.append(_table(headers, rows) if rows else "no shard has reported yet")
             for name, d in drifts.items():
-                lines.append(f"pooled entropy of {name}: {d['pooled_entropy']:.3f}")
+                if d["kind"] == "distribution":
+                    lines.append(f"pooled entropy of {name}: {_num(d['pooled_entropy'], 3)}")
             click.echo(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + "\n".join(lines), nl=True)
             shown += 1
             if count and shown >= count:

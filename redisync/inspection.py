@@ -91,14 +91,34 @@ def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, d
 
 
 def drift(store: Store) -> dict[str, dict[str, Any]]:
-    """Per distribution-like merge key (more than one element), each shard's own distribution
-    (its slot's sum, normalised) against the pooled one: total-variation distance and normalised entropy."""
+    """How far each shard's own slot is from the pooled value, in the measure the key's kind allows.
+
+    - ``distribution`` (a merge key of several non-negative elements without moments: a failure
+      EMA, a histogram): the total-variation distance of the shard's normalised slot from the
+      pooled distribution, and its normalised entropy.
+    - ``moments`` (a merge key with ``sumsq``: normaliser statistics): the largest offset of the
+      shard's mean from the pooled mean, in pooled standard deviations.
+
+    Other keys (scalars, signed sums) have no such measure and are left out.
+    """
     out: dict[str, dict[str, Any]] = {}
     for name, spec in store.schema.keys.items():
-        if not isinstance(spec, MergeSpec) or spec.size < 2:
+        if not isinstance(spec, MergeSpec) or (spec.size < 2 and not spec.sumsq):
             continue
         agg, slots = slot_parts(store, name)
-        pooled = None if agg is None else _distribution(agg["sum"])
+        if agg is None:
+            continue
+        if spec.sumsq:
+            mean, sd = _moments(agg)
+            if mean is None:
+                continue
+            rows = {s: {"offset_sd": float(np.max(np.abs(m - mean) / sd))} for s, p in slots.items()
+                    if (m := _moments(p)[0]) is not None}
+            out[name] = {"kind": "moments", "shards": rows}
+            continue
+        if np.any(agg["sum"] < 0):
+            continue
+        pooled = _distribution(agg["sum"])
         if pooled is None:
             continue
         rows = {}
@@ -106,14 +126,24 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
             own = _distribution(parts["sum"])
             if own is not None:
                 rows[shard] = {"tv": 0.5 * float(np.abs(own - pooled).sum()), "entropy": _entropy(own)}
-        out[name] = {"pooled_entropy": _entropy(pooled), "shards": rows}
+        out[name] = {"kind": "distribution", "pooled_entropy": _entropy(pooled), "shards": rows}
     return out
 
 
+def _moments(parts: dict[str, np.ndarray]) -> tuple[np.ndarray | None, np.ndarray]:
+    """Mean and standard deviation (floored, so a constant element does not divide by zero)."""
+    count = np.asarray(parts["count"], dtype=np.float64)
+    if np.any(count <= 0):
+        return None, np.ones(1)
+    mean = parts["sum"] / count
+    var = np.maximum(parts["sumsq"] / count - mean**2, 0.0)
+    return mean, np.maximum(np.sqrt(var), 1e-12)
+
+
 def _distribution(sums: np.ndarray) -> np.ndarray | None:
-    sums = np.abs(np.ravel(sums))
+    sums = np.ravel(sums)
     total = sums.sum()
-    return sums / total if total > 0 else None
+    return sums / total if total > 0 and np.all(sums >= 0) else None
 
 
 def _entropy(p: np.ndarray) -> float:

@@ -184,3 +184,32 @@ def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
         assert out.returncode == 1 and f"redisync: error: {path}" in out.stderr and problem in out.stderr, out.stderr
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert store.fleet().fleet_version == 4  # nothing was restored
+
+
+def test_watch_measures_each_key_by_its_kind(cli_url):
+    """Moments: each shard's mean offset in pooled sds; distributions: TV and entropy; signed sums and
+    one-element keys: nothing (they are not distributions); never a negative zero."""
+    store = redisync_api.connect(cli_url, run=f"cli-kinds-{uuid.uuid4().hex[:8]}")
+    store.register(Schema.of({"obs/norm": merge(2, sumsq=True), "motion/bin_failed": merge(4), "curriculum/delta": merge(3),
+                              "motion/one": merge(1)}))
+    try:
+        for shard, mean in ((0, np.array([0.0, 0.0])), (1, np.array([2.0, 0.0]))):
+            x = mean + np.array([[1.0, 1.0], [-1.0, -1.0]])  # sd 1 around the shard's mean
+            store.shard(shard).publish({
+                "obs/norm": {"count": 2, "sum": x.sum(0), "sumsq": (x**2).sum(0)},
+                "motion/bin_failed": {"count": 1, "sum": np.array([1.0, 1.0, 1.0, 1.0])},  # identical: TV 0
+                "curriculum/delta": {"count": 1, "sum": np.array([1.0, -2.0, 0.5])},
+                "motion/one": {"count": 1, "sum": 3.0},
+            })
+        out = cli("watch", "--url", cli_url, "--run", store.run, "--count", "1")
+        assert out.returncode == 0, out.stderr
+        header = next(l for l in out.stdout.splitlines() if l.startswith("shard"))
+        assert "obs/norm |mean offset| (pooled sd)" in header and "motion/bin_failed TV" in header
+        assert "curriculum/delta" not in out.stdout and "motion/one" not in out.stdout
+        rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if l[:1].isdigit()}
+        # pooled: mean (1, 0), variance 1 + 1 = 2; each shard's mean is 1 away in the first element
+        # columns: shard, last report, motion/bin_failed TV and entropy, obs/norm offset
+        assert set(rows) == {"0", "1"} and all(float(r[4]) == pytest.approx(0.71, abs=0.01) for r in rows.values())
+        assert all(r[2] == "0.0000" and r[3] == "1.000" for r in rows.values()) and "-0.0" not in out.stdout
+    finally:
+        store.delete()
