@@ -19,7 +19,7 @@ import redis
 from pydantic import ValidationError
 
 from . import errors
-from .client import ENV_URL, EMBEDDED, RunSnapshot, connect
+from .client import ENV_URL, EMBEDDED, RunSnapshot, connect, masked_url
 from .inspection import describe_run, drift, list_runs, shard_ages
 
 URL = click.option("--url", envvar=ENV_URL, default=None, help=f"redis://, rediss:// or unix:// URL (env {ENV_URL}); unset: embedded")
@@ -46,30 +46,58 @@ def cli() -> None:
 @click.option("--bins", default=20, show_default=True, type=click.IntRange(2, 10_000), help="motion length in seconds")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False), help="folder for demo.png")
+@click.option("--run", default="demo", show_default=True, help="the synced run's name (the unsynced run writes nothing)")
+@click.option("--keep", is_flag=True, help="keep the run (always with --url); on the embedded store, serve it until Ctrl-C")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
-def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: int, out_dir: str, no_progress: bool) -> None:
+def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: int, out_dir: str, run: str, keep: bool,
+         no_progress: bool) -> None:
     """A fleet of collector processes with adaptive motion samplers, sync off then on."""
     try:
-        from .demo import run_demo
+        from .demo import inspect_commands, run_demo
         from .torch.demo_collector import FleetConfig
     except ImportError as e:
         raise errors.RedisyncError(f"the demo needs the demo extra ({e.name} is missing): pip install 'redisync[demo]'") from None
 
+    keep = keep or url is not None
+    if url is not None:
+        store = _connected(url, run)
+        if store.redis.exists(store.keys.meta):
+            raise click.BadParameter(f"{store.url} already holds a run {run!r}: pick another --run", param_hint="--run")
     cfg = FleetConfig(shards=shards, envs=envs, steps=steps, bins=bins, seed=seed, snapshot_every=max(steps // 40, 1))
-    click.echo(f"store: {url or 'embedded (served over TCP to the collectors)'}; {shards} collector processes x "
-               f"{envs} envs, a {bins} s motion, {steps} steps per run")
-    phases = run_demo(url, cfg, Path(out_dir), show_progress=not no_progress)
-    for sync in (False, True):
-        ph = phases[sync]
-        head = f"\nsync {'ON' if sync else 'OFF'}"
-        if sync:
-            lat = ph.latency_ms
-            head += f": fleet version {ph.fleet_version}, {ph.publishes} publishes" + (f", median publish {lat:.2f} ms" if lat else "")
-        click.echo(head)
-        rows = [[r["shard"], f"{r['tv']:.4f}", f"{r['entropy']:.3f}", r["top1_bin"], f"{r['top1_prob']:.3f}"] for r in ph.rows()]
-        click.echo(_table(["shard", "TV from pooled", "entropy", "top-1 bin", "top-1 p"], rows))
-        click.echo(f"largest TV distance from the pooled distribution: {max(r['tv'] for r in ph.rows()):.4f}")
-    click.echo(f"\nplot: {Path(out_dir) / 'demo.png'}")
+
+    def started(target: str) -> None:
+        where = "embedded, served over TCP to the collectors" if url is None else "your Redis"
+        click.echo(f"demo: run {run!r} at {masked_url(target)} ({where}); {shards} collector processes x {envs} envs, "
+                   f"a {bins} s motion, {steps} steps per run, first without sync (nothing written), then with it")
+
+    def done(target: str, phases: dict[bool, Any]) -> None:
+        for sync in (False, True):
+            ph = phases[sync]
+            head = f"\nsync {'ON' if sync else 'OFF'}"
+            if sync:
+                lat = ph.latency_ms
+                head += f": fleet version {ph.fleet_version}, {ph.publishes} publishes" + (f", median publish {lat:.2f} ms" if lat else "")
+            click.echo(head)
+            rows = [[r["shard"], f"{r['tv']:.4f}", f"{r['entropy']:.3f}", r["top1_bin"], f"{r['top1_prob']:.3f}"] for r in ph.rows()]
+            click.echo(_table(["shard", "TV from pooled", "entropy", "top-1 bin", "top-1 p"], rows))
+            click.echo(f"largest TV distance from the pooled distribution: {max(r['tv'] for r in ph.rows()):.4f}")
+        click.echo(f"\nplot: {Path(out_dir) / 'demo.png'}")
+        if not keep:
+            click.echo(f"run {run!r} was deleted with the embedded store; to look at it, run the demo with --keep "
+                       "(it then serves the run until Ctrl-C) or with --url redis://...")
+            return
+        click.echo(f"run {run!r} kept at {masked_url(target)}; look at it with:")
+        for command in inspect_commands(masked_url(target), run):
+            click.echo(f"  {command}")
+        if url is None:
+            click.echo("the embedded store lives in this process: it serves the run until you press Ctrl-C")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                click.echo("stopped")
+
+    run_demo(url, cfg, Path(out_dir), run, keep, show_progress=not no_progress, on_start=started, on_done=done)
 
 
 @cli.command()

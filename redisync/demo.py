@@ -12,10 +12,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import statistics
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -79,10 +78,10 @@ class Phase:
         return statistics.median(lat) if lat else None
 
 
-def run_phase(url: str, cfg: Any, sync: bool, progress: Any) -> Phase:
+def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: bool) -> Phase:
+    """One run of the fleet under ``run``; deleted at the end unless ``keep``."""
     from .torch.demo_collector import run_collector
 
-    run = f"demo-{uuid.uuid4().hex[:8]}"
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out, go), daemon=True) for s in range(cfg.shards)]
@@ -119,7 +118,8 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any) -> Phase:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-        connect(url, run=run).delete()
+        if not keep:
+            connect(url, run=run).delete()
     return phase
 
 
@@ -158,17 +158,34 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def run_demo(url: str | None, cfg: Any, out_dir: Path, show_progress: bool = True) -> dict[bool, Phase]:
-    """Both runs of the fleet against ``url`` (None: an embedded server all collectors reach over TCP)."""
+def run_demo(url: str | None, cfg: Any, out_dir: Path, run: str, keep: bool, show_progress: bool = True,
+             on_start: Callable[[str], None] | None = None,
+             on_done: Callable[[str, dict[bool, Phase]], None] | None = None) -> dict[bool, Phase]:
+    """Both runs of the fleet against ``url`` (None: an embedded server all collectors reach over
+    TCP). The synced run is ``run`` (the unsynced one writes nothing); ``on_start`` gets the URL the
+    collectors use before they start; ``on_done(url, phases)`` runs while an embedded server is still
+    up (it serves the run until ``on_done`` returns). With ``keep``, the run is not deleted."""
     from tqdm import tqdm
 
     server = serve_embedded() if url is None else None
+    target = server.url if server else url
     try:
+        if on_start is not None:
+            on_start(target)
         with tqdm(total=2 * cfg.shards * cfg.steps, unit="step", unit_scale=True, disable=not show_progress,
                   desc="demo (sync off, then on)") as bar:
-            phases = {sync: run_phase(server.url if server else url, cfg, sync, bar) for sync in (False, True)}
+            phases = {sync: run_phase(target, cfg, sync, bar, run, keep) for sync in (False, True)}
+        plot(phases, cfg, out_dir / "demo.png")
+        if on_done is not None:
+            on_done(target, phases)
     finally:
         if server is not None:
             server.close()
-    plot(phases, cfg, out_dir / "demo.png")
     return phases
+
+
+def inspect_commands(url: str, run: str) -> list[str]:
+    """The commands that show a run: redisync's inspect and watch, and redis-cli on its keys."""
+    return [f"redisync inspect --url {url} --run {run}",
+            f"redisync watch --url {url} --run {run}",
+            f"redis-cli -u {url} --scan --pattern 'redisync:{{{run}}}:*'"]

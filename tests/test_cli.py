@@ -213,3 +213,31 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
         assert all(r[2] == "0.0000" and r[3] == "1.000" for r in rows.values()) and "-0.0" not in out.stdout
     finally:
         store.delete()
+
+
+def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
+    """The newcomer's path: the demo names its run and URL up front, ends with the commands that show
+    it, and those commands work while the demo serves the run; Ctrl-C ends it cleanly."""
+    proc = subprocess.Popen([sys.executable, "-m", "redisync.cli", "demo", "--shards", "2", "--steps", "400", "--envs", "128",
+                             "--run", "first-look", "--keep", "--out", str(tmp_path), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "serves the run until you press Ctrl-C" in line or not line:
+                break
+        text = "".join(lines)
+        assert text.startswith("demo: run 'first-look' at redis://127.0.0.1:"), text
+        commands = [l.strip() for l in lines if l.startswith("  redisync ") or l.startswith("  redis-cli ")]
+        assert [c.split()[1] for c in commands] == ["inspect", "watch", "-u"]
+        inspect = cli(*commands[0].split()[1:])
+        assert inspect.returncode == 0 and "run first-look" in inspect.stdout and "motion/bin_failed" in inspect.stdout
+        watch = cli(*commands[1].split()[1:], "--count", "1")
+        assert watch.returncode == 0 and "motion/bin_failed TV" in watch.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err
