@@ -18,6 +18,8 @@ from redisync.schema import Schema, broadcast, merge
 
 from .servers import RedisProcess, free_cluster_port
 
+pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
+
 SCHEMA = Schema.of({"obs/norm": merge(3, sumsq=True), "curriculum/scale": broadcast(())})
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -16,6 +17,8 @@ import redisync
 from redisync.schema import Schema, merge
 
 from .servers import RedisProcess, free_port
+
+pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
 CONF = Path(__file__).resolve().parents[1] / "deploy" / "redis.conf"
 

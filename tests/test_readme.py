@@ -90,11 +90,13 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
             return out.stdout.splitlines()
 
         # the key layout the README lists is the one SCAN finds
-        listed = {line.split()[0].replace("humanoid-v3", run) for line in _block_after("$ redis-cli --scan").splitlines()[1:] if line.strip()}
-        assert set(cli("--scan", "--pattern", f"redisync:\\{{{run}\\}}:*")) == listed | {f"redisync:{{{run}}}:data:curriculum/penalty_scale", f"redisync:{{{run}}}:key:curriculum/penalty_scale"}
+        listed = {line.split()[0].replace("{demo}", f"{{{run}}}") for line in _block_after("--scan --pattern 'redisync:{demo}:*'").splitlines()[1:] if line.strip()}
+        assert set(cli("--scan", "--pattern", f"redisync:\\{{{run}\\}}:*")) == listed | {
+            f"redisync:{{{run}}}:data:curriculum/penalty_scale", f"redisync:{{{run}}}:key:curriculum/penalty_scale",
+            f"redisync:{{{run}}}:dead"}  # a run that rejected a report has its dead-letter stream too
         # every field the README shows for a key is in its HGETALL
         fields = set(cli("HGETALL", f"redisync:{{{run}}}:key:motion/bin_failed")[::2])
-        shown = {seg.split()[0] for line in _block_after("$ redis-cli HGETALL").splitlines()[1:] for seg in re.split(r"\s{2,}", line.strip()) if seg}
+        shown = {seg.split()[0] for line in _block_after("HGETALL 'redisync:{demo}").splitlines()[1:] for seg in re.split(r"\s{2,}", line.strip()) if seg}
         assert shown <= fields, shown - fields
         assert {"name", "size", "owner", "count_size", "sumsq"} <= fields
         # the dead-letter and report streams hold the fields the README names

@@ -1,6 +1,9 @@
+
 """Faults on a real server: lost replies and retries; a restart from the append-only file."""
 
 from __future__ import annotations
+
+import pytest
 
 import time
 
@@ -15,6 +18,8 @@ from redisync.semantics import ReferenceFold
 from .faults import ReplyDroppingProxy
 from .servers import RedisProcess
 from .support import assert_same_state, envelope, lua_state, reference_state, send_as
+
+pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 from .test_fold_properties import random_operations
 
 # no stale keys: the reference fold cannot know the server time of a fold whose reply was lost

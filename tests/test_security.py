@@ -14,6 +14,8 @@ from redisync.schema import Schema, broadcast, merge
 
 from .servers import RedisProcess
 
+pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
+
 ACL = Path(__file__).resolve().parents[1] / "deploy" / "users.acl"
 RUN = "humanoid-v3"
 SCHEMA = Schema.of({"obs/norm": merge(2), "curriculum/scale": broadcast(())})

@@ -16,6 +16,8 @@ from redisync.schema import Schema, merge
 
 from .servers import RedisProcess, free_port
 
+pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
+
 SERVICE = "redisync"
 
 

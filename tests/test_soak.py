@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
+
 SOAK = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
 
 

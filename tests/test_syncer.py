@@ -104,6 +104,7 @@ def test_fleet_converges_through_syncers(backend, make_store):
             s.stop(flush=False)
 
 
+@pytest.mark.integration
 def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path):
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]

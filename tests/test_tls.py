@@ -14,6 +14,8 @@ from redisync.schema import Schema, merge
 
 from .servers import RedisProcess, free_port
 
+pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
+
 
 def make_certificates(d: Path) -> None:
     def openssl(*args: str) -> None:
