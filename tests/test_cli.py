@@ -20,6 +20,12 @@ from redisync.schema import Schema, broadcast, merge
 from .conftest import real_redis_or_skip
 
 
+def _ctrl_c_default() -> None:
+    """In the child: SIGINT as a terminal delivers it, even when this test runs in a background job
+    (which starts with SIGINT ignored, and Python then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "redisync.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -28,8 +34,14 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("backend", ["embedded", "real"])
 def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     url = ["--url", real_redis_or_skip()] if backend == "real" else []
-    out = cli("demo", *url, "--shards", "2", "--steps", "2000", "--envs", "512", "--out", str(tmp_path), "--no-progress")
+    run = f"demo-test-{uuid.uuid4().hex[:8]}"
+    try:
+        out = cli("demo", *url, "--run", run, "--shards", "2", "--steps", "2000", "--envs", "512", "--out", str(tmp_path), "--no-progress")
+    finally:
+        if url:  # with --url the demo keeps its run
+            redisync_api.connect(url[1], run=run).delete()
     assert out.returncode == 0, out.stderr
+    assert (f"run {run!r} kept at" in out.stdout) == bool(url)
     off, on = out.stdout.split("sync ON")
     worst_off = float(off.rsplit("largest TV distance from the pooled distribution:", 1)[1].split()[0])
     worst_on = float(on.rsplit("largest TV distance from the pooled distribution:", 1)[1].split()[0])
@@ -107,7 +119,7 @@ def test_watch_shows_per_shard_drift_and_stops(populated):
 def test_watch_exits_cleanly_on_ctrl_c(populated):
     url, store = populated
     proc = subprocess.Popen([sys.executable, "-m", "redisync.cli", "watch", "--url", url, "--run", store.run, "--interval", "0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_default)
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
@@ -220,7 +232,7 @@ def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
     it, and those commands work while the demo serves the run; Ctrl-C ends it cleanly."""
     proc = subprocess.Popen([sys.executable, "-m", "redisync.cli", "demo", "--shards", "2", "--steps", "400", "--envs", "128",
                              "--run", "first-look", "--keep", "--out", str(tmp_path), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_default)
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 240
