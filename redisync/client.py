@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 

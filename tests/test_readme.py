@@ -66,8 +66,6 @@ def _block_after(marker: str) -> str:
 def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
     import subprocess
 
-    import numpy as np
-
     from redisync.schema import Schema, broadcast, merge
 
     run = "readme-cli-check"

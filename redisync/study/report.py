@@ -162,7 +162,6 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         return "\n".join(lines) + "\n"
     analysis = results["analysis"]
     primary = analysis["primary"]
-    by_name = {c["name"]: c for c in primary + analysis["secondary"]}
     lines += ["## Primary contrasts (pre-registered)", "", *contrast_rows(primary), "", "## Answers", ""]
     for condition, title in (("H", "H — identical shards"), ("X", "X — different shards")):
         lines.append(f"**{title}.**")
@@ -178,5 +177,4 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         lines.append(f"| {cell} | {row['seeds']} | " + " | ".join(f"{row[m]:.3g}" for m in SUMMARY_METRICS) + " |")
     lines += ["", "Metrics: " + "; ".join(f"`{m}`: {d}" for m, (d, _) in SUMMARY_METRICS.items()) + ".", ""]
     lines += [f"![{p}]({p})" for p in plots]
-    del by_name
     return "\n".join(lines) + "\n"

@@ -151,10 +151,6 @@ def _one_group(bins: int, device: str) -> BinLayout:
     return BinLayout((bins,), device)
 
 
-def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
-    return 0.5 * float((p - q).abs().sum())
-
-
 class AdaptiveMotionSampler(nn.Module):
     """Adaptive start-frame sampling for one shard's envs, optionally synced through the store.
 
