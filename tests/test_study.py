@@ -247,7 +247,7 @@ def test_a_users_own_env_runs_through_the_store(backend):
 def test_every_kind_of_arm_trains_on_x(arm):
     cfg = replace(TINY, task=replace(TINY.task, condition="X", obs_offset=1.0))
     run = run_arm(cfg, arm, seed=0)
-    assert run["shards"] == ARMS[arm].shards or cfg.shards
+    assert run["shards"] == (ARMS[arm].shards or cfg.shards)
     assert len(run["curve"]) == 2 and 0.0 < run["skill_share"] < 1.0
 
 

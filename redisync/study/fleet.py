@@ -110,7 +110,7 @@ class DriftProbe:
 
     def __init__(self, bins: int, num_frames: int, step_dt: float, alpha: float, uniform_ratio: float):
         self.witness = AdaptiveMotionSampler(num_frames, step_dt, mode="local", alpha=alpha, uniform_ratio=uniform_ratio)
-        self.used = np.full(bins, 1.0 / bins)
+        self.used = np.full(bins, 1.0 / bins)  # a uniform arm's; a sampling shard sets what it samples from
 
     def record_failures(self, frames: torch.Tensor, failed: torch.Tensor) -> None:
         self.witness.record_failures(frames, failed)
@@ -198,15 +198,12 @@ class Collector:
         n = len(ids)
         if self.arm.sampler == "uniform":
             bins = torch.randint(0, self.sampler.bin_counts[0], (n,), generator=self.generator)
-            self.probe.used = np.full(self.probe.used.size, 1.0 / self.probe.used.size)
-        else:
-            groups = self.profiles[ids] if self.sampler.grouped else None
-            bins = self.sampler.sample_bins(n, groups, generator=self.generator)
-            probs = self.sampler.probabilities()
-            self.probe.used = (probs[int(self.profiles[0])] if self.sampler.grouped else probs).double().numpy().copy()
-        offset = torch.rand(n, generator=self.generator)
-        bin_count = self.sampler.bin_counts[0]
-        return ((bins + offset) / bin_count * (self.env.num_frames - 1)).long()
+            offset = torch.rand(n, generator=self.generator)
+            return ((bins + offset) / self.sampler.bin_counts[0] * (self.env.num_frames - 1)).long()
+        groups = self.profiles[ids] if self.sampler.grouped else None
+        probs = self.sampler.probabilities()
+        self.probe.used = (probs[int(self.profiles[0])] if self.sampler.grouped else probs).double().numpy().copy()
+        return self.sampler.sample(n, groups, generator=self.generator)
 
 
 def make_collector(cfg: StudyConfig, arm: Arm, shard: int, shards: int, per_shard: int, seed: int, url: str | None, run: str,
