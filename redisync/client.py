@@ -173,6 +173,8 @@ def connect(
     url = url if url is not None else os.environ.get(ENV_URL) or None
     store = Store(redis_client(url, **redis_kwargs), run, url=url or EMBEDDED)
     store.wait_replicas, store.wait_timeout_ms = wait_replicas, wait_timeout_ms
+    if url:  # what another process needs to open the same store (a sidecar)
+        store.connect_args = (url, {"wait_replicas": wait_replicas, "wait_timeout_ms": wait_timeout_ms, **redis_kwargs})
     return store
 
 
@@ -302,6 +304,7 @@ class Store:
         self._schema: Schema | None = None
         self._pull_keys: list[str] = []
         self.wait_replicas, self.wait_timeout_ms = 0, 1000
+        self.connect_args: tuple[str, dict[str, Any]] | None = None  # set by connect() for a server URL
 
     @property
     def run(self) -> str:
@@ -506,6 +509,12 @@ class Store:
         return _b(args[0])
 
     @_translated
+    def last_folded_seq(self, shard_id: int, incarnation: int) -> int:
+        """The last sequence number folded for ``shard_id`` under ``incarnation`` (0 if none)."""
+        inc, seq = self.redis.hmget(self.keys.shards, f"{shard_id}:incarnation", f"{shard_id}:seq")
+        return int(seq) if inc is not None and seq is not None and int(inc) == incarnation else 0
+
+    @_translated
     def delete(self) -> int:
         """Remove every key of the run (its state, streams and metadata)."""
         doomed = list(self.redis.scan_iter(match=self.keys.pattern, count=1000))
@@ -551,6 +560,11 @@ class ShardClient:
 
     def resumes(self, name: str) -> bool:
         return self.resume if isinstance(self.resume, bool) else name in self.resume
+
+    def last_folded_seq(self) -> int:
+        """The last sequence number the server folded for this incarnation (0 if none): where a new
+        process serving the same incarnation (a restarted sidecar) continues."""
+        return self.store.last_folded_seq(self.shard_id, self.incarnation)
 
     def publish(self, reports: Mapping[str, Any]) -> codec.PublishResult:
         """Validate, then fold ``{key: report}`` in one EVALSHA. Raises a typed error on rejection."""

@@ -21,6 +21,10 @@ class NotReplicated(ConnectionUnavailable):
     it may be lost in a failover, so the caller should publish again (reports are cumulative)."""
 
 
+class ConfigurationError(RedisyncError, ValueError):
+    """An argument that cannot work (an unknown worker, a process worker without a Redis URL)."""
+
+
 class PermissionDenied(RedisyncError):
     """The server refused the credentials or the command (ACL: NOPERM, WRONGPASS)."""
 

@@ -34,21 +34,37 @@ from .seam import SyncedTerm, schema_of
 
 log = logging.getLogger(__name__)
 
+WORKERS = ("thread", "process")
+
 
 class Syncer:
+    """``worker="thread"`` (the default) runs the network in a thread of the collector's process;
+    ``worker="process"`` in a sidecar process of its own (:mod:`redisync.sidecar`), which keeps the
+    collector's interpreter lock free for its hot path. Same API, same rules."""
+
+    def __new__(cls, *args: Any, worker: str = "thread", **kwargs: Any) -> "Syncer":
+        if worker not in WORKERS:
+            raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
+        if cls is Syncer and worker == "process":
+            from .sidecar import SidecarSyncer
+
+            cls = SidecarSyncer
+        return super().__new__(cls)
+
     def __init__(
         self,
         store: Store,
         shard_id: int,
         terms: Sequence[SyncedTerm],
         *,
+        worker: str = "thread",
         publish_every_steps: int = 50,
         publish_every_s: float = 1.0,
         poll_every_s: float = 1.0,
         min_pull_interval_s: float = 0.1,
         retry_every_s: float = 0.5,
         incarnation: int | None = None,
-        resume: bool | None = None,
+        resume: bool | frozenset[str] | None = None,
     ):
         self.store = store
         self.terms = list(terms)
@@ -119,8 +135,10 @@ class Syncer:
         for term in self.terms:
             reports.update(term.report_shard_state())
         self._steps, self._last_report = 0, time.monotonic()
-        if not reports:
-            return
+        if reports:
+            self._hand_over(reports)
+
+    def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         with self._lock:
             if self._pending is not None:
                 self.stats["coalesced"] += 1
@@ -145,13 +163,16 @@ class Syncer:
             self._register()  # the incarnation is claimed now, before this process publishes anything
         except errors.ConnectionUnavailable as e:
             log.info("store unavailable at start (the worker keeps trying): %s", e)
+        self._start_worker()
+        return self
+
+    def _start_worker(self) -> None:
         self._threads = [
             threading.Thread(target=self._work, name=f"redisync-worker-{self.shard.shard_id}", daemon=True),
             threading.Thread(target=self._listen, name=f"redisync-listener-{self.shard.shard_id}", daemon=True),
         ]
         for t in self._threads:
             t.start()
-        return self
 
     def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
         """Stop the worker, after a last publish of the current reports when ``flush``. Returns within
@@ -170,9 +191,24 @@ class Syncer:
         """Whether the worker is getting through: ``ok``, the current ``error`` (None when ok) and
         ``schema_mismatch`` (the registered schema differs from this collector's, e.g. after the store
         restarted and another trainer registered the run first)."""
+        status = self._worker_status()
+        return {"ok": status["problem"] is None, "error": status["problem"], "schema_mismatch": status["schema_mismatch"]}
+
+    def has_pending(self) -> bool:
+        """Whether a report handed over is still waiting to be published."""
+        return self._pending is not None
+
+    def _worker_status(self) -> dict[str, Any]:
+        """What the worker knows that the collector reports: the announced version, the subscription,
+        the current problem, publish latencies and counters."""
+        latency: dict[str, float] = {}
+        if self.latencies_ms:
+            recent = sorted(self.latencies_ms)
+            latency = {"publish_latency_ms": self.latencies_ms[-1], "publish_latency_ms_p50": recent[len(recent) // 2],
+                       "publish_latency_ms_p99": recent[int(0.99 * (len(recent) - 1))]}
         mismatch = self._schema_mismatch
-        return {"ok": self._problem is None, "error": self._problem,
-                "schema_mismatch": None if mismatch is None else str(mismatch)}
+        return {"announced": self._announced, "subscribed": self._subscribed, "problem": self._problem,
+                "schema_mismatch": None if mismatch is None else str(mismatch), "latency": latency, "stats": dict(self.stats)}
 
     def __enter__(self) -> "Syncer":
         return self.start()
@@ -333,21 +369,18 @@ class Syncer:
 
     def metrics(self) -> dict[str, float]:
         """Flat, logger-ready metrics: versions, staleness, publish latency, counters, term drift."""
+        status = self._worker_status()
         applied = self._applied.fleet_version if self._applied is not None else 0
         out = {
             "redisync/fleet_version": float(applied),
-            "redisync/staleness_versions": float(max(self._announced - applied, 0)),
+            "redisync/staleness_versions": float(max(status["announced"] - applied, 0)),
             "redisync/staleness_s": time.monotonic() - self._applied_at,
-            "redisync/subscribed": float(self._subscribed),
-            "redisync/healthy": float(self._problem is None),
-            "redisync/schema_mismatch": float(self._schema_mismatch is not None),
+            "redisync/subscribed": float(status["subscribed"]),
+            "redisync/healthy": float(status["problem"] is None),
+            "redisync/schema_mismatch": float(status["schema_mismatch"] is not None),
         }
-        if self.latencies_ms:
-            recent = sorted(self.latencies_ms)
-            out["redisync/publish_latency_ms"] = self.latencies_ms[-1]
-            out["redisync/publish_latency_ms_p50"] = recent[len(recent) // 2]
-            out["redisync/publish_latency_ms_p99"] = recent[int(0.99 * (len(recent) - 1))]
-        out.update({f"redisync/{k}": float(v) for k, v in self.stats.items()})
+        out.update({f"redisync/{k}": float(v) for k, v in status["latency"].items()})
+        out.update({f"redisync/{k}": float(v) for k, v in status["stats"].items()})
         for term in self.terms:
             term_metrics = getattr(term, "metrics", None)
             key = getattr(term, "key", None)

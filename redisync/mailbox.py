@@ -1,0 +1,110 @@
+"""A shared-memory mailbox between a collector and its sidecar: three seqlocked slots and a header.
+
+The collector writes its latest reports to the **outbox**; the sidecar writes the latest decoded
+fleet state to the **inbox** and its health and counters to the **status** slot. Each slot has one
+writer, which makes its sequence number odd while it writes and even when done; a reader copies the
+bytes and keeps them only if the sequence number did not move meanwhile (a seqlock). No lock is ever
+shared, so neither side can make the other wait: the collector's handover is a copy and two stores.
+
+A slot holds the latest message only (older ones are replaced), which is what cumulative reports and
+a versioned fleet state want. The header also carries a few counters the two sides share (the stop
+request, the last report the sidecar took and finished with, the sidecar's heartbeat).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+
+from .errors import RedisyncError
+
+HEADER = 16  # int64 fields
+# header fields
+STOP = 8  # 1: the collector asks the sidecar to publish what it holds and exit
+TAKEN = 9  # the outbox sequence number of the last report the sidecar took
+DONE = 10  # the outbox sequence number of the last report the sidecar published (or that was refused)
+HEARTBEAT_MS = 11  # the sidecar's monotonic clock in ms, written every loop: a hung sidecar stops it
+SIDECAR_PID = 12
+OUTBOX, INBOX, STATUS = 0, 1, 2  # slot numbers: fields 2*slot and 2*slot+1 hold seq and length
+STATUS_BYTES = 16 << 10
+
+
+class MailboxFull(RedisyncError, ValueError):
+    """A message is larger than its slot (sized from the schema): a report of unexpected size."""
+
+
+class Mailbox:
+    """One block of shared memory: a header and the outbox, inbox and status slots."""
+
+    def __init__(self, name: str, buf: Any, sizes: tuple[int, int, int], closer: Any):
+        self.name, self.sizes, self._closer = name, sizes, closer
+        self.header = np.ndarray((HEADER,), dtype=np.int64, buffer=buf)
+        offsets = np.cumsum((HEADER * 8,) + sizes)
+        self._buf = memoryview(buf)
+        self._slots = [self._buf[offsets[i] : offsets[i] + sizes[i]] for i in range(3)]
+
+    @classmethod
+    def create(cls, outbox_bytes: int, inbox_bytes: int) -> "Mailbox":
+        sizes = (outbox_bytes, inbox_bytes, STATUS_BYTES)
+        shm = shared_memory.SharedMemory(create=True, size=HEADER * 8 + sum(sizes))
+        shm.buf[: HEADER * 8] = bytes(HEADER * 8)
+
+        def free() -> None:
+            shm.close()
+            shm.unlink()
+
+        # the creator's resource tracker frees the block if the collector dies without stop()
+        return cls(shm.name, shm.buf, sizes, free)
+
+    @classmethod
+    def attach(cls, name: str, sizes: tuple[int, int, int]) -> "Mailbox":
+        """Map a block the collector created. Not through ``SharedMemory``: on Python < 3.13 that
+        registers the block with the sidecar's resource tracker, which would free it when the sidecar
+        exits (a restarted sidecar would find it gone)."""
+        fd = os.open(f"/dev/shm/{name.lstrip('/')}", os.O_RDWR)
+        try:
+            mapped = mmap.mmap(fd, HEADER * 8 + sum(sizes))
+        finally:
+            os.close(fd)
+        return cls(name, mapped, sizes, mapped.close)
+
+    def seq(self, slot: int) -> int:
+        return int(self.header[2 * slot])
+
+    def write(self, slot: int, message: Any) -> int:
+        """Replace the slot's message (one writer per slot); returns its sequence number."""
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > self.sizes[slot]:
+            raise MailboxFull(f"a message of {len(data)} bytes does not fit its {self.sizes[slot]}-byte slot")
+        h = self.header
+        seq = int(h[2 * slot]) + 1
+        h[2 * slot] = seq  # odd: writing
+        self._slots[slot][: len(data)] = data
+        h[2 * slot + 1] = len(data)
+        h[2 * slot] = seq + 1
+        return seq + 1
+
+    def read(self, slot: int, newer_than: int) -> tuple[int, Any] | None:
+        """``(seq, message)`` if the slot holds a complete message newer than ``newer_than``; None
+        when there is none or the writer is busy (ask again later, never wait)."""
+        h = self.header
+        seq = int(h[2 * slot])
+        if seq == newer_than or seq % 2 or seq == 0:
+            return None
+        length = int(h[2 * slot + 1])
+        data = bytes(self._slots[slot][:length])
+        if int(h[2 * slot]) != seq:
+            return None  # torn: rewritten while we copied
+        return seq, pickle.loads(data)
+
+    def close(self) -> None:
+        """Detach; the creator (the collector) also frees the block."""
+        del self.header
+        self._slots = []
+        self._buf.release()
+        self._closer()

@@ -1,0 +1,295 @@
+"""The process worker: a sidecar process per collector owns the store connection.
+
+``Syncer(..., worker="process")`` builds a :class:`SidecarSyncer`. The collector keeps its terms and
+its hot path; everything that sends, receives and decodes runs in a sidecar process with an
+interpreter lock of its own, so it can never hold the collector's. The two meet in a
+:class:`~redisync.mailbox.Mailbox` in shared memory: ``on_step()`` copies the reports into the
+outbox when a publish is due, ``at_reset_boundary()`` checks the inbox's sequence number and, when
+the sidecar left a newer fleet state there, applies it — a copy and a counter, no lock, no syscall.
+
+Inside the sidecar a thread-worker :class:`~redisync.syncer.Syncer` with one :class:`MailboxTerm`
+does the work, so re-seeding after a store restart, the life-cycle rules, retries and the
+subscription are the same code as the thread worker's. The collector claims the shard's
+incarnation; a restarted sidecar keeps it and continues the shard's sequence numbers from the
+server's, so a sidecar crash is not a new life: the collector sees only a view that is stale for a
+moment. The sidecar dies with its collector (``PR_SET_PDEATHSIG``, and a parent check as a backup).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+from . import errors
+from .client import Store, connect
+from .codec import KeyView, PullResult
+from .mailbox import DONE, HEARTBEAT_MS, INBOX, OUTBOX, SIDECAR_PID, STATUS, STOP, TAKEN, Mailbox, MailboxFull
+from .schema import Schema
+from .seam import SyncedTerm
+from .syncer import Syncer
+
+log = logging.getLogger(__name__)
+
+NICE = 10  # the sidecar yields the CPU to its collector: background work must not preempt the hot path
+LOOP_S = 0.001  # how often the sidecar looks at the outbox and its worker
+STATUS_EVERY_S = 0.05
+CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
+HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
+INCARNATION = 13  # header field: the shard's incarnation + 1 once claimed (0: not yet)
+
+
+def _slot_bytes(schema: Schema, copies: int) -> int:
+    """Room for ``copies`` float64 vectors per key, pickling overhead, and a factor of two to spare."""
+    floats = sum(spec.width for spec in schema.keys.values())
+    return 2 * (copies * 8 * floats + 512 * len(schema.keys)) + 4096
+
+
+class SidecarSyncer(Syncer):
+    """The collector's side of the process worker: the :class:`Syncer` API over a mailbox."""
+
+    def __init__(self, store: Store, shard_id: int, terms: Sequence[SyncedTerm], **kwargs: Any):
+        super().__init__(store, shard_id, terms, **kwargs)
+        if store.connect_args is None:
+            raise errors.ConfigurationError(
+                "worker='process' needs a Redis URL: the embedded store lives inside this process, where a sidecar "
+                "cannot reach it (pass a URL to connect(), set REDISYNC_URL, or use worker='thread')"
+            )
+        self.stats = {"sidecar_restarts": 0, "mailbox_overflows": 0}  # the worker's own counters come from the sidecar
+        self.mailbox: Mailbox | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._monitor: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._out_seq = 0
+        self._in_seq = 0
+        self._status: dict[str, Any] = {}
+        self._status_seq = 0
+
+    # ------------------------------------------------------------------ the collector's side (no network)
+
+    def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
+        try:
+            self._out_seq = self.mailbox.write(OUTBOX, reports)  # type: ignore[union-attr]
+        except MailboxFull as e:  # a report of unexpected size: the collector keeps training
+            self.stats["mailbox_overflows"] += 1
+            self._report_problem(f"publish: {e}", logging.ERROR)
+
+    def at_reset_boundary(self) -> bool:
+        self._fetch()
+        return super().at_reset_boundary()
+
+    def _decode(self, message: tuple) -> PullResult:
+        epoch, version, epoch_changed, server_time_us, lost_writes, keys = message
+        views = {name: KeyView(name, self.schema.keys[name], *fields) for name, fields in keys.items()}
+        return PullResult(epoch, version, epoch_changed, views, server_time_us, lost_writes)
+
+    def _fetch(self) -> None:
+        """Take the newest fleet state the sidecar left in the inbox (decoded, not applied)."""
+        got = self.mailbox.read(INBOX, self._in_seq) if self.mailbox is not None else None
+        if got is not None:
+            self._in_seq, message = got
+            self._ready, self._ready_at = self._decode(message), time.monotonic()
+
+    def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
+        self._take_reports()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._fetch()
+            ready, box = self._ready, self.mailbox
+            published = box is not None and int(box.header[DONE]) >= self._out_seq
+            if published and ready is not None and ready.fleet_version >= max(at_least, self._worker_status()["announced"]):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def _worker_status(self) -> dict[str, Any]:
+        """The sidecar's last status (its worker's counters, problem, subscription, latencies) with
+        the collector's own counters and problem on top."""
+        if self.mailbox is not None:
+            got = self.mailbox.read(STATUS, self._status_seq)
+            if got is not None:
+                self._status_seq, self._status = got
+        status = {"announced": 0, "subscribed": False, "problem": None, "schema_mismatch": None, "latency": {},
+                  "stats": {}} | self._status
+        return status | {"problem": self._problem or status["problem"], "stats": {**status["stats"], **self.stats}}
+
+    # ------------------------------------------------------------------ life cycle
+
+    def _start_worker(self) -> None:
+        self.mailbox = Mailbox.create(_slot_bytes(self.schema, 1), _slot_bytes(self.schema, 2))
+        if self.shard._incarnation is not None:
+            self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
+        self._spawn()
+        self._monitor = threading.Thread(target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True)
+        self._monitor.start()
+
+    def _spawn(self) -> None:
+        box = self.mailbox
+        assert box is not None
+        claimed = int(box.header[INCARNATION])
+        config = {
+            "connect": self.store.connect_args, "run": self.store.run, "shard_id": self.shard.shard_id,
+            "incarnation": claimed - 1 if claimed else None, "resume": self.shard.resume,
+            "schema": self.schema.canonical_json(), "mailbox": (box.name, box.sizes), "parent": os.getpid(),
+            "syncer": {"poll_every_s": self.poll_every_s,
+                       "min_pull_interval_s": self.min_pull_interval_s, "retry_every_s": self.retry_every_s},
+        }
+        box.header[HEARTBEAT_MS] = int(time.monotonic() * 1e3)
+        process = subprocess.Popen([sys.executable, "-m", "redisync.sidecar"], stdin=subprocess.PIPE, close_fds=True)
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps(config))
+        process.stdin.close()
+        self._process = process
+
+    def _watch(self) -> None:
+        """Restart a sidecar that died or hung; the collector only sees its view go stale meanwhile."""
+        while not self._stopping.wait(CHECK_EVERY_S):
+            process, box = self._process, self.mailbox
+            if process is None or box is None:
+                continue
+            hung = time.monotonic() * 1e3 - int(box.header[HEARTBEAT_MS]) > HUNG_AFTER_S * 1e3
+            if process.poll() is None and not hung:
+                continue
+            if self._stopping.is_set():
+                break
+            log.warning("redisync shard %d: the sidecar %s (exit code %s): restarting it", self.shard.shard_id,
+                        "hung" if hung else "died", process.poll())
+            if hung:
+                process.kill()
+                process.wait()
+            self.stats["sidecar_restarts"] += 1
+            self._spawn()
+
+    def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
+        """Ask the sidecar to publish the current reports (when ``flush``) and exit; kill it if it has
+        not within ``timeout``. Frees the shared memory."""
+        deadline = time.monotonic() + timeout
+        if self.mailbox is None:
+            return
+        if flush:
+            self._take_reports()
+        self._stopping.set()
+        if self._monitor is not None:
+            self._monitor.join()
+        self.mailbox.header[STOP] = 1 if flush else 2
+        process = self._process
+        if process is not None:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("redisync shard %d: the sidecar did not stop within %.1f s: killed", self.shard.shard_id, timeout)
+                process.kill()
+                process.wait()
+        self._worker_status()  # the last counters, for metrics() after stop()
+        self.mailbox.close()
+        self.mailbox = None
+
+    @property
+    def sidecar_pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+
+# ---------------------------------------------------------------------------------- the sidecar process
+
+
+class MailboxTerm:
+    """The collector's terms as the sidecar's syncer sees them: reports from the outbox, the fleet
+    state written to the inbox."""
+
+    def __init__(self, schema: Schema, mailbox: Mailbox):
+        self.schema, self.mailbox = schema, mailbox
+        self.reports: dict[str, Mapping[str, Any]] = {}
+
+    def schema_entries(self) -> Mapping[str, Any]:
+        return self.schema.keys
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        return self.reports
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        keys = {name: (v.version, v.value, v.own_slot, v.own_incarnation) for name, v in fleet.keys.items()}
+        self.mailbox.write(INBOX, (fleet.epoch, fleet.fleet_version, fleet.epoch_changed, fleet.server_time_us,
+                                   fleet.lost_writes, keys))
+
+
+def _die_with_parent(parent: int) -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the collector died before the line above took effect
+        os._exit(0)
+
+
+def _status(syncer: Syncer) -> dict[str, Any]:
+    status = syncer._worker_status()
+    return {k: status[k] for k in ("announced", "subscribed", "problem", "schema_mismatch", "latency", "stats")}
+
+
+def serve(config: dict[str, Any]) -> None:
+    """The sidecar's loop: take new reports from the outbox, hand new fleet states to the inbox."""
+    parent = config["parent"]
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the collector: it stops us when it is done
+    os.nice(NICE)
+    name, sizes = config["mailbox"]
+    box = Mailbox.attach(name, sizes)
+    box.header[SIDECAR_PID] = os.getpid()
+    url, run_kwargs = config["connect"]
+    store = connect(url, run=config["run"], **run_kwargs)
+    schema = Schema.model_validate_json(config["schema"])
+    term = MailboxTerm(schema, box)
+    syncer = Syncer(store, config["shard_id"], [term], publish_every_steps=2**62, incarnation=config["incarnation"],
+                    resume=config["resume"], **config["syncer"])
+    syncer.start()
+    sequenced = False  # continue the shard's sequence numbers from the server's before publishing
+    taken = int(box.header[TAKEN])
+    next_status = next_retry = 0.0
+    while True:
+        now = time.monotonic()
+        box.header[HEARTBEAT_MS] = int(now * 1e3)
+        if os.getppid() != parent:
+            os._exit(0)
+        stop = int(box.header[STOP])
+        if not sequenced and now >= next_retry:
+            try:
+                syncer.shard.seq = max(syncer.shard.seq, syncer.shard.last_folded_seq())
+                box.header[INCARNATION] = syncer.shard.incarnation + 1
+                sequenced = True
+            except errors.RedisyncError as e:
+                log.info("sidecar shard %d: the store is not answering yet (%s)", syncer.shard.shard_id, e)
+                next_retry = now + syncer.retry_every_s
+        got = box.read(OUTBOX, taken)
+        if got is not None and sequenced:
+            taken, term.reports = got
+            box.header[TAKEN] = taken
+            syncer.flush()
+        if stop:
+            syncer.stop(flush=stop == 1 and sequenced, timeout=3.0)
+            box.header[DONE] = taken
+            box.write(STATUS, _status(syncer))
+            break
+        if not syncer.has_pending():
+            box.header[DONE] = taken
+        syncer.at_reset_boundary()  # a new fleet state goes to the inbox
+        if now >= next_status:
+            box.write(STATUS, _status(syncer))
+            next_status = now + STATUS_EVERY_S
+        time.sleep(LOOP_S)
+    box.close()
+
+
+def main() -> None:
+    config = pickle.load(sys.stdin.buffer)
+    logging.basicConfig(level=logging.WARNING, format=f"redisync sidecar {os.getpid()}: %(levelname)s %(message)s")
+    serve(config)
+
+
+if __name__ == "__main__":
+    main()
