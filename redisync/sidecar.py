@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 NICE = 10  # the sidecar yields the CPU to its collector: background work must not preempt the hot path
 LOOP_S = 0.001  # how often the sidecar looks at the outbox and its worker
 STATUS_EVERY_S = 0.05
+STATUS_LATENCIES = 1000  # the most recent publish latencies the status carries
 CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
 HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
 INCARNATION = 13  # header field: the shard's incarnation + 1 once claimed (0: not yet)
@@ -62,7 +63,7 @@ class SidecarSyncer(Syncer):
                 "worker='process' needs a Redis URL: the embedded store lives inside this process, where a sidecar "
                 "cannot reach it (pass a URL to connect(), set REDISYNC_URL, or use worker='thread')"
             )
-        self.stats = {"sidecar_restarts": 0, "mailbox_overflows": 0}  # the worker's own counters come from the sidecar
+        self._own_stats = {"sidecar_restarts": 0, "mailbox_overflows": 0}
         self.mailbox: Mailbox | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._monitor: threading.Thread | None = None
@@ -74,11 +75,29 @@ class SidecarSyncer(Syncer):
 
     # ------------------------------------------------------------------ the collector's side (no network)
 
+    @property  # type: ignore[override]
+    def stats(self) -> dict[str, int]:
+        """The worker's counters, as the sidecar last reported them, and the collector's own."""
+        return self._worker_status()["stats"]
+
+    @stats.setter
+    def stats(self, value: dict[str, int]) -> None:  # Syncer.__init__'s zeros: the sidecar's status replaces them
+        self._sidecar_stats = value
+
+    @property  # type: ignore[override]
+    def latencies_ms(self) -> list[float]:
+        """The sidecar's most recent publish latencies."""
+        return list(self._worker_status().get("latencies_ms", ()))
+
+    @latencies_ms.setter
+    def latencies_ms(self, value: Any) -> None:  # the thread worker's deque: unused here
+        pass
+
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         try:
             self._out_seq = self.mailbox.write(OUTBOX, reports)  # type: ignore[union-attr]
         except MailboxFull as e:  # a report of unexpected size: the collector keeps training
-            self.stats["mailbox_overflows"] += 1
+            self._own_stats["mailbox_overflows"] += 1
             self._report_problem(f"publish: {e}", logging.ERROR)
 
     def at_reset_boundary(self) -> bool:
@@ -98,7 +117,6 @@ class SidecarSyncer(Syncer):
             self._ready, self._ready_at = self._decode(message), time.monotonic()
 
     def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
-        self._take_reports()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._fetch()
@@ -117,8 +135,8 @@ class SidecarSyncer(Syncer):
             if got is not None:
                 self._status_seq, self._status = got
         status = {"announced": 0, "subscribed": False, "problem": None, "schema_mismatch": None, "latency": {},
-                  "stats": {}} | self._status
-        return status | {"problem": self._problem or status["problem"], "stats": {**status["stats"], **self.stats}}
+                  "stats": self._sidecar_stats} | self._status
+        return status | {"problem": self._problem or status["problem"], "stats": {**status["stats"], **self._own_stats}}
 
     # ------------------------------------------------------------------ life cycle
 
@@ -164,7 +182,7 @@ class SidecarSyncer(Syncer):
             if hung:
                 process.kill()
                 process.wait()
-            self.stats["sidecar_restarts"] += 1
+            self._own_stats["sidecar_restarts"] += 1
             self._spawn()
 
     def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
@@ -229,7 +247,8 @@ def _die_with_parent(parent: int) -> None:
 
 def _status(syncer: Syncer) -> dict[str, Any]:
     status = syncer._worker_status()
-    return {k: status[k] for k in ("announced", "subscribed", "problem", "schema_mismatch", "latency", "stats")}
+    keep = {k: status[k] for k in ("announced", "subscribed", "problem", "schema_mismatch", "latency", "stats")}
+    return keep | {"latencies_ms": list(syncer.latencies_ms)[-STATUS_LATENCIES:]}
 
 
 def serve(config: dict[str, Any]) -> None:

@@ -58,10 +58,10 @@ class CumulativeStats:
         self.fleet_version = fleet.fleet_version
 
 
-def collector(url: str, run: str, shard: int, seconds: float, elements: int, every: float, out: Any) -> None:
+def collector(url: str, run: str, shard: int, seconds: float, elements: int, every: float, worker: str, out: Any) -> None:
     term = CumulativeStats(elements, shard)
     syncer = Syncer(redisync.connect(url, run=run, socket_timeout=2.0), shard, [term], publish_every_steps=1,
-                    poll_every_s=1.0, retry_every_s=0.2).start()
+                    poll_every_s=1.0, retry_every_s=0.2, worker=worker).start()
     versions, end = set(), time.monotonic() + seconds
     while time.monotonic() < end:
         term.step()
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--elements", type=int, default=1024)
     p.add_argument("--publish-every", type=float, default=0.05, help="seconds between a collector's steps (one report each)")
+    p.add_argument("--worker", choices=("thread", "process"), default="thread", help="the Syncer's worker")
     p.add_argument("--faults", default="kill@20,stop@40:3", help="e.g. kill@120,stop@300:5 (times from the start)")
     args = p.parse_args(argv)
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     store = redisync.connect(url, run=run, socket_timeout=2.0)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=collector, args=(url, run, i, args.seconds, args.elements, args.publish_every, out))
+    procs = [ctx.Process(target=collector, args=(url, run, i, args.seconds, args.elements, args.publish_every, args.worker, out))
              for i in range(args.collectors)]
     for proc in procs:
         proc.start()
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = {k: sum(r["stats"][k] for r in results) for k in results[0]["stats"]}
     sent = stats["publishes"] + stats["duplicates"] + stats["rejected"]
     print(f"soak: {args.collectors} collectors x {args.seconds:g}s, a merge key of {args.elements} float64, "
-          f"a report every {args.publish_every:g}s, against {args.url or 'a private redis-server'}")
+          f"a report every {args.publish_every:g}s, {args.worker} workers, against {args.url or 'a private redis-server'}")
     print(f"reports sent {sent}  applied {stats['publishes']}  duplicates {stats['duplicates']}  rejected {stats['rejected']}  "
           f"coalesced {stats['coalesced']}  failed attempts {stats['publish_failures']}  re-seeds {stats['reseeds']}")
     print(f"lost {lost}  (fleet count {float(fleet['count']):.0f} = sum of final reports {total_count:.0f}: "

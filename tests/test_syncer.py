@@ -81,14 +81,14 @@ def assert_pooled(collectors):
         assert c.penalty.scale == collectors[0].penalty.scale  # the owner's decision, everywhere
 
 
-@pytest.mark.parametrize("backend", ["embedded", "real"])
-def test_fleet_converges_through_syncers(backend, make_store):
+@pytest.mark.parametrize("backend, worker", [("embedded", "thread"), ("real", "thread"), ("real", "process")])
+def test_fleet_converges_through_syncers(backend, worker, make_store):
     store_url = backend_url(backend)
     run_name = make_store().run
     collectors = [Collector(i) for i in range(4)]
     syncers = [
         Syncer(redisync.connect(store_url, run=run_name), i, c.terms, publish_every_steps=15,
-               poll_every_s=0.05).start()
+               poll_every_s=0.05, worker=worker).start()
         for i, c in enumerate(collectors)
     ]
     try:
@@ -105,12 +105,13 @@ def test_fleet_converges_through_syncers(backend, make_store):
 
 
 @pytest.mark.integration
-def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path):
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path, worker):
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]
     syncers = [
         Syncer(redisync.connect(server.url, run="hotpath", socket_timeout=1.0), i, c.terms,
-               publish_every_steps=10, poll_every_s=0.05, retry_every_s=0.1).start()
+               publish_every_steps=10, poll_every_s=0.05, retry_every_s=0.1, worker=worker).start()
         for i, c in enumerate(collectors)
     ]
     try:
