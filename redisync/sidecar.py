@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import pickle
 import signal
@@ -53,6 +54,38 @@ def _slot_bytes(schema: Schema, copies: int) -> int:
     return 2 * (copies * 8 * floats + 512 * len(schema.keys)) + 4096
 
 
+class ReportCodec:
+    """Reports as tagged float64 vectors for the outbox: the tag names the key (its index in the
+    schema) and the part; the sidecar gives them back their shapes from the schema."""
+
+    PARTS = ("count", "sum", "sumsq", "value")
+
+    def __init__(self, schema: Schema):
+        self.schema = schema
+        self.names = list(schema.keys)
+        self.index = {name: i for i, name in enumerate(self.names)}
+
+    def encode(self, reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[int, Any]]:
+        try:
+            return [(self.index[name] * 4 + self.PARTS.index(part), value) for name, report in reports.items()
+                    for part, value in report.items()]
+        except KeyError as e:
+            raise errors.UnknownKey(e.args[0], "not declared in the run's schema") from None
+        except (ValueError, AttributeError):
+            raise errors.MalformedReport(None, f"a report is {{key: {{part: numbers}}}} with parts in {self.PARTS}") from None
+
+    def decode(self, vectors: list[tuple[int, Any]]) -> dict[str, dict[str, Any]]:
+        reports: dict[str, dict[str, Any]] = {}
+        for tag, flat in vectors:
+            name, part = self.names[tag // 4], self.PARTS[tag % 4]
+            spec = self.schema.keys[name]
+            shape = getattr(spec, "count_shape", ()) if part == "count" else spec.shape
+            if flat.size == max(math.prod(shape), 1):  # another size stays flat: validation names the mismatch
+                flat = float(flat[0]) if shape == () else flat.reshape(shape)
+            reports.setdefault(name, {})[part] = flat
+        return reports
+
+
 class SidecarSyncer(Syncer):
     """The collector's side of the process worker: the :class:`Syncer` API over a mailbox."""
 
@@ -63,7 +96,8 @@ class SidecarSyncer(Syncer):
                 "worker='process' needs a Redis URL: the embedded store lives inside this process, where a sidecar "
                 "cannot reach it (pass a URL to connect(), set REDISYNC_URL, or use worker='thread')"
             )
-        self._own_stats = {"sidecar_restarts": 0, "mailbox_overflows": 0}
+        self._own_stats = {"sidecar_restarts": 0, "mailbox_overflows": 0, "rejected_before_sending": 0}
+        self._codec = ReportCodec(self.schema)
         self.mailbox: Mailbox | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._monitor: threading.Thread | None = None
@@ -95,9 +129,9 @@ class SidecarSyncer(Syncer):
 
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         try:
-            self._out_seq = self.mailbox.write(OUTBOX, reports)  # type: ignore[union-attr]
-        except MailboxFull as e:  # a report of unexpected size: the collector keeps training
-            self._own_stats["mailbox_overflows"] += 1
+            self._out_seq = self.mailbox.write_vectors(OUTBOX, self._codec.encode(reports))  # type: ignore[union-attr]
+        except (MailboxFull, errors.InvalidReport) as e:  # refused here, as the thread worker would: training goes on
+            self._own_stats["mailbox_overflows" if isinstance(e, MailboxFull) else "rejected_before_sending"] += 1
             self._report_problem(f"publish: {e}", logging.ERROR)
 
     def at_reset_boundary(self) -> bool:
@@ -223,6 +257,7 @@ class MailboxTerm:
 
     def __init__(self, schema: Schema, mailbox: Mailbox):
         self.schema, self.mailbox = schema, mailbox
+        self.codec = ReportCodec(schema)
         self.reports: dict[str, Mapping[str, Any]] = {}
 
     def schema_entries(self) -> Mapping[str, Any]:
@@ -284,9 +319,10 @@ def serve(config: dict[str, Any]) -> None:
             except errors.RedisyncError as e:
                 log.info("sidecar shard %d: the store is not answering yet (%s)", syncer.shard.shard_id, e)
                 next_retry = now + syncer.retry_every_s
-        got = box.read(OUTBOX, taken)
-        if got is not None and sequenced:
-            taken, term.reports = got
+        got = box.read_vectors(OUTBOX, taken) if sequenced else None
+        if got is not None:
+            taken, vectors = got
+            term.reports = term.codec.decode(vectors)
             box.header[TAKEN] = taken
             syncer.flush()
         if stop:

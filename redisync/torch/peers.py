@@ -1,0 +1,167 @@
+"""``redisync bench --peers``: the collector's cost of keeping curriculum state in sync, redisync
+beside the ``torch.distributed`` collectives trainers use today, side by side in one run.
+
+Each scenario starts ``procs`` collector processes that step ``steps`` times. A step is an env step
+(``STEP_S`` of sleep: a simulator on an accelerator, the CPU free meanwhile) and the failures of
+256 envs recorded into a 64-bin adaptive sampler; then the sync call under test, timed on the
+collector (its blocking time):
+
+- ``gloo broadcast/step``: holosoma's pattern, rank 0's sampler state broadcast every step;
+- ``gloo all_reduce/50``: the statistics all-reduced every 50 steps (rl_games' normaliser pattern);
+- ``redisync thread`` / ``redisync process``: ``Syncer.on_step()`` and ``at_reset_boundary()``
+  every step, a publish every step (``/50``: every 50 steps), with the thread or the sidecar worker.
+
+With ``straggler``, the last process sleeps 20 ms more every 10 steps (a slow env, a GC pause, a
+checkpoint): a collective makes every other rank wait for it, a store should not. The figures are
+the others' blocking times (the straggler's own are left out).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+STEP_S = 1e-3
+ENVS, BINS = 256, 64
+STRAGGLE_EVERY, STRAGGLE_S = 10, 0.02
+WARMUP = 100
+
+
+@dataclass(frozen=True)
+class Scenario:
+    mode: str  # gloo-broadcast | gloo-allreduce | thread | process
+    procs: int
+    every: int = 1  # steps between publishes / collectives
+    straggler: bool = False
+
+    @property
+    def label(self) -> str:
+        name = {"gloo-broadcast": "gloo broadcast", "gloo-allreduce": "gloo all_reduce", "thread": "redisync thread",
+                "process": "redisync process"}[self.mode]
+        return f"{name}/{'step' if self.every == 1 else self.every}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | None, run: str, out: Any) -> None:
+    from ..client import connect
+    from ..syncer import Syncer
+    from .sampler import AdaptiveMotionSampler
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(rank)
+    sampler = AdaptiveMotionSampler(BINS * 50, 0.02, mode="pooled", shard_id=rank)
+    syncer, sync = None, None
+    if scenario.mode.startswith("gloo"):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=scenario.procs)
+        state = torch.zeros(BINS, dtype=torch.float64)
+
+        def sync(step: int) -> None:
+            if step % scenario.every:
+                return
+            if scenario.mode == "gloo-broadcast":
+                if rank == 0:
+                    state.copy_(sampler.bin_failed_count)
+                dist.broadcast(state, src=0)
+            else:
+                state.copy_(sampler.bin_failed_count)
+                dist.all_reduce(state)
+    else:
+        syncer = Syncer(connect(url, run=run), rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every,
+                        poll_every_s=0.5).start()
+
+        def sync(step: int) -> None:
+            syncer.on_step()
+            syncer.at_reset_boundary()
+
+    straggles = scenario.straggler and rank == scenario.procs - 1
+    timings = []
+    out.put(("ready", rank))
+    for step in range(steps + WARMUP):
+        time.sleep(STEP_S + (STRAGGLE_S if straggles and step % STRAGGLE_EVERY == 0 else 0.0))
+        sampler.record_failures(torch.randint(0, sampler.num_frames, (ENVS,), generator=g), torch.rand(ENVS, generator=g) < 0.02)
+        sampler.step()
+        t = time.perf_counter_ns()
+        sync(step)
+        timings.append(time.perf_counter_ns() - t)
+    applied = None
+    if syncer is not None:
+        syncer.stop(flush=False)
+        applied = syncer.metrics()["redisync/fleet_version"]
+    else:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    out.put(("done", rank, None if straggles else timings[WARMUP:], applied))
+
+
+def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
+    """Blocking time per step of the non-straggling collectors, in microseconds."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    run = f"bench-peers-{uuid.uuid4().hex[:8]}"
+    port = _free_port()
+    procs = [ctx.Process(target=_collector, args=(scenario, r, steps, port, url, run, out)) for r in range(scenario.procs)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        while len(results) < scenario.procs:
+            message = out.get(timeout=300)
+            if message[0] == "done":
+                results.append(message)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        if url is not None and not scenario.mode.startswith("gloo"):
+            from ..client import connect
+
+            connect(url, run=run).delete()
+    times = sorted(t / 1e3 for _, _, ts, _ in results if ts is not None for t in ts)
+    return {
+        "scenario": scenario.label, "mode": scenario.mode, "procs": scenario.procs, "every": scenario.every,
+        "straggler": scenario.straggler, "p50_us": statistics.median(times), "p99_us": times[int(0.99 * (len(times) - 1))],
+        "mean_us": statistics.fmean(times), "wall_s": time.perf_counter() - t0,
+        "fleet_versions_applied": [a for *_, a in results if a is not None],
+    }
+
+
+SCENARIOS = tuple(
+    Scenario(mode, procs, every, straggler)
+    for straggler in (False, True)
+    for procs in (2, 4)
+    for mode, every in (("gloo-broadcast", 1), ("gloo-allreduce", 50), ("thread", 50), ("thread", 1), ("process", 1))
+)
+
+
+def run_peers(url: str, steps: int = 2000, scenarios: tuple[Scenario, ...] = SCENARIOS) -> dict[str, Any]:
+    """Every scenario, then the ratios peer / redisync (the process worker, a publish every step)."""
+    rows = [measure(s, steps, url) for s in scenarios]
+    ratios = []
+    for row in rows:
+        ours = next(r for r in rows if r["mode"] == "process" and (r["procs"], r["straggler"]) == (row["procs"], row["straggler"]))
+        if row is not ours:
+            ratios.append({"scenario": row["scenario"], "procs": row["procs"], "straggler": row["straggler"],
+                           "p50_ratio": row["p50_us"] / ours["p50_us"], "p99_ratio": row["p99_us"] / ours["p99_us"]})
+    targets = {}
+    for row in rows:
+        if row["mode"] == "process" and row["procs"] == 4 and not row["straggler"]:
+            targets = {"process_worker_p50_us<=5": {"measured": row["p50_us"], "limit": 5.0, "met": row["p50_us"] <= 5.0},
+                       "process_worker_p99_us<=50": {"measured": row["p99_us"], "limit": 50.0, "met": row["p99_us"] <= 50.0}}
+    return {"url": url, "steps": steps, "step_s": STEP_S, "rows": rows, "ratios_over_redisync_process": ratios, "targets": targets}
