@@ -106,11 +106,17 @@ def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: i
 @click.option("--calls", default=1000, show_default=True, type=click.IntRange(10, 10**6), help="calls per median")
 @click.option("--procs", default=8, show_default=True, type=click.IntRange(1, 64), help="concurrent publishers")
 @click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.1, 600), help="concurrency phase length")
-def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float) -> None:
-    """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI."""
+@click.option("--peers", is_flag=True, help="instead: collector processes syncing through redisync vs torch.distributed (gloo)")
+@click.option("--steps", default=2000, show_default=True, type=click.IntRange(100, 10**6), help="--peers: steps per collector")
+def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float, peers: bool, steps: int) -> None:
+    """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
+    With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives."""
     from .bench import run_all
 
     _connected(url)
+    if peers:
+        _bench_peers(url, steps, as_json)
+        return
     res = run_all(url, calls=calls, procs=procs, seconds=seconds)
     if as_json:
         click.echo(json.dumps(res, indent=2))
@@ -144,6 +150,27 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     for name, t in res["targets"].items():
         m = t["measured"]
         click.echo(f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}"))
+
+
+def _bench_peers(url: str | None, steps: int, as_json: bool) -> None:
+    if url is None:
+        raise click.UsageError("--peers needs a Redis (--url or REDISYNC_URL): collectors in separate processes share it")
+    from .torch.peers import run_peers
+
+    res = run_peers(url, steps=steps)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo(f"{steps} steps per collector, an env step of {res['step_s'] * 1e3:g} ms (sleep), a 64-bin pooled sampler; "
+               "blocking time of the sync calls per step, without the straggler's own steps")
+    rows = [[r["scenario"], r["procs"], "yes" if r["straggler"] else "no", f"{r['p50_us']:.1f}", f"{r['p99_us']:.0f}",
+             f"{r['mean_us']:.1f}"] for r in res["rows"]]
+    click.echo(_table(["sync", "processes", "straggler", "p50 us", "p99 us", "mean us"], rows))
+    rows = [[r["scenario"], r["procs"], "yes" if r["straggler"] else "no", f"{r['p50_ratio']:.1f}", f"{r['p99_ratio']:.1f}"]
+            for r in res["ratios_over_redisync_process"]]
+    click.echo(_table(["vs redisync process/step", "processes", "straggler", "p50 ratio", "p99 ratio"], rows))
+    for name, t in res["targets"].items():
+        click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")
 
 
 @cli.command()

@@ -299,7 +299,7 @@ def serve(config: dict[str, Any]) -> None:
     store = connect(url, run=config["run"], **run_kwargs)
     schema = Schema.model_validate_json(config["schema"])
     term = MailboxTerm(schema, box)
-    syncer = Syncer(store, config["shard_id"], [term], publish_every_steps=2**62, incarnation=config["incarnation"],
+    syncer = Syncer(store, config["shard_id"], [term], worker="thread", publish_every_steps=2**62, incarnation=config["incarnation"],
                     resume=config["resume"], **config["syncer"])
     syncer.start()
     sequenced = False  # continue the shard's sequence numbers from the server's before publishing

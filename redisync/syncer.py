@@ -34,17 +34,21 @@ from .seam import SyncedTerm, schema_of
 
 log = logging.getLogger(__name__)
 
-WORKERS = ("thread", "process")
+WORKERS = ("auto", "process", "thread")
 
 
 class Syncer:
-    """``worker="thread"`` (the default) runs the network in a thread of the collector's process;
-    ``worker="process"`` in a sidecar process of its own (:mod:`redisync.sidecar`), which keeps the
-    collector's interpreter lock free for its hot path. Same API, same rules."""
+    """``worker="process"`` runs the network in a sidecar process of its own (:mod:`redisync.sidecar`),
+    which keeps the collector's interpreter lock free for its hot path; ``worker="thread"`` in a
+    thread of the collector's process. ``"auto"`` (the default) takes the sidecar for a Redis URL and
+    the thread for the embedded store, which lives inside the process. Same API, same rules."""
 
-    def __new__(cls, *args: Any, worker: str = "thread", **kwargs: Any) -> "Syncer":
+    def __new__(cls, *args: Any, worker: str = "auto", **kwargs: Any) -> "Syncer":
         if worker not in WORKERS:
             raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
+        if worker == "auto":
+            store = args[0] if args else kwargs.get("store")
+            worker = "process" if getattr(store, "connect_args", None) is not None else "thread"
         if cls is Syncer and worker == "process":
             from .sidecar import SidecarSyncer
 
@@ -57,7 +61,7 @@ class Syncer:
         shard_id: int,
         terms: Sequence[SyncedTerm],
         *,
-        worker: str = "thread",
+        worker: str = "auto",
         publish_every_steps: int = 50,
         publish_every_s: float = 1.0,
         poll_every_s: float = 1.0,

@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--elements", type=int, default=1024)
     p.add_argument("--publish-every", type=float, default=0.05, help="seconds between a collector's steps (one report each)")
-    p.add_argument("--worker", choices=("thread", "process"), default="thread", help="the Syncer's worker")
+    p.add_argument("--worker", choices=("thread", "process"), default="thread",
+                   help="the Syncer's worker (thread: 32 collectors are 32 processes, not 64)")
     p.add_argument("--faults", default="kill@20,stop@40:3", help="e.g. kill@120,stop@300:5 (times from the start)")
     args = p.parse_args(argv)
 

@@ -382,7 +382,8 @@ class _NormTerm:
 def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
     store = make_store()
     term = _NormTerm()
-    syncer = Syncer(store, 0, [term], publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
+    # the thread worker: the test replaces its shard client's publish in this process
+    syncer = Syncer(store, 0, [term], worker="thread", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
 
     def out_of_memory(reports):
         raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
@@ -408,7 +409,8 @@ def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog
     with pytest.raises(errors.SchemaMismatch, match="obs/n"):
         Syncer(store, 0, [_NormTerm()]).start()
     store.delete()
-    syncer = Syncer(store, 0, [_NormTerm()], publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
+    syncer = Syncer(store, 0, [_NormTerm()], worker="thread", publish_every_steps=1, poll_every_s=0.05,
+                    retry_every_s=0.05).start()  # the thread worker: caplog sees its log records
     syncer.on_step()
     assert syncer.wait_synced(timeout=10)
     store.delete()  # the store restarts, and another trainer registers the run first
@@ -429,7 +431,7 @@ def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
     held = []
     threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
     store = redisync.connect(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", run="silent", socket_timeout=30)
-    syncer = Syncer(store, 0, [_NormTerm()], incarnation=1)
+    syncer = Syncer(store, 0, [_NormTerm()], worker="thread", incarnation=1)
     syncer._threads = [threading.Thread(target=syncer._work, daemon=True), threading.Thread(target=syncer._listen, daemon=True)]
     for t in syncer._threads:
         t.start()

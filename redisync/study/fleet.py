@@ -221,7 +221,9 @@ def make_collector(cfg: StudyConfig, arm: Arm, shard: int, shards: int, per_shar
                                     uniform_mix=arm.mix)
     normalizer = SyncedEmpiricalNormalization(env.obs_dim, mode=arm.normalizer)
     probe = DriftProbe(env.num_frames // int(1 / env.step_dt) + 1, env.num_frames, env.step_dt, cfg.sampler_alpha, sampler.uniform_ratio)
-    syncer = Syncer(connect(url, run=run), shard, [sampler, normalizer, probe], publish_every_steps=cfg.publish_every_steps,
+    # threads: a study process steps up to 16 shards in lockstep, and a sidecar each would only add processes
+    syncer = Syncer(connect(url, run=run), shard, [sampler, normalizer, probe], worker="thread",
+                    publish_every_steps=cfg.publish_every_steps,
                     publish_every_s=0.5, poll_every_s=0.5, min_pull_interval_s=0.02).start()
     collector = Collector(env, sampler, normalizer, probe, syncer, torch.Generator().manual_seed(seed * 1_000 + 500 + shard),
                           profiles, arm)

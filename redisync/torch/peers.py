@@ -19,6 +19,7 @@ the others' blocking times (the straggler's own are left out).
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import socket
 import statistics
 import time
@@ -67,7 +68,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=scenario.procs)
-        state = torch.zeros(BINS, dtype=torch.float64)
+        state = torch.zeros_like(sampler.bin_failed_count)
 
         def sync(step: int) -> None:
             if step % scenario.every:
@@ -121,7 +122,13 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
     results = []
     try:
         while len(results) < scenario.procs:
-            message = out.get(timeout=300)
+            try:
+                message = out.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"{scenario.label} with {scenario.procs} processes: a collector died (exit codes {dead})")
+                continue
             if message[0] == "done":
                 results.append(message)
     finally:

@@ -377,7 +377,7 @@ class AdaptiveMotionSampler(nn.Module):
         return {self.key: merge(self.bin_count, stale_after_s=stale, lifecycle="state")}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        own = self.bin_failed_count.detach().to("cpu", torch.float64).numpy().copy()
+        own = self.bin_failed_count.to("cpu", torch.float64, copy=True).numpy()  # one op: this runs on the hot path
         if self.mode == "pooled":
             return {self.key: {"count": 1.0, "sum": own}}
         if self.mode == "weighted":
