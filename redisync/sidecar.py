@@ -127,6 +127,16 @@ class SidecarSyncer(Syncer):
     def latencies_ms(self, value: Any) -> None:  # the thread worker's deque: unused here
         pass
 
+    def on_step(self) -> None:
+        """Once per env step: counts, and when a publish is due *and the sidecar is free* (it has
+        published the last report), hands over a new one. A report the sidecar could not send yet
+        would only be replaced by the next: building it is work the hot path can skip."""
+        self._steps += 1
+        if self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s:
+            box = self.mailbox
+            if box is not None and box.header[DONE] >= self._out_seq:
+                self._take_reports()
+
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         try:
             self._out_seq = self.mailbox.write_vectors(OUTBOX, self._codec.encode(reports))  # type: ignore[union-attr]
@@ -155,7 +165,7 @@ class SidecarSyncer(Syncer):
         while time.monotonic() < deadline:
             self._fetch()
             ready, box = self._ready, self.mailbox
-            published = box is not None and int(box.header[DONE]) >= self._out_seq
+            published = box is not None and box.header[DONE] >= self._out_seq
             if published and ready is not None and ready.fleet_version >= max(at_least, self._worker_status()["announced"]):
                 return True
             time.sleep(0.01)
@@ -185,7 +195,7 @@ class SidecarSyncer(Syncer):
     def _spawn(self) -> None:
         box = self.mailbox
         assert box is not None
-        claimed = int(box.header[INCARNATION])
+        claimed = box.header[INCARNATION]
         config = {
             "connect": self.store.connect_args, "run": self.store.run, "shard_id": self.shard.shard_id,
             "incarnation": claimed - 1 if claimed else None, "resume": self.shard.resume,
@@ -206,7 +216,7 @@ class SidecarSyncer(Syncer):
             process, box = self._process, self.mailbox
             if process is None or box is None:
                 continue
-            hung = time.monotonic() * 1e3 - int(box.header[HEARTBEAT_MS]) > HUNG_AFTER_S * 1e3
+            hung = time.monotonic() * 1e3 - box.header[HEARTBEAT_MS] > HUNG_AFTER_S * 1e3
             if process.poll() is None and not hung:
                 continue
             if self._stopping.is_set():
@@ -303,14 +313,14 @@ def serve(config: dict[str, Any]) -> None:
                     resume=config["resume"], **config["syncer"])
     syncer.start()
     sequenced = False  # continue the shard's sequence numbers from the server's before publishing
-    taken = int(box.header[TAKEN])
+    taken = box.header[TAKEN]
     next_status = next_retry = 0.0
     while True:
         now = time.monotonic()
         box.header[HEARTBEAT_MS] = int(now * 1e3)
         if os.getppid() != parent:
             os._exit(0)
-        stop = int(box.header[STOP])
+        stop = box.header[STOP]
         if not sequenced and now >= next_retry:
             try:
                 syncer.shard.seq = max(syncer.shard.seq, syncer.shard.last_folded_seq())

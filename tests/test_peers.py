@@ -1,0 +1,27 @@
+"""``bench --peers`` in miniature: every kind of collector runs, and a straggler holds up the
+collective's other ranks but not redisync's (a property with a 20 ms margin, not a speed target)."""
+
+from __future__ import annotations
+
+import pytest
+
+from redisync.torch.peers import STRAGGLE_EVERY, STRAGGLE_S, Scenario, measure, run_peers
+
+pytestmark = pytest.mark.integration  # starts collector processes (and gloo process groups)
+
+
+def test_a_straggler_holds_up_the_collective_but_not_the_store(real_url):
+    gloo = measure(Scenario("gloo-broadcast", 2, straggler=True), 300, real_url)
+    ours = measure(Scenario("process", 2, straggler=True), 300, real_url)
+    # every 10th step the other rank waits for the straggler's 20 ms inside the broadcast
+    assert gloo["mean_us"] > 0.5 * STRAGGLE_S * 1e6 / STRAGGLE_EVERY
+    assert ours["mean_us"] < gloo["mean_us"] / 3
+    assert len(ours["fleet_versions_applied"]) == 2 and min(ours["fleet_versions_applied"]) > 0  # it did sync
+
+
+def test_the_peers_table_has_every_row_and_ratio(real_url):
+    scenarios = (Scenario("gloo-allreduce", 2, 50), Scenario("thread", 2), Scenario("process", 2))
+    res = run_peers(real_url, steps=200, scenarios=scenarios)
+    assert [r["scenario"] for r in res["rows"]] == ["gloo all_reduce/50", "redisync thread/step", "redisync process/step"]
+    assert all(r["p99_us"] >= r["p50_us"] > 0 for r in res["rows"])
+    assert [r["scenario"] for r in res["ratios_over_redisync_process"]] == ["gloo all_reduce/50", "redisync thread/step"]
