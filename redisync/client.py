@@ -367,7 +367,7 @@ class Store:
         limits = limits or Limits()
         args: list[Any] = [
             schema.canonical_json(), schema.digest, secrets.token_hex(8),
-            limits.max_report_bytes, limits.stream_maxlen, limits.dead_letter_maxlen,
+            limits.max_report_bytes, limits.stream_maxlen, limits.dead_letter_maxlen, int(limits.stream_payloads),
         ]
         for name, spec in schema.keys.items():
             owner = getattr(spec, "owner", None)
@@ -391,10 +391,11 @@ class Store:
 
     @_translated
     def limits(self) -> Limits:
-        raw = self.redis.hmget(self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen")
+        raw = self.redis.hmget(self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen", "stream_payloads")
         if raw[0] is None:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
-        return Limits(max_report_bytes=int(raw[0]), stream_maxlen=int(raw[1]), dead_letter_maxlen=int(raw[2]))
+        return Limits(max_report_bytes=int(raw[0]), stream_maxlen=int(raw[1]), dead_letter_maxlen=int(raw[2]),
+                      stream_payloads=raw[3] == b"1")
 
     def shard(
         self, shard_id: int, incarnation: int | None = None, *, resume: bool | Iterable[str] = False

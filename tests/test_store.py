@@ -213,3 +213,17 @@ def test_bad_urls_fail_clearly():
     store = redisync.connect("redis://127.0.0.1:1", run="x", socket_connect_timeout=0.2)
     with pytest.raises(errors.ConnectionUnavailable, match="127.0.0.1:1"):
         store.register(SCHEMA)
+
+
+def test_the_reports_stream_keeps_payloads_only_when_the_run_asks(make_store):
+    plain, audited = make_store(), make_store()
+    plain.register({"obs/n": merge(2)})
+    audited.register({"obs/n": merge(2)}, Limits(stream_payloads=True))
+    report = {"obs/n": {"count": 1.0, "sum": [1.0, 2.0]}}
+    for store in (plain, audited):
+        store.shard(0).publish(report)
+    envelope = plain.redis.xrange(plain.keys.reports)[-1][1]
+    assert envelope[b"report:obs/n"] == b"24 bytes" and envelope[b"shard"] == b"0"
+    kept = audited.redis.xrange(audited.keys.reports)[-1][1][b"report:obs/n"]
+    assert np.frombuffer(kept, "<f8").tolist() == [1.0, 1.0, 2.0]
+    assert audited.limits().stream_payloads and not plain.limits().stream_payloads

@@ -34,7 +34,7 @@ end
 local prefix = 'redisync:{' .. run .. '}:'
 
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'dead_letter_maxlen',
-  'fleet_version', 'server')
+  'fleet_version', 'server', 'stream_payloads')
 local shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
 -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
 if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
@@ -336,8 +336,9 @@ redis.call('HSET', KEYS[2], shard .. ':incarnation', inc, shard .. ':seq', seq, 
 local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
   'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fleet_version}
 for i = 1, nkeys do
+  -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
   entry[#entry + 1] = 'report:' .. items[i].name
-  entry[#entry + 1] = items[i].payload
+  entry[#entry + 1] = meta[8] == '1' and items[i].payload or #items[i].payload .. ' bytes'
 end
 redis.call(unpack(entry))
 redis.call('PUBLISH', prefix .. 'versions', fleet_version)
