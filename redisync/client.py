@@ -279,7 +279,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
         if info.get("semantics") != spec.semantics or info.get("width") != str(spec.width) or not info.get("version", "").isdigit():
             raise bad(f"key {name!r}", "its metadata is missing or does not match the schema")
         for field, raw in data.items():
-            if field not in ("agg", "retired", "value") and not field.startswith("slot:"):
+            if field not in ("agg", "retired", "value") and not field.startswith(("slot:", "group:")):
                 raise bad(f"key {name!r}", f"unexpected data field {field!r}")
             if len(raw) != 8 * spec.width:
                 raise bad(f"key {name!r}", f"{field} is {len(raw)} bytes, the key needs {8 * spec.width}")

@@ -7,7 +7,9 @@ of reports. Payloads are flat float64 vectors: a broadcast value, or a merge key
 ``count ‖ sum [‖ sumsq]`` parts laid end to end.
 
 The merge aggregate is recomputed at every fold as the sum of the retired history and the live
-slots, in ascending shard order. Its error is therefore bounded by the live values alone,
+slots: the slots summed per group of 16 consecutive shard ids (ascending), then the retired history
+and the group sums (ascending groups). A fold re-sums only its own group's slots (and a group that
+lost a stale slot); the other groups' sums are stored. Its error is therefore bounded by the live values alone,
 ``|agg − Σ live| ≤ (n − 1)·2⁻⁵³·Σ|live|`` for n summands — far inside ``1e-12·Σ|live|`` — however
 large the values that once passed through a slot. A fold that would make an aggregate or its
 moments non-finite is refused.
@@ -83,6 +85,18 @@ def summed(vectors: list[np.ndarray], width: int) -> np.ndarray:
     for v in vectors:
         out = out + v
     return out
+
+
+GROUP = 16  # shard ids per group: the fold stores each group's sum and re-reads only its own group's slots
+
+
+def group_sums(slots: Mapping[int, "Slot"], width: int) -> list[np.ndarray]:
+    """Per group of :data:`GROUP` consecutive shard ids, in ascending order, the sum of its live
+    slots in ascending shard order: what the fold stores as ``group:<g>`` and sums into the aggregate."""
+    groups: dict[int, list[np.ndarray]] = {}
+    for shard in sorted(slots):
+        groups.setdefault(shard // GROUP, []).append(slots[shard].payload)
+    return [summed(groups[g], width) for g in sorted(groups)]
 
 
 def finite_moments(spec: MergeSpec, flat: np.ndarray) -> bool:
@@ -204,7 +218,7 @@ class ReferenceFold:
             if other != shard_id and not stale:
                 slots[other] = slot
         slots[shard_id] = Slot(incarnation, seq, now_us, payload.copy())
-        vectors = ([] if retired is None else [retired]) + [slots[s].payload for s in sorted(slots)]
+        vectors = ([] if retired is None else [retired]) + group_sums(slots, spec.width)
         agg = summed(vectors, spec.width)
         if not finite_moments(spec, agg):
             return None

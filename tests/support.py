@@ -7,7 +7,7 @@ import numpy as np
 from redisync.client import Store
 from redisync.codec import decode
 from redisync.schema import MergeSpec
-from redisync.semantics import ReferenceFold
+from redisync.semantics import GROUP, ReferenceFold, summed
 
 
 def _s(v) -> str:
@@ -35,6 +35,14 @@ def lua_state(store: Store) -> dict:
                 for f, v in data.items()
                 if f.startswith("slot:")
             }
+            # every stored group sum is the sum of its group's live slots (the fold re-reads only its own group)
+            ids = sorted(key["slots"])
+            expected = {f"group:{g}": summed([key["slots"][i][2] for i in ids if i // GROUP == g], spec.width)
+                        for g in {i // GROUP for i in ids}}
+            stored = {f: decode(v, spec.width) for f, v in data.items() if f.startswith("group:")}
+            assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
+            for f, v in expected.items():
+                np.testing.assert_array_equal(stored[f], v, err_msg=f"{name} {f}")
             writers = meta.get("writers", "")
             assert sorted(map(int, filter(None, writers.split(",")))) == sorted(key["slots"]), "writers list drifted"
         else:

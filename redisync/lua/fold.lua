@@ -142,6 +142,41 @@ end
 
 local function g17(v) return string.format('%.17g', v) end
 
+-- Shards are summed in groups of GROUP consecutive ids, whose sums are stored ('group:<g>'): a fold
+-- re-reads its own group's slots and the other groups' sums, not every slot of the fleet.
+local GROUP = 16
+local function group_of(id) return math.floor(tonumber(id) / GROUP) end
+
+-- HMGET of any number of fields (unpack fails past ~8000 values)
+local function hmget(key, fields)
+  local out = {}
+  for first = 1, #fields, 4096 do
+    local got = redis.call('HMGET', key, unpack(fields, first, math.min(first + 4095, #fields)))
+    for k = 1, #got do out[first + k - 1] = got[k] end
+  end
+  return out
+end
+
+-- ``0 + v1 + v2 + ...`` of payload strings, in order (no checks: a non-finite group sum makes the
+-- aggregate non-finite, which sum_checked refuses)
+local function summed(vectors, width)
+  local out, pos, base = {}, 1, 0
+  while base < width do
+    local len = math.min(CHUNK, width - base)
+    local fmt = fmt_of(len)
+    local a = {}
+    for k = 1, len do a[k] = 0.0 end
+    for _, vec in ipairs(vectors) do
+      local y = {sunpack(fmt, vec, pos)}
+      for k = 1, len do a[k] = a[k] + y[k] end
+    end
+    out[#out + 1] = spack(fmt, unpack(a, 1, len))
+    base = base + len
+    pos = pos + len * 8
+  end
+  return table.concat(out)
+end
+
 -- Checks a new payload: finite everywhere, non-negative outside the signed part (signed_from, signed_to].
 local function check_payload(name, payload, width, signed_from, signed_to)
   local pos, base = 1, 0
@@ -236,26 +271,26 @@ for i = 1, nkeys do
     local why = check_payload(name, payload, width, count_size, count_size + size)
     if why then return reject(why[1], why[2], why[3]) end
     local stale = tonumber(spec[5])
-    -- every slot the fold reads: the other writers', the shard's own, and the retired history
+    -- the other live writers, in ascending order, and (stale keys) when each last wrote
     local ids = {}
     for id in string.gmatch(spec[7] or '', '[^,]+') do
       if not string.match(id, '^%d+$') then return reject('corrupt_state', name, 'writers holds ' .. string.format('%q', id)) end
       if id ~= shard then ids[#ids + 1] = id end
     end
     table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
-    local fields = {'retired', 'slot:' .. shard}
-    for _, id in ipairs(ids) do fields[#fields + 1] = 'slot:' .. id end
-    local data = redis.call('HMGET', kd, unpack(fields))
+    local at = {}
+    if stale and #ids > 0 then
+      local atf = {}
+      for k, id in ipairs(ids) do atf[k] = 'slot:' .. id .. ':at_us' end
+      at = hmget(km, atf)
+    end
+    local data = redis.call('HMGET', kd, 'retired', 'slot:' .. shard)
     local retired, old = data[1], data[2]
-    for k, v in ipairs(data) do
-      if v and #v ~= width * 8 then
-        return reject('corrupt_state', name, 'stored ' .. fields[k] .. ' is ' .. #v .. ' bytes, the key needs ' .. (width * 8))
+    for k, field in ipairs({'retired', 'slot:' .. shard}) do
+      if data[k] and #data[k] ~= width * 8 then
+        return reject('corrupt_state', name, 'stored ' .. field .. ' is ' .. #data[k] .. ' bytes, the key needs ' .. (width * 8))
       end
     end
-    for k, id in ipairs(ids) do
-      if not data[k + 2] then return reject('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
-    end
-    item.forget = {}
     if old and spec[8] ~= inc and not resumed then
       -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
       if spec[10] ~= 'state' then
@@ -269,28 +304,72 @@ for i = 1, nkeys do
         item.retired = retired
       end
     end
-    -- a slot not refreshed for stale_after_s stops weighting the fleet
-    local live, vectors = {}, {}
-    if retired then vectors[1] = retired end
-    local at = {}
-    if stale and #ids > 0 then
-      local atf = {}
-      for k, id in ipairs(ids) do atf[k] = 'slot:' .. id .. ':at_us' end
-      at = redis.call('HMGET', km, unpack(atf))
-    end
+    -- the live slots after this fold (a slot not refreshed for stale_after_s stops weighting the
+    -- fleet), by group of GROUP shard ids; the groups whose members change are recomputed
+    item.forget = {}
+    local live, touched = {}, {[group_of(shard)] = true}
     local mine_added = false
     for k, id in ipairs(ids) do
-      if not mine_added and tonumber(id) > tonumber(shard) then
-        vectors[#vectors + 1] = payload; live[#live + 1] = shard; mine_added = true
-      end
+      if not mine_added and tonumber(id) > tonumber(shard) then live[#live + 1] = shard; mine_added = true end
       if stale and now - (tonumber(at[k]) or 0) > stale * 1e6 then
         item.forget[#item.forget + 1] = id
+        touched[group_of(id)] = true
       else
-        vectors[#vectors + 1] = data[k + 2]; live[#live + 1] = id
+        live[#live + 1] = id
       end
     end
-    if not mine_added then vectors[#vectors + 1] = payload; live[#live + 1] = shard end
+    if not mine_added then live[#live + 1] = shard end
     item.writers = table.concat(live, ',')
+    local members, order = {}, {}
+    for _, id in ipairs(live) do
+      local g = group_of(id)
+      if not members[g] then members[g] = {}; order[#order + 1] = g end
+      members[g][#members[g] + 1] = id
+    end
+    local gfields = {}
+    for k, g in ipairs(order) do gfields[k] = 'group:' .. g end
+    local stored = hmget(kd, gfields)
+    -- a group is recomputed from its slots when touched, or when its sum is missing (a run restored
+    -- from a snapshot taken before groups existed)
+    local wanted, fields = {}, {}
+    for k, g in ipairs(order) do
+      if touched[g] or not stored[k] then
+        for _, id in ipairs(members[g]) do
+          if id ~= shard then wanted[#wanted + 1] = id; fields[#fields + 1] = 'slot:' .. id end
+        end
+      end
+    end
+    local slots = {[shard] = payload}
+    local got = hmget(kd, fields)
+    for k, id in ipairs(wanted) do
+      local v = got[k]
+      if not v then return reject('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
+      if #v ~= width * 8 then
+        return reject('corrupt_state', name, 'stored slot:' .. id .. ' is ' .. #v .. ' bytes, the key needs ' .. (width * 8))
+      end
+      slots[id] = v
+    end
+    -- the aggregate: the retired history, then the group sums in ascending group order, each the
+    -- sum of its live slots in ascending shard order (semantics.py sums in the same order)
+    local vectors = {}
+    if retired then vectors[1] = retired end
+    item.groups, item.emptied = {}, {}
+    for k, g in ipairs(order) do
+      local sum = stored[k]
+      if touched[g] or not sum then
+        local vs = {}
+        for _, id in ipairs(members[g]) do vs[#vs + 1] = slots[id] end
+        sum = summed(vs, width)
+        item.groups[#item.groups + 1] = gfields[k]
+        item.groups[#item.groups + 1] = sum
+      elseif #sum ~= width * 8 then
+        return reject('corrupt_state', name, 'stored ' .. gfields[k] .. ' is ' .. #sum .. ' bytes, the key needs ' .. (width * 8))
+      end
+      vectors[#vectors + 1] = sum
+    end
+    for g in pairs(touched) do
+      if not members[g] then item.emptied[#item.emptied + 1] = 'group:' .. g end
+    end
     local agg, e = sum_checked(name, vectors, width, count_size, size, spec[11] == '1')
     if not agg then return reject(e[1], e[2], e[3]) end
     item.agg = agg
@@ -315,7 +394,8 @@ for i = 1, nkeys do
       redis.call('HSET', item.data, 'retired', item.retired)
       redis.call('HSET', item.meta, 'retired_count', g17((struct.unpack('<d', item.retired, 1))))
     end
-    redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload)
+    if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
+    redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.groups))
     redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writers', item.writers,
       'slot:' .. shard .. ':incarnation', inc, 'slot:' .. shard .. ':seq', seq, 'slot:' .. shard .. ':at_us', now_s,
       'slot:' .. shard .. ':count', g17((struct.unpack('<d', item.payload, 1))),
