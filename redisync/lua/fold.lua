@@ -354,12 +354,22 @@ for i = 1, nkeys do
     local vectors = {}
     if retired then vectors[1] = retired end
     item.groups, item.emptied = {}, {}
+    -- one group and no history (a fleet of up to 16 shards): 0 + sum = sum, so the group's checked
+    -- sum is the aggregate, and one pass does both
+    local single, agg = not retired and #order == 1, nil
     for k, g in ipairs(order) do
       local sum = stored[k]
       if touched[g] or not sum then
         local vs = {}
         for _, id in ipairs(members[g]) do vs[#vs + 1] = slots[id] end
-        sum = summed(vs, width)
+        if single then
+          local e
+          agg, e = sum_checked(name, vs, width, count_size, size, spec[11] == '1')
+          if not agg then return reject(e[1], e[2], e[3]) end
+          sum = agg
+        else
+          sum = summed(vs, width)
+        end
         item.groups[#item.groups + 1] = gfields[k]
         item.groups[#item.groups + 1] = sum
       elseif #sum ~= width * 8 then
@@ -370,8 +380,11 @@ for i = 1, nkeys do
     for g in pairs(touched) do
       if not members[g] then item.emptied[#item.emptied + 1] = 'group:' .. g end
     end
-    local agg, e = sum_checked(name, vectors, width, count_size, size, spec[11] == '1')
-    if not agg then return reject(e[1], e[2], e[3]) end
+    if not agg then
+      local e
+      agg, e = sum_checked(name, vectors, width, count_size, size, spec[11] == '1')
+      if not agg then return reject(e[1], e[2], e[3]) end
+    end
     item.agg = agg
   else
     return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
