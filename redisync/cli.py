@@ -178,7 +178,9 @@ def _bench_peers(url: str | None, steps: int, as_json: bool) -> None:
 @click.option("--out", "out_dir", default="docs/ab", show_default=True, type=click.Path(file_okay=False),
               help="folder for results.json, the plots and report.md")
 @click.option("--seeds", default=8, show_default=True, type=click.IntRange(2, 1000),
-              help="seeds per arm of the primary contrasts (the other arms get half)")
+              help="seeds per arm of the primary contrasts")
+@click.option("--secondary-seeds", default=3, show_default=True, type=click.IntRange(2, 1000),
+              help="seeds per arm of the secondary (descriptive) contrasts")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256), help="runs trained side by side")
 @click.option("--smoke", is_flag=True, help="the small CI configuration (minutes, not an hour)")
 @click.option("--gate-only", is_flag=True, help="run the gate (single vs uniform on H) and stop")
@@ -186,7 +188,7 @@ def _bench_peers(url: str | None, steps: int, as_json: bool) -> None:
 @click.option("--env", "env_spec", default=None, help="'module:function' making your own TrackingEnv batches (see README)")
 @click.option("--report-only", is_flag=True, help="rebuild the plots and report.md from OUT/results.json")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
-def ab(url: str | None, out_dir: str, seeds: int, workers: int, smoke: bool, gate_only: bool, env_steps: int | None,
+def ab(url: str | None, out_dir: str, seeds: int, secondary_seeds: int, workers: int, smoke: bool, gate_only: bool, env_steps: int | None,
        env_spec: str | None, report_only: bool, no_progress: bool) -> None:
     """The drift study: the gate, then every sync arm on H and X trained with SAC; figures and report in OUT."""
     try:
@@ -213,7 +215,7 @@ def ab(url: str | None, out_dir: str, seeds: int, workers: int, smoke: bool, gat
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--env") from None
     click.echo(f"{cfg.env_steps:,} env steps per run, {workers} workers; store: {url or 'embedded (one per worker)'}")
-    results = run_study(cfg, primary_seeds=seeds, secondary_seeds=max(2, seeds // 2), url=url, env_spec=env_spec,
+    results = run_study(cfg, primary_seeds=seeds, secondary_seeds=min(secondary_seeds, seeds), url=url, env_spec=env_spec,
                         workers=workers, show_progress=not no_progress, gate_only=gate_only, on_stage=click.echo)
     results["command"] = command
     report = write_report(results, out, command)

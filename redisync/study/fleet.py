@@ -68,17 +68,19 @@ ARMS: dict[str, Arm] = {
 class StudyConfig:
     shards: int = 4
     envs_per_shard: int = 256  # 1 024 envs in all: enough failures per step for the code formula to adapt
-    env_steps: int = 2_048_000  # across the fleet: 2 000 fleet steps, 4 000 learner updates
+    env_steps: int = 4_096_000  # across the fleet: 4 000 fleet steps, 8 000 learner updates
     learning_starts: int = 51_200
     updates_per_step: int = 2  # learner updates per fleet step (every shard stepped once)
     republish_every: int = 8  # learner updates between policy republications
     sampler_alpha: float = 0.01  # BeyondMimic's 0.001 is for ~10⁵ steps; the study is shorter
     publish_every_steps: int = 10
-    eval_every: int = 256_000
-    eval_rollouts: int = 2  # per profile, from frame 0 through the whole motion
-    drift_every: int = 64_000
+    eval_every: int = 512_000
+    eval_rollouts: int = 8  # per profile, from frame 0 through the whole motion (one batch: as cheap as 2)
+    drift_every: int = 128_000
     task: TaskConfig = field(default_factory=TaskConfig)
-    sac: SACConfig = field(default_factory=lambda: SACConfig(hidden=128, batch_size=512))
+    # the replay buffer keeps the whole run: with a FIFO of 200k-1M transitions the adaptive arms forgot a
+    # segment once the sampler moved on from it, and the gate failed on that oscillation (docs/ab/pilots.md)
+    sac: SACConfig = field(default_factory=lambda: SACConfig(hidden=128, batch_size=512, buffer_size=4_096_000))
 
     @property
     def total_envs(self) -> int:
@@ -95,7 +97,8 @@ class StudyConfig:
     def smoke(self) -> "StudyConfig":
         """The CI configuration: a short motion, few steps, the same pipeline."""
         return replace(self, envs_per_shard=64, env_steps=128_000, learning_starts=12_800, eval_every=16_000, drift_every=16_000,
-                       task=replace(self.task, bins=30, skill_segments=1))
+                       eval_rollouts=2, task=replace(self.task, bins=30, skill_segments=1),
+                       sac=replace(self.sac, buffer_size=128_000))
 
 
 def default_env(task: TaskConfig) -> EnvFactory:

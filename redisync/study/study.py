@@ -47,9 +47,7 @@ SECONDARY: tuple[tuple[str, str, str], ...] = (
     ("X", "per-profile", "pooled"),
     ("X", "per-profile", "local"),
     ("X", "weighted", "pooled"),
-    ("X", "local-paper", "pooled-paper"),
     ("X", "norm-local", "pooled"),  # the normaliser, with a profile-specific observation offset
-    ("X", "single", "uniform"),
 )
 X_OBS_OFFSET = 1.0
 
