@@ -108,14 +108,31 @@ def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: i
 @click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.1, 600), help="concurrency phase length")
 @click.option("--peers", is_flag=True, help="instead: collector processes syncing through redisync vs torch.distributed (gloo)")
 @click.option("--steps", default=2000, show_default=True, type=click.IntRange(100, 10**6), help="--peers: steps per collector")
-def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float, peers: bool, steps: int) -> None:
+@click.option("--scale", is_flag=True, help="instead: cost against slots, keys, memory, connections; the largest fleet")
+@click.option("--all", "everything", is_flag=True, help="the core figures, --peers and --scale in one run (with --json: one document)")
+def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float, peers: bool, steps: int, scale: bool,
+          everything: bool) -> None:
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
-    With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives."""
+    With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
+    With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves."""
     from .bench import run_all
 
     _connected(url)
-    if peers:
+    if (peers or scale or everything) and url is None:
+        raise click.UsageError("--peers, --scale and --all need a Redis (--url or REDISYNC_URL)")
+    if everything and as_json:
+        from .scale import run_scale
+        from .torch.peers import run_peers
+
+        doc = {"core": run_all(url, calls=calls, procs=procs, seconds=seconds), "peers": run_peers(url, steps=steps),
+               "scale": run_scale(url, seconds=seconds)}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if peers or everything:
         _bench_peers(url, steps, as_json)
+    if scale or everything:
+        _bench_scale(url, seconds, as_json)
+    if peers or scale:
         return
     res = run_all(url, calls=calls, procs=procs, seconds=seconds)
     if as_json:
@@ -152,9 +169,32 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
         click.echo(f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}"))
 
 
-def _bench_peers(url: str | None, steps: int, as_json: bool) -> None:
-    if url is None:
-        raise click.UsageError("--peers needs a Redis (--url or REDISYNC_URL): collectors in separate processes share it")
+def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
+    from .scale import run_scale
+
+    res = run_scale(url, seconds=seconds)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo("server time per call (INFO commandstats), one merge key of 1 024 values:")
+    click.echo(_table(["shard slots", "fold us", "pull us"],
+                      [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_slots"]]))
+    click.echo(_table(["keys per report (256 values each, 8 slots)", "fold us", "pull us"],
+                      [[r["keys"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_keys"]]))
+    click.echo(_table(["shard slots", "fold us (sampler 1024 + normaliser 256)", "pull us"],
+                      [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fleet_report_vs_slots"]]))
+    click.echo(_table(["shards", "values per key", "payloads in the stream", "MB in Redis"],
+                      [[m["slots"], m["elements"], "yes" if m["stream_payloads"] else "no", f"{m['bytes_total'] / 1e6:.2f}"]
+                       for m in res["memory"]]))
+    click.echo(_table(["connections", "publishes/s", "Redis CPU (share of a core)"],
+                      [[t["connections"], f"{t['publishes_per_s']:.0f}", f"{t['redis_cpu_share']:.2f}"] for t in res["throughput"]]))
+    f = res["fleet"]
+    click.echo(f"fleet: a report every {f['interval_s']:g} s per collector costs Redis "
+               + ", ".join(f"{s:.3f} s/s at {n}" for n, s in f["server_s_per_s"].items())
+               + f"; the largest fleet within {f['core_budget']:g} of a core: {f['largest_fleet']} collectors")
+
+
+def _bench_peers(url: str, steps: int, as_json: bool) -> None:
     from .torch.peers import run_peers
 
     res = run_peers(url, steps=steps)
