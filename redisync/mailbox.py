@@ -30,6 +30,7 @@ TAKEN = 9  # the outbox sequence number of the last report the sidecar took
 DONE = 10  # the outbox sequence number of the last report the sidecar published (or that was refused)
 HEARTBEAT_MS = 11  # the sidecar's monotonic clock in ms, written every loop: a hung sidecar stops it
 SIDECAR_PID = 12
+INCARNATION = 13  # the shard's incarnation + 1 once claimed (0: not yet): a restarted sidecar keeps it
 OUTBOX, INBOX, STATUS = 0, 1, 2  # slot numbers: fields 2*slot and 2*slot+1 hold seq and length
 STATUS_BYTES = 16 << 10
 

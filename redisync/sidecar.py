@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 from . import errors
 from .client import Store, connect
 from .codec import KeyView, PullResult
-from .mailbox import DONE, HEARTBEAT_MS, INBOX, OUTBOX, SIDECAR_PID, STATUS, STOP, TAKEN, Mailbox, MailboxFull
+from .mailbox import DONE, HEARTBEAT_MS, INBOX, INCARNATION, OUTBOX, SIDECAR_PID, STATUS, STOP, TAKEN, Mailbox, MailboxFull
 from .schema import Schema
 from .seam import SyncedTerm
 from .syncer import Syncer
@@ -45,7 +45,7 @@ STATUS_EVERY_S = 0.05
 STATUS_LATENCIES = 1000  # the most recent publish latencies the status carries
 CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
 HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
-INCARNATION = 13  # header field: the shard's incarnation + 1 once claimed (0: not yet)
+MAX_BACKOFF_S = 5.0
 
 
 def _slot_bytes(schema: Schema, copies: int) -> int:
@@ -140,6 +140,8 @@ class SidecarSyncer(Syncer):
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         try:
             self._out_seq = self.mailbox.write_vectors(OUTBOX, self._codec.encode(reports))  # type: ignore[union-attr]
+            if self._problem is not None:
+                self._clear_problem("publish")
         except (MailboxFull, errors.InvalidReport) as e:  # refused here, as the thread worker would: training goes on
             self._own_stats["mailbox_overflows" if isinstance(e, MailboxFull) else "rejected_before_sending"] += 1
             self._report_problem(f"publish: {e}", logging.ERROR)
@@ -211,23 +213,30 @@ class SidecarSyncer(Syncer):
         self._process = process
 
     def _watch(self) -> None:
-        """Restart a sidecar that died or hung; the collector only sees its view go stale meanwhile."""
+        """Restart a sidecar that died or hung; the collector only sees its view go stale meanwhile.
+        One that dies again at once is restarted after a growing pause (up to MAX_BACKOFF_S)."""
+        backoff, started = 0.0, time.monotonic()
         while not self._stopping.wait(CHECK_EVERY_S):
             process, box = self._process, self.mailbox
             if process is None or box is None:
                 continue
             hung = time.monotonic() * 1e3 - box.header[HEARTBEAT_MS] > HUNG_AFTER_S * 1e3
             if process.poll() is None and not hung:
+                if time.monotonic() - started > MAX_BACKOFF_S:
+                    backoff = 0.0  # it has lived a while: the next death is a new incident
+                    self._clear_problem("sidecar")
                 continue
-            if self._stopping.is_set():
-                break
-            log.warning("redisync shard %d: the sidecar %s (exit code %s): restarting it", self.shard.shard_id,
-                        "hung" if hung else "died", process.poll())
             if hung:
                 process.kill()
                 process.wait()
+            self._report_problem(f"sidecar: {'hung' if hung else 'died'} (exit code {process.poll()}): restarting it",
+                                 logging.WARNING)
+            backoff = min(MAX_BACKOFF_S, 2 * backoff or CHECK_EVERY_S)
+            if self._stopping.wait(backoff):
+                break
             self._own_stats["sidecar_restarts"] += 1
             self._spawn()
+            started = time.monotonic()
 
     def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
         """Ask the sidecar to publish the current reports (when ``flush``) and exit; kill it if it has
