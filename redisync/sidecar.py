@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from . import errors
 from .client import Store, connect
 from .codec import KeyView, PullResult
@@ -152,7 +154,10 @@ class SidecarSyncer(Syncer):
 
     def _decode(self, message: tuple) -> PullResult:
         epoch, version, epoch_changed, server_time_us, lost_writes, keys = message
-        views = {name: KeyView(name, self.schema.keys[name], *fields) for name, fields in keys.items()}
+        views = {}
+        for name, key_version, value, own, own_incarnation in keys:  # float64 bytes: no array unpickling
+            views[name] = KeyView(name, self.schema.keys[name], key_version, None if value is None else np.frombuffer(value).copy(),
+                                  None if own is None else np.frombuffer(own).copy(), own_incarnation)
         return PullResult(epoch, version, epoch_changed, views, server_time_us, lost_writes)
 
     def _fetch(self) -> None:
@@ -286,7 +291,8 @@ class MailboxTerm:
         return self.reports
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        keys = {name: (v.version, v.value, v.own_slot, v.own_incarnation) for name, v in fleet.keys.items()}
+        keys = [(name, v.version, None if v.value is None else v.value.tobytes(),
+                 None if v.own_slot is None else v.own_slot.tobytes(), v.own_incarnation) for name, v in fleet.keys.items()]
         self.mailbox.write(INBOX, (fleet.epoch, fleet.fleet_version, fleet.epoch_changed, fleet.server_time_us,
                                    fleet.lost_writes, keys))
 

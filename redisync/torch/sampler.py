@@ -205,6 +205,8 @@ class AdaptiveMotionSampler(nn.Module):
         # the rest of the fleet as last applied (pooled), or the fleet value (broadcast)
         self.register_buffer("_fleet", torch.zeros(self.bin_count, device=device, dtype=torch.float64), persistent=False)
         self.register_buffer("_own_at_build", torch.full((self.bin_count,), float("nan"), **kw), persistent=False)
+        self._fleet_view: Any = None  # the last fleet view applied, not yet read (see apply_shard_state)
+        self._fleet_moved = True  # the fleet part changed since the last rebuild
         self.register_buffer("_frames", torch.tensor(frames, device=device), persistent=False)
         self.register_buffer("_probs", torch.zeros(self.groups, self.layout.width, **kw), persistent=False)
         self._cdf: torch.Tensor | None = None
@@ -248,9 +250,9 @@ class AdaptiveMotionSampler(nn.Module):
         """The EMA that decides the start distribution, per mode (the fleet part is float64, so a
         fleet value beyond the sampler's dtype stays finite)."""
         if self.mode == "pooled":
-            return self._fleet + self.bin_failed_count.to(torch.float64)
+            return self._fleet_ema() + self.bin_failed_count.to(torch.float64)
         if self.mode == "broadcast" and self.shard_id != self.owner:
-            return self._fleet
+            return self._fleet_ema()
         return self.bin_failed_count
 
     def probabilities(self) -> torch.Tensor:
@@ -262,7 +264,8 @@ class AdaptiveMotionSampler(nn.Module):
         return self._probs if self.grouped else self._probs[0]
 
     def _needs_rebuild(self) -> bool:
-        # the NaN that a fleet update leaves in _own_at_build is never equal, nor <= anything: a rebuild
+        if self._fleet_moved:
+            return True
         own, built = self.bin_failed_count, self._own_at_build
         if self.rebuild_tol == 0:
             return not torch.equal(own, built)
@@ -277,6 +280,7 @@ class AdaptiveMotionSampler(nn.Module):
         self._probs = self._distributions(self.sampling_ema())
         self._cdf = None
         self._own_at_build = self.bin_failed_count.clone()
+        self._fleet_moved = False
         self.rebuilds += 1
 
     def _distributions(self, ema: torch.Tensor) -> torch.Tensor:
@@ -388,22 +392,33 @@ class AdaptiveMotionSampler(nn.Module):
         return {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take the fleet's EMA in. A pooled or broadcast view is only kept here and turned into a
+        tensor when the sampler next reads it (:meth:`sampling_ema`, at the next sample): the reset
+        boundary that calls this stays a swap."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None or self.mode == "local":
             return
         self.fleet_version = fleet.fleet_version
-        parts = view.parts()
-        if self.mode == "pooled":
-            own = view.own_parts()
-            others = parts["sum"] if own is None else parts["sum"] - own["sum"]
-            self._fleet = self._tensor(others)
-        elif self.mode == "weighted":
+        if self.mode == "weighted":
+            parts = view.parts()
             if float(parts["count"]) > 0:  # the failure-weighted mean of the shards' blended EMAs
                 mean = self._tensor(parts["sum"] / parts["count"]).to(self.bin_failed_count.dtype)
                 self.bin_failed_count.copy_(_finite(mean))
-        elif self.shard_id != self.owner:
-            self._fleet = self._tensor(parts["value"])
-        self._own_at_build.fill_(float("nan"))  # the fleet moved: rebuild at the next sample
+        elif self.mode == "pooled" or self.shard_id != self.owner:
+            self._fleet_view = view
+        self._fleet_moved = True  # rebuild at the next sample
+
+    def _fleet_ema(self) -> torch.Tensor:
+        """The fleet part of the EMA (the other shards' sum, or the owner's), from the last view applied."""
+        view, self._fleet_view = self._fleet_view, None
+        if view is not None:
+            parts = view.parts()
+            if self.mode == "pooled":
+                own = view.own_parts()
+                self._fleet = self._tensor(parts["sum"] if own is None else parts["sum"] - own["sum"])
+            else:
+                self._fleet = self._tensor(parts["value"])
+        return self._fleet
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array), dtype=torch.float64).to(self._fleet.device)
