@@ -148,6 +148,10 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
                      "-" if srv is None else f"{s['server_ns_per_payload_value']:.0f}"])
     click.echo(_table(["N", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us", "ns/value"], rows))
     click.echo("(x PING: each call timed beside a PING issued right before it)")
+    profile = res["fold_profile_us"]
+    if profile.get(64):
+        click.echo(_table(["fold phase (server clock, median)", "N=64 us", "N=1024 us"],
+                          [[name, f"{profile[64][name]:.0f}", f"{profile[1024][name]:.0f}"] for name in profile[64]]))
     c = res["concurrency"]
     if c is None:
         click.echo("concurrency: not measured on the embedded store (each process would have its own); use --url")

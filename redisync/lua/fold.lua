@@ -19,9 +19,10 @@
 --       | {'rejected', reason, key, detail}     (also appended to the dead-letter stream)
 --
 -- Every check, including those of the stored state the fold reads, runs before the first write.
--- A merge aggregate is recomputed from the live slots (retired history first, then ascending shard
--- ids), so its rounding error is bounded by the live values, never by what once passed through a
--- slot; semantics.py sums in the same order. Idempotent: a retried call returns 'duplicate'.
+-- A merge aggregate is recomputed from the live slots (retired history first, then the sums of the
+-- groups of 16 shard ids in ascending order, each over its slots in ascending order), so its rounding
+-- error is bounded by the live values, never by what once passed through a slot; semantics.py sums in
+-- the same order. Idempotent: a retried call returns 'duplicate'.
 
 local CHUNK = 128
 local FMT = '<' .. string.rep('d', CHUNK)
