@@ -323,10 +323,13 @@ def test_the_report_claims_only_what_the_tests_say(tmp_path):
     runs = _runs(values)
     for r in runs:
         r["curve"] = [{"env_steps": 1, "completion": r["summary"]["completion_auc"]}]
+        r["wall_s"] = 60.0
     results = {"config": StudyConfig().to_dict(), "env": "test", "gate": gate(runs), "gate_runs": runs, "runs": runs,
-               "analysis": analyse(runs)}
+               "analysis": analyse(runs), "workers": 2, "wall_s": 1800.0}
     text = render_markdown(results, "redisync ab", [])
     assert "the gate **passed**" in text
+    assert f"{2 * len(runs)} runs ({len(runs)} of them the gate), {2 * len(runs)} min of training on 2 workers" in text
+    assert "30 min wall" in text
     assert "on H, `single` completes more of the motion than `uniform`" in text
     assert "on H, `local` and `pooled` are equivalent within ±0.1" in text
     assert "on X, `local` completes more of the motion than `pooled`" in text

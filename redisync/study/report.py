@@ -113,6 +113,17 @@ def answer(c: dict[str, Any]) -> str:
     }[c["verdict"]]
 
 
+def budget(results: dict[str, Any]) -> str:
+    """The study's cost: its runs, their training time, and the wall time on its workers."""
+    runs = results["gate_runs"] + results["runs"]
+    workers = results.get("workers", 2)
+    train_min = sum(r["wall_s"] for r in runs) / 60
+    wall = results.get("wall_s")
+    wall_text = f"{wall / 60:.0f} min wall" if wall else f"about {train_min / workers:.0f} min wall"
+    return (f"- Budget: {len(runs)} runs ({len(results['gate_runs'])} of them the gate), {train_min:.0f} min of training "
+            f"on {workers} workers side by side: {wall_text} on this 2-core machine.")
+
+
 def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> str:
     cfg, g = results["config"], results["gate"]
     task = cfg["task"]
@@ -155,6 +166,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         f"- Primary metric `{PRIMARY_METRIC}`: the mean completion over the run's evaluations. Arms share seeds "
         "(same networks, env noise and generators), so contrasts are paired by seed: an exact sign-flip test, "
         f"Holm's correction over the primary family, a 95% t-interval, and TOST equivalence within ±{MARGIN}.",
+        budget(results),
         "",
     ]
     if not g["passed"]:

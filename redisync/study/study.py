@@ -18,6 +18,7 @@ import datetime
 import importlib
 import multiprocessing as mp
 import queue
+import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -187,19 +188,22 @@ def run_study(cfg: StudyConfig, *, primary_seeds: int = 8, secondary_seeds: int 
               on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The gate, then (if it passes) the plan; returns what ``results.json`` holds."""
     say = on_stage or (lambda _: None)
+    started = time.monotonic()
     say(f"gate: single vs uniform on H, seeds {list(GATE_SEEDS)}")
     gate_runs = run_cells(cfg, [("H", "single", GATE_SEEDS), ("H", "uniform", GATE_SEEDS)], url=url, env_spec=env_spec,
                           workers=workers, show_progress=show_progress, desc="gate")
     result: dict[str, Any] = {"config": cfg.to_dict(), "env": env_spec or "built-in skill tracking", "store": url or "embedded",
-                              "date": datetime.date.today().isoformat(),
+                              "date": datetime.date.today().isoformat(), "workers": workers,
                               "gate": gate(gate_runs), "gate_runs": gate_runs, "runs": [], "analysis": None}
     if gate_only or not result["gate"]["passed"]:
+        result["wall_s"] = time.monotonic() - started
         return result
     cells = plan(primary_seeds, secondary_seeds)
     say(f"study: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
     result["runs"] = run_cells(cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress,
                                desc="study")
     result["analysis"] = analyse(result["runs"])
+    result["wall_s"] = time.monotonic() - started
     return result
 
 
