@@ -158,26 +158,6 @@ local function hmget(key, fields)
   return out
 end
 
--- ``0 + v1 + v2 + ...`` of payload strings, in order (no checks: a non-finite group sum makes the
--- aggregate non-finite, which sum_checked refuses)
-local function summed(vectors, width)
-  local out, pos, base = {}, 1, 0
-  while base < width do
-    local len = math.min(CHUNK, width - base)
-    local fmt = fmt_of(len)
-    local a = {}
-    for k = 1, len do a[k] = 0.0 end
-    for _, vec in ipairs(vectors) do
-      local y = {sunpack(fmt, vec, pos)}
-      for k = 1, len do a[k] = a[k] + y[k] end
-    end
-    out[#out + 1] = spack(fmt, unpack(a, 1, len))
-    base = base + len
-    pos = pos + len * 8
-  end
-  return table.concat(out)
-end
-
 -- Checks a new payload: finite everywhere, non-negative outside the signed part (signed_from, signed_to].
 local function check_payload(name, payload, width, signed_from, signed_to)
   local pos, base = 1, 0
@@ -197,11 +177,10 @@ local function check_payload(name, payload, width, signed_from, signed_to)
   return nil
 end
 
--- The sum of ``vectors`` (in order), and the rejection if it or the moments it implies are not finite.
--- count_size values of count, then size values of sum, then (sumsq) size values of sum of squares.
-local function sum_checked(name, vectors, width, count_size, size, sumsq)
+-- ``0 + v1 + v2 + ...`` of payload strings, in order; ``check(a, base, len)``, if given, sees each
+-- chunk of sums and may return a rejection, which ends the sum: returns (sum) or (nil, rejection).
+local function summed(vectors, width, check)
   local out, pos, base = {}, 1, 0
-  local counts = {}
   while base < width do
     local len = math.min(CHUNK, width - base)
     local fmt = fmt_of(len)
@@ -211,9 +190,26 @@ local function sum_checked(name, vectors, width, count_size, size, sumsq)
       local y = {sunpack(fmt, vec, pos)}
       for k = 1, len do a[k] = a[k] + y[k] end
     end
+    if check then
+      local why = check(a, base, len)
+      if why then return nil, why end
+    end
+    out[#out + 1] = spack(fmt, unpack(a, 1, len))
+    base = base + len
+    pos = pos + len * 8
+  end
+  return table.concat(out)
+end
+
+-- The sum of ``vectors`` (in order), and the rejection if it or the moments it implies are not finite.
+-- count_size values of count, then size values of sum, then (sumsq) size values of sum of squares.
+-- (A group's sum needs no check: a non-finite one makes the aggregate non-finite, which this refuses.)
+local function sum_checked(name, vectors, width, count_size, size, sumsq)
+  local counts = {}
+  return summed(vectors, width, function(a, base, len)
     for k = 1, len do
       local v, g = a[k], base + k
-      if v - v ~= 0 then return nil, {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)} end
+      if v - v ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)} end
       if g <= count_size then
         counts[g] = v
       else
@@ -223,16 +219,13 @@ local function sum_checked(name, vectors, width, count_size, size, sumsq)
         if n > 0 then
           local m = v / n
           if m - m ~= 0 or (g <= count_size + size and sumsq and (m * m) - (m * m) ~= 0) then
-            return nil, {'non_finite', name, 'the fleet moments would overflow at element ' .. e}
+            return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}
           end
         end
       end
     end
-    out[#out + 1] = spack(fmt, unpack(a, 1, len))
-    base = base + len
-    pos = pos + len * 8
-  end
-  return table.concat(out)
+    return nil
+  end)
 end
 
 -- validate and compute every key before writing anything (a report applies all or none) ------------
