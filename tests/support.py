@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from redisync.client import Store
@@ -133,3 +135,13 @@ def sync(store, shards, terms):
         client.pull()
         for term in mine:
             term.apply_shard_state(client.known)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` passes (its last answer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())

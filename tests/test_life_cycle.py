@@ -22,6 +22,8 @@ from redisync.schema import Schema, broadcast, merge
 from redisync.syncer import Syncer
 from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
+from .support import wait_for
+
 FRAMES = 20 * 50 - 1  # 20 one-second bins
 
 
@@ -33,13 +35,6 @@ def state_bytes(store) -> dict:
     return store.snapshot().hashes
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 # 1. restarts and resumes ------------------------------------------------------------------------

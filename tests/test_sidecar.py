@@ -20,6 +20,8 @@ from redisync import errors, merge
 from redisync.mailbox import OUTBOX, Mailbox, MailboxFull
 from redisync.syncer import Syncer
 
+from .support import wait_for
+
 KEY = "t/stats"
 
 
@@ -50,15 +52,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, only not reaped yet
     except FileNotFoundError:
         return False
-
-
-def _wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def _writer(name: str, sizes, n: int) -> None:
@@ -122,7 +115,7 @@ def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
             term.step(2.0)
             syncer.on_step()
             syncer.at_reset_boundary()
-        assert _wait_for(lambda: syncer.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
+        assert wait_for(lambda: syncer.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
         syncer.flush()
         assert syncer.wait_synced(store.fleet().fleet_version, timeout=10)
         assert syncer.at_reset_boundary() or term.fleet is not None
@@ -156,9 +149,9 @@ def test_the_sidecar_dies_with_its_collector(real_url, tmp_path):
         assert _alive(pid)
         collector.send_signal(signal.SIGKILL)
         collector.wait()
-        assert _wait_for(lambda: not _alive(int(pid)), timeout=5), "the sidecar outlived its collector"
+        assert wait_for(lambda: not _alive(int(pid)), timeout=5), "the sidecar outlived its collector"
         # the collector's resource tracker frees the shared memory it can no longer free itself
-        assert _wait_for(lambda: not os.path.exists(f"/dev/shm/{shm}"), timeout=5)
+        assert wait_for(lambda: not os.path.exists(f"/dev/shm/{shm}"), timeout=5)
     finally:
         collector.kill()
         redisync.connect(real_url, run=run).delete()
