@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 import subprocess
 import sys
 from dataclasses import replace
@@ -355,3 +356,28 @@ def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
     text = (write_report(results, tmp_path, "redisync ab (test)")).read_text()
     assert "## Primary contrasts" in text and "**H — identical shards.**" in text and "**X — different shards.**" in text
     assert (tmp_path / "mechanism.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_committed_report_and_the_readme_follow_the_committed_results():
+    """docs/ab/report.md is what its results.json renders to, and the README's summary quotes it."""
+    from redisync.study.report import render_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    results = json.loads((root / "docs" / "ab" / "results.json").read_text())
+    report = (root / "docs" / "ab" / "report.md").read_text()
+    assert render_markdown(results, results["command"], ["completion.png", "mechanism.png"]) == report
+    primary = {c["name"]: c for c in results["analysis"]["primary"]}
+    secondary = {c["name"]: c for c in results["analysis"]["secondary"]}
+    readme = (root / "README.md").read_text()
+    summary = readme[readme.index("## Does drift hurt training?"):readme.index("How it was asked.")]
+
+    def interval(c):
+        return f"{c['mean']:+.2f} [{c['lo']:+.2f}, {c['hi']:+.2f}]".replace("-", "−")
+
+    h, x = primary["H: local − pooled"], primary["X: local − pooled"]
+    assert h["verdict"] == "equivalent" and interval(h) in summary
+    assert x["verdict"] == "inconclusive" and interval(x) in summary and x["p_sign_flip"] < 0.05 < x["p_holm"]
+    assert f"{primary['H: single − uniform']['mean']:+.2f}" in summary
+    assert f"{secondary['H: local-16-shards − pooled-16-shards']['mean']:+.2f}".replace("-", "−") in summary
+    assert f"{secondary['X: per-profile − local']['mean']:+.2f}" in summary
+    assert f"{results['gate']['mean_difference']:+.3f}" in readme
