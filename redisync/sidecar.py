@@ -41,13 +41,13 @@ from .syncer import Syncer
 
 log = logging.getLogger(__name__)
 
-NICE = 10  # the sidecar yields the CPU to its collector: background work must not preempt the hot path
 LOOP_S = 0.001  # how often the sidecar looks at the outbox and its worker
 STATUS_EVERY_S = 0.05
 STATUS_LATENCIES = 1000  # the most recent publish latencies the status carries
 CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
 HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
 MAX_BACKOFF_S = 5.0
+STARTUP_S = 10.0  # how long start() waits for the sidecar to serve
 
 
 def _slot_bytes(schema: Schema, copies: int) -> int:
@@ -196,6 +196,11 @@ class SidecarSyncer(Syncer):
         if self.shard._incarnation is not None:
             self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
         self._spawn()
+        # start() returns with the sidecar serving (it takes about a second to start a Python process):
+        # a collector that trains and stops at once still has its reports published
+        deadline = time.monotonic() + STARTUP_S
+        while self.mailbox.header[SIDECAR_PID] == 0 and self._process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         self._monitor = threading.Thread(target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True)
         self._monitor.start()
 
@@ -316,10 +321,8 @@ def serve(config: dict[str, Any]) -> None:
     parent = config["parent"]
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the collector: it stops us when it is done
-    os.nice(NICE)
     name, sizes = config["mailbox"]
     box = Mailbox.attach(name, sizes)
-    box.header[SIDECAR_PID] = os.getpid()
     url, run_kwargs = config["connect"]
     store = connect(url, run=config["run"], **run_kwargs)
     schema = Schema.model_validate_json(config["schema"])
@@ -327,6 +330,7 @@ def serve(config: dict[str, Any]) -> None:
     syncer = Syncer(store, config["shard_id"], [term], worker="thread", publish_every_steps=2**62, incarnation=config["incarnation"],
                     resume=config["resume"], **config["syncer"])
     syncer.start()
+    box.header[SIDECAR_PID] = os.getpid()  # serving: the collector's start() returns
     sequenced = False  # continue the shard's sequence numbers from the server's before publishing
     taken = box.header[TAKEN]
     next_status = next_retry = 0.0
