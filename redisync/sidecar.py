@@ -47,6 +47,7 @@ STATUS_LATENCIES = 1000  # the most recent publish latencies the status carries
 CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
 HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
 MAX_BACKOFF_S = 5.0
+NICE = 10  # background work yields the CPU to its collector (a busy sidecar preempting it shows at the tail)
 STARTUP_S = 10.0  # how long start() waits for the sidecar to serve
 
 
@@ -321,6 +322,7 @@ def serve(config: dict[str, Any]) -> None:
     parent = config["parent"]
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the collector: it stops us when it is done
+    os.nice(NICE)
     name, sizes = config["mailbox"]
     box = Mailbox.attach(name, sizes)
     url, run_kwargs = config["connect"]
