@@ -2,11 +2,13 @@
 
 The real server is ``REDISYNC_TEST_URL`` (default: database 9 of 127.0.0.1:6379). Each test
 gets a run of its own, deleted afterwards. When ``REDISYNC_REQUIRE_REDIS=1`` (set by
-``scripts/test`` and so by CI) an unreachable server fails the tests instead of skipping them.
+``scripts/test`` and so by CI) an unreachable server fails the tests instead of skipping them;
+``REDISYNC_REQUIRE_FRAMEWORKS=1`` does the same for the frameworks tier's mjlab, rsl_rl and holosoma.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 
@@ -56,6 +58,17 @@ def make_store(backend):
     yield make
     for store in made:
         store.delete()
+
+
+def framework_or_skip(module: str):
+    """Import a framework the drop-ins are tested inside (scripts/setup installs them); when
+    ``REDISYNC_REQUIRE_FRAMEWORKS=1`` (scripts/test, CI) a missing one fails instead of skipping."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if os.environ.get("REDISYNC_REQUIRE_FRAMEWORKS") == "1":
+            pytest.fail(f"{module} is required (scripts/setup installs it) but does not import: {e}")
+        pytest.skip(f"{module} is not installed (scripts/setup installs it): {e}")
 
 
 @pytest.fixture

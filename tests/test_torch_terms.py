@@ -119,7 +119,36 @@ def test_local_normaliser_is_rsl_rl():
     assert torch.equal(fresh._mean, ref._mean) and int(fresh.count) == int(ref.count)
 
 
+def test_a_pooled_normaliser_resumes_from_its_checkpoint_until_the_store_holds_as_much(make_store):
+    """A checkpoint's statistics are the prior: on an empty store the normaliser continues as
+    rsl_rl's resumed one does; once the fleet holds more samples than the prior, the fleet's rule."""
+    Reference = rsl_rl_normalization()
+    g = torch.Generator().manual_seed(11)
+    ref = Reference(3)
+    for _ in range(4):
+        ref.update(torch.randn(100, 3, generator=g) * 2 + 5)
+    resumed = SyncedEmpiricalNormalization(3, mode="pooled")
+    resumed.load_state_dict(ref.state_dict())
+    assert not resumed.resumed  # the prior is not the shard's own history: nothing in the store is taken over
+    x = torch.randn(50, 3, generator=g)
+    resumed.update(x)
+    ref.update(x)
+    torch.testing.assert_close(resumed._mean, ref._mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(resumed._var, ref._var, rtol=1e-5, atol=1e-6)
+    assert int(resumed.count) == int(ref.count) == 450
+    assert resumed.report_shard_state()["obs/norm"]["count"] == 50  # the prior is never reported
+    # a fleet that holds more than the prior: its statistics take over
+    store = make_store()
+    other = SyncedEmpiricalNormalization(3, mode="pooled")
+    other.update(torch.randn(1000, 3, generator=g) - 7)
+    store.register(schema_of([other]))
+    sync(store, [store.shard(0), store.shard(1)], [[resumed], [other]])
+    assert int(resumed.count) == 1050
+    torch.testing.assert_close(resumed._mean, other._mean)
+
+
 def test_holosoma_tracker_and_penalty_rules():
+    assert AverageEpisodeLength(num_envs=1024).window == 250  # holosoma's window: scaled from its 4 096 envs
     tracker = AverageEpisodeLength(num_envs=4096, num_compute_average_epl=1000, base_num_envs=2048)
     assert tracker.window == 2000
     avg = 0.0
@@ -136,6 +165,31 @@ def test_holosoma_tracker_and_penalty_rules():
     for _ in range(100):
         pen.update(10)
     assert pen.scale == 0.1
+    # holosoma clips an initial scale outside [min, max] before any reward uses it
+    assert PenaltyCurriculum(initial_scale=2.0, max_scale=1.0).scale == 1.0
+    restored = PenaltyCurriculum(min_scale=0.1)
+    restored.load_state_dict(pen.state_dict())
+    assert restored.scale == 0.1
+    restored.load_state_dict({"reward_penalty_scale": 0.7})  # holosoma's checkpoint entry
+    assert restored.scale == 0.7
+
+
+def test_the_tracker_resumes_from_its_state_dict_and_broadcasts_the_owners_average(make_store):
+    tracker = AverageEpisodeLength(num_envs=1024)
+    tracker.update(torch.full((100,), 300.0))
+    restored = AverageEpisodeLength(num_envs=1024, mode="pooled")
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.own_average == pytest.approx(tracker.own_average) and restored.episodes == 100 and restored.resumed
+    restored.suppress_next_update()
+    restored.update(torch.full((10,), 1.0))  # skipped, as holosoma skips the batch after a restore
+    assert restored.own_average == pytest.approx(tracker.own_average)
+    store = make_store()
+    owner, other = (AverageEpisodeLength(1024, mode="broadcast", shard_id=i, owner=0) for i in (0, 1))
+    owner.update(torch.full((300,), 800.0))
+    other.update(torch.full((300,), 20.0))
+    store.register(schema_of([owner]))
+    sync(store, [store.shard(0), store.shard(1)], [[owner], [other]])
+    assert other.value == owner.value == owner.own_average != other.own_average
 
 
 def test_terrain_levels_follow_isaaclab():
@@ -235,7 +289,7 @@ def test_weighted_and_broadcast_sampler_modes(make_store):
 
 def test_curriculum_terms_sync(make_store):
     store = make_store()
-    trackers = [AverageEpisodeLength(100, 100, mode="pooled") for _ in range(3)]
+    trackers = [AverageEpisodeLength(100, 100, base_num_envs=None, mode="pooled") for _ in range(3)]
     pens = [PenaltyCurriculum(0.5, degree=0.1, mode="broadcast", shard_id=i, owner=0) for i in range(3)]
     terrains = [TerrainLevels(10, 4, mode="pooled", generator=torch.Generator().manual_seed(i)) for i in range(3)]
     store.register(schema_of([trackers[0], pens[0], terrains[0]]))

@@ -2,10 +2,10 @@
 
 Their update rules and defaults are the frameworks'; sync adds one choice per term:
 
-- :class:`AverageEpisodeLength` — ``local`` (holosoma's tracker of this shard's episodes) or
+- :class:`AverageEpisodeLength` — ``local`` (holosoma's tracker of this shard's episodes),
   ``pooled``: each shard reports its tracker as ``count = episodes behind it (capped at the
   tracker's window), sum = count × average``, and every shard reads the fleet's weighted mean, so
-  all shards take their decisions from the same number;
+  all shards take their decisions from the same number; or ``broadcast``: the owner's average;
 - :class:`PenaltyCurriculum` — ``local``, or ``broadcast``: the owner shard (or the learner) decides
   the scale and every other shard applies it, so the scale is one number fleet-wide;
 - :class:`TerrainLevels` — IsaacLab's per-env level moves, with the per-level histogram of the
@@ -29,27 +29,45 @@ def _check_mode(mode: str, allowed: tuple[str, ...]) -> None:
         raise InvalidSchema(f"mode must be one of {allowed}, got {mode!r}")
 
 
+BASE_NUM_ENVS = 4096  # holosoma's LeggedRobotLocomotionManager.BASE_NUM_ENVS: the tracker's window is scaled from it
+
+
 class AverageEpisodeLength:
-    """holosoma's ``AverageEpisodeLengthTracker``: ``avg ← avg·(1 − w) + mean(lengths)·w``, ``w = min(n / N, 1)``."""
+    """holosoma's ``AverageEpisodeLengthTracker``: ``avg ← avg·(1 − w) + mean(lengths)·w``, ``w = min(n / N, 1)``,
+    with holosoma's window ``N = num_compute_average_epl × num_envs / base_num_envs`` (``base_num_envs``
+    defaults to holosoma's 4 096, so 1 024 envs average over 250 episodes, as holosoma's do).
+
+    Modes: ``local`` (this shard's episodes), ``pooled`` (the fleet's weighted mean, see the module
+    docstring) or ``broadcast`` (the owner shard's average is everybody's: holosoma's rank-0 sync).
+    ``state_dict`` uses holosoma's keys, so the tracker state of a holosoma checkpoint loads here.
+    """
 
     def __init__(
         self,
         num_envs: int,
         num_compute_average_epl: float = 1000,
-        base_num_envs: int | None = None,
+        base_num_envs: int | None = BASE_NUM_ENVS,
         *,
-        mode: Literal["local", "pooled"] = "local",
+        mode: Literal["local", "pooled", "broadcast"] = "local",
         key: str = "curriculum/episode_length",
+        shard_id: int = 0,
+        owner: int = 0,
         stale_after_s: float | None = None,
     ):
-        _check_mode(mode, ("local", "pooled"))
-        self.mode, self.key, self.stale_after_s = mode, key, stale_after_s
+        _check_mode(mode, ("local", "pooled", "broadcast"))
+        self.mode, self.key, self.shard_id, self.owner, self.stale_after_s = mode, key, shard_id, owner, stale_after_s
         self.window = max(1, int(num_compute_average_epl * num_envs / (base_num_envs or num_envs)))
         self.own_average = 0.0
         self.episodes = 0
+        self._suppress_next_update = False
         self._others: tuple[float, float] = (0.0, 0.0)  # count, sum of the rest of the fleet
+        self._owners: float | None = None  # broadcast: the owner's average as last applied
+        self.resumed = False
 
     def update(self, episode_lengths: torch.Tensor) -> None:
+        if self._suppress_next_update:  # holosoma skips the first batch after a restored or set average
+            self._suppress_next_update = False
+            return
         num = episode_lengths.numel()
         if num == 0:
             return
@@ -58,23 +76,44 @@ class AverageEpisodeLength:
         self.own_average = self.own_average * (1 - weight) + current * weight
         self.episodes += num
 
+    def suppress_next_update(self) -> None:
+        self._suppress_next_update = True
+
     def _own_weight(self) -> float:
         return float(min(self.episodes, self.window))
 
     @property
     def value(self) -> float:
-        """The average the curriculum decides on: the shard's own (local) or the fleet's (pooled)."""
+        """The average the curriculum decides on: the shard's own, the fleet's (pooled) or the owner's (broadcast)."""
+        if self.mode == "broadcast":
+            return self.own_average if self.shard_id == self.owner or self._owners is None else self._owners
         if self.mode == "local":
             return self.own_average
         count = self._others[0] + self._own_weight()
         total = self._others[1] + self._own_weight() * self.own_average
         return total / count if count > 0 else 0.0
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"average_episode_length": torch.tensor(self.own_average), "suppress_next_update": self._suppress_next_update,
+                "episodes": self.episodes}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Loads this class's state or holosoma's tracker state (which does not count episodes: a
+        loaded average then weighs as a full window, as it did in holosoma)."""
+        self.own_average = float(state["average_episode_length"])
+        self.episodes = int(state.get("episodes", self.window))
+        self._suppress_next_update = bool(state.get("suppress_next_update", False))
+        self.resumed = True
+
     def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        if self.mode == "broadcast":
+            return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
         return {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")} if self.mode == "pooled" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.mode == "broadcast":
+            return {self.key: {"value": self.own_average}} if self.shard_id == self.owner else {}
         if self.mode != "pooled":
             return {}
         w = self._own_weight()
@@ -82,7 +121,10 @@ class AverageEpisodeLength:
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         view = fleet.keys.get(self.key)
-        if self.mode != "pooled" or view is None or view.value is None:
+        if self.mode == "local" or view is None or view.value is None:
+            return
+        if self.mode == "broadcast":
+            self._owners = float(view.parts()["value"])
             return
         parts, own = view.parts(), view.own_parts()
         count, total = float(parts["count"]), float(parts["sum"])
@@ -93,7 +135,12 @@ class AverageEpisodeLength:
 
 class PenaltyCurriculum:
     """holosoma's ``PenaltyCurriculum``: at each reset the scale shrinks by ``1 − degree`` below
-    ``level_down_threshold``, grows by ``1 + degree`` above ``level_up_threshold``, and is clipped."""
+    ``level_down_threshold``, grows by ``1 + degree`` above ``level_up_threshold``, and is clipped.
+
+    The initial scale is clipped at once (holosoma clips it on its first step, before any reward
+    uses it). ``state_dict`` holds the scale; ``load_state_dict`` also takes holosoma's checkpoint
+    entry ``reward_penalty_scale``, which holosoma itself restores only for logging.
+    """
 
     def __init__(
         self,
@@ -110,10 +157,13 @@ class PenaltyCurriculum:
         owner: int = 0,
     ):
         _check_mode(mode, ("local", "broadcast"))
-        self.scale = float(initial_scale)
         self.min_scale, self.max_scale = float(min_scale), float(max_scale)
+        self.scale = self._clipped(float(initial_scale))
         self.level_down, self.level_up, self.degree = float(level_down_threshold), float(level_up_threshold), float(degree)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
+
+    def _clipped(self, scale: float) -> float:
+        return float(np.clip(scale, self.min_scale, self.max_scale))
 
     @property
     def decides(self) -> bool:
@@ -127,8 +177,15 @@ class PenaltyCurriculum:
                 self.scale *= 1.0 - self.degree
             elif average_length > self.level_up:
                 self.scale *= 1.0 + self.degree
-            self.scale = float(np.clip(self.scale, self.min_scale, self.max_scale))
+            self.scale = self._clipped(self.scale)
         return self.scale
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"current_scale": self.scale}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        value = state["current_scale"] if "current_scale" in state else state["reward_penalty_scale"]
+        self.scale = self._clipped(float(value))
 
     def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
         return {self.key: broadcast((), owner=self.owner)} if self.mode == "broadcast" else {}

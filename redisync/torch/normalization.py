@@ -15,7 +15,12 @@ The buffers and their ``state_dict`` keys are rsl_rl's — ``_mean``, ``_var``, 
 Only rsl_rl's four buffers are persistent, so a checkpoint does not hold the shard's own
 cumulative statistics: a restarted collector, resumed or not, starts them from zero, and the store
 keeps its previous life's slot as retired history (the key's ``history`` lifecycle) — nothing is
-counted twice and nothing is lost. ``resumed`` therefore stays False.
+counted twice and nothing is lost. ``resumed`` therefore stays False. What a ``pooled`` normaliser
+loads from a checkpoint is its *prior*: the buffers it normalises with are the prior plus its own
+new samples (rsl_rl's resumed update) for as long as the store holds fewer samples than the prior
+— a run resumed on an empty store (a new run, a store restarted) keeps the statistics its policy
+was trained with — and the fleet's once the store holds as many, which it does at once when the
+run's history is still there. The prior is never reported.
 """
 
 from __future__ import annotations
@@ -60,7 +65,9 @@ class SyncedEmpiricalNormalization(nn.Module):
         self.register_buffer("_offset", torch.broadcast_to(torch.as_tensor(offset, **f64), self.shape).clone(), persistent=False)
         self.register_buffer("_own", torch.zeros((3, *self.shape), **f64), persistent=False)  # count, Σ, Σ²
         self.register_buffer("_others", torch.zeros((3, *self.shape), **f64), persistent=False)
+        self.register_buffer("_prior", torch.zeros((3, *self.shape), **f64), persistent=False)  # a loaded checkpoint's
         self.resumed = False
+        self.register_load_state_dict_post_hook(_take_prior)
 
     @property
     def mean(self) -> torch.Tensor:
@@ -106,7 +113,10 @@ class SyncedEmpiricalNormalization(nn.Module):
         self._std = torch.sqrt(self._var)
 
     def _set_from_pooled(self) -> None:
-        n, s, q = self._others + self._own
+        pooled = self._others + self._own
+        if float(self._prior[0].flatten()[0]) > float(pooled[0].flatten()[0]):
+            pooled = self._prior + self._own
+        n, s, q = pooled
         if float(n.flatten()[0]) <= 0:
             return
         mean_shifted = s / n
@@ -123,6 +133,13 @@ class SyncedEmpiricalNormalization(nn.Module):
             buf.copy_(wide.to(device, dtype).reshape(buf.shape))
         self._std.copy_(torch.sqrt(self._var))
         self.count.fill_(count)
+
+    def _load_prior(self) -> None:
+        """The loaded buffers as cumulative moments around the offset (float64), kept as the prior."""
+        n = float(self.count)
+        mean = self._mean.squeeze(0).to(torch.float64) - self._offset
+        var = self._var.squeeze(0).to(torch.float64)
+        self._prior.copy_(torch.stack([torch.full_like(mean, n), n * mean, n * (var + mean * mean)]))
 
     def pooled_moments(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``pooled``: the float64 mean, var and count of the own-substituted view (for tests and logs)."""
@@ -166,3 +183,8 @@ class SyncedEmpiricalNormalization(nn.Module):
             size = int(np.prod(self.shape))
             value = parts["value"]
             self._set(value[:size], value[size : 2 * size], int(round(float(value[-1]))))
+
+
+def _take_prior(module: nn.Module, incompatible: Any) -> None:
+    if module.mode == "pooled":
+        module._load_prior()

@@ -1,0 +1,101 @@
+"""Drop-ins for the frameworks collectors run in: mjlab's tracking task (:mod:`.mjlab`), rsl_rl's
+normaliser (:mod:`.rsl_rl`), holosoma's curriculum sync (:mod:`.holosoma`). Each module imports its
+framework, so import the one you use.
+
+A shard id is claimed once per process, so the terms of every integration in a process go through
+one :class:`~redisync.syncer.Syncer`: each integration adds its terms to the process's
+:class:`ProcessFleet`, which starts the Syncer at the first env step, when the environment and the
+runner have both been built. The environment names the store and the shard:
+
+- ``REDISYNC_URL`` (unset: the embedded store) and ``REDISYNC_RUN`` (the run; ``default``);
+- ``REDISYNC_SHARD``, else the rank ``torchrun`` sets (``RANK``), else 0.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+
+from ..client import Store, connect
+from ..errors import ConfigurationError
+from ..seam import SyncedTerm
+from ..syncer import Syncer
+
+ENV_RUN, ENV_SHARD = "REDISYNC_RUN", "REDISYNC_SHARD"
+
+
+def store_from_env(run: str | None = None) -> Store:
+    """The store the environment names (``REDISYNC_URL``, ``REDISYNC_RUN``)."""
+    return connect(run=run or os.environ.get(ENV_RUN) or "default")
+
+
+def shard_from_env() -> int:
+    """This process's shard id: ``REDISYNC_SHARD``, else ``RANK``, else 0."""
+    value = os.environ.get(ENV_SHARD) or os.environ.get("RANK") or "0"
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigurationError(f"the shard id must be an integer, got {ENV_SHARD}/RANK={value!r}") from None
+
+
+class ProcessFleet:
+    """The terms one process syncs and their Syncer, started on first use.
+
+    Integrations :meth:`add` their terms while the task is built; the first :meth:`on_step` or
+    :meth:`at_reset_boundary` (the first env step) starts one Syncer for all of them. ``syncer_kwargs``
+    (``publish_every_steps``, ``worker``, …) go to the Syncer; :meth:`configure` changes them before the start.
+    """
+
+    def __init__(self, store: Store | None = None, shard_id: int | None = None, **syncer_kwargs: Any):
+        self._store, self.shard_id = store, shard_id if shard_id is not None else shard_from_env()
+        self.syncer_kwargs = syncer_kwargs
+        self.terms: list[SyncedTerm] = []
+        self.syncer: Syncer | None = None
+        self._stopped = False
+
+    def configure(self, *, store: Store | None = None, shard_id: int | None = None, **syncer_kwargs: Any) -> "ProcessFleet":
+        if self.syncer is not None:
+            raise ConfigurationError("the fleet's Syncer has started: configure it before the first env step")
+        self._store = store if store is not None else self._store
+        self.shard_id = shard_id if shard_id is not None else self.shard_id
+        self.syncer_kwargs.update(syncer_kwargs)
+        return self
+
+    def add(self, *terms: SyncedTerm) -> None:
+        if self.syncer is not None:
+            raise ConfigurationError("a term was added after the fleet's Syncer started (at the first env step): "
+                                     "build every synced term before stepping the environment")
+        self.terms.extend(terms)
+
+    def start(self) -> Syncer:
+        """The Syncer of every term added so far (started once)."""
+        if self.syncer is None:
+            store = self._store if self._store is not None else store_from_env()
+            self.syncer = Syncer(store, self.shard_id, self.terms, **self.syncer_kwargs).start()
+            atexit.register(self.stop)
+        return self.syncer
+
+    def on_step(self) -> None:
+        (self.syncer or self.start()).on_step()
+
+    def at_reset_boundary(self) -> bool:
+        return (self.syncer or self.start()).at_reset_boundary()
+
+    def stop(self) -> None:
+        """Publish the last reports and stop (also at interpreter exit)."""
+        if self.syncer is not None and not self._stopped:
+            self._stopped = True
+            self.syncer.stop()
+            atexit.unregister(self.stop)
+
+
+_process_fleet: ProcessFleet | None = None
+
+
+def process_fleet() -> ProcessFleet:
+    """This process's fleet (created on first use from the environment variables)."""
+    global _process_fleet
+    if _process_fleet is None:
+        _process_fleet = ProcessFleet()
+    return _process_fleet

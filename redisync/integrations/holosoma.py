@@ -1,0 +1,171 @@
+"""holosoma's curriculum sync, through the store: no broadcast, no barrier.
+
+holosoma's FastSAC and PPO agents call ``env.synchronize_curriculum_state()`` before each
+rollout; the locomotion manager then ``dist.broadcast``s rank 0's average episode length and
+penalty scale — two collectives that wait for every rank. :func:`sync_curriculum` replaces that
+method on an environment with a :class:`CurriculumSync`, which moves the same state through the
+store:
+
+- ``episode_length="broadcast"`` (default): rank 0's (the owner's) tracker average is set on every
+  other shard's tracker at each sync, as holosoma's broadcast does;
+  ``episode_length="pooled"``: every shard's tracker keeps its own average, and the curriculum
+  decides on the fleet's mean of the trackers, each weighted by the episodes behind it (up to
+  its window) — every shard decides from the same number, and no shard's episodes are dropped;
+- ``penalty_scale="broadcast"`` (default): the owner's scale is everybody's. Unlike holosoma's
+  broadcast, which sets only ``env.reward_penalty_scale`` (the logged copy, overwritten from the
+  term's own scale at the next reset), this sets the ``PenaltyCurriculum`` term's scale, so the
+  rewards use the owner's scale too. ``"local"`` leaves each shard's scale its own.
+
+    env = ...                                        # holosoma's locomotion env
+    sync_curriculum(env)                             # REDISYNC_URL, REDISYNC_SHARD / RANK
+    agent.learn()                                    # its synchronize_curriculum_state now goes through redisync
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+import torch
+from holosoma.managers.curriculum.terms.locomotion import AverageEpisodeLengthTracker, PenaltyCurriculum
+
+from ..codec import PullResult
+from ..errors import ConfigurationError
+from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+from . import ProcessFleet, process_fleet
+
+
+class TrackerSync:
+    """A synced term over holosoma's ``AverageEpisodeLengthTracker`` (key ``holosoma/episode_length``)."""
+
+    def __init__(self, tracker: AverageEpisodeLengthTracker, mode: Literal["broadcast", "pooled"], shard_id: int, owner: int):
+        if mode not in ("broadcast", "pooled"):
+            raise ConfigurationError(f"episode_length must be 'broadcast' or 'pooled', got {mode!r}")
+        self.tracker, self.mode, self.shard_id, self.owner = tracker, mode, shard_id, owner
+        self.key = "holosoma/episode_length"
+        self.episodes = 0  # pooled: the episodes behind this shard's own average
+        self._fleet: tuple[float, float] | float | None = None  # the rest of the fleet (pooled) or the owner's average
+        if mode == "pooled":
+            self._count_episodes()
+
+    def _count_episodes(self) -> None:
+        # the tracker's own update and state stay holosoma's; the curriculum reads the pooled mean
+        tracker, update = self.tracker, self.tracker.update
+
+        def counted_update(env_ids: torch.Tensor, episode_lengths: torch.Tensor) -> None:
+            if not tracker._suppress_next_update:
+                self.episodes += env_ids.numel()
+            update(env_ids, episode_lengths)
+
+        tracker.update = counted_update
+        tracker.get_average = self.pooled_average
+
+    def _own(self) -> tuple[float, float]:
+        weight = float(min(self.episodes, self.tracker.num_compute_average_epl))
+        return weight, weight * float(self.tracker.average_episode_length)
+
+    def pooled_average(self) -> torch.Tensor:
+        count, total = self._own()
+        if isinstance(self._fleet, tuple):
+            count, total = count + self._fleet[0], total + self._fleet[1]
+        value = total / count if count > 0 else float(self.tracker.average_episode_length)
+        return torch.as_tensor(value, device=self.tracker.average_episode_length.device, dtype=torch.float)
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        if self.mode == "broadcast":
+            return {self.key: broadcast((), owner=self.owner)}
+        return {self.key: merge((), lifecycle="state")}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.mode == "pooled":
+            count, total = self._own()
+            return {self.key: {"count": count, "sum": total}}
+        if self.shard_id == self.owner:
+            return {self.key: {"value": float(self.tracker.get_average())}}
+        return {}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        view = fleet.keys.get(self.key)
+        if view is None or view.value is None:
+            return
+        parts = view.parts()
+        if self.mode == "broadcast":
+            self._fleet = float(parts["value"])
+            return
+        own = view.own_parts()
+        count, total = float(parts["count"]), float(parts["sum"])
+        if own is not None:
+            count, total = count - float(own["count"]), total - float(own["sum"])
+        self._fleet = (count, total)
+
+    def enforce(self) -> None:
+        """At each sync, as holosoma's broadcast: a non-owner's tracker takes the owner's average."""
+        if self.mode == "broadcast" and self.shard_id != self.owner and isinstance(self._fleet, float):
+            self.tracker.set_average(self._fleet, suppress_update=False)
+
+
+class PenaltyScaleSync:
+    """The owner's penalty scale, everybody's (key ``holosoma/penalty_scale``): the scale of the
+    env's ``PenaltyCurriculum`` term, or ``env.reward_penalty_scale`` where there is none."""
+
+    def __init__(self, env: Any, term: PenaltyCurriculum | None, shard_id: int, owner: int):
+        self.env, self.term, self.shard_id, self.owner = env, term, shard_id, owner
+        self.key = "holosoma/penalty_scale"
+        self._owners: float | None = None
+
+    @property
+    def scale(self) -> float:
+        return float(self.term.current_scale if self.term is not None else self.env.reward_penalty_scale)
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        return {self.key: broadcast((), owner=self.owner)}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        return {self.key: {"value": self.scale}} if self.shard_id == self.owner else {}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        view = fleet.keys.get(self.key)
+        if view is not None and view.value is not None:
+            self._owners = float(view.parts()["value"])
+
+    def enforce(self) -> None:
+        if self.shard_id == self.owner or self._owners is None:
+            return
+        if self.term is not None:
+            self.term.current_scale = self._owners  # the scale the rewards use (re-applied at the term's next step)
+        self.env.reward_penalty_scale = self._owners
+
+
+class CurriculumSync:
+    """``env.synchronize_curriculum_state`` through the store: hands this shard's curriculum state
+    to the fleet's worker, takes in the last fleet state it pulled, and applies the owner's
+    decisions — no collective; ``device`` and ``world_size`` are accepted and not needed."""
+
+    def __init__(self, env: Any, *, episode_length: Literal["broadcast", "pooled"] = "broadcast",
+                 penalty_scale: Literal["broadcast", "local"] = "broadcast", owner: int = 0,
+                 fleet: ProcessFleet | None = None):
+        if penalty_scale not in ("broadcast", "local"):
+            raise ConfigurationError(f"penalty_scale must be 'broadcast' or 'local', got {penalty_scale!r}")
+        self.fleet = fleet if fleet is not None else process_fleet()
+        shard = self.fleet.shard_id
+        terms = dict(env.curriculum_manager.iter_terms())
+        trackers = [t for t in terms.values() if isinstance(t, AverageEpisodeLengthTracker)]
+        if len(trackers) != 1:
+            raise ConfigurationError(f"the env's curriculum has {len(trackers)} AverageEpisodeLengthTracker terms; one is needed")
+        self.terms: list[TrackerSync | PenaltyScaleSync] = [TrackerSync(trackers[0], episode_length, shard, owner)]
+        penalty = next((t for t in terms.values() if isinstance(t, PenaltyCurriculum)), None)
+        if penalty_scale == "broadcast" and (penalty is not None or hasattr(env, "reward_penalty_scale")):
+            self.terms.append(PenaltyScaleSync(env, penalty, shard, owner))
+        self.fleet.add(*self.terms)
+
+    def __call__(self, *, device: Any = None, world_size: int | None = None) -> None:
+        self.fleet.on_step()
+        self.fleet.at_reset_boundary()
+        for term in self.terms:
+            term.enforce()
+
+
+def sync_curriculum(env: Any, **options: Any) -> CurriculumSync:
+    """Replace ``env.synchronize_curriculum_state`` with a :class:`CurriculumSync` (options as there)."""
+    sync = CurriculumSync(env, **options)
+    env.synchronize_curriculum_state = sync
+    return sync

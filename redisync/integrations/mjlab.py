@@ -1,0 +1,162 @@
+"""mjlab's motion-tracking command with redisync's adaptive sampler: the failure EMA pooled across
+the collectors of a fleet.
+
+mjlab's ``MotionCommand`` (BeyondMimic's algorithm) keeps its per-bin failure EMA,
+``bin_failed_count``, per process and never syncs it, so N collectors sample start frames from N
+different distributions, each with a uniform share N times too large. :class:`SyncedMotionCommand`
+is mjlab's class with the EMA held by an :class:`~redisync.torch.AdaptiveMotionSampler`: mjlab's
+own code records the failures, folds the EMA and draws the starts, and at a reset it reads the
+sampler's view of the fleet's EMA instead of its own. Switch it on in the task config:
+
+    cfg = load_env_cfg("Mjlab-Tracking-Flat-Unitree-G1")
+    cfg.commands["motion"] = synced_motion_command(cfg.commands["motion"])    # mode="pooled"
+
+and start each collector with ``REDISYNC_URL`` (and ``REDISYNC_SHARD`` or torchrun's ``RANK``).
+
+Modes: ``local`` is mjlab's algorithm, bit for bit (the same starts from the same seed);
+``pooled`` samples from the fleet's summed EMA — exactly the EMA one process fed every failure
+would hold; ``broadcast`` samples from the owner shard's EMA (holosoma's rank-0 semantics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from mjlab.tasks.tracking.mdp import MotionCommand, MotionCommandCfg
+
+from ..torch.sampler import AdaptiveMotionSampler
+from . import ProcessFleet, process_fleet
+
+SyncMode = Literal["local", "pooled", "broadcast"]
+
+
+@dataclass(kw_only=True)
+class SyncedMotionCommandCfg(MotionCommandCfg):
+    """mjlab's ``MotionCommandCfg`` plus how its failure EMA is synced (``sync_mode``, the store key
+    and, for ``broadcast``, the owner shard)."""
+
+    sync_mode: SyncMode = "pooled"
+    sync_key: str = "motion/bin_failed"
+    sync_owner: int = 0
+
+    def build(self, env: Any) -> "SyncedMotionCommand":
+        return SyncedMotionCommand(self, env)
+
+
+def synced_motion_command(cfg: MotionCommandCfg, sync_mode: SyncMode = "pooled", **sync: Any) -> SyncedMotionCommandCfg:
+    """A task's motion command config, synced: every field kept, ``sync_mode`` (and ``sync_key``,
+    ``sync_owner``) added."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+    return SyncedMotionCommandCfg(**fields, sync_mode=sync_mode, **sync)
+
+
+class SyncedMotionCommand(MotionCommand):
+    """mjlab's ``MotionCommand`` whose failure EMA lives in a synced :class:`AdaptiveMotionSampler`.
+
+    ``bin_failed_count`` is the sampler's own EMA (what this shard saw: mjlab folds into it, a
+    checkpoint keeps it), except while a reset draws start frames, when it is the sampler's
+    ``sampling_ema()`` — the fleet's in ``pooled`` mode. The fleet meets the command once per env
+    step (a hand-over, no network) and at each reset (a swap of the prefetched fleet state).
+    """
+
+    cfg: SyncedMotionCommandCfg
+
+    def __init__(self, cfg: SyncedMotionCommandCfg, env: Any, fleet: ProcessFleet | None = None):
+        self._drawing = False
+        super().__init__(cfg, env)
+        self.fleet = fleet if fleet is not None else process_fleet()
+        self.sampler = AdaptiveMotionSampler(
+            self.motion.time_step_total, env.step_dt, mode=cfg.sync_mode, key=cfg.sync_key,
+            shard_id=self.fleet.shard_id, owner=cfg.sync_owner, alpha=cfg.adaptive_alpha,
+            uniform_ratio=cfg.adaptive_uniform_ratio, kernel_size=cfg.adaptive_kernel_size,
+            kernel_lambda=cfg.adaptive_lambda, device=self.device)
+        assert self.sampler.bin_count == self.bin_count, (self.sampler.bin_count, self.bin_count)
+        if cfg.sync_mode != "local":
+            self.fleet.add(self.sampler)
+
+    # mjlab's code reads and rebinds these two; they live in the sampler
+    @property
+    def bin_failed_count(self) -> torch.Tensor:
+        sampler = self.__dict__.get("sampler")
+        if sampler is None:
+            return self.__dict__["_initial_bin_failed"]
+        if self._drawing:
+            return sampler.sampling_ema().to(sampler.bin_failed_count.dtype)
+        return sampler.bin_failed_count
+
+    @bin_failed_count.setter
+    def bin_failed_count(self, value: torch.Tensor) -> None:
+        sampler = self.__dict__.get("sampler")
+        if sampler is None:  # mjlab's constructor, before the sampler exists
+            self.__dict__["_initial_bin_failed"] = value
+        else:
+            sampler.bin_failed_count.copy_(value)
+
+    @property
+    def _current_bin_failed(self) -> torch.Tensor:
+        sampler = self.__dict__.get("sampler")
+        return self.__dict__["_initial_current"] if sampler is None else sampler._current_bin_failed
+
+    @_current_bin_failed.setter
+    def _current_bin_failed(self, value: torch.Tensor) -> None:
+        sampler = self.__dict__.get("sampler")
+        if sampler is None:
+            self.__dict__["_initial_current"] = value
+        else:
+            sampler._current_bin_failed.copy_(value)
+
+    def _adaptive_sampling(self, env_ids: torch.Tensor) -> None:
+        if self.cfg.sync_mode != "local":
+            self.fleet.at_reset_boundary()
+        self._drawing = True
+        try:
+            super()._adaptive_sampling(env_ids)
+        finally:
+            self._drawing = False
+
+    def _update_command(self, env_ids: torch.Tensor | None = None) -> None:
+        super()._update_command(env_ids)
+        if env_ids is None and self.cfg.sync_mode != "local":  # the per-step path: one env step
+            self.fleet.on_step()
+
+
+def keyframe_motion(path: str | Path, seconds: float = 10.0, fps: int = 50, sway: float = 0.3) -> Path:
+    """Write a motion file for mjlab's G1 tracking task (the npz its ``MotionLoader`` reads) in which
+    the bundled G1 stands in its knees-bent keyframe and sways every joint by ``sway`` rad at 0.5 Hz
+    — for trying a set-up before a real motion is at hand. Body and joint order are the model's."""
+    import mujoco
+    from mjlab.asset_zoo.robots.unitree_g1.g1_constants import KNEES_BENT_KEYFRAME, get_spec
+
+    model = get_spec().compile()
+    data = mujoco.MjData(model)
+    hinges = [j for j in range(model.njnt) if model.jnt_type[j] != mujoco.mjtJoint.mjJNT_FREE]
+    pose = np.zeros(len(hinges))
+    for pattern, value in KNEES_BENT_KEYFRAME.joint_pos.items():
+        for i, j in enumerate(hinges):
+            if re.fullmatch(pattern, model.joint(j).name):
+                pose[i] = value
+    t = np.arange(int(seconds * fps)) / fps
+    joint_pos = pose + sway * np.sin(np.pi * t)[:, None]
+    body_pos, body_quat = [], []
+    for q in joint_pos:
+        data.qpos[:3], data.qpos[3:7] = KNEES_BENT_KEYFRAME.pos, (1.0, 0.0, 0.0, 0.0)
+        data.qpos[model.jnt_qposadr[hinges]] = q
+        mujoco.mj_kinematics(model, data)
+        body_pos.append(data.xpos[1:].copy())
+        body_quat.append(data.xquat[1:].copy())
+    pos, quat = np.array(body_pos), np.array(body_quat)
+    ang_vel = np.zeros_like(pos)
+    for k in range(1, len(t)):
+        for b in range(pos.shape[1]):
+            mujoco.mju_subQuat(ang_vel[k, b], quat[k, b], quat[k - 1, b])
+    arrays = {"joint_pos": joint_pos, "joint_vel": np.gradient(joint_pos, 1 / fps, axis=0), "body_pos_w": pos,
+              "body_quat_w": quat, "body_lin_vel_w": np.gradient(pos, 1 / fps, axis=0), "body_ang_vel_w": ang_vel * fps}
+    path = Path(path)
+    np.savez(path, fps=np.array([fps]), **{k: v.astype(np.float32) for k, v in arrays.items()})
+    return path

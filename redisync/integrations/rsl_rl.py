@@ -1,0 +1,108 @@
+"""rsl_rl's observation normaliser, synced through the store: no collective, no barrier.
+
+rsl_rl builds an ``EmpiricalNormalization(obs_dim)`` inside every model made with
+``obs_normalization=True`` (actor, critic, RND); since rsl-rl-lib 5.5 its ``update`` all-reduces
+count, mean and var over ``torch.distributed`` whenever a process group exists — a collective that
+waits for the slowest rank at every update. :func:`sync_normalizers` swaps each of them for a
+:class:`SyncedNormalization` holding the same state (rsl_rl's buffers and ``state_dict`` keys, so
+checkpoints load both ways) and adds it to the process's fleet: each update hands the shard's
+statistics to the Syncer's worker and takes in the last fleet statistics it pulled, and nothing
+waits for another process.
+
+    runner = OnPolicyRunner(env, train_cfg, log_dir, device)   # or mjlab's runner
+    fleet = sync_normalizers(runner)                          # REDISYNC_URL, REDISYNC_SHARD / RANK
+    runner.learn(num_learning_iterations=...)
+    fleet.stop()
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from rsl_rl.modules import EmpiricalNormalization
+from torch import nn
+
+from ..errors import ConfigurationError
+from ..torch.normalization import Mode, SyncedEmpiricalNormalization
+from . import ProcessFleet, process_fleet
+
+KEY_PREFIX = "rsl_rl"
+
+
+class SyncedNormalization(SyncedEmpiricalNormalization):
+    """The synced normaliser as rsl_rl's models hold it: after each ``update`` it meets the process's
+    fleet (a hand-over and a swap in memory, never the network)."""
+
+    fleet: ProcessFleet | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # rsl_rl deep-copies the normaliser into its exported (ONNX / JIT) models: the copy is not synced
+        state = dict(super().__getstate__())
+        state.pop("fleet", None)
+        return state
+
+    @torch.jit.unused
+    def update(self, x: torch.Tensor) -> None:
+        super().update(x)
+        if self.fleet is not None and self.training:
+            self.fleet.on_step()
+            self.fleet.at_reset_boundary()
+
+
+def _owners(root: Any) -> Iterator[tuple[str, nn.Module]]:
+    """The modules an rsl_rl runner or algorithm holds (its ``alg``), by attribute name."""
+    alg = getattr(root, "alg", root)
+    if isinstance(alg, nn.Module):
+        yield "", alg
+        return
+    for name, value in vars(alg).items():
+        if isinstance(value, nn.Module):
+            yield name.removeprefix("_raw_"), value
+
+
+def normalizer_slots(root: Any) -> list[tuple[str, nn.Module, str, EmpiricalNormalization]]:
+    """Every rsl_rl ``EmpiricalNormalization`` under ``root`` (a runner, an algorithm or a model):
+    ``(where, parent module, attribute, module)``, each module once (rsl_rl keeps aliases such as
+    ``_raw_actor``)."""
+    found, seen = [], set()
+    for owner_name, owner in _owners(root):
+        for path, module in owner.named_modules():
+            for attr, child in module.named_children():
+                if isinstance(child, EmpiricalNormalization) and id(child) not in seen:
+                    seen.add(id(child))
+                    found.append((".".join(p for p in (owner_name, path, attr) if p), module, attr, child))
+    return found
+
+
+def sync_normalizers(
+    root: Any,
+    *,
+    mode: Mode = "pooled",
+    writer: bool = False,
+    owner: int = 0,
+    fleet: ProcessFleet | None = None,
+) -> ProcessFleet:
+    """Replace every rsl_rl normaliser under ``root`` with a synced one carrying its state, and add
+    them to ``fleet`` (the process's by default), which is returned: ``stop()`` it at the end.
+
+    ``mode="pooled"`` (default): every shard normalises with the fleet's statistics, exactly what
+    rsl_rl's all-reduce computes, without the collective. ``mode="learner"``: the process with
+    ``writer=True`` owns the statistics and the others apply them. One key per normaliser:
+    ``rsl_rl/<where>`` (``rsl_rl/actor.obs_normalizer``, …).
+    """
+    slots = normalizer_slots(root)
+    if not slots:
+        raise ConfigurationError("no rsl_rl EmpiricalNormalization found: build the models with obs_normalization=True")
+    fleet = fleet if fleet is not None else process_fleet()
+    synced = []
+    for where, parent, attr, module in slots:
+        replacement = SyncedNormalization(tuple(module._mean.shape[1:]), module.eps, module.until, mode=mode,
+                                          key=f"{KEY_PREFIX}/{where}", writer=writer, owner=owner)
+        replacement.load_state_dict(module.state_dict())
+        replacement.to(module._mean.device).train(module.training)
+        replacement.fleet = fleet
+        setattr(parent, attr, replacement)
+        synced.append(replacement)
+    fleet.add(*synced)
+    return fleet
