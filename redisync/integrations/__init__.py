@@ -82,6 +82,10 @@ class ProcessFleet:
     def at_reset_boundary(self) -> bool:
         return (self.syncer or self.start()).at_reset_boundary()
 
+    def flush(self) -> None:
+        """Hand the current reports over now (a sync point that comes once per rollout, say)."""
+        (self.syncer or self.start()).flush()
+
     def stop(self) -> None:
         """Publish the last reports and stop (also at interpreter exit)."""
         if self.syncer is not None and not self._stopped:

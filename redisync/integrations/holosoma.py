@@ -158,7 +158,7 @@ class CurriculumSync:
         self.fleet.add(*self.terms)
 
     def __call__(self, *, device: Any = None, world_size: int | None = None) -> None:
-        self.fleet.on_step()
+        self.fleet.flush()  # once per rollout: every call reports
         self.fleet.at_reset_boundary()
         for term in self.terms:
             term.enforce()

@@ -1,0 +1,183 @@
+"""The holosoma drop-in inside the real holosoma 0.0.3: its curriculum manager and terms (the G1
+locomotion preset), its own ``synchronize_curriculum_state`` over gloo beside redisync's through
+the store, and redisync's curriculum terms against holosoma's state and defaults."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import redisync
+from redisync.torch import AverageEpisodeLength
+
+from .conftest import framework_or_skip
+
+pytestmark = pytest.mark.frameworks
+framework_or_skip("holosoma.managers.curriculum.terms.locomotion")
+from holosoma.config_values.loco.g1.curriculum import g1_29dof_curriculum  # noqa: E402
+from holosoma.envs.locomotion.locomotion_manager import LeggedRobotLocomotionManager  # noqa: E402
+from holosoma.managers.curriculum.manager import CurriculumManager  # noqa: E402
+from holosoma.managers.curriculum.terms.locomotion import PenaltyCurriculum  # noqa: E402
+
+from redisync.integrations import ProcessFleet  # noqa: E402
+from redisync.integrations.holosoma import sync_curriculum  # noqa: E402
+
+PENALTY = g1_29dof_curriculum.setup_terms["penalty_curriculum"].params
+
+
+@dataclass(frozen=True)
+class RewardTermCfg:
+    weight: float
+    tags: list[str] = field(default_factory=list)
+
+
+class RewardManager:
+    """The part of holosoma's reward manager its penalty curriculum uses."""
+
+    def __init__(self):
+        self.cfgs = {"feet_slip": RewardTermCfg(-1.0, ["penalty_curriculum"]), "tracking": RewardTermCfg(2.0)}
+        self.active_terms = list(self.cfgs)
+
+    def get_term_cfg(self, name: str) -> RewardTermCfg:
+        return self.cfgs[name]
+
+    def set_term_cfg(self, name: str, cfg: RewardTermCfg) -> None:
+        self.cfgs[name] = cfg
+
+
+class LocomotionEnv:
+    """holosoma's locomotion manager around its real curriculum manager, without a simulator: the
+    methods that touch the curriculum are holosoma's own."""
+
+    BASE_NUM_ENVS = LeggedRobotLocomotionManager.BASE_NUM_ENVS
+    _get_average_episode_tracker = LeggedRobotLocomotionManager._get_average_episode_tracker
+    average_episode_length = LeggedRobotLocomotionManager.average_episode_length
+    synchronize_curriculum_state = LeggedRobotLocomotionManager.synchronize_curriculum_state
+    get_checkpoint_state = LeggedRobotLocomotionManager.get_checkpoint_state
+
+    def __init__(self, num_envs: int = 64):
+        self.num_envs, self.device, self.log_dict = num_envs, "cpu", {}
+        self._pending_episode_lengths = torch.zeros(num_envs, dtype=torch.long)
+        self._pending_episode_update_mask = torch.zeros(num_envs, dtype=torch.bool)
+        self.reward_manager = RewardManager()
+        self.curriculum_manager = CurriculumManager(g1_29dof_curriculum, self, "cpu")
+        self.curriculum_manager.setup()
+
+    def end_episodes(self, lengths: torch.Tensor) -> None:
+        """Envs 0..n-1 end episodes of these lengths and are reset (the tracker, then the penalty)."""
+        ids = torch.arange(lengths.numel())
+        self._pending_episode_lengths[ids] = lengths
+        self._pending_episode_update_mask[ids] = True
+        self.curriculum_manager.reset(ids)
+        self.curriculum_manager.step()
+
+    @property
+    def penalty(self) -> PenaltyCurriculum:
+        return next(t for _, t in self.curriculum_manager.iter_terms() if isinstance(t, PenaltyCurriculum))
+
+    def state(self) -> tuple[float, float, float]:
+        return float(self._get_average_episode_tracker().get_average()), float(self.reward_penalty_scale), self.penalty.current_scale
+
+
+def episodes(rank: int, round_: int) -> torch.Tensor:
+    """Rank 0 keeps its robots up (long episodes, the scale goes up); rank 1's fall early."""
+    g = torch.Generator().manual_seed(100 * rank + round_)
+    base = 900.0 if rank == 0 else 100.0
+    return (base + 40 * torch.randn(48, generator=g)).clamp(min=1).long()
+
+
+def _rank(rank: int, init: str, url: str, run: str, rounds: int, out: dict) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    upstream, ours = LocomotionEnv(), LocomotionEnv()
+    fleet = ProcessFleet(redisync.connect(url, run=run), rank, worker="thread")
+    sync_curriculum(ours, fleet=fleet)
+    fleet.start()
+    states: dict[str, list] = {"upstream": [], "ours": []}
+    for r in range(rounds):
+        for env in (upstream, ours):
+            env.end_episodes(episodes(rank, r))
+        upstream.synchronize_curriculum_state(device="cpu", world_size=2)  # holosoma's: two broadcasts
+        version = [0]
+        if rank == 0:  # the test's own ordering: the owner's publish is pulled before the other shard syncs
+            ours.synchronize_curriculum_state(device="cpu", world_size=2)
+            assert fleet.syncer.wait_synced(timeout=10)
+            version = [fleet.syncer._ready.fleet_version]
+        dist.broadcast_object_list(version, src=0)
+        if rank == 1:
+            assert fleet.syncer.wait_synced(at_least=version[0], timeout=10)
+            ours.synchronize_curriculum_state(device="cpu", world_size=2)
+        states["upstream"].append(upstream.state())
+        states["ours"].append(ours.state())
+    fleet.stop()
+    out[rank] = states
+    dist.destroy_process_group()
+
+
+def test_the_tracker_and_penalty_decide_alike_through_redisync_and_through_holosomas_broadcast(real_url, tmp_path):
+    run, rounds = f"t-{uuid.uuid4().hex[:12]}", 12
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_rank, args=(f"file://{tmp_path}/rendezvous", real_url, run, rounds, out), nprocs=2, join=True)
+        out = dict(out)
+    redisync.connect(real_url, run=run).delete()
+    for rank in (0, 1):
+        for (avg_up, logged_up, _), (avg_ours, logged_ours, _) in zip(out[rank]["upstream"], out[rank]["ours"]):
+            assert avg_ours == avg_up  # the tracker after a sync: rank 0's average, bit for bit
+            assert logged_ours == pytest.approx(logged_up, rel=1e-6)  # the penalty scale (holosoma's goes through float32)
+    owner_scales = [s[2] for s in out[0]["ours"]]
+    assert owner_scales[-1] > PENALTY["initial_scale"]  # the owner's long episodes raised the scale
+    assert [s[2] for s in out[1]["ours"]] == owner_scales  # and redisync applied it where the rewards use it
+    # holosoma's broadcast set only the logged copy: rank 1's rewards kept its own, lower scale
+    assert out[1]["upstream"][-1][2] < owner_scales[-1]
+
+
+def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):
+    run = f"t-{uuid.uuid4().hex[:12]}"
+    envs = [LocomotionEnv(), LocomotionEnv()]
+    fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
+    syncs = [sync_curriculum(env, fleet=fleet, episode_length="pooled", penalty_scale="local") for env, fleet in zip(envs, fleets)]
+    try:
+        for rank, env in enumerate(envs):
+            env.end_episodes(episodes(rank, 0)[: 10 + 30 * rank])
+        for sync in syncs:
+            sync()
+        for fleet in fleets:  # both reports are in the store ...
+            assert fleet.syncer.wait_synced(timeout=10)
+        version = fleets[0].syncer.store.fleet().fleet_version
+        for fleet, sync in zip(fleets, syncs):  # ... and both shards pulled them before their next sync
+            assert fleet.syncer.wait_synced(at_least=version, timeout=10)
+            sync()
+        trackers = [env._get_average_episode_tracker() for env in envs]
+        weights = [min(s.terms[0].episodes, t.num_compute_average_epl) for s, t in zip(syncs, trackers)]
+        want = sum(w * float(t.average_episode_length) for w, t in zip(weights, trackers)) / sum(weights)
+        assert weights == [10, 15]  # 10 episodes; 40 capped at the window of 64 envs (1 000 × 64 / 4 096)
+        for env in envs:
+            assert env.average_episode_length == pytest.approx(want, rel=1e-6)  # what the penalty decides on
+        assert float(trackers[0].average_episode_length) != float(trackers[1].average_episode_length)  # own, unchanged
+    finally:
+        for fleet in fleets:
+            fleet.stop()
+        fleets[0].syncer.store.delete()
+
+
+def test_redisyncs_tracker_has_holosomas_window_and_loads_its_checkpoint_state():
+    env = LocomotionEnv(num_envs=1024)
+    tracker = env._get_average_episode_tracker()
+    ours = AverageEpisodeLength(num_envs=1024)
+    assert ours.window == tracker.num_compute_average_epl == 250
+    lengths = torch.arange(1, 301, dtype=torch.float)
+    tracker.update(torch.arange(300), lengths)
+    ours.update(lengths)
+    assert ours.own_average == pytest.approx(float(tracker.get_average()), rel=1e-6)
+    checkpoint = env.get_checkpoint_state()  # holosoma's: the tracker's state and the penalty scale
+    restored = AverageEpisodeLength(num_envs=1024)
+    restored.load_state_dict(checkpoint["average_episode_tracker"])
+    assert restored.own_average == pytest.approx(float(tracker.get_average()))
+    tracker.load_state_dict(ours.state_dict())  # and back
+    assert float(tracker.get_average()) == pytest.approx(ours.own_average)
