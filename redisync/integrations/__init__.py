@@ -42,8 +42,8 @@ def shard_from_env() -> int:
 class ProcessFleet:
     """The terms one process syncs and their Syncer, started on first use.
 
-    Integrations :meth:`add` their terms while the task is built; the first :meth:`on_step` or
-    :meth:`at_reset_boundary` (the first env step) starts one Syncer for all of them. ``syncer_kwargs``
+    Integrations :meth:`add` their terms while the task is built; the first :meth:`on_step` (the
+    first env step) or :meth:`flush` starts one Syncer for all of them. ``syncer_kwargs``
     (``publish_every_steps``, ``worker``, …) go to the Syncer; :meth:`configure` changes them before the start.
     """
 
@@ -80,7 +80,8 @@ class ProcessFleet:
         (self.syncer or self.start()).on_step()
 
     def at_reset_boundary(self) -> bool:
-        return (self.syncer or self.start()).at_reset_boundary()
+        """Swap in the newest fleet state; before the first step (the env's own first reset) there is none."""
+        return self.syncer is not None and self.syncer.at_reset_boundary()
 
     def flush(self) -> None:
         """Hand the current reports over now (a sync point that comes once per rollout, say)."""

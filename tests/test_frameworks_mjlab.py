@@ -1,0 +1,173 @@
+"""The mjlab drop-in inside the real mjlab 1.6.0: its G1 tracking task with a generated motion, a few
+envs per collector on the CPU. ``local`` mode is mjlab's own sampling bit for bit; two collector
+processes syncing through a real Redis hold, together, the failure EMA of one process fed every
+failure; and the README's collector (the synced command plus rsl_rl's runner with synced
+normalisers) trains in two processes as printed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import redisync
+
+from .conftest import framework_or_skip
+from .test_readme import README
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.slow]
+framework_or_skip("mjlab.tasks")
+from mjlab.envs import ManagerBasedRlEnv  # noqa: E402
+from mjlab.tasks.registry import load_env_cfg  # noqa: E402
+
+from redisync.integrations import ProcessFleet  # noqa: E402
+from redisync.integrations.mjlab import SyncedMotionCommand, keyframe_motion, synced_motion_command  # noqa: E402
+
+TASK = "Mjlab-Tracking-Flat-Unitree-G1"
+ALPHA = 0.001
+README_MARKER = "<!-- the mjlab collector: tests/test_frameworks_mjlab.py runs this block -->"
+
+
+def readme_collector() -> str:
+    text = README.read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(README_MARKER):], re.S).group(1)
+
+
+def slots(store: redisync.client.Store, key: str) -> set[str]:
+    """The shard ids with a slot in a merge key (its metadata hash, as an operator sees it)."""
+    return {m.group(1) for f in store.key_info(key) if (m := re.fullmatch(r"slot:(\d+):incarnation", f))}
+
+
+@pytest.fixture(scope="module")
+def motion(tmp_path_factory) -> Path:
+    return keyframe_motion(tmp_path_factory.mktemp("motion") / "motion.npz", seconds=6.0)
+
+
+def tracking_env(motion: Path, sync_mode: str | None = None, fleet: ProcessFleet | None = None, seed: int = 7) -> ManagerBasedRlEnv:
+    cfg = load_env_cfg(TASK)
+    cfg.scene.num_envs, cfg.seed = 4, seed
+    cfg.commands["motion"].motion_file = str(motion)
+    if sync_mode is not None:
+        cfg.commands["motion"] = synced_motion_command(cfg.commands["motion"], sync_mode)
+        if fleet is not None:  # the test's own fleet instead of the process's
+            cfg.commands["motion"].build = lambda env: SyncedMotionCommand(cfg.commands["motion"], env, fleet)
+    torch.manual_seed(seed)
+    return ManagerBasedRlEnv(cfg=cfg, device="cpu")
+
+
+def random_steps(env: ManagerBasedRlEnv, steps: int, seed: int, each=None) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        env.step(torch.randn(env.num_envs, env.action_manager.total_action_dim, generator=g))
+        if each is not None:
+            each()
+
+
+def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
+    runs = {}
+    for mode in (None, "local"):
+        env = tracking_env(motion, mode)
+        command = env.command_manager.get_term("motion")
+        assert type(command).__name__ == ("MotionCommand" if mode is None else "SyncedMotionCommand")
+        env.reset()
+        starts, emas = [], []
+        random_steps(env, 80, seed=1, each=lambda: (starts.append(command.time_steps.clone()), emas.append(command.bin_failed_count.clone())))
+        runs[mode] = (torch.stack(starts), torch.stack(emas))
+        env.close()
+    assert float(runs[None][1][-1].sum()) > 0  # envs failed, so the adaptive sampler had something to adapt to
+    assert torch.equal(runs[None][0], runs["local"][0])  # the same start frames, step after step
+    assert torch.equal(runs[None][1], runs["local"][1])  # and the same failure EMA, bit for bit
+
+
+def _collector(rank: int, motion: str, url: str, run: str, steps: int, barrier, out: dict) -> None:
+    fleet = ProcessFleet(redisync.connect(url, run=run), rank)  # the sidecar worker, as in production
+    env = tracking_env(Path(motion), "pooled", fleet, seed=rank)
+    command = env.command_manager.get_term("motion")
+    failures = []
+    fold = command._update_command
+
+    def recorded_fold(env_ids=None):
+        if env_ids is None:  # the per-step path: this step's failures, just before mjlab folds them
+            failures.append(command._current_bin_failed.to(torch.float64).clone())
+        fold(env_ids)
+
+    command._update_command = recorded_fold
+    env.reset()
+    random_steps(env, steps, seed=10 + rank)
+    fleet.flush()
+    assert fleet.syncer.wait_synced(timeout=20)
+    barrier.wait()  # both collectors' last reports are folded
+    assert fleet.syncer.wait_synced(at_least=fleet.syncer.store.fleet().fleet_version, timeout=20)
+    drawn_from, multinomial = [], torch.multinomial
+
+    def spy(probs, *args, **kwargs):  # the distribution mjlab's own code draws the start bins from
+        drawn_from.append(probs.double().clone())
+        return multinomial(probs, *args, **kwargs)
+
+    torch.multinomial = spy
+    try:
+        command._adaptive_sampling(torch.arange(env.num_envs))  # a reset: the fleet state is swapped in, then the draw
+    finally:
+        torch.multinomial = multinomial
+    out[rank] = {"failures": torch.stack(failures).numpy(), "own": command.sampler.bin_failed_count.double().numpy(),
+                 "view": command.sampler.sampling_ema().numpy(), "drawn_from": drawn_from[0].numpy()}
+    fleet.stop()
+    env.close()
+
+
+def test_two_pooled_collectors_hold_the_failure_ema_of_one_process_fed_every_failure(motion, real_url):
+    run, steps = f"t-{uuid.uuid4().hex[:12]}", 150
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        out, barrier = manager.dict(), manager.Barrier(2)
+        mp.spawn(_collector, args=(str(motion), real_url, run, steps, barrier, out), nprocs=2, join=True)
+        out = dict(out)
+    store = redisync.connect(real_url, run=run)
+    try:
+        assert slots(store, "motion/bin_failed") == {"0", "1"}
+        aggregate = store.fleet().keys["motion/bin_failed"].parts()["sum"]
+    finally:
+        store.delete()
+    # one process fed every failure of both, step by step: the EMA of the summed counts
+    both = out[0]["failures"] + out[1]["failures"]
+    assert both.shape[0] == steps and both.sum() > 0
+    single = np.zeros(both.shape[1])
+    for current in both:
+        single = ALPHA * current + (1 - ALPHA) * single
+    np.testing.assert_allclose(aggregate, single, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(aggregate, out[0]["own"] + out[1]["own"], rtol=1e-12)
+    ratio = 0.1 / aggregate.size  # mjlab's ε / B
+    for rank in (0, 1):  # each collector samples from the fleet's EMA: everybody else's plus its own
+        np.testing.assert_allclose(out[rank]["view"], aggregate, rtol=1e-12)
+        np.testing.assert_allclose(out[rank]["drawn_from"], (aggregate + ratio) / (aggregate + ratio).sum(), rtol=1e-5)
+        assert not np.allclose(out[rank]["own"], aggregate)
+
+
+def test_the_readme_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
+    code = readme_collector()
+    run = f"t-{uuid.uuid4().hex[:12]}"
+    procs = []
+    for shard in (0, 1):
+        env = {**os.environ, "REDISYNC_URL": real_url, "REDISYNC_RUN": run, "REDISYNC_SHARD": str(shard)}
+        procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    store = redisync.connect(real_url, run=run)
+    try:
+        for p, output in zip(procs, outputs):
+            assert p.returncode == 0, output[-3000:]
+        keys = store.fleet().keys
+        assert slots(store, "motion/bin_failed") == {"0", "1"}
+        # rsl_rl updates each normaliser once per iteration with its rollout: 2 iterations × 8 steps × 4 envs
+        for name in ("rsl_rl/actor.obs_normalizer", "rsl_rl/critic.obs_normalizer"):
+            assert slots(store, name) == {"0", "1"} and float(np.ravel(keys[name].parts()["count"])[0]) == 2 * (2 * 8 * 4)
+    finally:
+        store.delete()
