@@ -86,9 +86,12 @@ class KeyView:
         """The fleet value in parts (empty when never written)."""
         return {} if self.value is None else self.parts_of(self.value)
 
-    def own_parts(self) -> dict[str, np.ndarray] | None:
-        """The caller's slot as folded, in parts (merge), or None."""
-        return None if self.own_slot is None else self.parts_of(self.own_slot)
+    def others_parts(self) -> dict[str, np.ndarray]:
+        """Merge: everybody else's aggregate — the fleet value without the caller's slot — in parts
+        (empty when never written). A term adds its own current state to it: own substitution."""
+        if self.value is None:
+            return {}
+        return self.parts_of(self.value if self.own_slot is None else self.value - self.own_slot)
 
     def moments(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Merge: the fleet ``(mean, var)`` (var is None without sumsq)."""

@@ -87,15 +87,11 @@ class TrackerSync:
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
-        parts = view.parts()
         if self.mode == "broadcast":
-            self._fleet = float(parts["value"])
-            return
-        own = view.own_parts()
-        count, total = float(parts["count"]), float(parts["sum"])
-        if own is not None:
-            count, total = count - float(own["count"]), total - float(own["sum"])
-        self._fleet = (count, total)
+            self._fleet = float(view.parts()["value"])
+        else:
+            others = view.others_parts()
+            self._fleet = (float(others["count"]), float(others["sum"]))
 
     def enforce(self) -> None:
         """At each sync, as holosoma's broadcast: a non-owner's tracker takes the owner's average."""

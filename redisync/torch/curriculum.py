@@ -126,11 +126,8 @@ class AverageEpisodeLength:
         if self.mode == "broadcast":
             self._owners = float(view.parts()["value"])
             return
-        parts, own = view.parts(), view.own_parts()
-        count, total = float(parts["count"]), float(parts["sum"])
-        if own is not None:
-            count, total = count - float(own["count"]), total - float(own["sum"])
-        self._others = (count, total)
+        others = view.others_parts()
+        self._others = (float(others["count"]), float(others["sum"]))
 
 
 class PenaltyCurriculum:
@@ -259,5 +256,4 @@ class TerrainLevels:
         view = fleet.keys.get(self.key)
         if self.mode != "pooled" or view is None or view.value is None:
             return
-        own = view.own_parts()
-        self._others = view.parts()["sum"] - (own["sum"] if own is not None else 0.0)
+        self._others = view.others_parts()["sum"]

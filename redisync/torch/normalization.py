@@ -171,17 +171,14 @@ class SyncedEmpiricalNormalization(nn.Module):
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
-        parts = view.parts()
         if self.mode == "pooled":
-            agg = np.stack([np.broadcast_to(parts["count"], self.shape), parts["sum"], parts["sumsq"]])
-            own = view.own_parts()
-            if own is not None:
-                agg = agg - np.stack([np.broadcast_to(own["count"], self.shape), own["sum"], own["sumsq"]])
+            others = view.others_parts()
+            agg = np.stack([np.broadcast_to(others["count"], self.shape), others["sum"], others["sumsq"]])
             self._others.copy_(torch.as_tensor(agg, dtype=torch.float64))
             self._set_from_pooled()
         elif self.mode == "learner" and not self.writer:
             size = int(np.prod(self.shape))
-            value = parts["value"]
+            value = view.parts()["value"]
             self._set(value[:size], value[size : 2 * size], int(round(float(value[-1]))))
 
 

@@ -412,12 +412,7 @@ class AdaptiveMotionSampler(nn.Module):
         """The fleet part of the EMA (the other shards' sum, or the owner's), from the last view applied."""
         view, self._fleet_view = self._fleet_view, None
         if view is not None:
-            parts = view.parts()
-            if self.mode == "pooled":
-                own = view.own_parts()
-                self._fleet = self._tensor(parts["sum"] if own is None else parts["sum"] - own["sum"])
-            else:
-                self._fleet = self._tensor(parts["value"])
+            self._fleet = self._tensor(view.others_parts()["sum"] if self.mode == "pooled" else view.parts()["value"])
         return self._fleet
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
