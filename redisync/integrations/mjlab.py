@@ -14,8 +14,8 @@ sampler's view of the fleet's EMA instead of its own. Switch it on in the task c
 and start each collector with ``REDISYNC_URL`` (and ``REDISYNC_SHARD`` or torchrun's ``RANK``).
 
 Modes: ``local`` is mjlab's algorithm, bit for bit (the same starts from the same seed);
-``pooled`` samples from the fleet's summed EMA — exactly the EMA one process fed every failure
-would hold; ``broadcast`` samples from the owner shard's EMA (holosoma's rank-0 semantics).
+``pooled`` samples from the fleet's summed EMA — by linearity the EMA one process fed every
+failure would hold (up to float32 rounding); ``broadcast`` samples from the owner shard's EMA (holosoma's rank-0 semantics).
 """
 
 from __future__ import annotations
