@@ -21,6 +21,7 @@ failure would hold (up to float32 rounding); ``broadcast`` samples from the owne
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,5 +159,7 @@ def keyframe_motion(path: str | Path, seconds: float = 10.0, fps: int = 50, sway
     arrays = {"joint_pos": joint_pos, "joint_vel": np.gradient(joint_pos, 1 / fps, axis=0), "body_pos_w": pos,
               "body_quat_w": quat, "body_lin_vel_w": np.gradient(pos, 1 / fps, axis=0), "body_ang_vel_w": ang_vel * fps}
     path = Path(path)
-    np.savez(path, fps=np.array([fps]), **{k: v.astype(np.float32) for k, v in arrays.items()})
+    partial = path.with_name(f".{path.name}.{os.getpid()}.npz")  # collectors sharing a folder never read a half-written file
+    np.savez(partial, fps=np.array([fps]), **{k: v.astype(np.float32) for k, v in arrays.items()})
+    os.replace(partial, path)
     return path
