@@ -23,5 +23,8 @@ def test_the_peers_table_has_every_row_and_ratio(real_url):
     scenarios = (Scenario("gloo-allreduce", 2, 50), Scenario("thread", 2), Scenario("process", 2))
     res = run_peers(real_url, steps=200, scenarios=scenarios)
     assert [r["scenario"] for r in res["rows"]] == ["gloo all_reduce/50", "redisync thread/step", "redisync process/step"]
-    assert all(r["p99_us"] >= r["p50_us"] > 0 for r in res["rows"])
+    assert all(r["p99_us"] >= r["p50_us"] > 0 and r["floor_p99_us"] >= 5.0 for r in res["rows"])
+    for row in res["rows"][1:]:  # redisync's steps: every one handed a report over, applied a fleet state, or neither
+        shares = {kind: b["share"] for kind, b in row["breakdown"].items()}
+        assert sum(shares.values()) == pytest.approx(1.0) and shares["apply"] > 0 and shares["hand-over"] > 0
     assert [r["scenario"] for r in res["ratios_over_redisync_process"]] == ["gloo all_reduce/50", "redisync thread/step"]

@@ -13,7 +13,10 @@ collector (its blocking time):
 
 With ``straggler``, the last process sleeps 20 ms more every 10 steps (a slow env, a GC pause, a
 checkpoint): a collective makes every other rank wait for it, a store should not. The figures are
-the others' blocking times (the straggler's own are left out).
+the others' blocking times (the straggler's own are left out). Each row also says what the steps
+did (redisync: handed a report over, applied a fleet state, or neither, with their shares and
+times) and the floor: the p99 of a fixed 5 µs of spinning timed in the same loop, which is what
+the machine's scheduling alone adds to a call that short.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ STEP_S = 1e-3
 ENVS, BINS = 256, 64
 STRAGGLE_EVERY, STRAGGLE_S = 10, 0.02
 WARMUP = 100
+FLOOR_NS = 5_000  # the floor: a fixed 5 us of spinning, timed in the same loop right after the sync calls
+
+
+def _spin(ns: int) -> None:
+    end = time.perf_counter_ns() + ns
+    while time.perf_counter_ns() < end:
+        pass
 
 
 @dataclass(frozen=True)
@@ -84,20 +94,25 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         syncer = Syncer(connect(url, run=run), rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every,
                         poll_every_s=0.5).start()
 
-        def sync(step: int) -> None:
+        def sync(step: int) -> str:
+            reported = syncer._last_report
             syncer.on_step()
-            syncer.at_reset_boundary()
+            applied = syncer.at_reset_boundary()
+            return "apply" if applied else "hand-over" if syncer._last_report != reported else "neither"
 
     straggles = scenario.straggler and rank == scenario.procs - 1
-    timings = []
+    timings, kinds, floor = [], [], []
     out.put(("ready", rank))
     for step in range(steps + WARMUP):
         time.sleep(STEP_S + (STRAGGLE_S if straggles and step % STRAGGLE_EVERY == 0 else 0.0))
         sampler.record_failures(torch.randint(0, sampler.num_frames, (ENVS,), generator=g), torch.rand(ENVS, generator=g) < 0.02)
         sampler.step()
         t = time.perf_counter_ns()
-        sync(step)
-        timings.append(time.perf_counter_ns() - t)
+        kinds.append(sync(step))
+        t1 = time.perf_counter_ns()
+        _spin(FLOOR_NS)
+        timings.append(t1 - t)
+        floor.append(time.perf_counter_ns() - t1)
     applied = None
     if syncer is not None:
         syncer.stop(flush=False)
@@ -106,7 +121,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    out.put(("done", rank, None if straggles else timings[WARMUP:], applied))
+    out.put(("done", rank, None if straggles else list(zip(timings, kinds, floor))[WARMUP:], applied))
 
 
 def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
@@ -140,13 +155,26 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
             from ..client import connect
 
             connect(url, run=run).delete()
-    times = sorted(t / 1e3 for _, _, ts, _ in results if ts is not None for t in ts)
-    return {
+    steps_kept = [s for _, _, ss, _ in results if ss is not None for s in ss]
+    times = sorted(t / 1e3 for t, _, _ in steps_kept)
+    row = {
         "scenario": scenario.label, "mode": scenario.mode, "procs": scenario.procs, "every": scenario.every,
-        "straggler": scenario.straggler, "p50_us": statistics.median(times), "p99_us": times[int(0.99 * (len(times) - 1))],
+        "straggler": scenario.straggler, "p50_us": statistics.median(times), "p99_us": _p99(times),
         "mean_us": statistics.fmean(times), "wall_s": time.perf_counter() - t0,
         "fleet_versions_applied": [a for *_, a in results if a is not None],
+        "floor_p99_us": _p99(sorted(f / 1e3 for _, _, f in steps_kept)),
     }
+    if not scenario.mode.startswith("gloo"):  # what the steps did: handed a report over, applied a fleet state, neither
+        row["breakdown"] = {}
+        for kind in ("hand-over", "apply", "neither"):
+            ts = sorted(t / 1e3 for t, k, _ in steps_kept if k == kind)
+            row["breakdown"][kind] = {"share": len(ts) / len(times), "p50_us": statistics.median(ts) if ts else None,
+                                      "p99_us": _p99(ts) if ts else None}
+    return row
+
+
+def _p99(ordered: list[float]) -> float:
+    return ordered[int(0.99 * (len(ordered) - 1))]
 
 
 SCENARIOS = tuple(
