@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import os
 import time
 import uuid
 
