@@ -357,7 +357,13 @@ def serve(config: dict[str, Any]) -> None:
             box.header[TAKEN] = taken
             syncer.flush()
         if stop:
-            syncer.stop(flush=stop == 1 and sequenced, timeout=3.0)
+            # the last report was handed to the worker just above: wait for it to be published. Not
+            # stop(flush=True), which would hand the same report over again as a new object, and the
+            # worker would publish it twice if the first copy were already on its way
+            deadline = now + 3.0
+            while stop == 1 and syncer.has_pending() and time.monotonic() < deadline:
+                time.sleep(LOOP_S)
+            syncer.stop(flush=False, timeout=1.0)
             box.header[DONE] = taken
             box.write(STATUS, _status(syncer))
             break
