@@ -96,8 +96,7 @@ def _rank(rank: int, init: str, url: str, run: str, rounds: int, out: dict) -> N
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     upstream, ours = LocomotionEnv(), LocomotionEnv()
     fleet = ProcessFleet(redisync.connect(url, run=run), rank, worker="thread")
-    sync_curriculum(ours, fleet=fleet)
-    fleet.start()
+    sync_curriculum(ours, fleet=fleet)  # starts the fleet: the run is registered before the first rollout
     states: dict[str, list] = {"upstream": [], "ours": []}
     for r in range(rounds):
         for env in (upstream, ours):

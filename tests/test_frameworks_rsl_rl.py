@@ -53,6 +53,7 @@ def test_the_models_normalisers_are_replaced_with_their_state_and_checkpoints_lo
     fleet = ProcessFleet(redisync.connect(real_url, run=f"t-{uuid.uuid4().hex[:12]}"), 0)
     try:
         assert sync_normalizers(Algorithm(actor, critic), fleet=fleet) is fleet
+        assert fleet.syncer is not None  # started here, with the task built, not in the first env step
         assert [t.key for t in fleet.terms] == ["rsl_rl/actor.obs_normalizer", "rsl_rl/critic.obs_normalizer"]
         synced = actor.obs_normalizer
         assert isinstance(synced, SyncedNormalization) and not normalizer_slots(actor)

@@ -42,8 +42,10 @@ def shard_from_env() -> int:
 class ProcessFleet:
     """The terms one process syncs and their Syncer, started on first use.
 
-    Integrations :meth:`add` their terms while the task is built; the first :meth:`on_step` (the
-    first env step) or :meth:`flush` starts one Syncer for all of them. ``syncer_kwargs``
+    Integrations :meth:`add` their terms while the task is built and :meth:`start` it once it is
+    (``sync_normalizers`` and ``sync_curriculum`` do), so that registering the schema, claiming the
+    shard and starting the sidecar happen before training; otherwise the first :meth:`on_step` (the
+    first env step) or :meth:`flush` starts it, once. ``syncer_kwargs``
     (``publish_every_steps``, ``worker``, …) go to the Syncer; :meth:`configure` changes them before the start.
     """
 

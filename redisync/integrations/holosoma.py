@@ -160,8 +160,11 @@ class CurriculumSync:
             term.enforce()
 
 
-def sync_curriculum(env: Any, **options: Any) -> CurriculumSync:
-    """Replace ``env.synchronize_curriculum_state`` with a :class:`CurriculumSync` (options as there)."""
+def sync_curriculum(env: Any, *, start: bool = True, **options: Any) -> CurriculumSync:
+    """Replace ``env.synchronize_curriculum_state`` with a :class:`CurriculumSync` (options as
+    there) and start the fleet (``start=False``: at the first sync, for terms still to be added)."""
     sync = CurriculumSync(env, **options)
     env.synchronize_curriculum_state = sync
+    if start:
+        sync.fleet.start()
     return sync

@@ -82,6 +82,7 @@ def sync_normalizers(
     writer: bool = False,
     owner: int = 0,
     fleet: ProcessFleet | None = None,
+    start: bool = True,
 ) -> ProcessFleet:
     """Replace every rsl_rl normaliser under ``root`` with a synced one carrying its state, and add
     them to ``fleet`` (the process's by default), which is returned: ``stop()`` it at the end.
@@ -90,6 +91,10 @@ def sync_normalizers(
     rsl_rl's all-reduce computes, without the collective. ``mode="learner"``: the process with
     ``writer=True`` owns the statistics and the others apply them. One key per normaliser:
     ``rsl_rl/<where>`` (``rsl_rl/actor.obs_normalizer``, …).
+
+    ``start`` (default): the task and the runner are built, so the fleet starts here — its
+    registration and its sidecar's start happen now, not in the first env step. ``start=False``
+    leaves that to the first step, for terms still to be added.
     """
     slots = normalizer_slots(root)
     if not slots:
@@ -105,4 +110,6 @@ def sync_normalizers(
         setattr(parent, attr, replacement)
         synced.append(replacement)
     fleet.add(*synced)
+    if start:
+        fleet.start()
     return fleet
