@@ -78,6 +78,7 @@ class SyncedMotionCommand(MotionCommand):
             uniform_ratio=cfg.adaptive_uniform_ratio, kernel_size=cfg.adaptive_kernel_size,
             kernel_lambda=cfg.adaptive_lambda, device=self.device)
         assert self.sampler.bin_count == self.bin_count, (self.sampler.bin_count, self.bin_count)
+        del self.__dict__["_initial_bin_failed"], self.__dict__["_initial_current"]  # mjlab's zeros: the sampler holds the EMA now
         if cfg.sync_mode != "local":
             self.fleet.add(self.sampler)
 
