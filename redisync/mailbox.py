@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import RedisyncError
 
-HEADER = 16  # int64 fields
+HEADER = 32  # int64 fields
 # header fields
 STOP = 8  # 1: the collector asks the sidecar to publish what it holds and exit
 TAKEN = 9  # the outbox sequence number of the last report the sidecar took
@@ -31,8 +31,22 @@ DONE = 10  # the outbox sequence number of the last report the sidecar published
 HEARTBEAT_MS = 11  # the sidecar's monotonic clock in ms, written every loop: a hung sidecar stops it
 SIDECAR_PID = 12
 INCARNATION = 13  # the shard's incarnation + 1 once claimed (0: not yet): a restarted sidecar keeps it
+STEPS = 14  # the collector's env steps so far: the sidecar publishes shared reports on this count
+FLUSH = 15  # the collector's flush requests so far (flush(), stop())
+FLUSHED = 16  # the last flush request whose shared reports the sidecar has published
 OUTBOX, INBOX, STATUS = 0, 1, 2  # slot numbers: fields 2*slot and 2*slot+1 hold seq and length
 STATUS_BYTES = 16 << 10
+
+
+def map_block(name: str, size: int) -> mmap.mmap:
+    """Map a block of shared memory by name. Not through ``SharedMemory``: on Python < 3.13 that
+    registers the block with this process's resource tracker, which would free it when this
+    process exits (a restarted sidecar would find it gone)."""
+    fd = os.open(f"/dev/shm/{name.lstrip('/')}", os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
 
 
 class MailboxFull(RedisyncError, ValueError):
@@ -66,14 +80,8 @@ class Mailbox:
 
     @classmethod
     def attach(cls, name: str, sizes: tuple[int, int, int]) -> "Mailbox":
-        """Map a block the collector created. Not through ``SharedMemory``: on Python < 3.13 that
-        registers the block with the sidecar's resource tracker, which would free it when the sidecar
-        exits (a restarted sidecar would find it gone)."""
-        fd = os.open(f"/dev/shm/{name.lstrip('/')}", os.O_RDWR)
-        try:
-            mapped = mmap.mmap(fd, HEADER * 8 + sum(sizes))
-        finally:
-            os.close(fd)
+        """Map a block the collector created."""
+        mapped = map_block(name, HEADER * 8 + sum(sizes))
         return cls(name, mapped, sizes, mapped.close)
 
     def seq(self, slot: int) -> int:

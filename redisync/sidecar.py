@@ -34,9 +34,11 @@ import numpy as np
 from . import errors
 from .client import Store, connect
 from .codec import KeyView, PullResult
-from .mailbox import DONE, HEARTBEAT_MS, INBOX, INCARNATION, OUTBOX, SIDECAR_PID, STATUS, STOP, TAKEN, Mailbox, MailboxFull
+from .mailbox import (DONE, FLUSH, FLUSHED, HEARTBEAT_MS, INBOX, INCARNATION, OUTBOX, SIDECAR_PID, STATUS, STEPS, STOP, TAKEN,
+                      Mailbox, MailboxFull)
 from .schema import Schema
 from .seam import SyncedTerm
+from .shared_report import SharedReport, SharedReportReader
 from .syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -81,12 +83,16 @@ class ReportCodec:
         reports: dict[str, dict[str, Any]] = {}
         for tag, flat in vectors:
             name, part = self.names[tag // 4], self.PARTS[tag % 4]
-            spec = self.schema.keys[name]
-            shape = getattr(spec, "count_shape", ()) if part == "count" else spec.shape
-            if flat.size == max(math.prod(shape), 1):  # another size stays flat: validation names the mismatch
-                flat = float(flat[0]) if shape == () else flat.reshape(shape)
-            reports.setdefault(name, {})[part] = flat
+            reports.setdefault(name, {})[part] = self.shaped(name, part, flat)
         return reports
+
+    def shaped(self, name: str, part: str, flat: np.ndarray) -> Any:
+        """A flat part in its key's shape (a number for a scalar part)."""
+        spec = self.schema.keys[name]
+        shape = getattr(spec, "count_shape", ()) if part == "count" else spec.shape
+        if flat.size == max(math.prod(shape), 1):  # another size stays flat: validation names the mismatch
+            return float(flat[0]) if shape == () else flat.reshape(shape)
+        return flat
 
 
 class SidecarSyncer(Syncer):
@@ -109,6 +115,10 @@ class SidecarSyncer(Syncer):
         self._in_seq = 0
         self._status: dict[str, Any] = {}
         self._status_seq = 0
+        self._header: Any = None  # the mailbox's header once started: on_step counts steps there
+        self._shared: SharedReport | None = None  # the shared terms' buffers (see redisync.shared_report)
+        self._copied: list[SyncedTerm] = self.terms  # the terms whose reports cross the outbox
+        self._flush_request = 0
 
     # ------------------------------------------------------------------ the collector's side (no network)
 
@@ -131,14 +141,33 @@ class SidecarSyncer(Syncer):
         pass
 
     def on_step(self) -> None:
-        """Once per env step: counts, and when a publish is due *and the sidecar is free* (it has
-        published the last report), hands over a new one. A report the sidecar could not send yet
-        would only be replaced by the next: building it is work the hot path can skip."""
-        self._steps += 1
-        if self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s:
-            box = self.mailbox
-            if box is not None and box.header[DONE] >= self._out_seq:
-                self._take_reports()
+        """Once per env step: counts. The shared terms' reports are the sidecar's to read when a
+        publish is due; the other terms' are handed over when a publish is due *and the sidecar is
+        free* (it has published the last report): a report it could not send yet would only be
+        replaced by the next, so building it is work the hot path can skip."""
+        header = self._header
+        if header is not None:
+            header[STEPS] += 1
+        if self._copied:
+            self._steps += 1
+            if self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s:
+                if header is not None and header[DONE] >= self._out_seq:
+                    self._take_reports()
+
+    def flush(self) -> None:
+        """Hand over the copied terms' reports and ask the sidecar to publish the shared ones now."""
+        self._take_reports()
+        if self._header is not None and self._shared is not None:
+            self._header[FLUSH] += 1
+            self._flush_request = self._header[FLUSH]
+
+    def _take_reports(self) -> None:
+        reports: dict[str, Mapping[str, Any]] = {}
+        for term in self._copied:
+            reports.update(term.report_shard_state())
+        self._steps, self._last_report = 0, time.monotonic()
+        if reports:
+            self._hand_over(reports)
 
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         try:
@@ -173,7 +202,7 @@ class SidecarSyncer(Syncer):
         while time.monotonic() < deadline:
             self._fetch()
             ready, box = self._ready, self.mailbox
-            published = box is not None and box.header[DONE] >= self._out_seq
+            published = box is not None and box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
             if published and ready is not None and ready.fleet_version >= max(at_least, self._worker_status()["announced"]):
                 return True
             time.sleep(0.01)
@@ -194,6 +223,7 @@ class SidecarSyncer(Syncer):
 
     def _start_worker(self) -> None:
         self.mailbox = Mailbox.create(_slot_bytes(self.schema, 1), _slot_bytes(self.schema, 2))
+        self._share_reports()
         if self.shard._incarnation is not None:
             self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
         self._spawn()
@@ -204,6 +234,16 @@ class SidecarSyncer(Syncer):
             time.sleep(0.01)
         self._monitor = threading.Thread(target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True)
         self._monitor.start()
+        self._header = self.mailbox.header
+
+    def _share_reports(self) -> None:
+        """Offer every term shared buffers for its reports; the ones that take them leave the copy path."""
+        shared = SharedReport(self.schema)
+        self._copied = [t for t in self.terms if not (hasattr(t, "share_report") and t.share_report(shared))]
+        if shared.parts:
+            self._shared = shared
+        else:
+            shared.release()
 
     def _spawn(self) -> None:
         box = self.mailbox
@@ -213,6 +253,8 @@ class SidecarSyncer(Syncer):
             "connect": self.store.connect_args, "run": self.store.run, "shard_id": self.shard.shard_id,
             "incarnation": claimed - 1 if claimed else None, "resume": self.shard.resume,
             "schema": self.schema.canonical_json(), "mailbox": (box.name, box.sizes), "parent": os.getpid(),
+            "shared": None if self._shared is None else self._shared.layout(),
+            "cadence": (self.publish_every_steps, self.publish_every_s),
             "syncer": {"poll_every_s": self.poll_every_s,
                        "min_pull_interval_s": self.min_pull_interval_s, "retry_every_s": self.retry_every_s},
         }
@@ -256,7 +298,7 @@ class SidecarSyncer(Syncer):
         if self.mailbox is None:
             return
         if flush:
-            self._take_reports()
+            self.flush()
         self._stopping.set()
         if self._monitor is not None:
             self._monitor.join()
@@ -270,8 +312,11 @@ class SidecarSyncer(Syncer):
                 process.kill()
                 process.wait()
         self._worker_status()  # the last counters, for metrics() after stop()
+        self._header = None
         self.mailbox.close()
         self.mailbox = None
+        if self._shared is not None:
+            self._shared.release()
 
     @property
     def sidecar_pid(self) -> int | None:
@@ -282,25 +327,59 @@ class SidecarSyncer(Syncer):
 
 
 class MailboxTerm:
-    """The collector's terms as the sidecar's syncer sees them: reports from the outbox, the fleet
-    state written to the inbox."""
+    """The collector's terms as the sidecar's syncer sees them: reports from the outbox (copied
+    terms) and from the shared buffers (shared terms), the fleet state written to the inbox."""
 
     def __init__(self, schema: Schema, mailbox: Mailbox):
         self.schema, self.mailbox = schema, mailbox
         self.codec = ReportCodec(schema)
-        self.reports: dict[str, Mapping[str, Any]] = {}
+        self.copied: dict[str, Mapping[str, Any]] = {}
+        self.shared: dict[str, Mapping[str, Any]] = {}
 
     def schema_entries(self) -> Mapping[str, Any]:
         return self.schema.keys
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        return self.reports
+        return {**self.copied, **self.shared}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         keys = [(name, v.version, None if v.value is None else v.value.tobytes(),
                  None if v.own_slot is None else v.own_slot.tobytes(), v.own_incarnation) for name, v in fleet.keys.items()]
         self.mailbox.write(INBOX, (fleet.epoch, fleet.fleet_version, fleet.epoch_changed, fleet.server_time_us,
                                    fleet.lost_writes, keys))
+
+
+class SharedCadence:
+    """When the sidecar reads the shared terms' buffers: every ``every_steps`` of the collector's
+    steps or ``every_s`` seconds (if it stepped), when the worker is free — and at once for a flush
+    request. A copy whose sequence number was published already is not published again."""
+
+    def __init__(self, reader: SharedReportReader, header: Any, every_steps: int, every_s: float):
+        self.reader, self.header = reader, header
+        self.every_steps, self.every_s = every_steps, every_s
+        self.steps_at, self.time_at = 0, 0.0  # a restarted sidecar reads at once
+        self.published_seq = -1
+        self.covered = 0  # the last flush request a copy was taken after
+
+    def due(self, now: float, busy: bool) -> bool:
+        if self.header[FLUSH] > self.covered:
+            return True
+        steps = self.header[STEPS]
+        return not busy and steps > self.steps_at and (steps - self.steps_at >= self.every_steps or now - self.time_at >= self.every_s)
+
+    def take(self, now: float) -> dict[str, Any] | None:
+        """The shared reports if they changed since the last ones taken; None otherwise, or when the
+        collector was writing them each time we looked."""
+        request, steps = self.header[FLUSH], self.header[STEPS]
+        snapshot = self.reader.snapshot()
+        if snapshot is None:
+            return None
+        seq, reports = snapshot
+        self.steps_at, self.time_at, self.covered = steps, now, request
+        if seq == self.published_seq:
+            return None
+        self.published_seq = seq
+        return reports
 
 
 def _die_with_parent(parent: int) -> None:
@@ -329,6 +408,7 @@ def serve(config: dict[str, Any]) -> None:
     store = connect(url, run=config["run"], **run_kwargs)
     schema = Schema.model_validate_json(config["schema"])
     term = MailboxTerm(schema, box)
+    cadence = None if config["shared"] is None else SharedCadence(SharedReportReader(config["shared"]), box.header, *config["cadence"])
     syncer = Syncer(store, config["shard_id"], [term], worker="thread", publish_every_steps=2**62, incarnation=config["incarnation"],
                     resume=config["resume"], **config["syncer"])
     syncer.start()
@@ -350,11 +430,18 @@ def serve(config: dict[str, Any]) -> None:
             except errors.RedisyncError as e:
                 log.info("sidecar shard %d: the store is not answering yet (%s)", syncer.shard.shard_id, e)
                 next_retry = now + syncer.retry_every_s
+        fresh = False
         got = box.read_vectors(OUTBOX, taken) if sequenced else None
         if got is not None:
             taken, vectors = got
-            term.reports = term.codec.decode(vectors)
+            term.copied, fresh = term.codec.decode(vectors), True
             box.header[TAKEN] = taken
+        if cadence is not None and sequenced and (stop == 1 or cadence.due(now, syncer.has_pending())):
+            shared = cadence.take(now)
+            if shared is not None:
+                term.shared, fresh = {name: {part: v if type(v) is float else term.codec.shaped(name, part, v)
+                                             for part, v in parts.items()} for name, parts in shared.items()}, True
+        if fresh:
             syncer.flush()
         if stop:
             # the last report was handed to the worker just above: wait for it to be published. Not
@@ -365,10 +452,14 @@ def serve(config: dict[str, Any]) -> None:
                 time.sleep(LOOP_S)
             syncer.stop(flush=False, timeout=1.0)
             box.header[DONE] = taken
+            if cadence is not None:
+                box.header[FLUSHED] = cadence.covered
             box.write(STATUS, _status(syncer))
             break
         if not syncer.has_pending():
             box.header[DONE] = taken
+            if cadence is not None:
+                box.header[FLUSHED] = cadence.covered
         syncer.at_reset_boundary()  # a new fleet state goes to the inbox
         if now >= next_status:
             box.write(STATUS, _status(syncer))

@@ -98,7 +98,7 @@ class SyncedMotionCommand(MotionCommand):
         if sampler is None:  # mjlab's constructor, before the sampler exists
             self.__dict__["_initial_bin_failed"] = value
         else:
-            sampler.bin_failed_count.copy_(value)
+            sampler.set_own_ema(value)
 
     @property
     def _current_bin_failed(self) -> torch.Tensor:

@@ -34,6 +34,7 @@ from torch import nn
 from ..codec import PullResult
 from ..errors import InvalidSchema
 from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ..shared_report import NOT_SHARED, SharedReport
 
 Mode = Literal["local", "pooled", "learner"]
 
@@ -67,6 +68,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         self.register_buffer("_others", torch.zeros((3, *self.shape), **f64), persistent=False)
         self.register_buffer("_prior", torch.zeros((3, *self.shape), **f64), persistent=False)  # a loaded checkpoint's
         self.resumed = False
+        self._shared: Any = NOT_SHARED  # brackets the writes to the own statistics once they live in shared memory
         self.register_load_state_dict_post_hook(_take_prior)
 
     @property
@@ -95,9 +97,14 @@ class SyncedEmpiricalNormalization(nn.Module):
             self._running_update(x)
             return
         shifted = x.detach().to(torch.float64) - self._offset.to(x.device)
-        self._own[0] += x.shape[0]
-        self._own[1] += shifted.sum(0).to(self._own.device)
-        self._own[2] += (shifted * shifted).sum(0).to(self._own.device)
+        total, squares = shifted.sum(0).to(self._own.device), (shifted * shifted).sum(0).to(self._own.device)
+        self._shared.begin()
+        try:
+            self._own[0] += x.shape[0]
+            self._own[1] += total
+            self._own[2] += squares
+        finally:
+            self._shared.end()
         self._set_from_pooled()
 
     def _running_update(self, x: torch.Tensor) -> None:
@@ -166,6 +173,21 @@ class SyncedEmpiricalNormalization(nn.Module):
             value = torch.cat([*flat, torch.tensor([float(self.count)], dtype=torch.float64)])
             return {self.key: {"value": value.numpy()}}
         return {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
+        return dict(super().__getstate__()) | {"_shared": NOT_SHARED}
+
+    def share_report(self, shared: SharedReport) -> bool:
+        """The process worker's fast path: the own count, Σ and Σ² move to shared memory, where the
+        sidecar reads them when a publish is due (pooled, on the CPU)."""
+        if self.mode != "pooled" or self._own.device.type != "cpu":
+            return False
+        self._own = torch.from_numpy(shared.array(self._own.numpy()))
+        own = self._own.numpy().reshape(3, -1)
+        shared.report(self.key, count=own[0, :1], sum=own[1], sumsq=own[2])
+        self._shared = shared
+        return True
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         view = fleet.keys.get(self.key)

@@ -43,6 +43,7 @@ from torch import nn
 from ..codec import PullResult
 from ..errors import InvalidSchema
 from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ..shared_report import NOT_SHARED, SharedReport
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES = ("local", "pooled", "weighted", "broadcast")
@@ -213,6 +214,7 @@ class AdaptiveMotionSampler(nn.Module):
         self._failures_since_report = 0.0
         self.fleet_version = 0
         self.rebuilds = 0
+        self._shared: Any = NOT_SHARED  # brackets the writes to the own EMA once it lives in shared memory
         # loading a checkpoint restores the own EMA: this process then resumes its previous life's slot
         self.resumed = False
         self.register_load_state_dict_post_hook(_mark_resumed)
@@ -243,8 +245,20 @@ class AdaptiveMotionSampler(nn.Module):
 
     def step(self) -> None:
         """Once per env step: fold this step's failures into the own EMA."""
-        self.bin_failed_count.mul_(1 - self.alpha).add_(self.alpha * self._current_bin_failed)
+        self._shared.begin()
+        try:
+            self.bin_failed_count.mul_(1 - self.alpha).add_(self.alpha * self._current_bin_failed)
+        finally:
+            self._shared.end()
         self._current_bin_failed.zero_()
+
+    def set_own_ema(self, value: torch.Tensor) -> None:
+        """Overwrite the own EMA (a framework that assigns it, a test)."""
+        self._shared.begin()
+        try:
+            self.bin_failed_count.copy_(value)
+        finally:
+            self._shared.end()
 
     def sampling_ema(self) -> torch.Tensor:
         """The EMA that decides the start distribution, per mode (the fleet part is float64, so a
@@ -391,6 +405,25 @@ class AdaptiveMotionSampler(nn.Module):
             return {self.key: {"value": own}}
         return {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
+        return dict(super().__getstate__()) | {"_shared": NOT_SHARED}
+
+    def share_report(self, shared: SharedReport) -> bool:
+        """The process worker's fast path: the own EMA moves to shared memory, where the sidecar
+        reads it when a publish is due (pooled, or the broadcast owner, on the CPU)."""
+        reports = self.mode == "pooled" or (self.mode == "broadcast" and self.shard_id == self.owner)
+        if not reports or self.bin_failed_count.device.type != "cpu":
+            return False
+        self.bin_failed_count = torch.from_numpy(shared.array(self.bin_failed_count.numpy()))
+        own = self.bin_failed_count.numpy()
+        if self.mode == "pooled":
+            shared.report(self.key, count=1.0, sum=own)
+        else:
+            shared.report(self.key, value=own)
+        self._shared = shared
+        return True
+
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take the fleet's EMA in. A pooled or broadcast view is only kept here and turned into a
         tensor when the sampler next reads it (:meth:`sampling_ema`, at the next sample): the reset
@@ -403,7 +436,7 @@ class AdaptiveMotionSampler(nn.Module):
             parts = view.parts()
             if float(parts["count"]) > 0:  # the failure-weighted mean of the shards' blended EMAs
                 mean = self._tensor(parts["sum"] / parts["count"]).to(self.bin_failed_count.dtype)
-                self.bin_failed_count.copy_(_finite(mean))
+                self.set_own_ema(_finite(mean))
         elif self.mode == "pooled" or self.shard_id != self.owner:
             self._fleet_view = view
         self._fleet_moved = True  # rebuild at the next sample
