@@ -89,9 +89,14 @@ class KeyView:
     def others_parts(self) -> dict[str, np.ndarray]:
         """Merge: everybody else's aggregate — the fleet value without the caller's slot — in parts
         (empty when never written). A term adds its own current state to it: own substitution."""
+        others = self.others()
+        return {} if others is None else self.parts_of(others)
+
+    def others(self) -> np.ndarray | None:
+        """Merge: the flat fleet value without the caller's slot (None when never written)."""
         if self.value is None:
-            return {}
-        return self.parts_of(self.value if self.own_slot is None else self.value - self.own_slot)
+            return None
+        return self.value if self.own_slot is None else self.value - self.own_slot
 
     def moments(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Merge: the fleet ``(mean, var)`` (var is None without sumsq)."""

@@ -93,8 +93,8 @@ class Mailbox:
         if len(data) > self.sizes[slot]:
             raise MailboxFull(f"a message of {len(data)} bytes does not fit its {self.sizes[slot]}-byte slot")
         h = self.header
-        seq = h[2 * slot] + 1
-        h[2 * slot] = seq  # odd: writing
+        seq = h[2 * slot] | 1  # odd: writing (already odd if a writer was killed while writing)
+        h[2 * slot] = seq
         self._slots[slot][: len(data)] = data
         h[2 * slot + 1] = len(data)
         h[2 * slot] = seq + 1
@@ -110,8 +110,8 @@ class Mailbox:
         if end > view.size:
             raise MailboxFull(f"a message of {end * 8} bytes does not fit its {self.sizes[slot]}-byte slot")
         h = self.header
-        seq = h[2 * slot] + 1
-        h[2 * slot] = seq  # odd: writing
+        seq = h[2 * slot] | 1  # odd: writing (already odd if a writer was killed while writing)
+        h[2 * slot] = seq
         view[0] = len(arrays)
         o = start
         for i, (tag, a) in enumerate(arrays):

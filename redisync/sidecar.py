@@ -38,7 +38,7 @@ from .mailbox import (DONE, FLUSH, FLUSHED, HEARTBEAT_MS, INBOX, INCARNATION, OU
                       Mailbox, MailboxFull)
 from .schema import Schema
 from .seam import SyncedTerm
-from .shared_report import SharedReport, SharedReportReader
+from .shared_state import SharedState, SidecarState
 from .syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,9 @@ class SidecarSyncer(Syncer):
         self._status: dict[str, Any] = {}
         self._status_seq = 0
         self._header: Any = None  # the mailbox's header once started: on_step counts steps there
-        self._shared: SharedReport | None = None  # the shared terms' buffers (see redisync.shared_report)
+        self._shared: SharedState | None = None  # the shared terms' buffers (see redisync.shared_state)
         self._copied: list[SyncedTerm] = self.terms  # the terms whose reports cross the outbox
+        self._handed: list[SyncedTerm] = self.terms  # the terms handed decoded fleet states
         self._flush_request = 0
 
     # ------------------------------------------------------------------ the collector's side (no network)
@@ -157,7 +158,7 @@ class SidecarSyncer(Syncer):
     def flush(self) -> None:
         """Hand over the copied terms' reports and ask the sidecar to publish the shared ones now."""
         self._take_reports()
-        if self._header is not None and self._shared is not None:
+        if self._header is not None and self._shared is not None and self._shared.parts:
             self._header[FLUSH] += 1
             self._flush_request = self._header[FLUSH]
 
@@ -179,8 +180,23 @@ class SidecarSyncer(Syncer):
             self._report_problem(f"publish: {e}", logging.ERROR)
 
     def at_reset_boundary(self) -> bool:
-        self._fetch()
-        return super().at_reset_boundary()
+        """Take a newer fleet state in: the shared terms' with one copy, the others' decoded from
+        the inbox. True if one was applied."""
+        shared = self._shared
+        applied = shared is not None and shared.staged[0] != shared.taken and shared.take()
+        if applied:
+            self._applied_version, self._applied_at = shared.applied, time.monotonic()  # type: ignore[union-attr]
+        if self._handed:
+            header = self._header
+            if header is not None and header[2 * INBOX] != self._in_seq:
+                self._fetch()
+            ready = self._ready
+            if ready is not None and ready is not self._applied:
+                for term in self._handed:
+                    term.apply_shard_state(ready)
+                self._applied, self._applied_at, self._applied_version = ready, self._ready_at, ready.fleet_version
+                applied = True
+        return applied
 
     def _decode(self, message: tuple) -> PullResult:
         epoch, version, epoch_changed, server_time_us, lost_writes, keys = message
@@ -223,7 +239,7 @@ class SidecarSyncer(Syncer):
 
     def _start_worker(self) -> None:
         self.mailbox = Mailbox.create(_slot_bytes(self.schema, 1), _slot_bytes(self.schema, 2))
-        self._share_reports()
+        self._share_state()
         if self.shard._incarnation is not None:
             self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
         self._spawn()
@@ -236,11 +252,13 @@ class SidecarSyncer(Syncer):
         self._monitor.start()
         self._header = self.mailbox.header
 
-    def _share_reports(self) -> None:
-        """Offer every term shared buffers for its reports; the ones that take them leave the copy path."""
-        shared = SharedReport(self.schema)
+    def _share_state(self) -> None:
+        """Offer every term shared memory for what it reports and receives; the ones that take it
+        leave the copy path in that direction."""
+        shared = SharedState(self.schema)
         self._copied = [t for t in self.terms if not (hasattr(t, "share_report") and t.share_report(shared))]
-        if shared.parts:
+        self._handed = [t for t in self.terms if not (hasattr(t, "share_fleet") and t.share_fleet(shared))]
+        if shared.parts or shared.received:
             self._shared = shared
         else:
             shared.release()
@@ -330,8 +348,8 @@ class MailboxTerm:
     """The collector's terms as the sidecar's syncer sees them: reports from the outbox (copied
     terms) and from the shared buffers (shared terms), the fleet state written to the inbox."""
 
-    def __init__(self, schema: Schema, mailbox: Mailbox):
-        self.schema, self.mailbox = schema, mailbox
+    def __init__(self, schema: Schema, mailbox: Mailbox, shared: SidecarState | None):
+        self.schema, self.mailbox, self.shared_state = schema, mailbox, shared
         self.codec = ReportCodec(schema)
         self.copied: dict[str, Mapping[str, Any]] = {}
         self.shared: dict[str, Mapping[str, Any]] = {}
@@ -343,6 +361,8 @@ class MailboxTerm:
         return {**self.copied, **self.shared}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        if self.shared_state is not None:  # staged first: once the inbox shows a version, the staging holds it
+            self.shared_state.stage(fleet)
         keys = [(name, v.version, None if v.value is None else v.value.tobytes(),
                  None if v.own_slot is None else v.own_slot.tobytes(), v.own_incarnation) for name, v in fleet.keys.items()]
         self.mailbox.write(INBOX, (fleet.epoch, fleet.fleet_version, fleet.epoch_changed, fleet.server_time_us,
@@ -354,7 +374,7 @@ class SharedCadence:
     steps or ``every_s`` seconds (if it stepped), when the worker is free — and at once for a flush
     request. A copy whose sequence number was published already is not published again."""
 
-    def __init__(self, reader: SharedReportReader, header: Any, every_steps: int, every_s: float):
+    def __init__(self, reader: SidecarState, header: Any, every_steps: int, every_s: float):
         self.reader, self.header = reader, header
         self.every_steps, self.every_s = every_steps, every_s
         self.steps_at, self.time_at = 0, 0.0  # a restarted sidecar reads at once
@@ -407,8 +427,9 @@ def serve(config: dict[str, Any]) -> None:
     url, run_kwargs = config["connect"]
     store = connect(url, run=config["run"], **run_kwargs)
     schema = Schema.model_validate_json(config["schema"])
-    term = MailboxTerm(schema, box)
-    cadence = None if config["shared"] is None else SharedCadence(SharedReportReader(config["shared"]), box.header, *config["cadence"])
+    shared = None if config["shared"] is None else SidecarState(config["shared"])
+    term = MailboxTerm(schema, box, shared)
+    cadence = None if shared is None or not shared.parts else SharedCadence(shared, box.header, *config["cadence"])
     syncer = Syncer(store, config["shard_id"], [term], worker="thread", publish_every_steps=2**62, incarnation=config["incarnation"],
                     resume=config["resume"], **config["syncer"])
     syncer.start()

@@ -86,6 +86,7 @@ class Syncer:
         self._ready: PullResult | None = None  # decoded by the worker, applied at the reset boundary
         self._ready_at = 0.0
         self._applied: PullResult | None = None
+        self._applied_version = 0
         self._applied_at = time.monotonic()
         self._announced = 0
         self._steps = 0
@@ -114,7 +115,7 @@ class Syncer:
             return False
         for term in self.terms:
             term.apply_shard_state(ready)
-        self._applied, self._applied_at = ready, self._ready_at
+        self._applied, self._applied_at, self._applied_version = ready, self._ready_at, ready.fleet_version
         return True
 
     def flush(self) -> None:
@@ -374,7 +375,7 @@ class Syncer:
     def metrics(self) -> dict[str, float]:
         """Flat, logger-ready metrics: versions, staleness, publish latency, counters, term drift."""
         status = self._worker_status()
-        applied = self._applied.fleet_version if self._applied is not None else 0
+        applied = self._applied_version
         out = {
             "redisync/fleet_version": float(applied),
             "redisync/staleness_versions": float(max(status["announced"] - applied, 0)),

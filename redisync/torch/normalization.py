@@ -34,7 +34,7 @@ from torch import nn
 from ..codec import PullResult
 from ..errors import InvalidSchema
 from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
-from ..shared_report import NOT_SHARED, SharedReport
+from ..shared_state import NOT_SHARED, SharedState
 
 Mode = Literal["local", "pooled", "learner"]
 
@@ -178,7 +178,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
         return dict(super().__getstate__()) | {"_shared": NOT_SHARED}
 
-    def share_report(self, shared: SharedReport) -> bool:
+    def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own count, Σ and Σ² move to shared memory, where the
         sidecar reads them when a publish is due (pooled, on the CPU)."""
         if self.mode != "pooled" or self._own.device.type != "cpu":

@@ -43,7 +43,7 @@ from torch import nn
 from ..codec import PullResult
 from ..errors import InvalidSchema
 from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
-from ..shared_report import NOT_SHARED, SharedReport
+from ..shared_state import NOT_SHARED, SharedState
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES = ("local", "pooled", "weighted", "broadcast")
@@ -212,9 +212,11 @@ class AdaptiveMotionSampler(nn.Module):
         self.register_buffer("_probs", torch.zeros(self.groups, self.layout.width, **kw), persistent=False)
         self._cdf: torch.Tensor | None = None
         self._failures_since_report = 0.0
-        self.fleet_version = 0
+        self._fleet_version = 0
         self.rebuilds = 0
         self._shared: Any = NOT_SHARED  # brackets the writes to the own EMA once it lives in shared memory
+        self._received: Any = NOT_SHARED  # the version of the fleet part once it is received in shared memory
+        self._received_at_build = 0
         # loading a checkpoint restores the own EMA: this process then resumes its previous life's slot
         self.resumed = False
         self.register_load_state_dict_post_hook(_mark_resumed)
@@ -277,8 +279,13 @@ class AdaptiveMotionSampler(nn.Module):
             self._rebuild()
         return self._probs if self.grouped else self._probs[0]
 
+    @property
+    def fleet_version(self) -> int:
+        """The version of the fleet state this sampler holds (0: none yet)."""
+        return max(self._fleet_version, self._received.applied)
+
     def _needs_rebuild(self) -> bool:
-        if self._fleet_moved:
+        if self._fleet_moved or self._received.applied != self._received_at_build:
             return True
         own, built = self.bin_failed_count, self._own_at_build
         if self.rebuild_tol == 0:
@@ -295,6 +302,7 @@ class AdaptiveMotionSampler(nn.Module):
         self._cdf = None
         self._own_at_build = self.bin_failed_count.clone()
         self._fleet_moved = False
+        self._received_at_build = self._received.applied
         self.rebuilds += 1
 
     def _distributions(self, ema: torch.Tensor) -> torch.Tensor:
@@ -407,9 +415,9 @@ class AdaptiveMotionSampler(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
-        return dict(super().__getstate__()) | {"_shared": NOT_SHARED}
+        return dict(super().__getstate__()) | {"_shared": NOT_SHARED, "_received": NOT_SHARED}
 
-    def share_report(self, shared: SharedReport) -> bool:
+    def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own EMA moves to shared memory, where the sidecar
         reads it when a publish is due (pooled, or the broadcast owner, on the CPU)."""
         reports = self.mode == "pooled" or (self.mode == "broadcast" and self.shard_id == self.owner)
@@ -424,6 +432,18 @@ class AdaptiveMotionSampler(nn.Module):
         self._shared = shared
         return True
 
+    def share_fleet(self, shared: SharedState) -> bool:
+        """The process worker's fast path: the fleet part (the others' pooled EMA, or the owner's)
+        is an array the reset boundary updates in place; the next sample rebuilds from it."""
+        if self.mode == "weighted" or self._fleet.device.type != "cpu":
+            return False  # weighted blends the fleet into the own EMA when it arrives: it needs the hand-over
+        if self.mode == "pooled":
+            self._fleet = torch.from_numpy(shared.receive(self.key, "sum"))
+        elif self.mode == "broadcast" and self.shard_id != self.owner:
+            self._fleet = torch.from_numpy(shared.receive(self.key, "value"))
+        self._received = shared  # local and the broadcast owner receive nothing
+        return True
+
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take the fleet's EMA in. A pooled or broadcast view is only kept here and turned into a
         tensor when the sampler next reads it (:meth:`sampling_ema`, at the next sample): the reset
@@ -431,7 +451,7 @@ class AdaptiveMotionSampler(nn.Module):
         view = fleet.keys.get(self.key)
         if view is None or view.value is None or self.mode == "local":
             return
-        self.fleet_version = fleet.fleet_version
+        self._fleet_version = fleet.fleet_version
         if self.mode == "weighted":
             parts = view.parts()
             if float(parts["count"]) > 0:  # the failure-weighted mean of the shards' blended EMAs
