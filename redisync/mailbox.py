@@ -8,7 +8,8 @@ shared, so neither side can make the other wait: the collector's handover is a c
 
 A slot holds the latest message only (older ones are replaced), which is what cumulative reports and
 a versioned fleet state want. The header also carries a few counters the two sides share (the stop
-request, the last report the sidecar took and finished with, the sidecar's heartbeat).
+request, the last report the sidecar took and finished with, the sidecar's heartbeat, the
+collector's steps and flush requests for the shared terms of :mod:`redisync.shared_state`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ DONE = 10  # the outbox sequence number of the last report the sidecar published
 HEARTBEAT_MS = 11  # the sidecar's monotonic clock in ms, written every loop: a hung sidecar stops it
 SIDECAR_PID = 12
 INCARNATION = 13  # the shard's incarnation + 1 once claimed (0: not yet): a restarted sidecar keeps it
-STEPS = 14  # the collector's env steps so far: the sidecar publishes shared reports on this count
-FLUSH = 15  # the collector's flush requests so far (flush(), stop())
-FLUSHED = 16  # the last flush request whose shared reports the sidecar has published
+FLUSHED = 14  # the last flush request whose shared reports the sidecar has published
+# written by the collector on every step: a cache line of their own, away from the sidecar's writes
+STEPS = 24  # the collector's env steps so far: the sidecar publishes shared reports on this count
+FLUSH = 25  # the collector's flush requests so far (flush(), stop())
 OUTBOX, INBOX, STATUS = 0, 1, 2  # slot numbers: fields 2*slot and 2*slot+1 hold seq and length
 STATUS_BYTES = 16 << 10
 

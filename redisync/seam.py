@@ -3,6 +3,20 @@
 A term (the adaptive frame sampler, a normaliser, a curriculum) declares the keys it syncs,
 reports what its shard saw, and applies the fleet state it is handed. The :class:`~redisync.syncer.Syncer`
 calls these three methods and nothing else, so any term of a user's own can join.
+
+With the process worker a term may also keep its state in shared memory, which takes the report
+and the fleet state off the collector's hot path (:mod:`redisync.shared_state`):
+
+- ``share_report(shared) -> bool``: move the buffers the reports are made of into
+  ``shared.array(...)``, declare the parts with ``shared.report(key, ...)``, and bracket every
+  write to them with ``shared.begin()`` / ``shared.end()``. The sidecar then reads them itself and
+  ``report_shard_state`` is no longer called by the process worker.
+- ``share_fleet(shared) -> bool``: read the fleet's part from ``shared.receive(key, part)``, which
+  the reset boundary updates in place, and notice a new ``shared.applied`` version when reading.
+  ``apply_shard_state`` is then no longer called by the process worker.
+
+Either returns False when the term cannot (a CUDA buffer, a report that is not a slice of its
+state); the term then stays on the copy path.
 """
 
 from __future__ import annotations

@@ -86,7 +86,10 @@ class SharedState:
         self._staging_shm, staging = _create(CONTROL_BYTES + 8 * max(width, 1))
         self.staged = memoryview(staging).cast("q")  # seq, version: a newer seq is a state to take
         self._staging = np.ndarray((width,), dtype=np.float64, buffer=staging, offset=CONTROL_BYTES)
-        self._scratch, self._live = np.zeros(width), np.zeros(width)
+        self._live = np.zeros(width)
+        # byte views for take(): a memoryview copy runs far less code than numpy's, which shows on a cold cache
+        self._staging_bytes = memoryview(staging)[CONTROL_BYTES : CONTROL_BYTES + 8 * width]
+        self._scratch_bytes, self._live_bytes = memoryview(bytearray(8 * width)), memoryview(self._live).cast("B")
         self.received: list[str] = []
         self.taken = 0  # the staged seq last taken
         self.applied = 0  # the fleet version the received arrays hold (0: none yet)
@@ -160,10 +163,10 @@ class SharedState:
         if seq == self.taken or seq % 2:
             return False
         version = self.staged[1]
-        np.copyto(self._scratch, self._staging)
+        self._scratch_bytes[:] = self._staging_bytes
         if self.staged[0] != seq:
             return False
-        np.copyto(self._live, self._scratch)
+        self._live_bytes[:] = self._scratch_bytes
         self.taken, self.applied = seq, version
         return True
 

@@ -2,10 +2,15 @@
 
 ``Syncer(..., worker="process")`` builds a :class:`SidecarSyncer`. The collector keeps its terms and
 its hot path; everything that sends, receives and decodes runs in a sidecar process with an
-interpreter lock of its own, so it can never hold the collector's. The two meet in a
-:class:`~redisync.mailbox.Mailbox` in shared memory: ``on_step()`` copies the reports into the
-outbox when a publish is due, ``at_reset_boundary()`` checks the inbox's sequence number and, when
-the sidecar left a newer fleet state there, applies it — a copy and a counter, no lock, no syscall.
+interpreter lock of its own, so it can never hold the collector's. The two meet in shared memory:
+
+- terms that share their state (:mod:`redisync.shared_state`: the sampler, the normaliser's
+  report) update their buffers there in place; ``on_step()`` only counts steps, the sidecar copies
+  the buffers when a publish is due, and ``at_reset_boundary()`` takes a newer staged fleet state
+  with one checked copy — a counter and a copy, no lock, no syscall;
+- other terms cross a :class:`~redisync.mailbox.Mailbox`: ``on_step()`` copies their reports into
+  the outbox when a publish is due, ``at_reset_boundary()`` applies a newer fleet state the sidecar
+  left decoded in the inbox.
 
 Inside the sidecar a thread-worker :class:`~redisync.syncer.Syncer` with one :class:`MailboxTerm`
 does the work, so re-seeding after a store restart, the life-cycle rules, retries and the

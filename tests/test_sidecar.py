@@ -137,21 +137,26 @@ def test_the_sidecar_dies_with_its_collector(real_url, tmp_path):
         sys.path.insert(0, {os.getcwd()!r})
         import redisync
         from redisync.syncer import Syncer
+        from redisync.torch import AdaptiveMotionSampler
         from tests.test_sidecar import Cumulative
-        syncer = Syncer(redisync.connect({real_url!r}, run={run!r}), 0, [Cumulative()], worker="process").start()
-        print(syncer.sidecar_pid, syncer.mailbox.name, flush=True)
+        terms = [Cumulative(), AdaptiveMotionSampler(500, 0.02)]
+        syncer = Syncer(redisync.connect({real_url!r}, run={run!r}), 0, terms, worker="process").start()
+        layout = syncer._shared.layout()
+        shared = [layout["control"], layout["staging"][0]] + [name for name, _ in layout["blocks"]]
+        print(syncer.sidecar_pid, syncer.mailbox.name, *shared, flush=True)
         time.sleep(60)
     """)
     collector = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        pid, shm = collector.stdout.readline().split()
+        pid, *blocks = collector.stdout.readline().split()
         pid = int(pid)
+        assert len(blocks) == 4 and all(os.path.exists(f"/dev/shm/{b}") for b in blocks)
         assert _alive(pid)
         collector.send_signal(signal.SIGKILL)
         collector.wait()
         assert wait_for(lambda: not _alive(int(pid)), timeout=5), "the sidecar outlived its collector"
         # the collector's resource tracker frees the shared memory it can no longer free itself
-        assert wait_for(lambda: not os.path.exists(f"/dev/shm/{shm}"), timeout=5)
+        assert wait_for(lambda: not any(os.path.exists(f"/dev/shm/{b}") for b in blocks), timeout=5)
     finally:
         collector.kill()
         redisync.connect(real_url, run=run).delete()
@@ -191,4 +196,131 @@ def test_a_report_too_large_for_the_mailbox_is_refused_and_training_goes_on(real
         assert "does not fit" in syncer.health()["error"]
     finally:
         syncer.stop(flush=False)
+        store.delete()
+
+
+def _never(*_):
+    raise AssertionError("the process worker built a shared term's report on the collector")
+
+
+def _shared_terms(shard: int):
+    import torch
+
+    from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
+
+    sampler = AdaptiveMotionSampler(500, 0.02, mode="pooled", shard_id=shard)
+    norm = SyncedEmpiricalNormalization(4, mode="pooled")
+    for term in (sampler, norm):
+        term.report_shard_state = _never  # shared: the sidecar reads the buffers, the hot path never builds a report
+    return sampler, norm, torch.Generator().manual_seed(shard)
+
+
+def _train(sampler, norm, g, syncer, steps: int) -> list:
+    import torch
+
+    seen = []
+    for _ in range(steps):
+        sampler.record_failures(torch.randint(0, 500, (64,), generator=g), torch.rand(64, generator=g) < 0.3)
+        sampler.step()
+        x = torch.randn(16, 4, generator=g, dtype=torch.float64) * 3 + 1
+        norm.update(x)
+        seen.append(x)
+        syncer.on_step()
+        syncer.at_reset_boundary()
+    return seen
+
+
+def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
+    import torch
+
+    store = redisync.connect(real_url, run=f"sidecar-shared-{os.getpid()}")
+    fleets = [_shared_terms(shard) for shard in (0, 1)]
+    syncers = [Syncer(store, shard, [s, n], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
+               for shard, (s, n, _) in enumerate(fleets)]
+    try:
+        # both reports shared; the sampler receives through shared memory, the normaliser is handed decoded
+        # states (its buffers are recomputed when one arrives, for a forward() that may be scripted)
+        assert all(sy._copied == [] and sy._handed == [n] for sy, (_, n, _) in zip(syncers, fleets))
+        data = [_train(s, n, g, sy, 40) for (s, n, g), sy in zip(fleets, syncers)]
+        for sy in syncers:
+            sy.flush()
+        version = store.fleet().fleet_version
+        assert all(sy.wait_synced(version, timeout=10) for sy in syncers)
+        version = store.fleet().fleet_version
+        assert all(sy.wait_synced(version, timeout=10) for sy in syncers)
+        for sy in syncers:
+            sy.at_reset_boundary()
+        # the store holds each shard's own buffers exactly, as the sidecar copied them
+        for shard, (s, n, _) in enumerate(fleets):
+            info = store.key_info("motion/bin_failed")
+            assert int(info[f"slot:{shard}:incarnation"]) == syncers[shard].shard.incarnation
+        fleet = store.fleet().keys
+        own = [s.bin_failed_count.to(torch.float64).numpy() for s, _, _ in fleets]
+        np.testing.assert_array_equal(fleet["motion/bin_failed"].parts()["sum"], own[0] + own[1])
+        # own substitution through the staged fleet: the others' EMA plus my own, for each shard
+        for shard, (s, n, _) in enumerate(fleets):
+            np.testing.assert_allclose(s.sampling_ema().numpy(), own[0] + own[1], rtol=1e-12)
+            assert s.fleet_version == syncers[shard].metrics()["redisync/fleet_version"] > 0
+            mean, var, count = n.pooled_moments()
+            pooled = torch.cat(data[0] + data[1])
+            assert count == pooled.shape[0] == 2 * 40 * 16
+            torch.testing.assert_close(mean, pooled.mean(0))
+            torch.testing.assert_close(var, pooled.var(0, unbiased=False))
+        assert store.dead_letters() == []
+    finally:
+        for sy in syncers:
+            sy.stop(flush=False)
+        store.delete()
+
+
+def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
+    import torch
+
+    store = redisync.connect(real_url, run=f"sidecar-shared-restart-{os.getpid()}")
+    sampler, norm, g = _shared_terms(0)
+    syncer = Syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
+    other = store.shard(1)
+    try:
+        _train(sampler, norm, g, syncer, 10)
+        first = syncer.sidecar_pid
+        os.kill(first, signal.SIGKILL)
+        _train(sampler, norm, g, syncer, 10)  # training goes on while the sidecar is gone
+        assert wait_for(lambda: syncer.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
+        other.publish({"motion/bin_failed": {"count": 1.0, "sum": np.full(sampler.bin_count, 0.25)}})
+        syncer.flush()
+        assert syncer.wait_synced(store.fleet().fleet_version, timeout=10)
+        assert syncer.at_reset_boundary()
+        # the new sidecar read the same buffers (the slot is the EMA of all 20 steps) and staged the other's 0.25
+        own = sampler.bin_failed_count.to(torch.float64).numpy()
+        fleet_sum = store.fleet().keys["motion/bin_failed"].parts()["sum"]
+        np.testing.assert_allclose(fleet_sum, own + 0.25, rtol=1e-12)
+        np.testing.assert_allclose(sampler.sampling_ema().numpy(), own + 0.25, rtol=1e-12)
+        assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 20 * 16
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
+def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
+    import torch
+
+    store = redisync.connect(real_url, run=f"sidecar-shared-stop-{os.getpid()}")
+    sampler, norm, g = _shared_terms(0)
+    syncer = Syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+    try:
+        names = [syncer._shared._control.name, syncer._shared._staging_shm.name] + [shm.name for shm, _ in syncer._shared._blocks]
+        assert all(os.path.exists(f"/dev/shm/{name}") for name in names)
+        _train(sampler, norm, g, syncer, 5)
+        syncer.stop(flush=True)  # the last shared state is published on the way out
+        np.testing.assert_array_equal(store.fleet().keys["motion/bin_failed"].parts()["sum"],
+                                      sampler.bin_failed_count.to(torch.float64).numpy())
+        assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 5 * 16
+        assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+        before = sampler.bin_failed_count.clone()
+        sampler.record_failures(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool))
+        sampler.step()  # still its own memory: no error, and it moves
+        norm.update(torch.ones(3, 4))
+        assert not torch.equal(before, sampler.bin_failed_count) and float(norm._own[0, 0]) == 5 * 16 + 3
+        assert sampler.sample(8).shape == (8,)
+    finally:
         store.delete()
