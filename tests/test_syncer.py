@@ -146,3 +146,40 @@ def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path, wor
         for s in syncers:
             s.stop(flush=False)
         server.kill()
+
+
+def test_a_paused_redis_never_stalls_the_shared_hot_path_and_the_fleet_catches_up(tmp_path):
+    """SIGSTOP: the server holds every connection open and answers nothing. The process worker's
+    shared terms (the sampler both ways, the normaliser's report) keep training; once it resumes,
+    the sidecars publish what the shared buffers hold and the fleet is exact again."""
+    import signal
+
+    server = RedisProcess(tmp_path).start()
+    collectors = [Collector(i) for i in range(2)]
+    syncers = [
+        Syncer(redisync.connect(server.url, run="paused", socket_timeout=1.0), i, c.terms,
+               publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1, worker="process").start()
+        for i, c in enumerate(collectors)
+    ]
+    try:
+        assert all(s._shared is not None and c.sampler not in s._copied + s._handed for s, c in zip(syncers, collectors))
+        run(collectors, syncers, 50, reset_every=1)
+        converge(syncers[0].store, collectors, syncers)
+        assert_pooled(collectors)
+        server.proc.send_signal(signal.SIGSTOP)
+        timings: list[float] = []
+        run(collectors, syncers, 300, reset_every=1, timings=timings)
+        assert max(timings) < 0.1, f"slowest on_step/at_reset_boundary: {max(timings):.3f}s"
+        deadline = time.monotonic() + 10
+        while sum(s.stats["publish_failures"] for s in syncers) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(s.stats["publish_failures"] for s in syncers) > 0  # the sidecars timed out, off the hot path
+        server.proc.send_signal(signal.SIGCONT)
+        converge(syncers[0].store, collectors, syncers)
+        assert_pooled(collectors)  # everything trained while paused reached the fleet
+        assert float(syncers[0].store.fleet().keys["obs/norm"].parts()["count"]) == sum(c.samples for c in collectors)
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        for s in syncers:
+            s.stop(flush=False)
+        server.kill()
