@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from multiprocessing import shared_memory
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -91,6 +91,7 @@ class SharedState:
         self._staging_bytes = memoryview(staging)[CONTROL_BYTES : CONTROL_BYTES + 8 * width]
         self._scratch_bytes, self._live_bytes = memoryview(bytearray(8 * width)), memoryview(self._live).cast("B")
         self.received: list[str] = []
+        self._on_take: list[Callable[[], None]] = []
         self.taken = 0  # the staged seq last taken
         self.applied = 0  # the fleet version the received arrays hold (0: none yet)
 
@@ -155,6 +156,11 @@ class SharedState:
             self.received.append(key)
         return parts[part]
 
+    def on_take(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` right after each fleet state is taken (for a term that must recompute
+        something at the reset boundary itself rather than when it next reads)."""
+        self._on_take.append(callback)
+
     def take(self) -> bool:
         """At a reset boundary: copy a newer staged fleet state into the received arrays; True if
         one was taken. Copied to a scratch block first, so that a state the sidecar was rewriting
@@ -168,6 +174,8 @@ class SharedState:
             return False
         self._live_bytes[:] = self._scratch_bytes
         self.taken, self.applied = seq, version
+        for callback in self._on_take:
+            callback()
         return True
 
     # ------------------------------------------------------------------ life cycle

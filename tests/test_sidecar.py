@@ -238,9 +238,7 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
     syncers = [Syncer(store, shard, [s, n], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
                for shard, (s, n, _) in enumerate(fleets)]
     try:
-        # both reports shared; the sampler receives through shared memory, the normaliser is handed decoded
-        # states (its buffers are recomputed when one arrives, for a forward() that may be scripted)
-        assert all(sy._copied == [] and sy._handed == [n] for sy, (_, n, _) in zip(syncers, fleets))
+        assert all(sy._copied == [] and sy._handed == [] for sy in syncers)  # both terms shared, both ways
         data = [_train(s, n, g, sy, 40) for (s, n, g), sy in zip(fleets, syncers)]
         for sy in syncers:
             sy.flush()
@@ -323,4 +321,31 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
         assert not torch.equal(before, sampler.bin_failed_count) and float(norm._own[0, 0]) == 5 * 16 + 3
         assert sampler.sample(8).shape == (8,)
     finally:
+        store.delete()
+
+
+def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url):
+    import torch
+
+    from redisync.torch import SyncedEmpiricalNormalization
+
+    store = redisync.connect(real_url, run=f"sidecar-learner-{os.getpid()}")
+    learner = SyncedEmpiricalNormalization(3, mode="learner", writer=True)
+    collector = SyncedEmpiricalNormalization(3, mode="learner")
+    writer = Syncer(store, 0, [learner], worker="process").start()
+    reader = Syncer(store, 1, [collector], worker="process", poll_every_s=0.05).start()
+    try:
+        assert reader._handed == [] and reader._copied == [] and writer._copied == [learner]  # a concatenation: copied
+        assert not reader.at_reset_boundary() or float(collector.count) == 0  # nothing published: untouched
+        torch.testing.assert_close(collector.std, torch.ones(3))
+        learner.update(torch.randn(500, 3, generator=torch.Generator().manual_seed(0)) * 2 + 5)
+        writer.flush()
+        assert writer.wait_synced(timeout=10) and reader.wait_synced(store.fleet().fleet_version, timeout=10)
+        assert reader.at_reset_boundary()
+        torch.testing.assert_close(collector.mean, learner.mean)
+        torch.testing.assert_close(collector.std, learner.std)
+        assert int(collector.count) == int(learner.count) == 500
+    finally:
+        for s in (writer, reader):
+            s.stop(flush=False)
         store.delete()

@@ -69,6 +69,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         self.register_buffer("_prior", torch.zeros((3, *self.shape), **f64), persistent=False)  # a loaded checkpoint's
         self.resumed = False
         self._shared: Any = NOT_SHARED  # brackets the writes to the own statistics once they live in shared memory
+        self._received: dict[str, Any] = {}  # the fleet's parts once they are received in shared memory
         self.register_load_state_dict_post_hook(_take_prior)
 
     @property
@@ -176,18 +177,48 @@ class SyncedEmpiricalNormalization(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
-        return dict(super().__getstate__()) | {"_shared": NOT_SHARED}
+        return dict(super().__getstate__()) | {"_shared": NOT_SHARED, "_received": {}}
 
     def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own count, Σ and Σ² move to shared memory, where the
-        sidecar reads them when a publish is due (pooled, on the CPU)."""
+        sidecar reads them when a publish is due (pooled, on the CPU; nothing to share when the term
+        reports nothing)."""
+        if self.mode == "local" or (self.mode == "learner" and not self.writer):
+            return True  # nothing to report
         if self.mode != "pooled" or self._own.device.type != "cpu":
-            return False
+            return False  # the learner's broadcast is a concatenation of its buffers: copied
         self._own = torch.from_numpy(shared.array(self._own.numpy()))
         own = self._own.numpy().reshape(3, -1)
         shared.report(self.key, count=own[0, :1], sum=own[1], sumsq=own[2])
         self._shared = shared
         return True
+
+    def share_fleet(self, shared: SharedState) -> bool:
+        """The process worker's fast path: the fleet's parts (the others' count, Σ and Σ², or the
+        learner's broadcast) are arrays the reset boundary updates in place, and the buffers are
+        recomputed from them right then (``forward`` may be scripted: it cannot look for news)."""
+        if self._others.device.type != "cpu":
+            return False
+        if self.mode == "pooled":
+            self._received = {part: shared.receive(self.key, part) for part in ("count", "sum", "sumsq")}
+            shared.on_take(self._take_pooled)
+        elif self.mode == "learner" and not self.writer:
+            self._received = {"value": shared.receive(self.key, "value")}
+            shared.on_take(self._take_broadcast)
+        return True  # local and the learner's own normaliser receive nothing
+
+    def _take_pooled(self) -> None:
+        count, total, squares = (self._received[part] for part in ("count", "sum", "sumsq"))
+        self._others[0].fill_(float(count))
+        self._others[1].copy_(torch.from_numpy(total))
+        self._others[2].copy_(torch.from_numpy(squares))
+        self._set_from_pooled()
+
+    def _take_broadcast(self) -> None:
+        value = self._received["value"]
+        if value[-1] > 0:  # the learner's count: zero until it published
+            size = int(np.prod(self.shape))
+            self._set(value[:size], value[size : 2 * size], int(round(float(value[-1]))))
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         view = fleet.keys.get(self.key)

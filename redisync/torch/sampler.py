@@ -419,10 +419,12 @@ class AdaptiveMotionSampler(nn.Module):
 
     def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own EMA moves to shared memory, where the sidecar
-        reads it when a publish is due (pooled, or the broadcast owner, on the CPU)."""
-        reports = self.mode == "pooled" or (self.mode == "broadcast" and self.shard_id == self.owner)
-        if not reports or self.bin_failed_count.device.type != "cpu":
-            return False
+        reads it when a publish is due (pooled, or the broadcast owner, on the CPU; nothing to share
+        when the sampler reports nothing)."""
+        if self.mode == "local" or (self.mode == "broadcast" and self.shard_id != self.owner):
+            return True  # nothing to report
+        if self.mode == "weighted" or self.bin_failed_count.device.type != "cpu":
+            return False  # weighted reports the failures since its last report: not a slice of its state
         self.bin_failed_count = torch.from_numpy(shared.array(self.bin_failed_count.numpy()))
         own = self.bin_failed_count.numpy()
         if self.mode == "pooled":
