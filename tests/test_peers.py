@@ -27,6 +27,8 @@ def test_the_peers_table_has_every_row_and_ratio(real_url):
     for row in res["rows"][1:]:  # redisync's steps: every one handed a report over, applied a fleet state, or neither
         shares = {kind: b["share"] for kind, b in row["breakdown"].items()}
         assert sum(shares.values()) == pytest.approx(1.0) and shares["apply"] > 0
+    for row in res["rows"][1:]:  # fresh states, applied a few times a second
+        assert row["applies_per_s"] > 0 and row["applied_lag_versions_p50"] >= 0
     thread, process = res["rows"][1]["breakdown"], res["rows"][2]["breakdown"]
     assert thread["hand-over"]["share"] > 0
     assert process["hand-over"]["share"] == 0  # the sampler's report is the sidecar's to read: on_step only counts

@@ -16,7 +16,9 @@ checkpoint): a collective makes every other rank wait for it, a store should not
 the others' blocking times (the straggler's own are left out). Each row also says what the steps
 did (redisync: handed a report over, applied a fleet state, or neither, with their shares and
 times) and the floor: the p99 of a fixed 5 µs of spinning timed in the same loop, which is what
-the machine's scheduling alone adds to a call that short.
+the machine's scheduling alone adds to a call that short. How fresh the applied fleet states are
+is measured too: how many a collector applies per second, and how many versions the store was
+ahead of the one it applied, at that moment (one HGET, outside the timed calls).
 """
 
 from __future__ import annotations
@@ -80,14 +82,17 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=scenario.procs)
         state = torch.zeros_like(sampler.bin_failed_count)
     else:
-        syncer = Syncer(connect(url, run=run), rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every,
+        store = connect(url, run=run)
+        syncer = Syncer(store, rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every,
                         poll_every_s=0.5).start()
 
     straggles = scenario.straggler and rank == scenario.procs - 1
-    timings, kinds, floor = [], [], []
+    timings, kinds, floor, lags = [], [], [], []
     out.put(("ready", rank))
     perf_ns = time.perf_counter_ns
     for step in range(steps + WARMUP):
+        if step == WARMUP:
+            started = time.perf_counter()
         time.sleep(STEP_S + (STRAGGLE_S if straggles and step % STRAGGLE_EVERY == 0 else 0.0))
         sampler.record_failures(torch.randint(0, sampler.num_frames, (ENVS,), generator=g), torch.rand(ENVS, generator=g) < 0.02)
         sampler.step()
@@ -99,6 +104,8 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
             applied = syncer.at_reset_boundary()
             t1 = perf_ns()
             kinds.append("apply" if applied else "hand-over" if syncer._last_report != reported else "neither")
+            if applied and step >= WARMUP:  # how far behind the store the state just applied is, in versions
+                lags.append(int(store.redis.hget(store.keys.meta, "fleet_version")) - syncer._applied_version)
         else:
             t = perf_ns()
             if step % scenario.every == 0:
@@ -114,6 +121,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         _spin(FLOOR_NS)
         timings.append(t1 - t)
         floor.append(perf_ns() - t1)
+    loop_s = time.perf_counter() - started
     applied = None
     if syncer is not None:
         syncer.stop(flush=False)
@@ -122,7 +130,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    out.put(("done", rank, None if straggles else list(zip(timings, kinds, floor))[WARMUP:], applied))
+    out.put(("done", rank, None if straggles else list(zip(timings, kinds, floor))[WARMUP:], applied, (lags, loop_s)))
 
 
 def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
@@ -156,16 +164,20 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
             from ..client import connect
 
             connect(url, run=run).delete()
-    steps_kept = [s for _, _, ss, _ in results if ss is not None for s in ss]
+    steps_kept = [s for _, _, ss, _, _ in results if ss is not None for s in ss]
     times = sorted(t / 1e3 for t, _, _ in steps_kept)
     row = {
         "scenario": scenario.label, "mode": scenario.mode, "procs": scenario.procs, "every": scenario.every,
         "straggler": scenario.straggler, "p50_us": statistics.median(times), "p99_us": _p99(times),
         "mean_us": statistics.fmean(times), "wall_s": time.perf_counter() - t0,
-        "fleet_versions_applied": [a for *_, a in results if a is not None],
+        "fleet_versions_applied": [a for *_, a, _ in results if a is not None],
         "floor_p99_us": _p99(sorted(f / 1e3 for _, _, f in steps_kept)),
     }
     if not scenario.mode.startswith("gloo"):  # what the steps did: handed a report over, applied a fleet state, neither
+        # how fresh the applied states are: how often one is applied, and how many versions the store was ahead then
+        lags = sorted(lag for *_, (ls, _) in results for lag in ls)
+        row["applies_per_s"] = statistics.fmean(len(ls) / loop_s for *_, (ls, loop_s) in results)
+        row["applied_lag_versions_p50"] = statistics.median(lags) if lags else None
         row["breakdown"] = {}
         for kind in ("hand-over", "apply", "neither"):
             ts = sorted(t / 1e3 for t, k, _ in steps_kept if k == kind)
