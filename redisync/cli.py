@@ -215,9 +215,10 @@ def _bench_peers(url: str, steps: int, as_json: bool) -> None:
     click.echo(_table(["vs redisync process/step", "processes", "straggler", "p50 ratio", "p99 ratio"], rows))
     rows = [[r["scenario"], r["procs"], "yes" if r["straggler"] else "no",
              *(f"{b['share']:.1%} {b['p50_us'] or 0:.0f}/{b['p99_us'] or 0:.0f}" for b in r["breakdown"].values()),
-             f"{r['floor_p99_us']:.0f}"] for r in res["rows"] if "breakdown" in r]
+             f"{r['floor_p99_us']:.0f}", f"{r['applies_per_s']:.1f}", f"{r['applied_lag_versions_p50']}"]
+            for r in res["rows"] if "breakdown" in r]
     click.echo(_table(["redisync steps: share p50/p99 us", "processes", "straggler", "hand-over", "apply", "neither",
-                       "floor p99 us (5 us spin)"], rows))
+                       "floor p99 us (5 us spin)", "applies/s", "versions behind (p50)"], rows))
     for name, t in res["targets"].items():
         click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")
 
