@@ -118,9 +118,10 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
                     dist.all_reduce(state)
             t1 = perf_ns()
             kinds.append(None)
+        f0 = perf_ns()
         _spin(FLOOR_NS)
         timings.append(t1 - t)
-        floor.append(perf_ns() - t1)
+        floor.append(perf_ns() - f0)
     loop_s = time.perf_counter() - started
     applied = None
     if syncer is not None:
