@@ -122,7 +122,6 @@ class SidecarSyncer(Syncer):
         self._status_seq = 0
         self._header: Any = None  # the mailbox's header once started: on_step counts steps there
         self._shared: SharedState | None = None  # the shared terms' buffers (see redisync.shared_state)
-        self._copied: list[SyncedTerm] = self.terms  # the terms whose reports cross the outbox
         self._handed: list[SyncedTerm] = self.terms  # the terms handed decoded fleet states
         self._flush_request = 0
 
@@ -154,7 +153,7 @@ class SidecarSyncer(Syncer):
         header = self._header
         if header is not None:
             header[STEPS] += 1
-        if self._copied:
+        if self._reporting:
             self._steps += 1
             if self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s:
                 if header is not None and header[DONE] >= self._out_seq:
@@ -166,14 +165,6 @@ class SidecarSyncer(Syncer):
         if self._header is not None and self._shared is not None and self._shared.parts:
             self._header[FLUSH] += 1
             self._flush_request = self._header[FLUSH]
-
-    def _take_reports(self) -> None:
-        reports: dict[str, Mapping[str, Any]] = {}
-        for term in self._copied:
-            reports.update(term.report_shard_state())
-        self._steps, self._last_report = 0, time.monotonic()
-        if reports:
-            self._hand_over(reports)
 
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         try:
@@ -261,7 +252,7 @@ class SidecarSyncer(Syncer):
         """Offer every term shared memory for what it reports and receives; the ones that take it
         leave the copy path in that direction."""
         shared = SharedState(self.schema)
-        self._copied = [t for t in self.terms if not (hasattr(t, "share_report") and t.share_report(shared))]
+        self._reporting = [t for t in self.terms if not (hasattr(t, "share_report") and t.share_report(shared))]
         self._handed = [t for t in self.terms if not (hasattr(t, "share_fleet") and t.share_fleet(shared))]
         if shared.parts or shared.received:
             self._shared = shared

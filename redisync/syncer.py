@@ -72,6 +72,7 @@ class Syncer:
     ):
         self.store = store
         self.terms = list(terms)
+        self._reporting = self.terms  # the terms whose reports this process builds (the process worker shares some)
         self.schema = schema_of(self.terms)
         self.shard = store.shard(shard_id, incarnation)
         self.resume = resume
@@ -137,7 +138,7 @@ class Syncer:
 
     def _take_reports(self) -> None:
         reports: dict[str, Mapping[str, Any]] = {}
-        for term in self.terms:
+        for term in self._reporting:
             reports.update(term.report_shard_state())
         self._steps, self._last_report = 0, time.monotonic()
         if reports:

@@ -238,7 +238,7 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
     syncers = [Syncer(store, shard, [s, n], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
                for shard, (s, n, _) in enumerate(fleets)]
     try:
-        assert all(sy._copied == [] and sy._handed == [] for sy in syncers)  # both terms shared, both ways
+        assert all(sy._reporting == [] and sy._handed == [] for sy in syncers)  # both terms shared, both ways
         data = [_train(s, n, g, sy, 40) for (s, n, g), sy in zip(fleets, syncers)]
         for sy in syncers:
             sy.flush()
@@ -335,7 +335,7 @@ def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url
     writer = Syncer(store, 0, [learner], worker="process").start()
     reader = Syncer(store, 1, [collector], worker="process", poll_every_s=0.05).start()
     try:
-        assert reader._handed == [] and reader._copied == [] and writer._copied == [learner]  # a concatenation: copied
+        assert reader._handed == [] and reader._reporting == [] and writer._reporting == [learner]  # a concatenation: copied
         assert not reader.at_reset_boundary() or float(collector.count) == 0  # nothing published: untouched
         torch.testing.assert_close(collector.std, torch.ones(3))
         learner.update(torch.randn(500, 3, generator=torch.Generator().manual_seed(0)) * 2 + 5)

@@ -162,7 +162,7 @@ def test_a_paused_redis_never_stalls_the_shared_hot_path_and_the_fleet_catches_u
         for i, c in enumerate(collectors)
     ]
     try:
-        assert all(s._shared is not None and c.sampler not in s._copied + s._handed for s, c in zip(syncers, collectors))
+        assert all(s._shared is not None and c.sampler not in s._reporting + s._handed for s, c in zip(syncers, collectors))
         run(collectors, syncers, 50, reset_every=1)
         converge(syncers[0].store, collectors, syncers)
         assert_pooled(collectors)
