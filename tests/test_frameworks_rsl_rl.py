@@ -100,6 +100,9 @@ def test_pooled_normalisers_hold_what_rsl_rls_all_reduce_computes(real_url):
             fleet.syncer.flush()
         for fleet in fleets:
             assert fleet.syncer.wait_synced(timeout=10)
+        final = fleets[0].syncer.store.fleet().fleet_version  # both published: each waits for the other's too
+        for fleet in fleets:
+            assert fleet.syncer.wait_synced(final, timeout=10)
         for fleet, actor in zip(fleets, actors):
             fleet.at_reset_boundary()
             synced = actor.obs_normalizer
