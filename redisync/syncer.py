@@ -22,6 +22,7 @@ to them; ``resume=True``/``False`` overrides that for every key.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 from collections import deque
 import time
@@ -37,18 +38,31 @@ log = logging.getLogger(__name__)
 WORKERS = ("auto", "process", "thread")
 
 
+def stores_in_order() -> bool:
+    """Whether this CPU makes one core's stores visible to the others in program order (x86's TSO)."""
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 class Syncer:
     """``worker="process"`` runs the network in a sidecar process of its own (:mod:`redisync.sidecar`),
     which keeps the collector's interpreter lock free for its hot path; ``worker="thread"`` in a
     thread of the collector's process. ``"auto"`` (the default) takes the sidecar for a Redis URL and
-    the thread for the embedded store, which lives inside the process. Same API, same rules."""
+    the thread for the embedded store, which lives inside the process. Same API, same rules.
+
+    The sidecar's seqlocks are plain stores from Python, with no memory fences: they rely on a CPU
+    that keeps stores in order (x86's TSO). Elsewhere ``"auto"`` takes the thread, and asking for the
+    process is refused."""
 
     def __new__(cls, *args: Any, worker: str = "auto", **kwargs: Any) -> "Syncer":
         if worker not in WORKERS:
             raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
         if worker == "auto":
             store = args[0] if args else kwargs.get("store")
-            worker = "process" if getattr(store, "connect_args", None) is not None else "thread"
+            worker = "process" if getattr(store, "connect_args", None) is not None and stores_in_order() else "thread"
+        if worker == "process" and not stores_in_order():
+            raise errors.ConfigurationError(
+                f"worker='process' needs a CPU that keeps stores in order (x86); this one is {platform.machine()!r}: "
+                "use worker='thread'")
         if cls is Syncer and worker == "process":
             from .sidecar import SidecarSyncer
 

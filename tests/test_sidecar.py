@@ -99,6 +99,21 @@ def test_the_process_worker_needs_a_server_and_the_worker_must_exist():
         Syncer(redisync.connect(None, run="embedded"), 0, [Cumulative()], worker="fiber")
 
 
+def test_the_sidecar_is_only_used_where_stores_stay_in_order(monkeypatch):
+    """Its seqlocks have no fences: on a CPU that may reorder stores (aarch64) auto takes the thread."""
+    import platform
+
+    from redisync.sidecar import SidecarSyncer
+
+    store = redisync.connect("redis://127.0.0.1:6379/9", run="never-started")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert type(Syncer(store, 0, [Cumulative()])) is SidecarSyncer
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert type(Syncer(store, 0, [Cumulative()])) is Syncer
+    with pytest.raises(errors.ConfigurationError, match="keeps stores in order"):
+        Syncer(store, 0, [Cumulative()], worker="process")
+
+
 def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
     store = redisync.connect(real_url, run=f"sidecar-restart-{os.getpid()}")
     term = Cumulative()
