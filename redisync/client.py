@@ -543,6 +543,8 @@ class ShardClient:
         self.seq = 0
         self.known: codec.PullResult | None = None
         self.highest_version = 0  # the highest fleet version this client has seen, in any epoch
+        self._continued_epoch: int | None = None  # epoch_tag of highest_version when continued from another process
+        self.reserve: Any = None  # called with each seq before its fold is sent (a sidecar records it for its successor)
         self._limits: Limits | None = None
         self._lock = threading.RLock()
 
@@ -558,6 +560,13 @@ class ShardClient:
     @incarnation.setter
     def incarnation(self, value: int) -> None:
         self._incarnation = int(value)
+
+    def continue_from(self, epoch_tag: int, version: int) -> None:
+        """Carry on from another process serving this shard (a restarted sidecar): the newest fleet
+        state it handed over was ``version`` of the epoch with ``epoch_tag``
+        (:func:`redisync.codec.epoch_tag`), so an older state of that epoch is lost writes here too."""
+        self.highest_version = max(self.highest_version, version)
+        self._continued_epoch = epoch_tag
 
     def resumes(self, name: str) -> bool:
         return self.resume if isinstance(self.resume, bool) else name in self.resume
@@ -576,6 +585,8 @@ class ShardClient:
         payloads = {n: codec.encode(v) for n, v in vectors.items()}
         with self._lock:
             self.seq += 1
+            if self.reserve is not None:
+                self.reserve(self.seq)
             return self.publish_payloads(payloads, self.seq)
 
     def publish_payloads(self, payloads: Mapping[str, bytes], seq: int) -> codec.PublishResult:
@@ -610,7 +621,11 @@ class ShardClient:
         with self._lock:
             result = self.store.pull(self.shard_id, self.known, self.incarnation, self.resumes)
             if result is not None:
-                if not result.epoch_changed and result.fleet_version < self.highest_version:
+                continued = self._continued_epoch
+                same_epoch = not result.epoch_changed or (
+                    self.known is None and continued is not None and codec.epoch_tag(result.epoch) == continued)
+                self._continued_epoch = None
+                if same_epoch and result.fleet_version < self.highest_version:
                     # same epoch, older version: the store lost its last writes (a crash between fsyncs)
                     result = dataclasses.replace(result, lost_writes=True)
                 self.highest_version = max(self.highest_version, result.fleet_version)

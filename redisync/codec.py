@@ -6,6 +6,7 @@ that the Lua ``struct`` library decodes without per-element parsing.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -16,6 +17,12 @@ from .schema import BroadcastSpec, MergeSpec, Schema, coerce_report
 from .semantics import moments, own_substituted, split_parts
 
 LE_F64 = np.dtype("<f8")
+
+
+def epoch_tag(epoch: str) -> int:
+    """31 bits naming an epoch, to keep beside a version in one int64 (a sidecar's successor
+    compares epochs by tag: see ``ShardClient.continue_from``)."""
+    return zlib.crc32(epoch.encode()) & 0x7FFFFFFF
 
 
 def encode(vectors: Sequence[np.ndarray]) -> bytes:

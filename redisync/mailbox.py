@@ -8,31 +8,39 @@ shared, so neither side can make the other wait: the collector's handover is a c
 
 A slot holds the latest message only (older ones are replaced), which is what cumulative reports and
 a versioned fleet state want. The header also carries a few counters the two sides share (the stop
-request, the last report the sidecar took and finished with, the sidecar's heartbeat, the
-collector's steps and flush requests for the shared terms of :mod:`redisync.shared_state`).
+request, the last report the store answered for, the sequence number reserved before a fold is
+sent, the newest fleet state handed to the collector, the sidecar's heartbeat, the collector's steps
+and flush requests for the shared terms of :mod:`redisync.shared_state`): what a restarted sidecar
+must know lives here, never in the sidecar (see :mod:`redisync.sidecar` for the invariants).
+
+Blocks are anonymous memory files (``memfd_create``), named by their ``/proc/<pid>/fd/<n>`` path
+while the creator lives: the kernel frees one when the last process holding it exits, whatever
+killed it, so nothing can be left behind in ``/dev/shm``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
-from multiprocessing import shared_memory
 from typing import Any, Sequence
 
 import numpy as np
 
+from .codec import epoch_tag
 from .errors import RedisyncError
 
 HEADER = 32  # int64 fields
 # header fields
 STOP = 8  # 1: the collector asks the sidecar to publish what it holds and exit
-TAKEN = 9  # the outbox sequence number of the last report the sidecar took
-DONE = 10  # the outbox sequence number of the last report the sidecar published (or that was refused)
+DONE = 10  # the outbox sequence number of the last report the store answered for (applied, duplicate or refused)
 HEARTBEAT_MS = 11  # the sidecar's monotonic clock in ms, written every loop: a hung sidecar stops it
 SIDECAR_PID = 12
 INCARNATION = 13  # the shard's incarnation + 1 once claimed (0: not yet): a restarted sidecar keeps it
-FLUSHED = 14  # the last flush request whose shared reports the sidecar has published
+FLUSHED = 14  # the last flush request whose shared reports the store answered for
+SEQ = 15  # the highest fold sequence number a sidecar reserved (written before the fold is sent)
+HANDED = 16  # the newest fleet state handed to the collector: epoch_tag(epoch) << 32 | fleet version
 # written by the collector on every step: a cache line of their own, away from the sidecar's writes
 STEPS = 24  # the collector's env steps so far: the sidecar publishes shared reports on this count
 FLUSH = 25  # the collector's flush requests so far (flush(), stop())
@@ -40,15 +48,59 @@ OUTBOX, INBOX, STATUS = 0, 1, 2  # slot numbers: fields 2*slot and 2*slot+1 hold
 STATUS_BYTES = 16 << 10
 
 
+def pack_handed(epoch: str, version: int) -> int:
+    return epoch_tag(epoch) << 32 | (version & 0xFFFFFFFF)
+
+
+def unpack_handed(word: int) -> tuple[int, int] | None:
+    """``(epoch tag, version)`` of a :data:`HANDED` word, or None when nothing was handed yet."""
+    return None if word == 0 else (word >> 32, word & 0xFFFFFFFF)
+
+
+class Block:
+    """One block of shared memory the creator holds: an anonymous memory file and its mapping."""
+
+    def __init__(self, size: int, tag: str = "redisync"):
+        self.size = max(size, 1)
+        self.fd = os.memfd_create(tag, os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.mapping = mmap.mmap(self.fd, self.size)
+        self.name = f"/proc/{os.getpid()}/fd/{self.fd}"  # what another process opens while we live
+
+    def release(self) -> None:
+        """Close the file; the memory goes when the last mapping of it does."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def map_block(name: str, size: int) -> mmap.mmap:
-    """Map a block of shared memory by name. Not through ``SharedMemory``: on Python < 3.13 that
-    registers the block with this process's resource tracker, which would free it when this
-    process exits (a restarted sidecar would find it gone)."""
-    fd = os.open(f"/dev/shm/{name.lstrip('/')}", os.O_RDWR)
+    """Map a block another process created, by the name it gave it."""
+    fd = os.open(name, os.O_RDWR)
     try:
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+
+
+_PROT_RW, _MAP_PRIVATE_FIXED_ANON = 0x1 | 0x2, 0x02 | 0x10 | 0x20
+
+
+def privatize(mapping: mmap.mmap) -> None:
+    """Replace a shared mapping by private memory holding the same bytes, at the same address, so
+    that the arrays on it keep working but no longer write into (or see) the shared block. For a
+    forked child, which must never touch its parent's sync."""
+    size = len(mapping)
+    data = mapping[:]
+    anchor = ctypes.c_char.from_buffer(mapping)
+    address = ctypes.addressof(anchor)
+    del anchor
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    if libc.mmap(address, size, _PROT_RW, _MAP_PRIVATE_FIXED_ANON, -1, 0) != address:
+        raise OSError(ctypes.get_errno(), "mmap(MAP_FIXED) failed while detaching a forked child's shared memory")
+    ctypes.memmove(address, data, size)
 
 
 class MailboxFull(RedisyncError, ValueError):
@@ -59,7 +111,7 @@ class Mailbox:
     """One block of shared memory: a header and the outbox, inbox and status slots."""
 
     def __init__(self, name: str, buf: Any, sizes: tuple[int, int, int], closer: Any):
-        self.name, self.sizes, self._closer = name, sizes, closer
+        self.name, self.sizes, self._closer, self.mapping = name, sizes, closer, buf
         offsets = np.cumsum((HEADER * 8,) + sizes)
         self._buf = memoryview(buf)
         self.header = self._buf[: HEADER * 8].cast("q")  # int64 fields; a memoryview reads and writes faster than numpy
@@ -70,15 +122,13 @@ class Mailbox:
     @classmethod
     def create(cls, outbox_bytes: int, inbox_bytes: int) -> "Mailbox":
         sizes = (outbox_bytes, inbox_bytes, STATUS_BYTES)
-        shm = shared_memory.SharedMemory(create=True, size=HEADER * 8 + sum(sizes))
-        shm.buf[: HEADER * 8] = bytes(HEADER * 8)
+        block = Block(HEADER * 8 + sum(sizes), "redisync-mailbox")  # zero-filled
 
         def free() -> None:
-            shm.close()
-            shm.unlink()
+            block.release()
+            block.mapping.close()
 
-        # the creator's resource tracker frees the block if the collector dies without stop()
-        return cls(shm.name, shm.buf, sizes, free)
+        return cls(block.name, block.mapping, sizes, free)
 
     @classmethod
     def attach(cls, name: str, sizes: tuple[int, int, int]) -> "Mailbox":

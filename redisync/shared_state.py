@@ -24,14 +24,13 @@ is handed decoded fleet states, as with the thread worker.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 from typing import Any, Callable
 
 import numpy as np
 
 from .codec import PullResult
 from .errors import InvalidSchema
-from .mailbox import map_block
+from .mailbox import Block, map_block, privatize
 from .schema import MergeSpec, Schema
 from .semantics import split_parts
 
@@ -52,14 +51,11 @@ class SharedPart:
     constant: float | None = None
 
 
-def _create(size: int) -> tuple[shared_memory.SharedMemory, Any]:
-    """A new block and our own mapping of it, which outlives stop() (a term may write after its
-    syncer stopped). The creator's handle is kept to unlink the block, and its resource tracker
-    frees the block if this process dies."""
-    shm = shared_memory.SharedMemory(create=True, size=size)
-    mapping = map_block(shm.name, size)
-    shm.close()
-    return shm, mapping
+def _create(size: int) -> tuple[Block, Any]:
+    """A new block and our mapping of it, which outlives stop() (a term may write after its syncer
+    stopped): the block's memory goes when the last process mapping it does."""
+    block = Block(size, "redisync-state")
+    return block, block.mapping
 
 
 def _key_offsets(schema: Schema) -> dict[str, int]:
@@ -78,7 +74,7 @@ class SharedState:
         self.schema = schema
         self._control, control = _create(CONTROL_BYTES)
         self._seq = memoryview(control).cast("q")
-        self._blocks: list[tuple[shared_memory.SharedMemory, np.ndarray]] = []
+        self._blocks: list[tuple[Block, np.ndarray]] = []
         self.parts: list[SharedPart] = []
         # the fleet: staged by the sidecar (control: seq, version), taken into `_live` at a reset boundary
         self._offsets = _key_offsets(schema)
@@ -186,14 +182,21 @@ class SharedState:
                 "parts": self.parts, "staging": (self._staging_shm.name, CONTROL_BYTES + max(self._staging.nbytes, 8)),
                 "received": [(key, self._offsets[key], self.schema.keys[key].width) for key in self.received]}
 
+    def _all_blocks(self) -> list[Block]:
+        return [self._control, self._staging_shm] + [block for block, _ in self._blocks]
+
     def release(self) -> None:
-        """Unlink the blocks (the sidecar is gone). The mappings stay while the term's arrays use
-        them, so the term goes on working in memory of its own."""
-        for shm in [self._control, self._staging_shm] + [shm for shm, _ in self._blocks]:
-            try:
-                shm.unlink()
-            except FileNotFoundError:
-                pass
+        """Close the blocks' files (the sidecar is gone). The mappings stay while the term's arrays
+        use them, so the term goes on working in memory of its own."""
+        for block in self._all_blocks():
+            block.release()
+
+    def detach_forked(self) -> None:
+        """In a forked child: the same arrays, on private memory from now on, so the child's terms
+        neither write into its parent's reports nor see its parent's staged fleet states."""
+        for block in self._all_blocks():
+            privatize(block.mapping)
+            block.release()
 
 
 class _NotShared:

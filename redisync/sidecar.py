@@ -14,15 +14,33 @@ interpreter lock of its own, so it can never hold the collector's. The two meet 
 
 Inside the sidecar a thread-worker :class:`~redisync.syncer.Syncer` with one :class:`MailboxTerm`
 does the work, so re-seeding after a store restart, the life-cycle rules, retries and the
-subscription are the same code as the thread worker's. The collector claims the shard's
-incarnation; a restarted sidecar keeps it and continues the shard's sequence numbers from the
-server's, so a sidecar crash is not a new life: the collector sees only a view that is stale for a
-moment. The sidecar dies with its collector (``PR_SET_PDEATHSIG``, and a parent check as a backup).
+subscription are the same code as the thread worker's.
+
+**A sidecar holds no state of its own**; a successor (the monitor restarts one that died or hung,
+and ``stop()`` starts one to publish the last report if the last one died) reads from the mailbox
+header what it must continue from. The invariants:
+
+- *incarnation*: claimed once per collector life (by the collector, or by the first sidecar when
+  the store was away at ``start()``) and kept in the header; a sidecar crash is not a new life;
+- *sequence numbers*: a sidecar writes a fold's seq to the header (``SEQ``) before sending it, and
+  a successor continues above both that and the server's last folded seq, so it never reuses a
+  seq that a dead sidecar's fold may still carry;
+- *publish marks*: ``DONE`` / ``FLUSHED`` move only on the store's answer for a report (applied,
+  duplicate or refused). A successor re-reads the outbox and the shared buffers and publishes the
+  latest reports again — harmless, since a report replaces the shard's slot — so a sidecar killed
+  at any point of a publish loses nothing, and ``wait_synced()`` / ``flush()`` mean "the store
+  answered for it";
+- *versions*: the newest (epoch, version) handed to the collector is written (``HANDED``) before
+  the collector can see it; a successor treats an older state of that epoch as lost writes
+  (re-publishes, never hands it over), as the thread worker does;
+- *life*: the sidecar exits when its collector process is gone, whichever thread started it (it
+  reads a pipe whose write end only the collector holds); the shared memory is anonymous
+  (``memfd``), gone with the last process that maps it; a forked child detaches (private copies
+  of the shared arrays, no stop, no writes into the parent's mailbox).
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import os
@@ -39,12 +57,12 @@ import numpy as np
 from . import errors
 from .client import Store, connect
 from .codec import KeyView, PullResult
-from .mailbox import (DONE, FLUSH, FLUSHED, HEARTBEAT_MS, INBOX, INCARNATION, OUTBOX, SIDECAR_PID, STATUS, STEPS, STOP, TAKEN,
-                      Mailbox, MailboxFull)
+from .mailbox import (DONE, FLUSH, FLUSHED, HANDED, HEARTBEAT_MS, INBOX, INCARNATION, OUTBOX, SEQ, SIDECAR_PID, STATUS, STEPS,
+                      STOP, Mailbox, MailboxFull, pack_handed, unpack_handed)
 from .schema import Schema
 from .seam import SyncedTerm
 from .shared_state import SharedState, SidecarState
-from .syncer import Syncer
+from .syncer import Syncer, _live
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +132,7 @@ class SidecarSyncer(Syncer):
         self._codec = ReportCodec(self.schema)
         self.mailbox: Mailbox | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._lifeline = -1  # the write end of the pipe the sidecar reads: closed (by us or by our death), it exits
         self._monitor: threading.Thread | None = None
         self._stopping = threading.Event()
         self._out_seq = 0
@@ -167,6 +186,8 @@ class SidecarSyncer(Syncer):
             self._flush_request = self._header[FLUSH]
 
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
+        if self.mailbox is None:  # stopped, or a forked child's copy of its parent's syncer
+            return
         try:
             self._out_seq = self.mailbox.write_vectors(OUTBOX, self._codec.encode(reports))  # type: ignore[union-attr]
             if self._problem is not None:
@@ -233,20 +254,38 @@ class SidecarSyncer(Syncer):
 
     # ------------------------------------------------------------------ life cycle
 
-    def _start_worker(self) -> None:
+    def _prepare_worker(self) -> None:
+        """The mailbox and the shared buffers exist before start() returns, so the hot path works at
+        once, even while the store has not answered yet."""
         self.mailbox = Mailbox.create(_slot_bytes(self.schema, 1), _slot_bytes(self.schema, 2))
         self._share_state()
+        self._header = self.mailbox.header
+
+    def _start_worker(self) -> None:
+        assert self.mailbox is not None
         if self.shard._incarnation is not None:
             self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
         self._spawn()
         # start() returns with the sidecar serving (it takes about a second to start a Python process):
         # a collector that trains and stops at once still has its reports published
-        deadline = time.monotonic() + STARTUP_S
-        while self.mailbox.header[SIDECAR_PID] == 0 and self._process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._await_serving()
         self._monitor = threading.Thread(target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True)
         self._monitor.start()
-        self._header = self.mailbox.header
+
+    def _await_serving(self) -> bool:
+        """Wait (up to STARTUP_S) for the sidecar just spawned to serve; one that exits first could
+        not start, which health() says at once."""
+        process, box = self._process, self.mailbox
+        assert process is not None and box is not None
+        deadline = time.monotonic() + STARTUP_S
+        while box.header[SIDECAR_PID] != process.pid and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if box.header[SIDECAR_PID] == process.pid:
+            return True
+        if process.poll() is not None:
+            self._report_problem(f"sidecar: could not start (exit code {process.returncode}; its error is on stderr)",
+                                 logging.ERROR)
+        return False
 
     def _share_state(self) -> None:
         """Offer every term shared memory for what it reports and receives; the ones that take it
@@ -263,21 +302,31 @@ class SidecarSyncer(Syncer):
         box = self.mailbox
         assert box is not None
         claimed = box.header[INCARNATION]
+        read_end, write_end = os.pipe()
         config = {
             "connect": self.store.connect_args, "run": self.store.run, "shard_id": self.shard.shard_id,
             "incarnation": claimed - 1 if claimed else None, "resume": self.shard.resume,
-            "schema": self.schema.canonical_json(), "mailbox": (box.name, box.sizes), "parent": os.getpid(),
+            "schema": self.schema.canonical_json(), "mailbox": (box.name, box.sizes), "lifeline": read_end,
             "shared": None if self._shared is None else self._shared.layout(),
             "cadence": (self.publish_every_steps, self.publish_every_s),
             "syncer": {"poll_every_s": self.poll_every_s,
                        "min_pull_interval_s": self.min_pull_interval_s, "retry_every_s": self.retry_every_s},
         }
+        box.header[SIDECAR_PID] = 0
         box.header[HEARTBEAT_MS] = int(time.monotonic() * 1e3)
-        process = subprocess.Popen([sys.executable, "-m", "redisync.sidecar"], stdin=subprocess.PIPE, close_fds=True)
+        # the sidecar imports redisync from wherever this process does (a source tree on sys.path included)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(_import_path()))
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "redisync.sidecar"], stdin=subprocess.PIPE, close_fds=True,
+                                       pass_fds=(read_end,), env=env)
+        finally:
+            os.close(read_end)
         assert process.stdin is not None
         process.stdin.write(pickle.dumps(config))
         process.stdin.close()
-        self._process = process
+        if self._lifeline >= 0:
+            os.close(self._lifeline)  # the previous sidecar's: it is gone
+        self._process, self._lifeline = process, write_end
 
     def _watch(self) -> None:
         """Restart a sidecar that died or hung; the collector only sees its view go stale meanwhile.
@@ -296,28 +345,43 @@ class SidecarSyncer(Syncer):
             if hung:
                 process.kill()
                 process.wait()
-            self._report_problem(f"sidecar: {'hung' if hung else 'died'} (exit code {process.poll()}): restarting it",
-                                 logging.WARNING)
+            served = box.header[SIDECAR_PID] == process.pid
+            what = ("hung" if hung else "died") if served else "could not start"
+            self._report_problem(f"sidecar: {what} (exit code {process.poll()}): restarting it", logging.WARNING)
             backoff = min(MAX_BACKOFF_S, 2 * backoff or CHECK_EVERY_S)
             if self._stopping.wait(backoff):
                 break
             self._own_stats["sidecar_restarts"] += 1
             self._spawn()
+            self._await_serving()
             started = time.monotonic()
 
     def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
         """Ask the sidecar to publish the current reports (when ``flush``) and exit; kill it if it has
-        not within ``timeout``. Frees the shared memory."""
-        deadline = time.monotonic() + timeout
-        if self.mailbox is None:
+        not within ``timeout``. A sidecar that died just before is replaced first, so the last
+        report is published whenever the last sidecar died. Frees the shared memory."""
+        if self._forked or self.mailbox is None:
             return
+        _live.discard(self)
+        deadline = time.monotonic() + timeout
+        self._stop.set()  # a start still waiting for the store does not spawn a sidecar any more
+        if self._starter is not None and self._starter.is_alive():
+            self._starter.join(max(0.0, deadline - time.monotonic()))
         if flush:
             self.flush()
         self._stopping.set()
         if self._monitor is not None:
             self._monitor.join()
-        self.mailbox.header[STOP] = 1 if flush else 2
         process = self._process
+        if flush and process is not None and process.poll() is not None:
+            self._own_stats["sidecar_restarts"] += 1  # it died since the monitor last looked: one more, to publish
+            self._spawn()
+            self._await_serving()
+            process = self._process
+        if flush and process is None:
+            log.warning("redisync shard %d: stopped before the store answered at start: the last report was not published",
+                        self.shard.shard_id)
+        self.mailbox.header[STOP] = 1 if flush else 2
         if process is not None:
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
@@ -327,10 +391,23 @@ class SidecarSyncer(Syncer):
                 process.wait()
         self._worker_status()  # the last counters, for metrics() after stop()
         self._header = None
+        if self._lifeline >= 0:
+            os.close(self._lifeline)
+            self._lifeline = -1
         self.mailbox.close()
         self.mailbox = None
         if self._shared is not None:
             self._shared.release()
+
+    def _after_fork_in_child(self) -> None:
+        super()._after_fork_in_child()
+        self._header, self.mailbox, self._process, self._monitor = None, None, None, None
+        if self._lifeline >= 0:
+            os.close(self._lifeline)  # the sidecar must see its collector's death, not wait for this child's
+            self._lifeline = -1
+        if self._shared is not None:
+            self._shared.detach_forked()
+            self._shared = None
 
     @property
     def sidecar_pid(self) -> int | None:
@@ -357,6 +434,8 @@ class MailboxTerm:
         return {**self.copied, **self.shared}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        # first: a successor must know of this state before the collector can have applied it
+        self.mailbox.header[HANDED] = pack_handed(fleet.epoch, fleet.fleet_version)
         if self.shared_state is not None:  # staged first: once the inbox shows a version, the staging holds it
             self.shared_state.stage(fleet)
         keys = [(name, v.version, None if v.value is None else v.value.tobytes(),
@@ -398,12 +477,26 @@ class SharedCadence:
         return reports
 
 
-def _die_with_parent(parent: int) -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the collector died before the line above took effect
-        os._exit(0)
+def _import_path() -> list[str]:
+    """Where this process finds redisync and what it imports: the sidecar's PYTHONPATH."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [here] + [p for p in sys.path if p and p != here and os.path.exists(p)]
+
+
+def _exit_with_collector(lifeline: int) -> None:
+    """Exit when the collector's process is gone: the pipe's write end is closed by its death (or
+    its stop()), whichever of its threads started us."""
+    def wait() -> None:
+        while True:
+            try:
+                if not os.read(lifeline, 64):
+                    os._exit(0)
+            except InterruptedError:
+                continue
+            except OSError:
+                os._exit(0)
+
+    threading.Thread(target=wait, name="redisync-sidecar-lifeline", daemon=True).start()
 
 
 def _status(syncer: Syncer) -> dict[str, Any]:
@@ -414,35 +507,39 @@ def _status(syncer: Syncer) -> dict[str, Any]:
 
 def serve(config: dict[str, Any]) -> None:
     """The sidecar's loop: take new reports from the outbox, hand new fleet states to the inbox."""
-    parent = config["parent"]
-    _die_with_parent(parent)
+    _exit_with_collector(config["lifeline"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the collector: it stops us when it is done
     os.nice(NICE)
     name, sizes = config["mailbox"]
     box = Mailbox.attach(name, sizes)
+    header = box.header
     url, run_kwargs = config["connect"]
     store = connect(url, run=config["run"], **run_kwargs)
     schema = Schema.model_validate_json(config["schema"])
     shared = None if config["shared"] is None else SidecarState(config["shared"])
     term = MailboxTerm(schema, box, shared)
-    cadence = None if shared is None or not shared.parts else SharedCadence(shared, box.header, *config["cadence"])
+    cadence = None if shared is None or not shared.parts else SharedCadence(shared, header, *config["cadence"])
     syncer = Syncer(store, config["shard_id"], [term], worker="thread", publish_every_steps=2**62, incarnation=config["incarnation"],
                     resume=config["resume"], **config["syncer"])
+    # continue where an earlier sidecar of this collector left off (nothing of it lives in this process)
+    handed = unpack_handed(header[HANDED])
+    if handed is not None:
+        syncer.shard.continue_from(*handed)
+    syncer.shard.seq = header[SEQ]
+    syncer.shard.reserve = lambda seq: header.__setitem__(SEQ, seq)  # before the fold is sent
     syncer.start()
-    box.header[SIDECAR_PID] = os.getpid()  # serving: the collector's start() returns
-    sequenced = False  # continue the shard's sequence numbers from the server's before publishing
-    taken = box.header[TAKEN]
+    header[SIDECAR_PID] = os.getpid()  # serving: the collector's start() returns
+    sequenced = False  # continue the shard's sequence numbers above the server's and any reserved
+    taken = 0  # the outbox is read again: a report an earlier sidecar took may never have reached the store
     next_status = next_retry = 0.0
     while True:
         now = time.monotonic()
-        box.header[HEARTBEAT_MS] = int(now * 1e3)
-        if os.getppid() != parent:
-            os._exit(0)
-        stop = box.header[STOP]
+        header[HEARTBEAT_MS] = int(now * 1e3)
+        stop = header[STOP]
         if not sequenced and now >= next_retry:
             try:
                 syncer.shard.seq = max(syncer.shard.seq, syncer.shard.last_folded_seq())
-                box.header[INCARNATION] = syncer.shard.incarnation + 1
+                header[INCARNATION] = syncer.shard.incarnation + 1
                 sequenced = True
             except errors.RedisyncError as e:
                 log.info("sidecar shard %d: the store is not answering yet (%s)", syncer.shard.shard_id, e)
@@ -452,12 +549,11 @@ def serve(config: dict[str, Any]) -> None:
         if got is not None:
             taken, vectors = got
             term.copied, fresh = term.codec.decode(vectors), True
-            box.header[TAKEN] = taken
         if cadence is not None and sequenced and (stop == 1 or cadence.due(now, syncer.has_pending())):
-            shared = cadence.take(now)
-            if shared is not None:
+            reports = cadence.take(now)
+            if reports is not None:
                 term.shared, fresh = {name: {part: v if type(v) is float else term.codec.shaped(name, part, v)
-                                             for part, v in parts.items()} for name, parts in shared.items()}, True
+                                             for part, v in parts.items()} for name, parts in reports.items()}, True
         if fresh:
             syncer.flush()
         if stop:
@@ -467,16 +563,18 @@ def serve(config: dict[str, Any]) -> None:
             deadline = now + 3.0
             while stop == 1 and syncer.has_pending() and time.monotonic() < deadline:
                 time.sleep(LOOP_S)
+            answered = not syncer.has_pending()
             syncer.stop(flush=False, timeout=1.0)
-            box.header[DONE] = taken
-            if cadence is not None:
-                box.header[FLUSHED] = cadence.covered
+            if answered:
+                header[DONE] = taken
+                if cadence is not None:
+                    header[FLUSHED] = cadence.covered
             box.write(STATUS, _status(syncer))
             break
-        if not syncer.has_pending():
-            box.header[DONE] = taken
+        if not syncer.has_pending():  # the store answered for everything taken so far
+            header[DONE] = taken
             if cadence is not None:
-                box.header[FLUSHED] = cadence.covered
+                header[FLUSHED] = cadence.covered
         syncer.at_reset_boundary()  # a new fleet state goes to the inbox
         if now >= next_status:
             box.write(STATUS, _status(syncer))

@@ -22,10 +22,12 @@ to them; ``resume=True``/``False`` overrides that for every key.
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import threading
-from collections import deque
 import time
+import weakref
+from collections import deque
 from typing import Any, Mapping, Sequence
 
 from . import errors
@@ -36,6 +38,16 @@ from .seam import SyncedTerm, schema_of
 log = logging.getLogger(__name__)
 
 WORKERS = ("auto", "process", "thread")
+_live: "weakref.WeakSet[Syncer]" = weakref.WeakSet()  # started and not stopped: a forked child detaches them
+
+
+def _detach_in_forked_child() -> None:
+    for syncer in list(_live):
+        syncer._after_fork_in_child()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_detach_in_forked_child)
 
 
 def stores_in_order() -> bool:
@@ -83,6 +95,7 @@ class Syncer:
         retry_every_s: float = 0.5,
         incarnation: int | None = None,
         resume: bool | frozenset[str] | None = None,
+        start_timeout_s: float = 5.0,
     ):
         self.store = store
         self.terms = list(terms)
@@ -93,6 +106,8 @@ class Syncer:
         self.publish_every_steps, self.publish_every_s = publish_every_steps, publish_every_s
         self.poll_every_s, self.retry_every_s = poll_every_s, retry_every_s
         self.min_pull_interval_s = min_pull_interval_s
+        self.start_timeout_s = start_timeout_s
+        self._forked = False  # this object was inherited by a forked child: it must not touch the parent's sync
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -111,9 +126,11 @@ class Syncer:
         self.stats = {"publishes": 0, "duplicates": 0, "coalesced": 0, "publish_failures": 0, "rejected": 0,
                       "pulls": 0, "pull_failures": 0, "reseeds": 0, "subscription_drops": 0, "worker_errors": 0}
         self._problem: str | None = None  # the current error, logged once per change
+        self._zombie: str | None = None  # a later process claimed the shard: for ever, whatever else works
         self._schema_mismatch: errors.SchemaMismatch | None = None
         self.latencies_ms: deque[float] = deque(maxlen=10_000)  # the most recent publishes
         self._threads: list[threading.Thread] = []
+        self._starter: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the collector's side (no network)
 
@@ -171,7 +188,10 @@ class Syncer:
         """Register the schema, claim the shard's incarnation and start the worker.
 
         Raises :class:`~redisync.errors.SchemaMismatch` when the run is registered with another
-        schema. An unreachable store is not an error here: the worker keeps trying.
+        schema (and :class:`~redisync.errors.PermissionDenied` when the role lacks a command the
+        store needs). An unreachable or silent store is not an error here: after at most
+        ``start_timeout_s`` this returns, registering and claiming go on in the background, and
+        ``health()`` says why it is not ok meanwhile.
         """
         resumed = self.resume
         if resumed is None:
@@ -179,12 +199,41 @@ class Syncer:
             self.shard.resume = frozenset(resumed_keys)
         else:
             self.shard.resume = resumed
-        try:
-            self._register()  # the incarnation is claimed now, before this process publishes anything
-        except errors.ConnectionUnavailable as e:
-            log.info("store unavailable at start (the worker keeps trying): %s", e)
-        self._start_worker()
+        self._prepare_worker()
+        registered = threading.Event()
+        failure: list[BaseException] = []
+
+        def register_then_start() -> None:
+            try:
+                self._register()  # the incarnation is claimed now, before this process publishes anything
+                self._clear_problem("start")
+            except errors.ConnectionUnavailable as e:
+                log.info("store unavailable at start (the worker keeps trying): %s", e)
+            except BaseException as e:  # raised by start() when it is still waiting
+                failure.append(e)
+                self._report_problem(f"start: {type(e).__name__}: {e}", logging.ERROR)
+                registered.set()
+                return
+            registered.set()
+            if not self._stop.is_set():
+                self._start_worker()
+
+        self._starter = threading.Thread(target=register_then_start, name=f"redisync-start-{self.shard.shard_id}", daemon=True)
+        self._starter.start()
+        _live.add(self)
+        if not registered.wait(self.start_timeout_s):
+            self._report_problem(f"start: the store did not answer within {self.start_timeout_s:g} s "
+                                 "(registering and claiming the shard go on in the background)", logging.WARNING)
+            return self
+        if failure:
+            self._stop.set()
+            _live.discard(self)
+            raise failure[0]
+        self._starter.join()  # the worker's own start (a sidecar's is bounded by STARTUP_S)
         return self
+
+    def _prepare_worker(self) -> None:
+        """What the worker needs before the hot path runs, without the network (see the sidecar)."""
 
     def _start_worker(self) -> None:
         self._threads = [
@@ -194,10 +243,23 @@ class Syncer:
         for t in self._threads:
             t.start()
 
+    def _after_fork_in_child(self) -> None:
+        """This object was copied into a forked child: its threads did not come along, and it must
+        never stop, publish for or write into its parent's sync. A child that wants to sync starts
+        a Syncer of its own."""
+        self._forked = True
+        self._threads, self._starter = [], None
+        self._stop.set()
+
     def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
         """Stop the worker, after a last publish of the current reports when ``flush``. Returns within
         ``timeout`` even against an unresponsive server (the daemon threads then end on their own)."""
+        if self._forked:
+            return  # the parent's sync: not ours to stop
+        _live.discard(self)
         deadline = time.monotonic() + timeout
+        if self._starter is not None and self._starter.is_alive():
+            self._starter.join(max(0.0, deadline - time.monotonic()))
         if flush:
             self._take_reports()
             while self._pending is not None and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):
@@ -227,7 +289,7 @@ class Syncer:
             latency = {"publish_latency_ms": self.latencies_ms[-1], "publish_latency_ms_p50": recent[len(recent) // 2],
                        "publish_latency_ms_p99": recent[int(0.99 * (len(recent) - 1))]}
         mismatch = self._schema_mismatch
-        return {"announced": self._announced, "subscribed": self._subscribed, "problem": self._problem,
+        return {"announced": self._announced, "subscribed": self._subscribed, "problem": self._zombie or self._problem,
                 "schema_mismatch": None if mismatch is None else str(mismatch), "latency": latency, "stats": dict(self.stats)}
 
     def __enter__(self) -> "Syncer":
@@ -291,6 +353,7 @@ class Syncer:
             return None
         if what == "register":
             self._schema_mismatch = None
+            self._clear_problem("start")
         self._clear_problem(what)
         return result
 
@@ -316,8 +379,11 @@ class Syncer:
             log.warning("report refused: %s", e)
             self.stats["rejected"] += 1
             result = None
-            if isinstance(e, errors.StaleIncarnation):
-                self._report_problem(f"publish: a later process claimed shard {self.shard.shard_id}: {e}", logging.ERROR)
+            if isinstance(e, errors.StaleIncarnation):  # for ever: no report of this process can reach the store again
+                if self._zombie is None:
+                    log.error("redisync shard %d: a later process claimed this shard: %s", self.shard.shard_id, e)
+                self._zombie = (f"zombie: a later process claimed shard {self.shard.shard_id}, so this one's reports are "
+                                f"refused ({e}); give each collector its own shard id (REDISYNC_SHARD)")
             if isinstance(e, errors.SchemaDigestMismatch):
                 self._registered = False  # the run was registered again with another schema: find out which
         with self._lock:

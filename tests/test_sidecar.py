@@ -145,7 +145,9 @@ def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
         store.delete()
 
 
-def test_the_sidecar_dies_with_its_collector(real_url, tmp_path):
+def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group(real_url, tmp_path):
+    """SIGKILL of the whole group (the resource tracker dies too): the sidecar exits and nothing is
+    left in /dev/shm (the blocks are anonymous memory files)."""
     run = f"sidecar-orphan-{os.getpid()}"
     script = textwrap.dedent(f"""
         import sys, time
@@ -161,17 +163,17 @@ def test_the_sidecar_dies_with_its_collector(real_url, tmp_path):
         print(syncer.sidecar_pid, syncer.mailbox.name, *shared, flush=True)
         time.sleep(60)
     """)
-    collector = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    before = set(os.listdir("/dev/shm"))
+    collector = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         pid, *blocks = collector.stdout.readline().split()
         pid = int(pid)
-        assert len(blocks) == 4 and all(os.path.exists(f"/dev/shm/{b}") for b in blocks)
+        assert len(blocks) == 4 and all(os.path.exists(b) for b in blocks)
         assert _alive(pid)
-        collector.send_signal(signal.SIGKILL)
+        os.killpg(collector.pid, signal.SIGKILL)
         collector.wait()
         assert wait_for(lambda: not _alive(int(pid)), timeout=5), "the sidecar outlived its collector"
-        # the collector's resource tracker frees the shared memory it can no longer free itself
-        assert wait_for(lambda: not any(os.path.exists(f"/dev/shm/{b}") for b in blocks), timeout=5)
+        assert set(os.listdir("/dev/shm")) - before == set(), "shared memory outlived every process that held it"
     finally:
         collector.kill()
         redisync.connect(real_url, run=run).delete()
@@ -189,7 +191,7 @@ def test_stop_publishes_the_last_report_and_frees_everything(real_url):
         pid, shm = syncer.sidecar_pid, syncer.mailbox.name
         syncer.stop(flush=True)
         assert float(store.fleet().keys[KEY].parts()["count"]) == 7
-        assert not _alive(pid) and not os.path.exists(f"/dev/shm/{shm}")
+        assert not _alive(pid) and not os.path.exists(shm)
         assert syncer.metrics()["redisync/publishes"] == 1  # the last counters outlive the sidecar
     finally:
         store.delete()
@@ -322,13 +324,13 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
     syncer = Syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
     try:
         names = [syncer._shared._control.name, syncer._shared._staging_shm.name] + [shm.name for shm, _ in syncer._shared._blocks]
-        assert all(os.path.exists(f"/dev/shm/{name}") for name in names)
+        assert all(os.path.exists(name) for name in names)
         _train(sampler, norm, g, syncer, 5)
         syncer.stop(flush=True)  # the last shared state is published on the way out
         np.testing.assert_array_equal(store.fleet().keys["motion/bin_failed"].parts()["sum"],
                                       sampler.bin_failed_count.to(torch.float64).numpy())
         assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 5 * 16
-        assert not any(os.path.exists(f"/dev/shm/{name}") for name in names)
+        assert not any(os.path.exists(name) for name in names)
         before = sampler.bin_failed_count.clone()
         sampler.record_failures(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool))
         sampler.step()  # still its own memory: no error, and it moves
