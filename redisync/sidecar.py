@@ -372,23 +372,15 @@ class SidecarSyncer(Syncer):
         self._stopping.set()
         if self._monitor is not None:
             self._monitor.join()
-        process = self._process
-        if flush and process is not None and process.poll() is not None:
-            self._own_stats["sidecar_restarts"] += 1  # it died since the monitor last looked: one more, to publish
-            self._spawn()
-            self._await_serving()
-            process = self._process
-        if flush and process is None:
-            log.warning("redisync shard %d: stopped before the store answered at start: the last report was not published",
-                        self.shard.shard_id)
-        self.mailbox.header[STOP] = 1 if flush else 2
-        if process is not None:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("redisync shard %d: the sidecar did not stop within %.1f s: killed", self.shard.shard_id, timeout)
-                process.kill()
-                process.wait()
+        if self._process is None:
+            if flush:
+                log.warning("redisync shard %d: stopped before the store answered at start: the last report was not "
+                            "published", self.shard.shard_id)
+        elif flush:
+            self._last_publish(deadline)
+        else:
+            self.mailbox.header[STOP] = 2
+            self._wait_exit(self._process, deadline)
         self._worker_status()  # the last counters, for metrics() after stop()
         self._header = None
         if self._lifeline >= 0:
@@ -398,6 +390,35 @@ class SidecarSyncer(Syncer):
         self.mailbox = None
         if self._shared is not None:
             self._shared.release()
+
+    def _last_publish(self, deadline: float) -> None:
+        """Have a sidecar publish the last reports and exit cleanly. One that is dead, or dies before
+        it exits cleanly (a SIGKILLed process can look alive for a moment while its threads are torn
+        down), is replaced, until the deadline."""
+        assert self.mailbox is not None
+        self.mailbox.header[STOP] = 1  # a successor that sees it publishes what it reads, then exits
+        while True:
+            process = self._process
+            assert process is not None
+            if process.poll() is None:
+                if self._wait_exit(process, deadline) == 0:
+                    return
+            if time.monotonic() >= deadline:
+                log.warning("redisync shard %d: no sidecar published the last report within the stop timeout",
+                            self.shard.shard_id)
+                return
+            self._own_stats["sidecar_restarts"] += 1
+            self._spawn()
+            self._await_serving()
+
+    def _wait_exit(self, process: subprocess.Popen[bytes], deadline: float) -> int | None:
+        try:
+            return process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("redisync shard %d: the sidecar did not stop within the stop timeout: killed", self.shard.shard_id)
+            process.kill()
+            process.wait()
+            return None
 
     def _after_fork_in_child(self) -> None:
         super()._after_fork_in_child()

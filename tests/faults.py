@@ -75,3 +75,61 @@ class ReplyDroppingProxy:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
+
+
+class HoldingProxy:
+    """Forwards 127.0.0.1:<port> to a Redis, holding back the next ``hold`` requests that contain
+    ``match`` (e.g. a fold script's SHA): a request held is in flight — sent by the client, not yet
+    executed — and stays so when the client dies. :meth:`release` delivers what is held."""
+
+    def __init__(self, target_port: int, match: bytes):
+        self.target_port, self.match = target_port, match
+        self.hold = 0
+        self.held: list[tuple[socket.socket, bytes]] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if upstream and self.match in data:
+                    with self._lock:
+                        if self.hold > 0:
+                            self.hold -= 1
+                            self.held.append((dst, data))
+                            continue
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:  # a connection with a request in flight stays open on the server's side
+                keep = any(sock is dst for sock, _ in self.held) if upstream else False
+            if not keep:
+                for sock in (src, dst):
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def release(self) -> None:
+        """Deliver every held request (its reply goes nowhere when its client is gone)."""
+        with self._lock:
+            held, self.held = self.held, []
+        for sock, data in held:
+            sock.sendall(data)
+
+    def close(self) -> None:
+        self._listener.close()

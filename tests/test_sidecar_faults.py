@@ -1,0 +1,343 @@
+"""The sidecar's own life, event by event: each test is one way its life used to lose, repeat or
+misreport a report (issue 23), against a real Redis. The sidecar holds no state of its own: what a
+successor continues from lives in the collector's mailbox header or in the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+import redisync
+from redisync.mailbox import SIDECAR_PID
+from redisync.syncer import Syncer
+
+from .faults import HoldingProxy
+from .servers import RedisProcess
+from .support import wait_for
+from .test_sidecar import KEY, Cumulative, _alive
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Versions(Cumulative):
+    """A copy-path term that records every (epoch, version) the collector applied."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[tuple[str, int]] = []
+
+    def apply_shard_state(self, fleet) -> None:
+        super().apply_shard_state(fleet)
+        self.applied.append((fleet.epoch, fleet.fleet_version))
+
+
+def _count(store) -> float:
+    return float(store.fleet().keys[KEY].parts()["count"])
+
+
+def _train(term, syncer, steps: int) -> None:
+    for _ in range(steps):
+        term.step()
+        syncer.on_step()
+        syncer.at_reset_boundary()
+
+
+def _serving(syncer) -> bool:
+    return syncer.mailbox is not None and syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid
+
+
+def test_a_syncer_started_from_a_short_lived_thread_keeps_its_sidecar_and_stop_publishes(real_url):
+    """1. The sidecar follows the collector's process, not the thread that spawned it (a restarted
+    sidecar, spawned by the monitor thread, survives stop() ending that thread)."""
+    store = redisync.connect(real_url, run=f"faults-thread-{os.getpid()}")
+    term = Cumulative()
+    box: dict = {}
+    starter = threading.Thread(target=lambda: box.update(syncer=Syncer(
+        store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()))
+    starter.start()
+    starter.join()
+    syncer = box["syncer"]
+    try:
+        first = syncer.sidecar_pid
+        time.sleep(1.0)
+        assert _alive(first), "the sidecar died with the thread that started it"
+        _train(term, syncer, 5)
+        os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: syncer.sidecar_pid != first and _serving(syncer), timeout=15)
+        _train(term, syncer, 5)
+        stopper = threading.Thread(target=syncer.stop)
+        stopper.start()
+        stopper.join()
+        assert _count(store) == 10
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
+def test_stop_right_after_a_sidecar_crash_publishes_the_last_report(real_url):
+    """2. Whenever the last sidecar died, stop() publishes the last report."""
+    store = redisync.connect(real_url, run=f"faults-stop-crash-{os.getpid()}")
+    term = Cumulative()
+    syncer = Syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+    try:
+        _train(term, syncer, 7)
+        pid = syncer.sidecar_pid
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: not _alive(pid), timeout=5)
+        syncer.stop(flush=True)  # within the monitor's quarter of a second
+        assert _count(store) == 7
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
+def _through_proxy(real_url: str, run: str):
+    store = redisync.connect(real_url, run=run)
+    store.register(redisync.Schema.of(Cumulative().schema_entries()))
+    kwargs = redis.Redis.from_url(real_url).connection_pool.connection_kwargs
+    proxy = HoldingProxy(kwargs["port"], store.scripts.fold.sha.encode())
+    proxy.url = f"redis://127.0.0.1:{proxy.port}/{kwargs.get('db', 0)}"
+    return store, proxy
+
+
+def test_a_sidecar_killed_mid_publish_is_followed_by_one_that_sends_the_report(real_url):
+    """3. The publish mark moves on the store's answer only: a successor sends what its
+    predecessor took but never got answered, and wait_synced() means the store holds it."""
+    store, proxy = _through_proxy(real_url, f"faults-mid-publish-{os.getpid()}")
+    term = Cumulative()
+    syncer = Syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
+                    poll_every_s=0.05).start()
+    try:
+        _train(term, syncer, 5)
+        syncer.flush()
+        assert syncer.wait_synced(timeout=10) and _count(store) == 5
+        proxy.hold = 1
+        _train(term, syncer, 1)
+        assert wait_for(lambda: len(proxy.held) == 1, timeout=10)  # the fold of count 6 is on its way
+        pid = syncer.sidecar_pid
+        os.kill(pid, signal.SIGKILL)
+        proxy.held.clear()  # ... and never arrives
+        assert wait_for(lambda: syncer.sidecar_pid != pid and _serving(syncer), timeout=15)
+        assert syncer.wait_synced(timeout=10)
+        assert _count(store) == 6
+    finally:
+        syncer.stop(flush=False)
+        proxy.close()
+        store.delete()
+
+
+def test_a_fold_in_flight_from_a_dead_sidecar_does_not_take_its_successors_seq(real_url):
+    """4. The seq is reserved in the collector's memory before a fold is sent: a successor goes on
+    above it, so the dead sidecar's fold landing late never makes the successor's a duplicate."""
+    store, proxy = _through_proxy(real_url, f"faults-in-flight-{os.getpid()}")
+    term = Cumulative()
+    syncer = Syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
+                    poll_every_s=0.05).start()
+    try:
+        _train(term, syncer, 5)
+        syncer.flush()
+        assert syncer.wait_synced(timeout=10)
+        proxy.hold = 1
+        _train(term, syncer, 1)
+        assert wait_for(lambda: len(proxy.held) == 1, timeout=10)
+        pid = syncer.sidecar_pid
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: syncer.sidecar_pid != pid and _serving(syncer), timeout=15)
+        time.sleep(0.5)  # the successor has read the server's last folded seq
+        proxy.release()  # the dead sidecar's fold lands now
+        _train(term, syncer, 4)
+        syncer.flush()
+        assert syncer.wait_synced(timeout=10)
+        assert _count(store) == 10
+        assert not [d for d in store.dead_letters() if d["reason"] != "seq_rollback"]
+    finally:
+        syncer.stop(flush=False)
+        proxy.close()
+        store.delete()
+
+
+def test_a_sidecar_restarted_while_redis_was_down_never_hands_an_older_version_of_the_same_epoch(tmp_path):
+    """5. The newest (epoch, version) handed to the collector lives in its memory: after Redis came
+    back from an append-only file with its tail lost, the successor does not hand (e, v2) after
+    (e, v5); it re-publishes and the fleet moves on in a new epoch, as with the thread worker."""
+    server = RedisProcess(tmp_path, None, "--appendonly", "yes", "--appendfsync", "always").start()
+    try:
+        url = server.url
+        store = redisync.connect(url, run="lost-tail")
+        term = Versions()
+        syncer = Syncer(redisync.connect(url, run="lost-tail", socket_timeout=1.0), 0, [term], worker="process",
+                        publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1).start()
+        try:
+            _train(term, syncer, 2)
+            assert syncer.wait_synced(timeout=10) and syncer.at_reset_boundary() is not None
+            saved = tmp_path / "aof-early"
+            shutil.copytree(tmp_path / "appendonlydir", saved)  # the file as it was at an early version
+            for _ in range(4):
+                _train(term, syncer, 1)
+                assert syncer.wait_synced(store.fleet().fleet_version, timeout=10)
+            syncer.at_reset_boundary()
+            before = term.applied[-1]
+            server.kill()
+            os.kill(syncer.sidecar_pid, signal.SIGKILL)  # its successor starts while Redis is down
+            time.sleep(1.0)
+            shutil.rmtree(tmp_path / "appendonlydir")
+            shutil.copytree(saved, tmp_path / "appendonlydir")  # the tail is lost
+            server.start()  # no step after it: what the successor hands over comes from its own pull
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and term.applied[-1] == before:
+                syncer.at_reset_boundary()
+                time.sleep(0.05)
+            assert term.applied[-1] != before, "no state applied after the restart"
+            for (e0, v0), (e1, v1) in zip(term.applied, term.applied[1:]):
+                assert e1 != e0 or v1 > v0, f"handed ({e1}, v{v1}) after ({e0}, v{v0})"
+            assert term.applied[-1][0] != before[0]  # the fold opened a new epoch on the new server process
+        finally:
+            syncer.stop(flush=False)
+    finally:
+        server.kill()
+
+
+FORK_SCRIPT = """
+import json, os, sys, time
+sys.path.insert(0, {root!r})
+import numpy as np, torch, redisync
+from redisync.integrations import ProcessFleet
+from redisync.torch import AdaptiveMotionSampler
+from tests.test_sidecar import Cumulative
+store = redisync.connect({url!r}, run={run!r})
+term, sampler = Cumulative(), AdaptiveMotionSampler(100, 0.02, shard_id=0, rebuild_tol=0.0, dtype=torch.float64)
+fleet = ProcessFleet(store, 0, worker="process", publish_every_steps=1000, publish_every_s=3600)
+fleet.add(term, sampler)
+fleet.start()
+for _ in range(5):
+    term.step(); sampler.record_failures(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool)); sampler.step()
+    fleet.on_step()
+own = sampler.bin_failed_count.clone()
+child = os.fork()
+if child == 0:  # the child trains its copies (its own memory now) and exits normally: atexit runs
+    for _ in range(50):
+        term.step(); sampler.record_failures(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool)); sampler.step()
+        fleet.on_step()
+    fleet.flush()
+    sys.exit(0)
+os.waitpid(child, 0)
+sidecar = fleet.syncer.sidecar_pid
+alive = os.path.exists(f"/proc/{{sidecar}}")
+same = bool(torch.equal(own, sampler.bin_failed_count))
+fleet.stop()
+parts = store.fleet().keys
+print(json.dumps({{"alive": alive, "same": same, "count": float(parts["t/stats"].parts()["count"]),
+                  "ema_equal": bool(np.allclose(parts["motion/bin_failed"].parts()["sum"], own.numpy(), rtol=1e-12))}}))
+"""
+
+
+def test_a_forked_child_never_stops_or_writes_into_its_parents_sync(real_url):
+    """6. A child inherits the fleet and its atexit hook: its exit stops nothing, and its terms write
+    into private copies, not into the parent's shared reports."""
+    run = f"faults-fork-{os.getpid()}"
+    script = FORK_SCRIPT.format(root=str(ROOT), url=real_url, run=run)
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result == {"alive": True, "same": True, "count": 5.0, "ema_equal": True}, result
+    finally:
+        redisync.connect(real_url, run=run).delete()
+
+
+def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sidecar(real_url, tmp_path):
+    """8. The sidecar imports redisync from the collector's sys.path, not only from site-packages."""
+    import site
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    deps = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
+    inner = next((venv / "lib").glob("python3*/site-packages"))
+    (inner / "deps.pth").write_text(deps + "\n")  # numpy, redis, pydantic; not the editable redisync (its .pth is not read)
+    run = f"faults-source-tree-{os.getpid()}"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import redisync
+        from redisync.syncer import Syncer
+        from tests.test_sidecar import Cumulative
+        store = redisync.connect({real_url!r}, run={run!r})
+        term = Cumulative()
+        syncer = Syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+        for _ in range(3):
+            term.step(); syncer.on_step()
+        print("healthy" if syncer.health()["ok"] else syncer.health()["error"], flush=True)
+        syncer.stop()
+        print(float(store.fleet().keys["t/stats"].parts()["count"]))
+    """)
+    try:
+        check = subprocess.run([str(venv / "bin" / "python"), "-c", "import redisync"], capture_output=True, cwd=tmp_path)
+        assert check.returncode != 0, "the test venv must not see the editable install"
+        out = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split() == ["healthy", "3.0"], out.stdout + out.stderr[-2000:]
+    finally:
+        redisync.connect(real_url, run=run).delete()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(worker):
+    """9. A store that accepts connections and never answers holds start() for its timeout only."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+    url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+    term = Cumulative()
+    syncer = Syncer(redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker)
+    try:
+        t = time.monotonic()
+        syncer.start()
+        elapsed = time.monotonic() - t
+        assert elapsed < 8.0, f"start() blocked {elapsed:.1f} s"
+        health = syncer.health()
+        assert not health["ok"] and "did not answer" in health["error"]
+        _train(term, syncer, 3)  # the hot path works meanwhile
+    finally:
+        t = time.monotonic()
+        syncer.stop(timeout=1.0)
+        assert time.monotonic() - t < 4.0
+        silent.close()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_zombie_whose_shard_a_later_process_claimed_is_not_healthy(real_url, worker):
+    """10. Two processes with one shard id (no REDISYNC_SHARD set): the earlier one's reports are
+    refused, and it says so for good, even while its pulls succeed."""
+    store = redisync.connect(real_url, run=f"faults-zombie-{worker}-{os.getpid()}")
+    first, second = Cumulative(), Cumulative()
+    a = Syncer(store, 0, [first], worker=worker, publish_every_steps=1, poll_every_s=0.05).start()
+    b = Syncer(redisync.connect(real_url, run=store.run), 0, [second], worker=worker, publish_every_steps=1,
+               poll_every_s=0.05).start()
+    try:
+        _train(second, b, 3)
+        assert b.wait_synced(timeout=10)
+        _train(first, a, 3)
+        assert wait_for(lambda: not a.health()["ok"], timeout=10)
+        time.sleep(1.0)  # pulls keep succeeding meanwhile
+        health = a.health()
+        assert not health["ok"] and "later process claimed shard 0" in health["error"]
+        assert a.metrics()["redisync/healthy"] == 0.0
+        assert b.health()["ok"]
+    finally:
+        a.stop(flush=False)
+        b.stop(flush=False)
+        store.delete()
