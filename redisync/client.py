@@ -377,7 +377,13 @@ class Store:
                 "" if owner is None else owner, "" if stale is None else repr(float(stale)),
                 getattr(spec, "count_size", 0), int(getattr(spec, "sumsq", False)), getattr(spec, "lifecycle", ""),
             ]
-        status, epoch, registered = self._call(self.scripts.register, self._key_hashes(schema), args)
+        reply = self._call(self.scripts.register, self._key_hashes(schema), args)
+        if _b(reply[0]) == "no_info":
+            raise errors.PermissionDenied(
+                f"{self.url}, run {self.run!r}: this role may not run INFO ({_b(reply[1])}); redisync needs it to tell a "
+                "restarted server from the same one (a restart that lost writes opens a new epoch): grant +info "
+                "(deploy/users.acl does)")
+        status, epoch, registered = reply
         if _b(status) == "mismatch":
             theirs = Schema.model_validate_json(registered)
             key, difference = schema.difference(theirs) or (None, "schema digest differs")

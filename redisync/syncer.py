@@ -200,7 +200,7 @@ class Syncer:
         else:
             self.shard.resume = resumed
         self._prepare_worker()
-        registered = threading.Event()
+        registered, returned = threading.Event(), threading.Event()
         failure: list[BaseException] = []
 
         def register_then_start() -> None:
@@ -209,10 +209,11 @@ class Syncer:
                 self._clear_problem("start")
             except errors.ConnectionUnavailable as e:
                 log.info("store unavailable at start (the worker keeps trying): %s", e)
-            except BaseException as e:  # raised by start() when it is still waiting
+            except BaseException as e:  # raised by start() while it waits; shown by health() once it has returned
                 failure.append(e)
-                self._report_problem(f"start: {type(e).__name__}: {e}", logging.ERROR)
                 registered.set()
+                if returned.is_set():
+                    self._report_problem(f"start: {type(e).__name__}: {e}", logging.ERROR)
                 return
             registered.set()
             if not self._stop.is_set():
@@ -222,6 +223,7 @@ class Syncer:
         self._starter.start()
         _live.add(self)
         if not registered.wait(self.start_timeout_s):
+            returned.set()
             self._report_problem(f"start: the store did not answer within {self.start_timeout_s:g} s "
                                  "(registering and claiming the shard go on in the background)", logging.WARNING)
             return self

@@ -84,3 +84,22 @@ def test_anonymous_and_wrong_passwords_are_refused(acl_server):
         redisync.connect(f"redis://127.0.0.1:{acl_server.port}/0", run=RUN).run_info()
     with pytest.raises(errors.PermissionDenied):
         redisync.connect(f"redis://collector:wrong@127.0.0.1:{acl_server.port}/0", run=RUN).run_info()
+
+
+def test_a_role_that_may_not_run_info_is_refused_at_register_with_the_permission_named(tmp_path):
+    """Without INFO the folds cannot see a server restart that lost writes, and (epoch, version)
+    would name two states: refused, typed, instead of silently off."""
+    acl = tmp_path / "users.acl"
+    lines = ACL.read_text().splitlines()
+    collector = next(line for line in lines if line.startswith("user collector "))
+    acl.write_text("\n".join([*lines, collector.replace("user collector ", "user noinfo ").replace(
+        ">collector-change-me", ">noinfo-change-me").replace(" +info", "")]) + "\n")
+    server = RedisProcess(tmp_path, None, "--aclfile", str(acl)).start_authenticated("learner", "learner-change-me")
+    try:
+        store = redisync.connect(url(server, "noinfo"), run=RUN)
+        with pytest.raises(errors.PermissionDenied, match=r"may not run INFO.*grant \+info"):
+            store.register(SCHEMA)
+        assert redisync.connect(url(server, "learner"), run=RUN).redis.hgetall(f"redisync:{{{RUN}}}:meta") == {}
+        redisync.connect(url(server, "collector"), run=RUN).register(SCHEMA)  # the deployed role may
+    finally:
+        server.kill()

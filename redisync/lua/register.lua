@@ -9,6 +9,15 @@
 -- ARGV[8 + 10(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
 --                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state')
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
+--       | {'no_info', error}   the caller's role may not run INFO, without which the folds could not
+--                              tell a restarted server (an epoch that lost writes) from the same one
+
+-- the server process that holds the run: a fold on another one opens a new epoch (see fold.lua).
+-- fakeredis, which has no INFO, is one process for ever
+local info = redis.pcall('INFO', 'server')
+local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
+  (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
+if not server then return {'no_info', tostring(info['err'] or 'INFO server has no run_id')} end
 
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'schema')
 if cur[1] then
@@ -18,13 +27,7 @@ end
 local t = redis.call('TIME')
 local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local nkeys = (#KEYS - 1) / 2
--- the server process that holds the run: a fold on another one opens a new epoch (see fold.lua)
--- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
--- denies INFO leaves the field as it is)
-local info = redis.pcall('INFO', 'server')
-local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
-  (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
-redis.call('HSET', KEYS[1], 'server', server or '', 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
+redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
   'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
   'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7])
 for i = 1, nkeys do
