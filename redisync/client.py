@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from . import codec, errors
+from . import codec, errors, semantics
 from .keys import RunKeys
 from .schema import Limits, Schema, validate_reports
 
@@ -290,7 +290,30 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
             slots = sorted(f[len("slot:"):] for f in data if f.startswith("slot:"))
             if sorted(writers) != slots or any(f"slot:{w}:incarnation" not in info for w in writers):
                 raise bad(f"key {name!r}", f"writers {writers} do not match the stored slots {slots}")
+            _check_sums(name, spec.width, data, writers, bad)
     return hashes, schema
+
+
+def _check_sums(name: str, width: int, data: dict[str, bytes], writers: list[str], bad: Any) -> None:
+    """The folds trust stored group sums (they re-sum only their own group): every group sum must be
+    its slots' sum and the aggregate the sum of the history and the groups, as the fold computes them;
+    a missing group sum is filled in."""
+    if not all(w.isdigit() for w in writers):
+        raise bad(f"key {name!r}", f"writers {writers} are not shard ids")
+    groups = semantics.grouped_sums({int(w): codec.decode(data[f"slot:{w}"]) for w in writers}, width)
+    for field in [f for f in data if f.startswith("group:")]:
+        g = field[len("group:"):]
+        if not g.isdigit() or int(g) not in groups:
+            raise bad(f"key {name!r}", f"{field} belongs to no stored slot")
+    for g, expected in groups.items():
+        raw = data.get(f"group:{g}")
+        if raw is not None and not np.array_equal(codec.decode(raw), expected):
+            raise bad(f"key {name!r}", f"group:{g} disagrees with the sum of its slots")
+        data[f"group:{g}"] = codec.encode([expected])
+    retired = data.get("retired")
+    agg = semantics.summed(([] if retired is None else [codec.decode(retired)]) + list(groups.values()), width)
+    if "agg" in data and not np.array_equal(codec.decode(data["agg"]), agg):
+        raise bad(f"key {name!r}", "agg disagrees with the retired history and the slots")
 
 
 class Store:

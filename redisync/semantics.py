@@ -90,13 +90,18 @@ def summed(vectors: list[np.ndarray], width: int) -> np.ndarray:
 GROUP = 16  # shard ids per group: the fold stores each group's sum and re-reads only its own group's slots
 
 
-def group_sums(slots: Mapping[int, "Slot"], width: int) -> list[np.ndarray]:
-    """Per group of :data:`GROUP` consecutive shard ids, in ascending order, the sum of its live
-    slots in ascending shard order: what the fold stores as ``group:<g>`` and sums into the aggregate."""
+def grouped_sums(payloads: Mapping[int, np.ndarray], width: int) -> dict[int, np.ndarray]:
+    """``{g: sum}`` per group ``g`` of :data:`GROUP` consecutive shard ids, in ascending order, each
+    the sum of its slots' payloads in ascending shard order: what the fold stores as ``group:<g>``."""
     groups: dict[int, list[np.ndarray]] = {}
-    for shard in sorted(slots):
-        groups.setdefault(shard // GROUP, []).append(slots[shard].payload)
-    return [summed(groups[g], width) for g in sorted(groups)]
+    for shard in sorted(payloads):
+        groups.setdefault(shard // GROUP, []).append(payloads[shard])
+    return {g: summed(groups[g], width) for g in sorted(groups)}
+
+
+def group_sums(slots: Mapping[int, "Slot"], width: int) -> list[np.ndarray]:
+    """The group sums of live slots, in ascending group order, as the fold sums them into the aggregate."""
+    return list(grouped_sums({shard: slot.payload for shard, slot in slots.items()}, width).values())
 
 
 def finite_moments(spec: MergeSpec, flat: np.ndarray) -> bool:

@@ -227,3 +227,31 @@ def test_the_reports_stream_keeps_payloads_only_when_the_run_asks(make_store):
     kept = audited.redis.xrange(audited.keys.reports)[-1][1][b"report:obs/n"]
     assert np.frombuffer(kept, "<f8").tolist() == [1.0, 1.0, 2.0]
     assert audited.limits().stream_payloads and not plain.limits().stream_payloads
+
+
+@pytest.mark.parametrize("field", ["group:0", "agg"])
+def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_store, field):
+    """The folds trust stored group sums (each re-sums its own group only): a snapshot whose group
+    sum or aggregate is not what its slots sum to would poison every later fold."""
+    import base64
+
+    store = make_store()
+    store.register(SCHEMA)
+    shards = {shard: store.shard(shard) for shard in (0, 1, 17)}
+    for client in shards.values():
+        client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
+    snap = store.snapshot()
+    data = dict(snap.hashes["data:obs/norm"])
+    tampered = codec.decode(base64.b64decode(data[field]))
+    tampered[0] += 1000.0
+    data[field] = base64.b64encode(codec.encode([tampered])).decode()
+    bad = snap.model_copy(update={"hashes": {**snap.hashes, "data:obs/norm": data}})
+    before = store.fleet().keys["obs/norm"].value.copy()
+    with pytest.raises(errors.CorruptSnapshot, match=f"{field} disagrees"):
+        store.restore(bad)
+    np.testing.assert_array_equal(store.fleet().keys["obs/norm"].value, before)  # nothing written
+    missing = snap.model_copy(update={"hashes": {**snap.hashes, "data:obs/norm": {
+        k: v for k, v in snap.hashes["data:obs/norm"].items() if k != "group:1"}}})
+    store.restore(missing)  # a group sum left out is recomputed from the slots
+    shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})  # re-sums group 0 only
+    assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3
