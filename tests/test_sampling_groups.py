@@ -203,3 +203,21 @@ def test_the_learner_sees_every_groups_pooled_distribution(make_store):
     metrics = monitor.metrics()
     assert metrics["redisync/motion/bin_failed/sampling_entropy/motion0"] == metrics["redisync/motion/bin_failed/sampling_entropy_min"]
     assert "redisync/fleet_version" in metrics
+
+
+def test_every_grouped_draw_lies_inside_its_group_and_its_motion():
+    """A group whose float32 probabilities sum to a little more than 1 (about 3e-8 from rounding;
+    exaggerated here so that a few thousand draws meet it) must not push the next group's draws to
+    bin -1, a negative start frame."""
+    sampler = AdaptiveMotionSampler(FRAMES, STEP_DT, mode="local")
+    sampler.probabilities()
+    sampler._probs = sampler._probs.clone()
+    sampler._probs[:-1] *= 1.01  # every group but the last sums to 1.01
+    sampler._cdf = None
+    g = torch.Generator().manual_seed(0)
+    for group in range(1, len(FRAMES)):
+        ids = torch.full((20_000,), group)
+        bins = sampler.sample_bins(20_000, ids, generator=g)
+        assert int(bins.min()) >= 0 and int(bins.max()) < sampler.bin_counts[group]
+        frames = sampler.sample(20_000, ids, generator=g)
+        assert int(frames.min()) >= 0 and int(frames.max()) < FRAMES[group]

@@ -328,11 +328,14 @@ class AdaptiveMotionSampler(nn.Module):
         g = self._checked_groups(group_ids, n)
         if self._cdf is None:
             # every row's CDF shifted by its group id: one sorted sequence, searched once for all envs
+            # each row ends at exactly 1 (c / c[-1]), so no row reaches into the next one's range
+            # however its float32 probabilities round (they may sum to 1 + 3e-8)
             rows = torch.arange(self.groups, device=probs.device, dtype=torch.float64).unsqueeze(1)
-            self._cdf = (self._probs.to(torch.float64).cumsum(dim=1) + rows).view(-1)
+            cdf = self._probs.to(torch.float64).cumsum(dim=1)
+            self._cdf = (cdf / cdf[:, -1:] + rows).view(-1)
         u = torch.rand(n, device=probs.device, dtype=torch.float64, generator=generator)
         column = torch.searchsorted(self._cdf, u + g, right=True) - g * self.layout.width
-        return torch.minimum(column, self.layout.bins[g] - 1)
+        return torch.minimum(column, self.layout.bins[g] - 1).clamp(min=0)
 
     def group_probabilities(self) -> torch.Tensor:
         """The distribution over groups: each group's failure mass, mixed with a uniform floor
