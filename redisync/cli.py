@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from . import errors
 from .client import ENV_URL, EMBEDDED, RunSnapshot, connect, masked_url
-from .inspection import describe_run, drift, list_runs, shard_ages
+from .inspection import describe_run, describe_runs, drift, shard_ages
 
 URL = click.option("--url", envvar=ENV_URL, default=None, help=f"redis://, rediss:// or unix:// URL (env {ENV_URL}); unset: embedded")
 
@@ -329,8 +329,12 @@ def _snapshot_file(path: str) -> RunSnapshot:
 @click.option("--json", "as_json", is_flag=True, help="print as JSON")
 def inspect(url: str | None, run: str | None, as_json: bool) -> None:
     """Runs, keys, specs, versions, slots, stream lengths and dead letters."""
-    runs = [run] if run is not None else list_runs(_connected(url).redis)
-    report = [describe_run(_store(url, name)) for name in runs]
+    if run is not None:
+        report = [describe_run(_store(url, run))]
+    else:
+        report, skipped = describe_runs(_connected(url).redis, lambda name: _store(url, name))
+        for key, why in skipped:
+            click.echo(f"skipped {key}: {why}", err=True)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -6,13 +6,14 @@ as tables or JSON. Times are judged by the server's clock, the one that stamped 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import redis
 
 from .client import Store, server_time_us
 from .codec import decode
+from .errors import RedisyncError
 from .keys import ROOT, run_of
 from .schema import MergeSpec
 from .semantics import split_parts
@@ -21,6 +22,18 @@ from .semantics import split_parts
 def list_runs(client: redis.Redis) -> list[str]:
     found = {run_of(k.decode() if isinstance(k, bytes) else k) for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)}
     return sorted(r for r in found if r)
+
+
+def describe_runs(client: redis.Redis, store_of: Callable[[str], Store]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Every readable run described, and ``(meta key, why)`` for each key that only looks like a
+    run's meta (a foreign name, a meta of another type or without a schema, a run deleted meanwhile)."""
+    runs, skipped = [], []
+    for name in list_runs(client):
+        try:
+            runs.append(describe_run(store_of(name)))
+        except (RedisyncError, redis.RedisError, ValueError) as e:
+            skipped.append((f"{ROOT}:{{{name}}}:meta", f"{type(e).__name__}: {e}"))
+    return runs, skipped
 
 
 def _text(v: Any) -> str:

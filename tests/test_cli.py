@@ -258,3 +258,22 @@ def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err
+
+
+def test_inspect_lists_every_readable_run_and_says_which_keys_it_skipped(populated):
+    """Keys that only look like a run's meta (a foreign string, a hash without a schema) are named
+    and skipped; the real runs are listed."""
+    url, store = populated
+    fake = [f"redisync:{{fake-{uuid.uuid4().hex[:6]}}}:meta" for _ in range(2)]
+    store.redis.set(fake[0], "not a hash")
+    store.redis.hset(fake[1], "owner", "someone else")
+    try:
+        out = cli("inspect", "--url", url)
+        assert out.returncode == 0, out.stderr
+        assert f"run {store.run}" in out.stdout
+        for key in fake:
+            assert f"skipped {key}: " in out.stderr
+        as_json = cli("inspect", "--url", url, "--json")
+        assert as_json.returncode == 0 and store.run in [r["run"] for r in json.loads(as_json.stdout)]
+    finally:
+        store.redis.delete(*fake)
