@@ -250,7 +250,9 @@ class SidecarSyncer(Syncer):
                 self._status_seq, self._status = got
         status = {"announced": 0, "subscribed": False, "problem": None, "schema_mismatch": None, "latency": {},
                   "stats": self._sidecar_stats} | self._status
-        return status | {"problem": self._problem or status["problem"], "stats": {**status["stats"], **self._own_stats}}
+        zombie = (status["problem"] or "").startswith("zombie:")  # for good: it outranks a passing problem of ours
+        problem = status["problem"] if zombie else self._problem or status["problem"]
+        return status | {"problem": problem, "stats": {**status["stats"], **self._own_stats}}
 
     # ------------------------------------------------------------------ life cycle
 
