@@ -187,6 +187,7 @@ class Scripts:
         self.register = client.register_script(_LUA.joinpath("register.lua").read_text())
         self.claim = client.register_script(_LUA.joinpath("claim.lua").read_text())
         self.restore = client.register_script(_LUA.joinpath("restore.lua").read_text())
+        self.lease = client.register_script(_LUA.joinpath("lease.lua").read_text())
 
 
 @dataclass(frozen=True)
@@ -435,12 +436,23 @@ class Store:
         return ShardClient(self, shard_id, incarnation, resume=resume)
 
     @_translated
-    def claim(self, shard_id: int) -> int:
-        """A new incarnation of ``shard_id``, issued by the server and above every earlier claim."""
-        reply = self._call(self.scripts.claim, [self.keys.meta, self.keys.shards], [shard_id])
+    def claim(self, shard_id: int, take_over: bool = True) -> int:
+        """A new incarnation of ``shard_id``, issued by the server and above every earlier claim.
+        Without ``take_over`` a shard whose holder's lease is fresh (a live process) is refused
+        with :class:`~redisync.errors.ShardInUse`."""
+        reply = self._call(self.scripts.claim, [self.keys.meta, self.keys.shards], [shard_id, int(take_over)])
         if _b(reply[0]) == "no_run":
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
+        if _b(reply[0]) == "in_use":
+            raise errors.ShardInUse(shard_id, _b(reply[1]), int(_b(reply[2])))
         return int(_b(reply[1]))
+
+    @_translated
+    def lease(self, shard_id: int, incarnation: int, lease_ms: int) -> bool:
+        """Renew ``incarnation``'s lease on ``shard_id`` (0 ms: give it up); False when a later
+        process has claimed the shard."""
+        reply = self._call(self.scripts.lease, [self.keys.shards], [shard_id, incarnation, lease_ms])
+        return _b(reply[0]) == "leased"
 
     def pull(
         self,
@@ -574,6 +586,7 @@ class ShardClient:
         self.highest_version = 0  # the highest fleet version this client has seen, in any epoch
         self._continued_epoch: int | None = None  # epoch_tag of highest_version when continued from another process
         self.reserve: Any = None  # called with each seq before its fold is sent (a sidecar records it for its successor)
+        self.take_over = True  # claim even while another live process holds the shard (a Syncer asks first)
         self._limits: Limits | None = None
         self._lock = threading.RLock()
 
@@ -583,7 +596,7 @@ class ShardClient:
         if self._incarnation is None:
             with self._lock:
                 if self._incarnation is None:
-                    self._incarnation = self.store.claim(self.shard_id)
+                    self._incarnation = self.store.claim(self.shard_id, self.take_over)
         return self._incarnation
 
     @incarnation.setter

@@ -7,6 +7,8 @@ the machine-readable ``reason`` code the fold script wrote to the dead-letter st
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RedisyncError(Exception):
     """Root of every redisync error."""
@@ -27,6 +29,22 @@ class ConfigurationError(RedisyncError, ValueError):
 
 class PermissionDenied(RedisyncError):
     """The server refused the credentials or the command (ACL: NOPERM, WRONGPASS)."""
+
+
+class ShardInUse(RedisyncError):
+    """Another live process holds this shard id (its lease is fresh): two collectors were started
+    with one shard id. Give each its own (``REDISYNC_SHARD``), or pass ``take_over=True`` to make
+    this process the shard's new life (the other one is then refused as a zombie)."""
+
+    def __init__(self, shard_id: int, incarnation: str, remaining_ms: int):
+        self.shard_id, self.incarnation, self.remaining_ms = shard_id, incarnation, remaining_ms
+        super().__init__(
+            f"shard {shard_id} is held by a live process (incarnation {incarnation}, lease renewed "
+            f"{remaining_ms} ms ahead): give each collector its own shard id (set REDISYNC_SHARD, or run under "
+            "torchrun), or pass take_over=True to replace it")
+
+    def __reduce__(self) -> Any:
+        return (ShardInUse, (self.shard_id, self.incarnation, self.remaining_ms))
 
 
 class RunNotFound(RedisyncError):

@@ -307,7 +307,7 @@ class SidecarSyncer(Syncer):
         read_end, write_end = os.pipe()
         config = {
             "connect": self.store.connect_args, "run": self.store.run, "shard_id": self.shard.shard_id,
-            "incarnation": claimed - 1 if claimed else None, "resume": self.shard.resume,
+            "incarnation": claimed - 1 if claimed else None, "resume": self.shard.resume, "take_over": self.shard.take_over,
             "schema": self.schema.canonical_json(), "mailbox": (box.name, box.sizes), "lifeline": read_end,
             "shared": None if self._shared is None else self._shared.layout(),
             "cadence": (self.publish_every_steps, self.publish_every_s),
@@ -543,7 +543,7 @@ def serve(config: dict[str, Any]) -> None:
     term = MailboxTerm(schema, box, shared)
     cadence = None if shared is None or not shared.parts else SharedCadence(shared, header, *config["cadence"])
     syncer = Syncer(store, config["shard_id"], [term], worker="thread", publish_every_steps=2**62, incarnation=config["incarnation"],
-                    resume=config["resume"], **config["syncer"])
+                    resume=config["resume"], take_over=config["take_over"], **config["syncer"])
     # continue where an earlier sidecar of this collector left off (nothing of it lives in this process)
     handed = unpack_handed(header[HANDED])
     if handed is not None:

@@ -38,6 +38,7 @@ from .seam import SyncedTerm, schema_of
 log = logging.getLogger(__name__)
 
 WORKERS = ("auto", "process", "thread")
+LEASE_S = 5.0  # a live process renews its lease on its shard id every LEASE_S / 5 (a dead one's runs out)
 _live: "weakref.WeakSet[Syncer]" = weakref.WeakSet()  # started and not stopped: a forked child detaches them
 
 
@@ -96,6 +97,7 @@ class Syncer:
         incarnation: int | None = None,
         resume: bool | frozenset[str] | None = None,
         start_timeout_s: float = 5.0,
+        take_over: bool = False,
     ):
         self.store = store
         self.terms = list(terms)
@@ -107,6 +109,8 @@ class Syncer:
         self.poll_every_s, self.retry_every_s = poll_every_s, retry_every_s
         self.min_pull_interval_s = min_pull_interval_s
         self.start_timeout_s = start_timeout_s
+        self.take_over = take_over
+        self._lease_due = 0.0
         self._forked = False  # this object was inherited by a forked child: it must not touch the parent's sync
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -199,6 +203,8 @@ class Syncer:
             self.shard.resume = frozenset(resumed_keys)
         else:
             self.shard.resume = resumed
+        # a second live process with this shard id is refused, unless asked to, or resuming its checkpoint
+        self.shard.take_over = self.take_over or bool(self.shard.resume)
         self._prepare_worker()
         registered, returned = threading.Event(), threading.Event()
         failure: list[BaseException] = []
@@ -228,8 +234,7 @@ class Syncer:
                                  "(registering and claiming the shard go on in the background)", logging.WARNING)
             return self
         if failure:
-            self._stop.set()
-            _live.discard(self)
+            self.stop(flush=False, timeout=1.0)  # frees what the worker had prepared
             raise failure[0]
         self._starter.join()  # the worker's own start (a sidecar's is bounded by STARTUP_S)
         return self
@@ -309,12 +314,16 @@ class Syncer:
             timeout = self.poll_every_s if self._registered else self.retry_every_s
             if wanted:
                 timeout = max(0.0, last_pull + self.min_pull_interval_s - time.monotonic())
+            if self._registered:
+                timeout = min(timeout, max(0.0, self._lease_due - time.monotonic()))
             self._wake.wait(timeout)
             self._wake.clear()
             if self._stop.is_set():
                 break
             if not self._registered and not self._attempt("register", self._register):
                 continue
+            if time.monotonic() >= self._lease_due and self._zombie is None:
+                self._attempt("lease", self._renew_lease)
             # a failed publish never stops the pulls: the view follows the store whatever happens to our reports
             published = self._attempt("publish", self._publish_pending)
             wanted = wanted or bool(published) or self._announced > self._known_version()
@@ -325,13 +334,40 @@ class Syncer:
             if self._problem is not None:
                 self._stop.wait(self.retry_every_s)
                 self._wake.set()  # try again: the pending report is still there
+        if self._registered and self._zombie is None and not self._forked:  # stopped: the shard id is free at once
+            self._attempt("lease", lambda: self.store.lease(self.shard.shard_id, self.shard.incarnation, 0))
 
     def _register(self) -> bool:
-        """Register the schema and claim the shard's incarnation (a no-op once claimed)."""
+        """Register the schema and claim the shard's incarnation (a no-op once claimed). A shard
+        whose holder's lease is fresh is refused (:class:`~redisync.errors.ShardInUse`) as soon as
+        the holder renews it; a crashed holder's lease is waited out (at most one lease)."""
         self.store.register(self.schema)
-        self.shard.incarnation
+        deadline, held_until = time.monotonic() + LEASE_S + 1.0, None
+        while True:
+            try:
+                self.shard.incarnation
+                break
+            except errors.ShardInUse as e:
+                until = time.monotonic() + e.remaining_ms / 1e3
+                if (held_until is not None and until > held_until + 0.5) or until > deadline:
+                    raise  # renewed meanwhile: a live process holds it
+                held_until = until if held_until is None else max(held_until, until)
+                time.sleep(min(e.remaining_ms / 1e3 + 0.05, 2 * LEASE_S / 5 + 0.2))
         self._registered = True
+        self._renew_lease()
         return True
+
+    def _renew_lease(self) -> None:
+        """Tell the store this process lives (a second one started with our shard id is refused)."""
+        self._lease_due = time.monotonic() + LEASE_S / 5
+        if not self.store.lease(self.shard.shard_id, self.shard.incarnation, int(LEASE_S * 1e3)):
+            self._became_zombie("the store holds a later claim of the shard")
+
+    def _became_zombie(self, why: str) -> None:
+        if self._zombie is None:
+            log.error("redisync shard %d: a later process claimed this shard: %s", self.shard.shard_id, why)
+        self._zombie = (f"zombie: a later process claimed shard {self.shard.shard_id}, so this one's reports are "
+                        f"refused ({why}); give each collector its own shard id (REDISYNC_SHARD)")
 
     def _attempt(self, what: str, call: Any) -> Any:
         """Run one step of the worker; a failure is counted and logged once per change, never raised."""
@@ -382,10 +418,7 @@ class Syncer:
             self.stats["rejected"] += 1
             result = None
             if isinstance(e, errors.StaleIncarnation):  # for ever: no report of this process can reach the store again
-                if self._zombie is None:
-                    log.error("redisync shard %d: a later process claimed this shard: %s", self.shard.shard_id, e)
-                self._zombie = (f"zombie: a later process claimed shard {self.shard.shard_id}, so this one's reports are "
-                                f"refused ({e}); give each collector its own shard id (REDISYNC_SHARD)")
+                self._became_zombie(str(e))
             if isinstance(e, errors.SchemaDigestMismatch):
                 self._registered = False  # the run was registered again with another schema: find out which
         with self._lock:

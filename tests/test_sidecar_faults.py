@@ -320,13 +320,13 @@ def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(wo
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_a_zombie_whose_shard_a_later_process_claimed_is_not_healthy(real_url, worker):
-    """10. Two processes with one shard id (no REDISYNC_SHARD set): the earlier one's reports are
-    refused, and it says so for good, even while its pulls succeed."""
+    """10. A later process took the shard over: the earlier one's reports are refused, and it says
+    so for good, even while its pulls succeed."""
     store = redisync.connect(real_url, run=f"faults-zombie-{worker}-{os.getpid()}")
     first, second = Cumulative(), Cumulative()
     a = Syncer(store, 0, [first], worker=worker, publish_every_steps=1, poll_every_s=0.05).start()
     b = Syncer(redisync.connect(real_url, run=store.run), 0, [second], worker=worker, publish_every_steps=1,
-               poll_every_s=0.05).start()
+               poll_every_s=0.05, take_over=True).start()
     try:
         _train(second, b, 3)
         assert b.wait_synced(timeout=10)
@@ -341,3 +341,53 @@ def test_a_zombie_whose_shard_a_later_process_claimed_is_not_healthy(real_url, w
         a.stop(flush=False)
         b.stop(flush=False)
         store.delete()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_second_process_with_a_live_shard_id_is_refused_at_start(real_url, worker):
+    """10. Two collectors started with one shard id: the second start() refuses, typed, naming the
+    shard and REDISYNC_SHARD; once the first has stopped, the id is free at once."""
+    store = redisync.connect(real_url, run=f"faults-in-use-{worker}-{os.getpid()}")
+    a = Syncer(store, 4, [Cumulative()], worker=worker).start()
+    try:
+        t = time.monotonic()
+        with pytest.raises(redisync.errors.ShardInUse, match="shard 4 is held by a live process.*REDISYNC_SHARD"):
+            Syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
+        assert time.monotonic() - t < 12
+        assert a.health()["ok"]
+        a.stop()
+        t = time.monotonic()
+        b = Syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
+        assert time.monotonic() - t < 4 and b.health()["ok"]
+        b.stop()
+    finally:
+        a.stop(flush=False)
+        store.delete()
+
+
+def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_url):
+    """A fresh restart after SIGKILL (no take-over, no resume) waits out the dead holder's lease."""
+    run = f"faults-lease-{os.getpid()}"
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        import redisync
+        from redisync.syncer import Syncer
+        from tests.test_sidecar import Cumulative
+        Syncer(redisync.connect({real_url!r}, run={run!r}), 5, [Cumulative()], worker="thread").start()
+        print("started", flush=True)
+        time.sleep(60)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "started"
+        holder.kill()
+        holder.wait()
+        t = time.monotonic()
+        restarted = Syncer(redisync.connect(real_url, run=run), 5, [Cumulative()], worker="thread",
+                           start_timeout_s=10).start()
+        assert time.monotonic() - t < 8 and restarted.health()["ok"]
+        restarted.stop()
+    finally:
+        holder.kill()
+        redisync.connect(real_url, run=run).delete()

@@ -3,7 +3,8 @@
 -- KEYS[1]   the run's meta hash
 -- KEYS[2]   the run's shards hash
 -- ARGV[1]   the shard id (a decimal integer)
--- returns {'claimed', incarnation} | {'no_run'}
+-- ARGV[2]   '1' to take the shard over from a live holder, '0' to refuse while its lease is fresh
+-- returns {'claimed', incarnation} | {'no_run'} | {'in_use', incarnation, remaining lease ms}
 --
 -- The incarnation is the server's time in microseconds, or one above the shard's current (and
 -- last claimed) incarnation if that is larger: every claim outranks every earlier one, whatever
@@ -31,7 +32,13 @@ local function plus_one(s) -- a decimal string + 1, exact beyond 2^53
 end
 
 local t = redis.call('TIME')
-local new = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local new = string.format('%.0f', now)
+-- a live holder renews its lease (lease.lua); a dead one's runs out within the lease
+local held = redis.call('HMGET', KEYS[2], shard .. ':incarnation', shard .. ':lease_until_us')
+if ARGV[2] ~= '1' and held[1] and tonumber(held[2] or '0') > now then
+  return {'in_use', held[1], string.format('%.0f', (tonumber(held[2]) - now) / 1000)}
+end
 for _, field in ipairs({shard .. ':incarnation', shard .. ':claimed'}) do
   local cur = redis.call('HGET', KEYS[2], field)
   if cur and string.match(cur, '^[1-9]%d*$') and not newer(new, cur) then new = plus_one(cur) end

@@ -1,0 +1,14 @@
+-- lease.lua: a live process renews (or, at stop, gives up) its lease on a shard id, so that a
+-- second process started with the same id is refused (claim.lua) instead of silently taking it.
+--
+-- KEYS[1]   the run's shards hash
+-- ARGV[1]   the shard id;   ARGV[2] the caller's incarnation;   ARGV[3] the lease in ms (0: give it up)
+-- returns {'leased'} | {'stale', current incarnation}   (a later process claimed the shard)
+
+local shard = ARGV[1]
+local cur = redis.call('HGET', KEYS[1], shard .. ':incarnation')
+if cur ~= ARGV[2] then return {'stale', cur or ''} end
+local t = redis.call('TIME')
+local until_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1000 * tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], shard .. ':lease_until_us', string.format('%.0f', until_us))
+return {'leased'}
