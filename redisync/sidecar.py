@@ -143,6 +143,7 @@ class SidecarSyncer(Syncer):
         self._shared: SharedState | None = None  # the shared terms' buffers (see redisync.shared_state)
         self._handed: list[SyncedTerm] = self.terms  # the terms handed decoded fleet states
         self._flush_request = 0
+        self._owed = False  # a report fell due while the sidecar was busy and was not handed over yet
 
     # ------------------------------------------------------------------ the collector's side (no network)
 
@@ -177,6 +178,8 @@ class SidecarSyncer(Syncer):
             if self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s:
                 if header is not None and header[DONE] >= self._out_seq:
                     self._take_reports()
+                else:
+                    self._owed = True  # due while the sidecar was busy: handed over when it is free
 
     def flush(self) -> None:
         """Hand over the copied terms' reports and ask the sidecar to publish the shared ones now."""
@@ -188,6 +191,7 @@ class SidecarSyncer(Syncer):
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         if self.mailbox is None:  # stopped, or a forked child's copy of its parent's syncer
             return
+        self._owed = False
         try:
             self._out_seq = self.mailbox.write_vectors(OUTBOX, self._codec.encode(reports))  # type: ignore[union-attr]
             if self._problem is not None:
@@ -235,6 +239,8 @@ class SidecarSyncer(Syncer):
         while time.monotonic() < deadline:
             self._fetch()
             ready, box = self._ready, self.mailbox
+            if self._owed and box is not None and box.header[DONE] >= self._out_seq:
+                self._take_reports()  # the report on_step skipped, as the thread worker would have it pending
             published = box is not None and box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
             if published and ready is not None and ready.fleet_version >= max(at_least, self._worker_status()["announced"]):
                 return True

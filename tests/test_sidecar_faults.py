@@ -391,3 +391,25 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
     finally:
         holder.kill()
         redisync.connect(real_url, run=run).delete()
+
+
+def test_wait_synced_covers_a_report_that_fell_due_while_the_sidecar_was_busy(real_url):
+    """11. The soak's lost reports: on_step() skips the hand-over while the sidecar is still sending
+    the previous report; the last steps' report must still be published before wait_synced() says
+    so (as the thread worker has it pending)."""
+    store, proxy = _through_proxy(real_url, f"faults-owed-{os.getpid()}")
+    term = Cumulative()
+    syncer = Syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
+                    poll_every_s=0.05).start()
+    try:
+        proxy.hold = 1
+        _train(term, syncer, 1)
+        assert wait_for(lambda: len(proxy.held) == 1, timeout=10)  # the sidecar is busy with count 1
+        _train(term, syncer, 6)  # each falls due while it is busy
+        proxy.release()
+        assert syncer.wait_synced(timeout=10)
+        assert _count(store) == 7
+    finally:
+        syncer.stop(flush=False)
+        proxy.close()
+        store.delete()
