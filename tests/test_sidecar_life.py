@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 import redisync
-from redisync.mailbox import STOP
+from redisync.mailbox import SIDECAR_PID, STOP
 from redisync.syncer import Syncer
 from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
@@ -68,7 +68,8 @@ class Applied(Cumulative):
 class Collector:
     """One life of a collector process: its terms, its generator and its syncer."""
 
-    def __init__(self, url: str, shard: int, seed: int, checkpoint: dict | None = None, from_thread: bool = False):
+    def __init__(self, url: str, shard: int, seed: int, checkpoint: dict | None = None, from_thread: bool = False,
+                 take_over: bool = False):
         self.sampler = AdaptiveMotionSampler(FRAMES, 0.02, mode="pooled", shard_id=shard, rebuild_tol=0.0,
                                              dtype=torch.float64)
         self.norm = SyncedEmpiricalNormalization(DIMS, mode="pooled")
@@ -79,7 +80,8 @@ class Collector:
         self.g = torch.Generator().manual_seed(seed)
         self.samples = 0
         self.syncer = Syncer(redisync.connect(url, run="life", socket_timeout=1.0), shard, [self.sampler, self.norm, self.steps],
-                             worker="process", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1)
+                             worker="process", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1,
+                             take_over=take_over)
         if from_thread:  # the thread that starts it ends at once: the sidecar must not die with it
             starter = threading.Thread(target=self.syncer.start)
             starter.start()
@@ -103,6 +105,15 @@ class Collector:
                 "norm": {k: v.clone() for k, v in self.norm.state_dict().items()}}
 
 
+def _kill_sidecar(c: Collector) -> int:
+    """SIGKILL the collector's sidecar once one serves (the last one killed may not be replaced yet)."""
+    syncer = c.syncer
+    assert wait_for(lambda: syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid, timeout=15)
+    pid = syncer.sidecar_pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 class SidecarLife(RuleBasedStateMachine):
     server: RedisProcess
     proxy: HoldingProxy  # in front of the server: holds a fold in flight when a rule asks
@@ -117,10 +128,11 @@ class SidecarLife(RuleBasedStateMachine):
         self.lives = len(SHARDS)
         self.saved: tuple[int, int] | None = None  # (lives, retired) when the append-only file was copied
 
-    def _new_life(self, shard: int, checkpoint: dict | None = None, from_thread: bool = False) -> None:
+    def _new_life(self, shard: int, checkpoint: dict | None = None, from_thread: bool = False,
+                  take_over: bool = False) -> None:
         self.lives += 1
         self.collectors[shard] = Collector(self.url, shard, seed=100 * self.lives, checkpoint=checkpoint,
-                                           from_thread=from_thread)
+                                           from_thread=from_thread, take_over=take_over)
 
     @rule(shard=st.sampled_from(SHARDS), steps=st.integers(1, 40))
     def train(self, shard: int, steps: int) -> None:
@@ -129,8 +141,7 @@ class SidecarLife(RuleBasedStateMachine):
     @rule(shard=st.sampled_from(SHARDS), steps=st.integers(0, 20))
     def kill_sidecar(self, shard: int, steps: int) -> None:
         c = self.collectors[shard]
-        first = c.syncer.sidecar_pid
-        os.kill(first, signal.SIGKILL)
+        first = _kill_sidecar(c)
         c.train(steps)  # the collector trains on, its view stale for a moment
         assert wait_for(lambda: c.syncer.sidecar_pid != first, timeout=10)
 
@@ -142,8 +153,7 @@ class SidecarLife(RuleBasedStateMachine):
         c.train(1)
         held = wait_for(lambda: len(self.proxy.held) == 1, timeout=5)
         self.proxy.hold = 0
-        first = c.syncer.sidecar_pid
-        os.kill(first, signal.SIGKILL)
+        first = _kill_sidecar(c)
         assert wait_for(lambda: c.syncer.sidecar_pid != first, timeout=10)
         if held and delivered:
             time.sleep(0.3)  # the successor has continued the sequence meanwhile
@@ -164,19 +174,22 @@ class SidecarLife(RuleBasedStateMachine):
         """The last report reaches the store whenever the last sidecar died."""
         old = self.collectors[shard]
         old.train(steps)
-        os.kill(old.syncer.sidecar_pid, signal.SIGKILL)
+        _kill_sidecar(old)
         old.syncer.stop(flush=True)
         self.retired += old.samples
         self._new_life(shard)
 
     @rule(shard=st.sampled_from(SHARDS), steps=st.integers(1, 10))
     def a_second_process_claims_the_shard(self, shard: int, steps: int) -> None:
-        """Started with the same shard id: the earlier process becomes a zombie, and says so."""
+        """Started with the same shard id: refused while the first lives; told to take over, it
+        does, and the earlier process becomes a zombie, and says so."""
         old = self.collectors[shard]
+        with pytest.raises(redisync.errors.ShardInUse, match=f"shard {shard} is held"):
+            Collector(self.url, shard, seed=0)
         old.syncer.flush()
         assert old.syncer.wait_synced(timeout=15)
         folded = old.samples
-        self._new_life(shard)  # claims a later incarnation while the old one runs
+        self._new_life(shard, take_over=True)  # claims a later incarnation while the old one runs
         old.train(steps)  # refused from now on
         assert wait_for(lambda: "later process claimed" in (old.syncer.health()["error"] or ""), timeout=10), \
             f"a zombie said {old.syncer.health()}"
@@ -225,7 +238,7 @@ class SidecarLife(RuleBasedStateMachine):
         """Every sidecar is SIGKILLed, the server restarts from an older append-only file, and the
         successors start while it is down: none may hand over an older version of the same epoch."""
         for c in self.collectors.values():
-            os.kill(c.syncer.sidecar_pid, signal.SIGKILL)
+            _kill_sidecar(c)
         self.server.kill()
         time.sleep(0.5)
         shutil.rmtree(self.server.workdir / "appendonlydir")

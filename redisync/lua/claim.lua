@@ -36,8 +36,8 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local new = string.format('%.0f', now)
 -- a live holder renews its lease (lease.lua); a dead one's runs out within the lease
 local held = redis.call('HMGET', KEYS[2], shard .. ':incarnation', shard .. ':lease_until_us')
-if ARGV[2] ~= '1' and held[1] and tonumber(held[2] or '0') > now then
-  return {'in_use', held[1], string.format('%.0f', (tonumber(held[2]) - now) / 1000)}
+if ARGV[2] ~= '1' and tonumber(held[2] or '0') > now then
+  return {'in_use', held[1] or '', string.format('%.0f', (tonumber(held[2]) - now) / 1000)}
 end
 for _, field in ipairs({shard .. ':incarnation', shard .. ':claimed'}) do
   local cur = redis.call('HGET', KEYS[2], field)

@@ -7,7 +7,8 @@
 
 local shard = ARGV[1]
 local cur = redis.call('HGET', KEYS[1], shard .. ':incarnation')
-if cur ~= ARGV[2] then return {'stale', cur or ''} end
+-- none: the store lost the run's shards (a restart); the caller's next fold records it again
+if cur and cur ~= ARGV[2] then return {'stale', cur} end
 local t = redis.call('TIME')
 local until_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1000 * tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], shard .. ':lease_until_us', string.format('%.0f', until_us))
