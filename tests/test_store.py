@@ -255,3 +255,24 @@ def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_stor
     store.restore(missing)  # a group sum left out is recomputed from the slots
     shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})  # re-sums group 0 only
     assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3
+
+
+def test_a_fold_refuses_a_stored_group_sum_it_can_prove_wrong(make_store):
+    """A fold that re-sums its group checks that the stored sum was its slots' sum (on the counts,
+    which costs count_size values per slot): a damaged one is refused, and nothing is written."""
+    store = make_store()
+    store.register(SCHEMA)
+    shards = {shard: store.shard(shard) for shard in (0, 1, 2)}
+    for client in shards.values():
+        client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
+    data = store.keys.key_data("obs/norm")
+    damaged = codec.decode(store.redis.hget(data, "group:0"))
+    damaged[0] += 1000.0
+    store.redis.hset(data, "group:0", codec.encode([damaged]))
+    before = store.fleet()
+    with pytest.raises(errors.CorruptState, match="group:0 disagrees with the sum of its slots"):
+        shards[1].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})
+    after = store.fleet()
+    assert after.fleet_version == before.fleet_version
+    np.testing.assert_array_equal(after.keys["obs/norm"].value, before.keys["obs/norm"].value)
+    assert store.dead_letters()[0]["reason"] == "corrupt_state"

@@ -201,6 +201,29 @@ local function summed(vectors, width, check)
   return table.concat(out)
 end
 
+-- Whether the count parts (the first count_size values) of ``vectors``, summed as ``summed`` does,
+-- equal those of the stored sum ``stored``: a cheap proof that a stored group sum is wrong.
+local function counts_agree(vectors, stored, count_size)
+  local pos, base = 1, 0
+  while base < count_size do
+    local len = math.min(CHUNK, count_size - base)
+    local fmt = fmt_of(len)
+    local a = {}
+    for k = 1, len do a[k] = 0.0 end
+    for _, vec in ipairs(vectors) do
+      local y = {sunpack(fmt, vec, pos)}
+      for k = 1, len do a[k] = a[k] + y[k] end
+    end
+    local s = {sunpack(fmt, stored, pos)}
+    for k = 1, len do
+      if s[k] ~= a[k] then return false end
+    end
+    base = base + len
+    pos = pos + len * 8
+  end
+  return true
+end
+
 -- The sum of ``vectors`` (in order), and the rejection if it or the moments it implies are not finite.
 -- count_size values of count, then size values of sum, then (sumsq) size values of sum of squares.
 -- (A group's sum needs no check: a non-finite one makes the aggregate non-finite, which this refuses.)
@@ -266,10 +289,10 @@ for i = 1, nkeys do
     if why then return reject(why[1], why[2], why[3]) end
     local stale = tonumber(spec[5])
     -- the other live writers, in ascending order, and (stale keys) when each last wrote
-    local ids = {}
+    local ids, was_writer = {}, false
     for id in string.gmatch(spec[7] or '', '[^,]+') do
       if not string.match(id, '^%d+$') then return reject('corrupt_state', name, 'writers holds ' .. string.format('%q', id)) end
-      if id ~= shard then ids[#ids + 1] = id end
+      if id ~= shard then ids[#ids + 1] = id else was_writer = true end
     end
     table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
     local at = {}
@@ -333,6 +356,7 @@ for i = 1, nkeys do
         end
       end
     end
+    for _, id in ipairs(item.forget) do wanted[#wanted + 1] = id; fields[#fields + 1] = 'slot:' .. id end
     local slots = {[shard] = payload}
     local got = hmget(kd, fields)
     for k, id in ipairs(wanted) do
@@ -353,6 +377,21 @@ for i = 1, nkeys do
     local single, agg = not retired and #order == 1, nil
     for k, g in ipairs(order) do
       local sum = stored[k]
+      if sum and touched[g] and #sum == width * 8 then
+        -- the stored sum is re-made from this group's slots: it must have been their sum before this
+        -- fold (checked on the counts, which costs count_size values per slot)
+        local prior, own = {}, was_writer and old and group_of(shard) == g
+        for _, id in ipairs(ids) do
+          if group_of(id) == g then
+            if own and tonumber(id) > tonumber(shard) then prior[#prior + 1] = old; own = false end
+            prior[#prior + 1] = slots[id]
+          end
+        end
+        if own then prior[#prior + 1] = old end
+        if not counts_agree(prior, sum, count_size) then
+          return reject('corrupt_state', name, 'stored ' .. gfields[k] .. ' disagrees with the sum of its slots')
+        end
+      end
       if touched[g] or not sum then
         local vs = {}
         for _, id in ipairs(members[g]) do vs[#vs + 1] = slots[id] end
