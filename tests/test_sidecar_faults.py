@@ -4,6 +4,7 @@ successor continues from lives in the collector's mailbox header or in the store
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import redis
 
@@ -113,49 +113,50 @@ def _through_proxy(real_url: str, run: str):
     return store, proxy
 
 
-def test_a_sidecar_killed_mid_publish_is_followed_by_one_that_sends_the_report(real_url):
-    """3. The publish mark moves on the store's answer only: a successor sends what its
-    predecessor took but never got answered, and wait_synced() means the store holds it."""
-    store, proxy = _through_proxy(real_url, f"faults-mid-publish-{os.getpid()}")
+@contextlib.contextmanager
+def _sidecar_through_a_proxy(real_url: str, name: str):
+    """(store, proxy, term, syncer): a sidecar worker publishing every step through a HoldingProxy."""
+    store, proxy = _through_proxy(real_url, f"faults-{name}-{os.getpid()}")
     term = Cumulative()
     syncer = Syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
                     poll_every_s=0.05).start()
     try:
-        _train(term, syncer, 5)
-        syncer.flush()
-        assert syncer.wait_synced(timeout=10) and _count(store) == 5
-        proxy.hold = 1
-        _train(term, syncer, 1)
-        assert wait_for(lambda: len(proxy.held) == 1, timeout=10)  # the fold of count 6 is on its way
-        pid = syncer.sidecar_pid
-        os.kill(pid, signal.SIGKILL)
-        proxy.held.clear()  # ... and never arrives
-        assert wait_for(lambda: syncer.sidecar_pid != pid and _serving(syncer), timeout=15)
-        assert syncer.wait_synced(timeout=10)
-        assert _count(store) == 6
+        yield store, proxy, term, syncer
     finally:
         syncer.stop(flush=False)
         proxy.close()
         store.delete()
 
 
+def _kill_mid_publish(term, syncer, proxy, store) -> None:
+    """Five steps published, then the sixth's fold held on the wire while its sidecar is SIGKILLed;
+    returns once the successor serves."""
+    _train(term, syncer, 5)
+    syncer.flush()
+    assert syncer.wait_synced(timeout=10) and _count(store) == 5
+    proxy.hold = 1
+    _train(term, syncer, 1)
+    assert wait_for(lambda: len(proxy.held) == 1, timeout=10)  # the fold of count 6 is on its way
+    pid = syncer.sidecar_pid
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: syncer.sidecar_pid != pid and _serving(syncer), timeout=15)
+
+
+def test_a_sidecar_killed_mid_publish_is_followed_by_one_that_sends_the_report(real_url):
+    """3. The publish mark moves on the store's answer only: a successor sends what its
+    predecessor took but never got answered, and wait_synced() means the store holds it."""
+    with _sidecar_through_a_proxy(real_url, "mid-publish") as (store, proxy, term, syncer):
+        _kill_mid_publish(term, syncer, proxy, store)
+        proxy.held.clear()  # the fold of count 6 never arrives
+        assert syncer.wait_synced(timeout=10)
+        assert _count(store) == 6
+
+
 def test_a_fold_in_flight_from_a_dead_sidecar_does_not_take_its_successors_seq(real_url):
     """4. The seq is reserved in the collector's memory before a fold is sent: a successor goes on
     above it, so the dead sidecar's fold landing late never makes the successor's a duplicate."""
-    store, proxy = _through_proxy(real_url, f"faults-in-flight-{os.getpid()}")
-    term = Cumulative()
-    syncer = Syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
-                    poll_every_s=0.05).start()
-    try:
-        _train(term, syncer, 5)
-        syncer.flush()
-        assert syncer.wait_synced(timeout=10)
-        proxy.hold = 1
-        _train(term, syncer, 1)
-        assert wait_for(lambda: len(proxy.held) == 1, timeout=10)
-        pid = syncer.sidecar_pid
-        os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: syncer.sidecar_pid != pid and _serving(syncer), timeout=15)
+    with _sidecar_through_a_proxy(real_url, "in-flight") as (store, proxy, term, syncer):
+        _kill_mid_publish(term, syncer, proxy, store)
         time.sleep(0.5)  # the successor has read the server's last folded seq
         proxy.release()  # the dead sidecar's fold lands now
         _train(term, syncer, 4)
@@ -163,12 +164,9 @@ def test_a_fold_in_flight_from_a_dead_sidecar_does_not_take_its_successors_seq(r
         assert syncer.wait_synced(timeout=10)
         assert _count(store) == 10
         assert not [d for d in store.dead_letters() if d["reason"] != "seq_rollback"]
-    finally:
-        syncer.stop(flush=False)
-        proxy.close()
-        store.delete()
 
 
+@pytest.mark.integration  # a redis-server of its own, restarted from its append-only file
 def test_a_sidecar_restarted_while_redis_was_down_never_hands_an_older_version_of_the_same_epoch(tmp_path):
     """5. The newest (epoch, version) handed to the collector lives in its memory: after Redis came
     back from an append-only file with its tail lost, the successor does not hand (e, v2) after
@@ -299,7 +297,15 @@ def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(wo
     """9. A store that accepts connections and never answers holds start() for its timeout only."""
     silent = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+
+    def accept_and_never_answer() -> None:
+        try:
+            while True:
+                held.append(silent.accept()[0])
+        except OSError:  # closed at the end of the test
+            pass
+
+    threading.Thread(target=accept_and_never_answer, daemon=True).start()
     url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
     term = Cumulative()
     syncer = Syncer(redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker)
@@ -397,11 +403,7 @@ def test_wait_synced_covers_a_report_that_fell_due_while_the_sidecar_was_busy(re
     """11. The soak's lost reports: on_step() skips the hand-over while the sidecar is still sending
     the previous report; the last steps' report must still be published before wait_synced() says
     so (as the thread worker has it pending)."""
-    store, proxy = _through_proxy(real_url, f"faults-owed-{os.getpid()}")
-    term = Cumulative()
-    syncer = Syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
-                    poll_every_s=0.05).start()
-    try:
+    with _sidecar_through_a_proxy(real_url, "owed") as (store, proxy, term, syncer):
         proxy.hold = 1
         _train(term, syncer, 1)
         assert wait_for(lambda: len(proxy.held) == 1, timeout=10)  # the sidecar is busy with count 1
@@ -409,7 +411,3 @@ def test_wait_synced_covers_a_report_that_fell_due_while_the_sidecar_was_busy(re
         proxy.release()
         assert syncer.wait_synced(timeout=10)
         assert _count(store) == 7
-    finally:
-        syncer.stop(flush=False)
-        proxy.close()
-        store.delete()
