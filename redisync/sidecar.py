@@ -330,8 +330,11 @@ class SidecarSyncer(Syncer):
         finally:
             os.close(read_end)
         assert process.stdin is not None
-        process.stdin.write(pickle.dumps(config))
-        process.stdin.close()
+        try:
+            process.stdin.write(pickle.dumps(config))
+            process.stdin.close()
+        except BrokenPipeError:
+            pass  # it exited at once: _await_serving and the monitor say so
         if self._lifeline >= 0:
             os.close(self._lifeline)  # the previous sidecar's: it is gone
         self._process, self._lifeline = process, write_end

@@ -411,3 +411,17 @@ def test_wait_synced_covers_a_report_that_fell_due_while_the_sidecar_was_busy(re
         proxy.release()
         assert syncer.wait_synced(timeout=10)
         assert _count(store) == 7
+
+
+def test_a_sidecar_that_cannot_start_shows_in_health_at_once(real_url, monkeypatch):
+    """8. A sidecar that exits before it serves (here: an interpreter that cannot run it) is not a
+    silent restart loop: health() says so when start() returns."""
+    store = redisync.connect(real_url, run=f"faults-no-start-{os.getpid()}")
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))
+    syncer = Syncer(store, 0, [Cumulative()], worker="process").start()
+    try:
+        health = syncer.health()
+        assert not health["ok"] and "sidecar: could not start" in health["error"]
+    finally:
+        syncer.stop(flush=False, timeout=1.0)
+        store.delete()
