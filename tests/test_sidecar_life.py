@@ -108,7 +108,8 @@ class Collector:
 def _kill_sidecar(c: Collector) -> int:
     """SIGKILL the collector's sidecar once one serves (the last one killed may not be replaced yet)."""
     syncer = c.syncer
-    assert wait_for(lambda: syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid, timeout=15)
+    assert wait_for(lambda: syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid
+                    and syncer._process.poll() is None, timeout=15)
     pid = syncer.sidecar_pid
     os.kill(pid, signal.SIGKILL)
     return pid
@@ -184,6 +185,8 @@ class SidecarLife(RuleBasedStateMachine):
         """Started with the same shard id: refused while the first lives; told to take over, it
         does, and the earlier process becomes a zombie, and says so."""
         old = self.collectors[shard]
+        # after the store lost its state the lease is back with the holder's re-registration (settled)
+        self.settle()
         with pytest.raises(redisync.errors.ShardInUse, match=f"shard {shard} is held"):
             Collector(self.url, shard, seed=0)
         old.syncer.flush()
