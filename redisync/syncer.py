@@ -352,7 +352,7 @@ class Syncer:
                 if (held_until is not None and until > held_until + 0.5) or until > deadline:
                     raise  # renewed meanwhile: a live process holds it
                 held_until = until if held_until is None else max(held_until, until)
-                time.sleep(min(e.remaining_ms / 1e3 + 0.05, 2 * LEASE_S / 5 + 0.2))
+                time.sleep(min(e.remaining_ms / 1e3 + 0.05, LEASE_S / 15))  # three looks per renewal
         self._registered = True
         self._renew_lease()
         return True

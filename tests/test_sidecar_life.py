@@ -217,6 +217,10 @@ class SidecarLife(RuleBasedStateMachine):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
             time.sleep(0.02)
+        else:
+            if time.monotonic() >= deadline:  # a child stuck on a lock another thread held at the fork
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
         assert torch.equal(own, c.sampler.bin_failed_count), "the child wrote into its parent's shared buffers"
         assert c.syncer.mailbox is not None and c.syncer.mailbox.header[STOP] == 0, "the child stopped its parent's sidecar"
         assert c.syncer.sidecar_pid == sidecar and os.path.exists(f"/proc/{sidecar}")
