@@ -31,10 +31,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import formulas
 from ..codec import PullResult
 from ..errors import InvalidSchema
 from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
 from ..shared_state import NOT_SHARED, SharedState
+from .ops import TORCH
 
 Mode = Literal["local", "pooled", "learner"]
 
@@ -127,8 +129,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         n, s, q = pooled
         if float(n.flatten()[0]) <= 0:
             return
-        mean_shifted = s / n
-        var = torch.clamp(q / n - mean_shifted * mean_shifted, min=0.0)
+        mean_shifted, var = formulas.moments(n, s, q, TORCH)
         self._set(mean_shifted + self._offset, var, int(round(float(n.flatten()[0]))))
 
     def _set(self, mean: Any, var: Any, count: int) -> None:
@@ -152,8 +153,8 @@ class SyncedEmpiricalNormalization(nn.Module):
     def pooled_moments(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``pooled``: the float64 mean, var and count of the own-substituted view (for tests and logs)."""
         n, s, q = self._others + self._own
-        mean = s / n
-        return mean + self._offset, torch.clamp(q / n - mean * mean, min=0.0), float(n.flatten()[0])
+        mean, var = formulas.moments(n, s, q, TORCH)
+        return mean + self._offset, var, float(n.flatten()[0])
 
     # ------------------------------------------------------------------ the seam
 

@@ -33,22 +33,22 @@ What sync changes is only *which* EMA feeds ``p``:
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from .. import formulas
 from ..codec import PullResult
-from ..errors import InvalidSchema
 from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
 from ..shared_state import NOT_SHARED, SharedState
+from .ops import TORCH
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES = ("local", "pooled", "weighted", "broadcast")
-UniformMix = Literal["code", "paper"]
-MIXES = ("code", "paper")
+UniformMix = formulas.UniformMix
+MIXES = formulas.MIXES
 
 
 FPS = 50  # the control rate of the tracking tasks: one bin per second of motion is 50 frames
@@ -59,85 +59,33 @@ def frames_for_bins(bins: int, fps: int = FPS) -> int:
     return bins * fps - 1
 
 
-class BinLayout(nn.Module):
-    """Where G groups' bins sit: end to end in the flat EMA (the synced key), and row by row on a
-    ``[G, width]`` grid (``width`` = the most bins of any group) where the distributions are built.
 
-    Groups of equal length are a plain view of the flat vector; groups of different lengths
-    ("ragged") are gathered onto the grid, each row repeating its last bin after it. A module of
-    non-persistent buffers, so that it moves with its sampler (``.to(device)``) and adds nothing
-    to a checkpoint.
-    """
+
+class BinLayout(nn.Module):
+    """A :class:`~redisync.formulas.BinGeometry` as non-persistent buffers, so that it moves with
+    its sampler (``.to(device)``) and adds nothing to a checkpoint."""
 
     def __init__(self, bin_counts: Sequence[int], device: torch.device | str | None = None):
         super().__init__()
-        self.bin_counts = tuple(int(b) for b in bin_counts)
-        self.groups, self.width, self.size = len(self.bin_counts), max(self.bin_counts), sum(self.bin_counts)
-        self.ragged = len(set(self.bin_counts)) > 1
-        bins = torch.tensor(self.bin_counts, device=device)
-        offsets = torch.cumsum(bins, 0) - bins
-        real = torch.arange(self.width, device=device) < bins.unsqueeze(1)  # [G, width]: a group's own bins
-        last = offsets.unsqueeze(1) + torch.minimum(torch.arange(self.width, device=device).unsqueeze(0), bins.unsqueeze(1) - 1)
-        for name, value in (
-            ("bins", bins),
-            ("offsets", offsets),
-            ("real", real),
-            ("inverse_bins", (1.0 / bins.to(torch.float64)).unsqueeze(1)),
-            ("last", last),  # the grid's gather: past its bins, a row repeats its last one
-            ("zero", torch.where(real, last, self.size)),  # the same, pointing at an appended zero instead
-        ):
-            self.register_buffer(name, value, persistent=False)
+        geometry = formulas.BinGeometry.of(bin_counts)
+        self.bin_counts, self.groups, self.width = geometry.bin_counts, geometry.groups, geometry.width
+        self.size, self.ragged = geometry.size, geometry.ragged
+        for name in ("bins", "offsets", "real", "inverse_bins", "last", "zero"):
+            self.register_buffer(name, torch.as_tensor(getattr(geometry, name), device=device), persistent=False)
 
     def grid(self, flat: torch.Tensor, pad: int = 0) -> torch.Tensor:
-        """``[G, width + pad]``: each row its group's bins, then its last bin repeated (replicate padding)."""
-        if not self.ragged:
-            rows = flat.view(self.groups, self.width)
-            return rows if pad == 0 else nn.functional.pad(rows.unsqueeze(1), (0, pad), mode="replicate").squeeze(1)
-        index = self.last if pad == 0 else torch.cat([self.last, self.last[:, -1:].expand(-1, pad)], dim=1)
-        return flat[index]
+        return formulas.grid(flat, self, pad, TORCH)
 
     def group_sums(self, flat: torch.Tensor) -> torch.Tensor:
-        """Per group, the sum of its bins."""
-        if not self.ragged:
-            return flat.view(self.groups, self.width).sum(dim=1)
-        return torch.cat([flat, flat.new_zeros(1)])[self.zero].sum(dim=1)
+        return formulas.group_sums(flat, self, TORCH)
 
 
 def grouped_probabilities(
     ema: torch.Tensor, layout: BinLayout, uniform_ratio: float, kernel: torch.Tensor, mix: UniformMix = "code"
 ) -> torch.Tensor:
     """Every group's start-bin distribution at once from the flat EMA (vectorised, on its device):
-    ``[G, width]``, each row a distribution over its group's bins, zero past them.
-
-    Computed in ``ema``'s dtype; an EMA near the top of the dtype's range (a fleet sum beyond
-    float32, say) is divided by its row's maximum first, which leaves every distribution as it is
-    up to rounding, so nothing turns into inf or NaN.
-    """
-    grid = layout.grid(ema, kernel.numel() - 1)
-    # ε/B: a Python number when every group has B bins (BeyondMimic's own arithmetic), else per row
-    per_bin = uniform_ratio / layout.width if not layout.ragged else uniform_ratio * layout.inverse_bins.to(ema.dtype)
-    p = _unnormalised(grid, per_bin, kernel, mix)
-    if not math.isfinite(float(p.sum())):
-        wide = grid.to(torch.float64)
-        top = wide.amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-        p = _unnormalised((wide / top).to(ema.dtype), (per_bin / top).to(ema.dtype), kernel, mix)
-    if layout.ragged:
-        p = p * layout.real
-    if mix == "code":
-        return p / p.sum(dim=1, keepdim=True)
-    total = p.sum(dim=1, keepdim=True)
-    uniform = layout.inverse_bins.to(p.dtype)
-    shape = torch.where(total > 0, p / torch.where(total > 0, total, 1), uniform)  # no failure yet: uniform
-    p = per_bin + (1 - uniform_ratio) * shape
-    return p * layout.real if layout.ragged else p
-
-
-def _unnormalised(grid: torch.Tensor, per_bin: float | torch.Tensor, kernel: torch.Tensor, mix: UniformMix) -> torch.Tensor:
-    """``smooth(ema + ε/B)`` for the code's formula, ``smooth(ema)`` for the paper's (``grid`` is padded by k − 1)."""
-    p = grid + per_bin if mix == "code" else grid
-    if kernel.numel() == 1:
-        return p
-    return nn.functional.conv1d(p.unsqueeze(1), kernel.to(p.dtype).view(1, 1, -1)).squeeze(1)
+    ``[G, width]`` (:func:`redisync.formulas.grouped_probabilities`)."""
+    return formulas.grouped_probabilities(ema, layout, uniform_ratio, kernel, TORCH, mix)
 
 
 def sampling_probabilities(
@@ -185,7 +133,7 @@ class AdaptiveMotionSampler(nn.Module):
         super().__init__()
         self.grouped = not isinstance(num_frames, int)
         frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
-        _check_arguments(mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names)
+        formulas.check_sampler_arguments(MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.frame_counts = frames
         self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
@@ -194,13 +142,13 @@ class AdaptiveMotionSampler(nn.Module):
         self.group_names = tuple(group_names) if group_names is not None else tuple(f"group_{g}" for g in range(len(frames)))
         # local sampling must reproduce the unsynced algorithm exactly: rebuild on every change
         self.rebuild_tol = 0.0 if mode == "local" else rebuild_tol
-        self.bin_counts = tuple(int(f // (1 / step_dt)) + 1 for f in frames)
+        self.bin_counts = formulas.bin_counts_of(frames, step_dt)
         self.groups = len(frames)
         self.bin_count = sum(self.bin_counts)  # the flat EMA's length: the synced key's
         self.layout = BinLayout(self.bin_counts, device)
         kw = {"device": device, "dtype": dtype}
         kernel = torch.tensor([kernel_lambda**i for i in range(kernel_size)], **kw)
-        self.register_buffer("kernel", kernel / kernel.sum())
+        self.register_buffer("kernel", kernel / kernel.sum())  # in the sampler's dtype, as BeyondMimic's
         self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, **kw))  # the OWN failure EMA
         self.register_buffer("_current_bin_failed", torch.zeros(self.bin_count, **kw), persistent=False)
         # the rest of the fleet as last applied (pooled), or the fleet value (broadcast)
@@ -227,11 +175,9 @@ class AdaptiveMotionSampler(nn.Module):
         """Each time step's bin inside its group (BeyondMimic's ``t·B // T``, clamped)."""
         if group_ids is None:
             self._single_group("bin_of")
-            bins, frames = self.bin_counts[0], self.frame_counts[0]
-            return torch.clamp((time_steps * bins) // max(frames, 1), 0, bins - 1)
+            return formulas.bin_of(time_steps, self.bin_counts[0], max(self.frame_counts[0], 1), TORCH)
         g = self._checked_groups(group_ids, time_steps.shape[0])
-        bins = self.layout.bins[g]
-        return torch.minimum((time_steps * bins) // self._frames[g].clamp(min=1), bins - 1).clamp(min=0)
+        return formulas.bin_of(time_steps, self.layout.bins[g], self._frames[g].clamp(min=1), TORCH)
 
     def record_failures(self, time_steps: torch.Tensor, failed: torch.Tensor, group_ids: torch.Tensor | None = None) -> None:
         """At reset (once per env step, every env being reset at once): the bins in which the reset
@@ -249,7 +195,7 @@ class AdaptiveMotionSampler(nn.Module):
         """Once per env step: fold this step's failures into the own EMA."""
         self._shared.begin()
         try:
-            self.bin_failed_count.mul_(1 - self.alpha).add_(self.alpha * self._current_bin_failed)
+            formulas.ema_step(self.bin_failed_count, self._current_bin_failed, self.alpha)
         finally:
             self._shared.end()
         self._current_bin_failed.zero_()
@@ -341,10 +287,8 @@ class AdaptiveMotionSampler(nn.Module):
         """The distribution over groups: each group's failure mass, mixed with a uniform floor
         ``group_uniform_ratio / G`` (the paper's form, so it does not depend on the env count)."""
         mass = self.layout.group_sums(self.sampling_ema().to(torch.float64))
-        total = float(mass.sum())
-        shape = mass / total if 0 < total < math.inf else torch.full_like(mass, 1 / self.groups)
-        lam = self.group_uniform_ratio
-        return (lam / self.groups + (1 - lam) * shape).to(self.bin_failed_count.dtype)
+        weights = formulas.group_weights(mass, self.group_uniform_ratio, self.groups, TORCH)
+        return weights.to(self.bin_failed_count.dtype)
 
     def sample_groups(self, n: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Groups for ``n`` envs (a motion library's motion draw), from :meth:`group_probabilities`."""
@@ -475,20 +419,6 @@ class AdaptiveMotionSampler(nn.Module):
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array), dtype=torch.float64).to(self._fleet.device)
-
-
-def _check_arguments(mode: str, mix: str, frames: tuple[int, ...], step_dt: float, kernel_size: int, uniform_ratio: float,
-                     group_uniform_ratio: float, group_names: Sequence[str] | None) -> None:
-    if mode not in MODES:
-        raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
-    if mix not in MIXES:
-        raise InvalidSchema(f"uniform_mix must be one of {MIXES}, got {mix!r}")
-    if not frames or min(frames) < 1 or step_dt <= 0 or kernel_size < 1:
-        raise InvalidSchema("num_frames >= 1 (for every group), step_dt > 0 and kernel_size >= 1 are required")
-    if uniform_ratio < 0 or (mix == "paper" and uniform_ratio > 1) or not 0 <= group_uniform_ratio <= 1:
-        raise InvalidSchema("uniform_ratio >= 0 (at most 1 with uniform_mix='paper') and group_uniform_ratio in [0, 1] are required")
-    if group_names is not None and len(group_names) != len(frames):
-        raise InvalidSchema(f"group_names has {len(group_names)} names for {len(frames)} groups")
 
 
 def _summary(probs: torch.Tensor, bins: torch.Tensor, drift: torch.Tensor | None, names: Sequence[str] | None,

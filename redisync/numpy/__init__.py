@@ -1,0 +1,7 @@
+"""Collector-side terms for numpy (and numba) environments: the torch terms' algorithms
+(:mod:`redisync.formulas`) on numpy arrays the environment owns, written in place."""
+
+from .normalization import EmpiricalNormalizer
+from .sampler import AdaptiveMotionSampler
+
+__all__ = ["AdaptiveMotionSampler", "EmpiricalNormalizer"]

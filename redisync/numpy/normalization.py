@@ -1,0 +1,99 @@
+"""Empirical observation normalisation for numpy environments, synced.
+
+Each shard keeps the cumulative ``count``, ``Σ(x − c)`` and ``Σ(x − c)²`` of what it saw (float64,
+shifted by a fixed ``offset`` c where cancellation matters) and reports them to a ``merge`` key
+(the ``history`` lifecycle: a restart's previous life stays counted). ``mean`` and ``std`` — arrays
+the caller may own, written in place for a kernel that reads them — hold the moments of the
+fleet's statistics as last pulled plus the shard's own up to now (``pooled``), or of the shard's
+own (``local``). The moments come from :func:`redisync.formulas.moments`, as the torch term's do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping
+
+import numpy as np
+
+from .. import formulas
+from ..codec import PullResult
+from ..errors import InvalidSchema
+from ..schema import MergeSpec, merge
+from .sampler import _caller_array
+
+Mode = Literal["local", "pooled"]
+
+
+class EmpiricalNormalizer:
+    """``(x − mean) / (std + eps)`` with the mean and std of every sample the fleet saw (``pooled``)."""
+
+    def __init__(
+        self,
+        shape: int | tuple[int, ...],
+        eps: float = 1e-2,
+        *,
+        mode: Mode = "pooled",
+        key: str = "obs/norm",
+        until: int | None = None,
+        offset: float | np.ndarray = 0.0,
+        dtype: Any = np.float32,
+        mean: np.ndarray | None = None,
+        std: np.ndarray | None = None,
+    ):
+        if mode not in ("local", "pooled"):
+            raise InvalidSchema(f"numpy normaliser mode must be 'local' or 'pooled', got {mode!r}")
+        self.shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        self.eps, self.mode, self.key, self.until = eps, mode, key, until
+        dtype = np.dtype(dtype if mean is None else mean.dtype)
+        self.mean = _caller_array(mean, self.shape, dtype, "mean")
+        self.std = _caller_array(std, self.shape, dtype, "std")
+        if std is None:
+            self.std[...] = 1
+        self.offset = np.broadcast_to(np.asarray(offset, dtype=np.float64), self.shape).copy()
+        self.own = np.zeros((3, *self.shape))  # count, Σ(x − c), Σ(x − c)²
+        self.others = np.zeros((3, *self.shape))
+
+    @property
+    def count(self) -> int:
+        """The samples behind ``mean`` and ``std``."""
+        return int(round(float((self.others + self.own)[0].flat[0]))) if self.mode == "pooled" else int(self.own[0].flat[0])
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.mean) / (self.std + self.eps)
+
+    def update(self, x: np.ndarray) -> None:
+        """Learn from a batch (rows are samples)."""
+        if self.until is not None and self.own[0].flat[0] >= self.until:
+            return
+        shifted = np.asarray(x, dtype=np.float64).reshape(-1, *self.shape) - self.offset
+        self.own[0] += shifted.shape[0]
+        self.own[1] += shifted.sum(axis=0)
+        self.own[2] += (shifted * shifted).sum(axis=0)
+        self._set()
+
+    def _set(self) -> None:
+        n, s, q = self.others + self.own if self.mode == "pooled" else self.own
+        if float(n.flat[0]) <= 0:
+            return
+        mean, var = formulas.moments(n, s, q, formulas.NUMPY)
+        big = np.finfo(self.mean.dtype).max
+        np.copyto(self.mean, np.clip(mean + self.offset, -big, big), casting="unsafe")
+        np.copyto(self.std, np.sqrt(np.clip(var, 0, big)), casting="unsafe")
+
+    # ------------------------------------------------------------------ the seam
+
+    def schema_entries(self) -> Mapping[str, MergeSpec]:
+        return {self.key: merge(self.shape, sumsq=True, lifecycle="history")} if self.mode == "pooled" else {}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.mode != "pooled":
+            return {}
+        return {self.key: {"count": float(self.own[0].flat[0]), "sum": self.own[1].copy(), "sumsq": self.own[2].copy()}}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        view = fleet.keys.get(self.key)
+        if view is None or view.value is None or self.mode != "pooled":
+            return
+        others = view.others_parts()
+        self.others[0] = np.broadcast_to(others["count"], self.shape)
+        self.others[1], self.others[2] = others["sum"], others["sumsq"]
+        self._set()

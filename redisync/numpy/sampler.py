@@ -1,0 +1,211 @@
+"""The adaptive start-frame sampler for numpy (and numba) environments, synced.
+
+The same algorithm as :class:`redisync.torch.AdaptiveMotionSampler` — its formulas are
+:mod:`redisync.formulas`, shared with the torch term — for an environment whose state is numpy
+arrays that compiled kernels read. Such an environment cannot have its arrays rebound (a kernel
+holds the old one), so the sampler writes into arrays the caller owns, **in place**:
+
+- ``ema``: the shard's own failure EMA (``[bins]``; what the shard reports), folded by :meth:`step`
+  or by the caller's own kernel — either way the sampler reads it where it lies;
+- ``cdf``: the start-bin CDF per group (``[G, width]``, or ``[bins]`` for one motion), rebuilt by
+  :meth:`rebuild` from the EMA the mode chooses, for a kernel that draws from it.
+
+Arrays the caller does not pass are the sampler's own (float32 unless ``dtype`` says otherwise).
+Modes: ``local`` (the shard's own EMA: the unsynced algorithm), ``pooled`` (the fleet's summed
+EMA: what one unsharded sampler fed every shard's failures would use, up to float32) and
+``broadcast`` (the owner shard's EMA).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+
+from .. import formulas
+from ..codec import PullResult
+from ..errors import InvalidSchema
+from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+
+Mode = Literal["local", "pooled", "broadcast"]
+MODES = ("local", "pooled", "broadcast")
+
+
+class AdaptiveMotionSampler:
+    """Adaptive start-frame sampling for one shard's envs, on numpy arrays the caller may own.
+
+    Per env step: :meth:`record_failures` (at reset, the envs that failed) and :meth:`step` (the EMA
+    fold); before drawing: :meth:`rebuild` (or :meth:`sample`, which rebuilds when the EMA it uses
+    moved). With a sequence of ``num_frames`` (groups: motions of a library, env profiles), pass
+    each env's group.
+    """
+
+    def __init__(
+        self,
+        num_frames: int | Sequence[int],
+        step_dt: float,
+        *,
+        mode: Mode = "pooled",
+        key: str = "motion/bin_failed",
+        shard_id: int = 0,
+        owner: int = 0,
+        alpha: float = 0.001,
+        uniform_ratio: float = 0.1,
+        uniform_mix: formulas.UniformMix = "code",
+        group_uniform_ratio: float = 0.1,
+        kernel_size: int = 1,
+        kernel_lambda: float = 0.8,
+        stale_after_s: float | None = None,
+        dtype: Any = np.float32,
+        ema: np.ndarray | None = None,
+        cdf: np.ndarray | None = None,
+    ):
+        self.grouped = not isinstance(num_frames, (int, np.integer))
+        frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
+        formulas.check_sampler_arguments(MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio,
+                                         group_uniform_ratio, None)
+        self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
+        self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
+        self.group_uniform_ratio, self.stale_after_s = group_uniform_ratio, stale_after_s
+        self.frame_counts = np.asarray(frames, dtype=np.int64)
+        self.geometry = formulas.BinGeometry.of(formulas.bin_counts_of(frames, step_dt))
+        self.bin_count, self.groups, self.width = self.geometry.size, self.geometry.groups, self.geometry.width
+        dtype = np.dtype(dtype if ema is None else ema.dtype)
+        self.ema = _caller_array(ema, (self.bin_count,), dtype, "ema")
+        grid = (self.groups, self.width) if self.grouped else (self.bin_count,)
+        self.cdf = _caller_array(cdf, grid, dtype, "cdf")
+        self.current = np.zeros(self.bin_count, dtype=dtype)  # this step's failures per bin
+        self.kernel = formulas.smoothing_kernel(kernel_size, kernel_lambda, dtype)
+        self._fleet = np.zeros(self.bin_count, dtype=np.float64)  # the others' summed EMA, or the owner's
+        self._fleet_view: Any = None
+        self._built_from: np.ndarray | None = None
+        self.fleet_version = 0
+        self.rebuild()
+
+    # ------------------------------------------------------------------ the algorithm
+
+    def bin_of(self, time_steps: np.ndarray, group_ids: np.ndarray | None = None) -> np.ndarray:
+        """Each time step's bin inside its group (BeyondMimic's ``t·B // T``, clamped)."""
+        t = np.asarray(time_steps, dtype=np.int64)
+        g = self._groups_of(group_ids, t.shape[0])
+        return formulas.bin_of(t, self.geometry.bins[g], np.maximum(self.frame_counts[g], 1), formulas.NUMPY)
+
+    def record_failures(self, time_steps: np.ndarray, failed: np.ndarray, group_ids: np.ndarray | None = None) -> None:
+        """At reset: add the bins in which the reset envs failed to this step's failure counts (a
+        reset called more than once in a step adds up, as holosoma's does)."""
+        failed = np.asarray(failed, dtype=bool)
+        if failed.any():
+            g = self._groups_of(group_ids, failed.shape[0])
+            flat = self.bin_of(time_steps, group_ids) + self.geometry.offsets[g]
+            self.current += np.bincount(flat[failed], minlength=self.bin_count).astype(self.current.dtype)
+
+    def step(self) -> None:
+        """Once per env step: fold this step's failures into the own EMA (in place) and clear them."""
+        formulas.ema_step(self.ema, self.current, self.alpha)
+        self.current[:] = 0
+
+    def sampling_ema(self) -> np.ndarray:
+        """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
+        self._take_view()
+        if self.mode == "pooled":
+            return self._fleet + self.ema
+        if self.mode == "broadcast" and self.shard_id != self.owner:
+            return self._fleet
+        return self.ema
+
+    def write_sampling_ema(self, out: np.ndarray) -> None:
+        """The EMA :meth:`sampling_ema` chooses, written into ``out`` in place (the caller's dtype;
+        held at its largest finite value): for a kernel that builds the distribution itself."""
+        big = np.finfo(out.dtype).max
+        np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
+
+    def probabilities(self) -> np.ndarray:
+        """The start-bin distributions, ``[G, width]`` (zero past a group's bins), or ``[bins]``."""
+        ema = self.sampling_ema()
+        probs = formulas.grouped_probabilities(formulas.NUMPY.cast(ema, self.ema), self.geometry, self.uniform_ratio,
+                                               self.kernel, formulas.NUMPY, self.uniform_mix)
+        return probs if self.grouped else probs[0]
+
+    def rebuild(self) -> None:
+        """Write the CDF of :meth:`probabilities` into ``cdf`` in place; each row ends at exactly 1."""
+        probs = self.probabilities().reshape(self.groups, self.width).astype(np.float64)
+        cdf = np.cumsum(probs, axis=1)
+        np.copyto(self.cdf.reshape(self.groups, self.width), cdf / cdf[:, -1:], casting="unsafe")
+        self._built_from = self.sampling_ema().copy()
+
+    def sample(self, n: int, group_ids: np.ndarray | None = None, *, rng: np.random.Generator) -> np.ndarray:
+        """Start time steps for ``n`` envs: a bin from the group's CDF, then a uniform offset inside it."""
+        if self._built_from is None or not np.array_equal(self._built_from, self.sampling_ema()):
+            self.rebuild()
+        g = self._groups_of(group_ids, n)
+        rows = self.cdf.reshape(self.groups, self.width)
+        u = rng.random(n)
+        bins = np.empty(n, dtype=np.int64)
+        for group in np.unique(g):
+            at = g == group
+            bins[at] = np.searchsorted(rows[group], u[at], side="right")
+        bins = np.minimum(bins, self.geometry.bins[g] - 1)
+        offset = rng.random(n)
+        return ((bins + offset) / self.geometry.bins[g] * (self.frame_counts[g] - 1)).astype(np.int64)
+
+    def group_probabilities(self) -> np.ndarray:
+        """The distribution over groups: failure mass with a uniform floor (the torch term's formula)."""
+        mass = formulas.group_sums(np.asarray(self.sampling_ema(), dtype=np.float64), self.geometry, formulas.NUMPY)
+        return formulas.group_weights(mass, self.group_uniform_ratio, self.groups, formulas.NUMPY)
+
+    def _groups_of(self, group_ids: np.ndarray | None, n: int) -> np.ndarray:
+        if group_ids is None:
+            if self.groups > 1:
+                raise ValueError(f"this sampler has {self.groups} groups; pass group_ids (one per env)")
+            return np.zeros(n, dtype=np.int64)
+        g = np.asarray(group_ids, dtype=np.int64)
+        if g.shape != (n,):
+            raise ValueError(f"group_ids must have shape ({n},), one group per env; got {g.shape}")
+        if n and (g.min() < 0 or g.max() >= self.groups):
+            raise ValueError(f"group_ids must lie in [0, {self.groups}); got values in [{g.min()}, {g.max()}]")
+        return g
+
+    # ------------------------------------------------------------------ the seam
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        if self.mode == "local":
+            return {}
+        if self.mode == "broadcast":
+            return {self.key: broadcast(self.bin_count, owner=self.owner)}
+        # an EMA is a current state: a fresh restart drops the previous life's slot
+        return {self.key: merge(self.bin_count, stale_after_s=self.stale_after_s, lifecycle="state")}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        own = self.ema.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
+        if self.mode == "pooled":
+            return {self.key: {"count": 1.0, "sum": own}}
+        if self.mode == "broadcast" and self.shard_id == self.owner:
+            return {self.key: {"value": own}}
+        return {}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        """Keep the fleet's view; it becomes an array when the sampler next reads it (the reset
+        boundary that calls this stays a swap)."""
+        view = fleet.keys.get(self.key)
+        if view is None or view.value is None or self.mode == "local":
+            return
+        if self.mode == "pooled" or self.shard_id != self.owner:
+            self._fleet_view, self.fleet_version = view, fleet.fleet_version
+
+    def _take_view(self) -> None:
+        view, self._fleet_view = self._fleet_view, None
+        if view is not None:
+            part = view.others_parts()["sum"] if self.mode == "pooled" else view.parts()["value"]
+            self._fleet = np.asarray(part, dtype=np.float64)
+
+
+def _caller_array(array: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, name: str) -> np.ndarray:
+    """The caller's array, checked (it is written in place, never replaced), or a new one."""
+    if array is None:
+        return np.zeros(shape, dtype=dtype)
+    if not isinstance(array, np.ndarray) or array.size != int(np.prod(shape)) or array.dtype != dtype:
+        raise InvalidSchema(f"{name} must be a numpy array of {int(np.prod(shape))} {dtype} values (written in place); "
+                            f"got {type(array).__name__} {getattr(array, 'shape', '')} {getattr(array, 'dtype', '')}")
+    if not array.flags.writeable or not array.flags.c_contiguous:
+        raise InvalidSchema(f"{name} must be a writeable, C-contiguous array: the sampler updates it in place")
+    return array

@@ -1,0 +1,40 @@
+"""The torch spelling of the operations the shared formulas (:mod:`redisync.formulas`) need."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TorchOps:
+    """:class:`~redisync.formulas.ArrayOps` for torch tensors (the formulas are :mod:`redisync.formulas`)."""
+
+    def cat(self, parts, axis):
+        return torch.cat(list(parts), dim=axis)
+
+    def where(self, cond, a, b):
+        return torch.where(cond, a, b)
+
+    def minimum(self, a, b):
+        return torch.minimum(a, b) if isinstance(b, torch.Tensor) else a.clamp(max=b)
+
+    def zeros_like(self, x):
+        return torch.zeros_like(x)
+
+    def pad_index(self, index, pad):
+        return torch.cat([index, index[:, -1:].expand(-1, pad)], dim=1)
+
+    def wide(self, x):
+        return x.to(torch.float64)
+
+    def cast(self, x, like):
+        return torch.as_tensor(x, device=like.device).to(like.dtype)
+
+    def row_max(self, x):
+        return x.amax(dim=1, keepdim=True)
+
+    def smooth(self, p, kernel):
+        return nn.functional.conv1d(p.unsqueeze(1), kernel.view(1, 1, -1)).squeeze(1)
+
+
+TORCH = TorchOps()

@@ -1,0 +1,120 @@
+"""The numpy terms: the torch terms' algorithm on arrays the environment owns, written in place."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from redisync import numpy as rnp
+from redisync.errors import InvalidSchema
+from redisync.seam import schema_of
+from redisync.torch import AdaptiveMotionSampler as TorchSampler
+
+from .support import sync
+
+
+def feed(samplers, frames, steps=200, seed=0, envs=48):
+    """The same failures into every sampler (each given its own framework's arrays)."""
+    rng = np.random.default_rng(seed)
+    groups = len(frames)
+    for _ in range(steps):
+        g = rng.integers(0, groups, envs)
+        ts = (rng.random(envs) * np.asarray(frames)[g]).astype(np.int64)
+        failed = rng.random(envs) < 0.05 + 0.4 * (ts > 0.7 * np.asarray(frames)[g])
+        for s in samplers:
+            if isinstance(s, TorchSampler):
+                s.record_failures(torch.as_tensor(ts), torch.as_tensor(failed), torch.as_tensor(g) if s.grouped else None)
+            else:
+                s.record_failures(ts, failed, g if s.grouped else None)
+            s.step()
+
+
+@pytest.mark.parametrize("frames", [(600,), (300, 300), (149, 600, 250)])
+@pytest.mark.parametrize("mix", ["code", "paper"])
+@pytest.mark.parametrize("kernel_size", [1, 3])
+def test_numpy_sampler_computes_what_the_torch_sampler_does(frames, mix, kernel_size):
+    grouped = len(frames) > 1
+    arg = frames if grouped else frames[0]
+    kw = dict(mode="local", uniform_mix=mix, kernel_size=kernel_size, alpha=0.01)
+    t = TorchSampler(arg, 0.02, **kw)
+    n = rnp.AdaptiveMotionSampler(arg, 0.02, **kw)
+    feed([t, n], frames)
+    np.testing.assert_allclose(n.ema, t.bin_failed_count.numpy(), rtol=1e-6)
+    assert n.ema.dtype == np.float32
+    np.testing.assert_allclose(n.probabilities(), t.probabilities().numpy(), rtol=2e-5, atol=1e-8)
+    np.testing.assert_allclose(n.group_probabilities(), t.group_probabilities().numpy(), rtol=1e-5)
+
+
+def test_the_sampler_writes_the_callers_arrays_in_place():
+    ema, cdf = np.zeros(13, dtype=np.float32), np.zeros(13, dtype=np.float32)
+    s = rnp.AdaptiveMotionSampler(600, 0.02, mode="local", ema=ema, cdf=cdf)
+    assert s.ema is ema and s.cdf is cdf and cdf[-1] == 1.0
+    before = cdf.copy()
+    feed([s], (600,), steps=50)
+    s.rebuild()
+    assert s.cdf is cdf and not np.array_equal(cdf, before)  # a kernel holding `cdf` sees the new distribution
+    np.testing.assert_allclose(np.diff(cdf, prepend=0), s.probabilities(), rtol=1e-5, atol=1e-7)
+    starts = s.sample(4000, rng=np.random.default_rng(1))
+    assert starts.min() >= 0 and starts.max() < 600
+    late = np.mean(starts > 420)
+    assert late > 0.5  # failures late in the motion pull the starts there
+
+
+def test_a_wrong_caller_array_is_refused_naming_it():
+    with pytest.raises(InvalidSchema, match="cdf must be a numpy array of 13 float32"):
+        rnp.AdaptiveMotionSampler(600, 0.02, cdf=np.zeros(12, dtype=np.float32))
+    with pytest.raises(InvalidSchema, match="ema must be a writeable"):
+        frozen = np.zeros(13, dtype=np.float32)
+        frozen.flags.writeable = False
+        rnp.AdaptiveMotionSampler(600, 0.02, ema=frozen)
+    with pytest.raises(InvalidSchema, match="mode must be one of"):
+        rnp.AdaptiveMotionSampler(600, 0.02, mode="weighted")
+
+
+@pytest.mark.parametrize("n_shards", [2, 4])
+def test_sharded_numpy_terms_equal_one_unsharded_term(make_store, n_shards):
+    envs, frames = 64, (300, 450)
+    single = rnp.AdaptiveMotionSampler(frames, 0.02, mode="local", dtype=np.float64)
+    single_norm = rnp.EmpiricalNormalizer(3, mode="local", dtype=np.float64)
+    samplers = [rnp.AdaptiveMotionSampler(frames, 0.02, shard_id=i) for i in range(n_shards)]
+    norms = [rnp.EmpiricalNormalizer(3) for _ in range(n_shards)]
+    store = make_store()
+    store.register(schema_of([samplers[0], norms[0]]))
+    clients = [store.shard(i) for i in range(n_shards)]
+    slices = np.array_split(np.arange(envs), n_shards)
+    rng = np.random.default_rng(n_shards)
+    for step in range(1, 201):
+        g = rng.integers(0, 2, envs)
+        ts = (rng.random(envs) * np.asarray(frames)[g]).astype(np.int64)
+        failed = rng.random(envs) < 0.02 + 0.3 * (ts > 250)
+        obs = rng.normal(size=(envs, 3)) * [1.0, 10.0, 0.1] + 5
+        single.record_failures(ts, failed, g)
+        single.step()
+        single_norm.update(obs)
+        for s, norm, sl in zip(samplers, norms, slices):
+            s.record_failures(ts[sl], failed[sl], g[sl])
+            s.step()
+            norm.update(obs[sl])
+        if step % 50 == 0:
+            sync(store, clients, [[s, n] for s, n in zip(samplers, norms)])
+            for s, norm in zip(samplers, norms):
+                np.testing.assert_allclose(s.sampling_ema(), single.ema, rtol=1e-5, atol=1e-9)  # float32 shards
+                np.testing.assert_allclose(s.probabilities(), single.probabilities(), rtol=1e-5, atol=1e-9)
+                s.rebuild()
+                single.rebuild()
+                np.testing.assert_allclose(s.cdf, single.cdf, rtol=1e-5, atol=1e-6)
+                assert norm.count == single_norm.count == envs * step
+                np.testing.assert_allclose(norm.mean, single_norm.mean, rtol=1e-6)
+                np.testing.assert_allclose(norm.std, single_norm.std, rtol=1e-5)
+
+
+def test_write_sampling_ema_fills_a_kernels_array(make_store):
+    a, b = (rnp.AdaptiveMotionSampler(100, 0.1, shard_id=i) for i in range(2))
+    store = make_store()
+    store.register(schema_of([a]))
+    feed([b], (100,), steps=20, seed=3)
+    sync(store, [store.shard(0), store.shard(1)], [[a], [b]])
+    out = np.zeros(11, dtype=np.float32)
+    a.write_sampling_ema(out)
+    np.testing.assert_allclose(out, a.ema + b.ema, rtol=1e-6)
