@@ -2,6 +2,6 @@
 (:mod:`redisync.formulas`) on numpy arrays the environment owns, written in place."""
 
 from .normalization import EmpiricalNormalizer
-from .sampler import AdaptiveMotionSampler
+from .sampler import AdaptiveMotionSampler, FailureEma
 
-__all__ = ["AdaptiveMotionSampler", "EmpiricalNormalizer"]
+__all__ = ["AdaptiveMotionSampler", "EmpiricalNormalizer", "FailureEma"]

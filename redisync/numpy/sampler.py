@@ -31,9 +31,74 @@ Mode = Literal["local", "pooled", "broadcast"]
 MODES = ("local", "pooled", "broadcast")
 
 
+class FailureEma:
+    """A shard's failure EMA as a synced term: the own array (the caller's, read where it lies) and
+    the fleet's part as last applied. What a sampler — this package's, or an environment's own —
+    builds its distribution from is :meth:`sampling_ema`, per mode."""
+
+    def __init__(self, own: np.ndarray, *, mode: Mode = "pooled", key: str = "motion/bin_failed", shard_id: int = 0,
+                 owner: int = 0, stale_after_s: float | None = None):
+        if mode not in MODES:
+            raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
+        self.own, self.mode, self.key, self.shard_id, self.owner = own, mode, key, shard_id, owner
+        self.stale_after_s = stale_after_s
+        self._fleet = np.zeros(own.shape, dtype=np.float64)  # the others' summed EMA, or the owner's
+        self._fleet_view: Any = None
+        self.fleet_version = 0
+
+    @property
+    def follows_fleet(self) -> bool:
+        """Whether the EMA sampled from is not the own one (pooled, or a broadcast's receiver)."""
+        return self.mode == "pooled" or (self.mode == "broadcast" and self.shard_id != self.owner)
+
+    def sampling_ema(self) -> np.ndarray:
+        """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
+        self._take_view()
+        if self.mode == "pooled":
+            return self._fleet + self.own
+        return self._fleet if self.follows_fleet else self.own
+
+    def write_sampling_ema(self, out: np.ndarray) -> None:
+        """:meth:`sampling_ema` written into ``out`` in place (the caller's dtype, held at its largest
+        finite value): for a kernel that builds the distribution itself."""
+        big = np.finfo(out.dtype).max
+        np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
+
+    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+        if self.mode == "local":
+            return {}
+        shape = self.own.shape if self.own.ndim > 1 else self.own.size
+        if self.mode == "broadcast":
+            return {self.key: broadcast(shape, owner=self.owner)}
+        # an EMA is a current state: a fresh restart drops the previous life's slot
+        return {self.key: merge(shape, stale_after_s=self.stale_after_s, lifecycle="state")}
+
+    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
+        if self.mode == "pooled":
+            return {self.key: {"count": 1.0, "sum": own}}
+        if self.mode == "broadcast" and self.shard_id == self.owner:
+            return {self.key: {"value": own}}
+        return {}
+
+    def apply_shard_state(self, fleet: PullResult) -> None:
+        """Keep the fleet's view; it becomes an array when the EMA is next read (the reset boundary
+        that calls this stays a swap)."""
+        view = fleet.keys.get(self.key)
+        if view is not None and view.value is not None and self.follows_fleet:
+            self._fleet_view, self.fleet_version = view, fleet.fleet_version
+
+    def _take_view(self) -> None:
+        view, self._fleet_view = self._fleet_view, None
+        if view is not None:
+            part = view.others_parts()["sum"] if self.mode == "pooled" else view.parts()["value"]
+            self._fleet = np.asarray(part, dtype=np.float64).reshape(self.own.shape)
+
+
 class AdaptiveMotionSampler:
     """Adaptive start-frame sampling for one shard's envs, on numpy arrays the caller may own.
 
+    Its synced state is a :class:`FailureEma` over ``ema`` (``state``).
     Per env step: :meth:`record_failures` (at reset, the envs that failed) and :meth:`step` (the EMA
     fold); before drawing: :meth:`rebuild` (or :meth:`sample`, which rebuilds when the EMA it uses
     moved). With a sequence of ``num_frames`` (groups: motions of a library, env profiles), pass
@@ -64,9 +129,8 @@ class AdaptiveMotionSampler:
         frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
         formulas.check_sampler_arguments(MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio,
                                          group_uniform_ratio, None)
-        self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
-        self.group_uniform_ratio, self.stale_after_s = group_uniform_ratio, stale_after_s
+        self.group_uniform_ratio = group_uniform_ratio
         self.frame_counts = np.asarray(frames, dtype=np.int64)
         self.geometry = formulas.BinGeometry.of(formulas.bin_counts_of(frames, step_dt))
         self.bin_count, self.groups, self.width = self.geometry.size, self.geometry.groups, self.geometry.width
@@ -76,10 +140,8 @@ class AdaptiveMotionSampler:
         self.cdf = _caller_array(cdf, grid, dtype, "cdf")
         self.current = np.zeros(self.bin_count, dtype=dtype)  # this step's failures per bin
         self.kernel = formulas.smoothing_kernel(kernel_size, kernel_lambda, dtype)
-        self._fleet = np.zeros(self.bin_count, dtype=np.float64)  # the others' summed EMA, or the owner's
-        self._fleet_view: Any = None
+        self.state = FailureEma(self.ema, mode=mode, key=key, shard_id=shard_id, owner=owner, stale_after_s=stale_after_s)
         self._built_from: np.ndarray | None = None
-        self.fleet_version = 0
         self.rebuild()
 
     # ------------------------------------------------------------------ the algorithm
@@ -105,19 +167,11 @@ class AdaptiveMotionSampler:
         self.current[:] = 0
 
     def sampling_ema(self) -> np.ndarray:
-        """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
-        self._take_view()
-        if self.mode == "pooled":
-            return self._fleet + self.ema
-        if self.mode == "broadcast" and self.shard_id != self.owner:
-            return self._fleet
-        return self.ema
+        """The EMA the start distribution is built from (:meth:`FailureEma.sampling_ema`)."""
+        return self.state.sampling_ema()
 
     def write_sampling_ema(self, out: np.ndarray) -> None:
-        """The EMA :meth:`sampling_ema` chooses, written into ``out`` in place (the caller's dtype;
-        held at its largest finite value): for a kernel that builds the distribution itself."""
-        big = np.finfo(out.dtype).max
-        np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
+        self.state.write_sampling_ema(out)
 
     def probabilities(self) -> np.ndarray:
         """The start-bin distributions, ``[G, width]`` (zero past a group's bins), or ``[bins]``."""
@@ -165,38 +219,16 @@ class AdaptiveMotionSampler:
             raise ValueError(f"group_ids must lie in [0, {self.groups}); got values in [{g.min()}, {g.max()}]")
         return g
 
-    # ------------------------------------------------------------------ the seam
+    # ------------------------------------------------------------------ the seam: the state's
 
     def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
-        if self.mode == "local":
-            return {}
-        if self.mode == "broadcast":
-            return {self.key: broadcast(self.bin_count, owner=self.owner)}
-        # an EMA is a current state: a fresh restart drops the previous life's slot
-        return {self.key: merge(self.bin_count, stale_after_s=self.stale_after_s, lifecycle="state")}
+        return self.state.schema_entries()
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        own = self.ema.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
-        if self.mode == "pooled":
-            return {self.key: {"count": 1.0, "sum": own}}
-        if self.mode == "broadcast" and self.shard_id == self.owner:
-            return {self.key: {"value": own}}
-        return {}
+        return self.state.report_shard_state()
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Keep the fleet's view; it becomes an array when the sampler next reads it (the reset
-        boundary that calls this stays a swap)."""
-        view = fleet.keys.get(self.key)
-        if view is None or view.value is None or self.mode == "local":
-            return
-        if self.mode == "pooled" or self.shard_id != self.owner:
-            self._fleet_view, self.fleet_version = view, fleet.fleet_version
-
-    def _take_view(self) -> None:
-        view, self._fleet_view = self._fleet_view, None
-        if view is not None:
-            part = view.others_parts()["sum"] if self.mode == "pooled" else view.parts()["value"]
-            self._fleet = np.asarray(part, dtype=np.float64)
+        self.state.apply_shard_state(fleet)
 
 
 def _caller_array(array: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, name: str) -> np.ndarray:
