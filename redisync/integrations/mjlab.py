@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from mjlab.tasks.tracking.mdp import MotionCommand, MotionCommandCfg
 
+from ..errors import ConfigurationError
+from ..schema import Lifecycle
 from ..torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, process_fleet
 
@@ -39,20 +41,29 @@ SyncMode = Literal["local", "pooled", "broadcast"]
 
 @dataclass(kw_only=True)
 class SyncedMotionCommandCfg(MotionCommandCfg):
-    """mjlab's ``MotionCommandCfg`` plus how its failure EMA is synced (``sync_mode``, the store key
-    and, for ``broadcast``, the owner shard)."""
+    """mjlab's ``MotionCommandCfg`` plus how its failure EMA is synced (``sync_mode``, the store key,
+    for ``broadcast`` the owner shard, and the merge key's ``stale_after_s`` and ``lifecycle``)."""
 
     sync_mode: SyncMode = "pooled"
     sync_key: str = "motion/bin_failed"
     sync_owner: int = 0
+    sync_stale_after_s: float | None = None  # a shard silent this long (dead, never restarted) leaves the pool
+    sync_lifecycle: Lifecycle = "state"  # what a new process of a shard means for its previous life's slot
 
     def build(self, env: Any) -> "SyncedMotionCommand":
         return SyncedMotionCommand(self, env)
 
 
 def synced_motion_command(cfg: MotionCommandCfg, sync_mode: SyncMode = "pooled", **sync: Any) -> SyncedMotionCommandCfg:
-    """A task's motion command config, synced: every field kept, ``sync_mode`` (and ``sync_key``,
-    ``sync_owner``) added."""
+    """A task's motion command config, synced: every field kept, ``sync_mode`` added and ``sync``'s
+    keywords (``key``, ``owner``, ``stale_after_s``, ``lifecycle``, with or without the ``sync_``
+    prefix)."""
+    options = {f.name for f in dataclasses.fields(SyncedMotionCommandCfg)} - {f.name for f in dataclasses.fields(MotionCommandCfg)}
+    sync = {name if name.startswith("sync_") else f"sync_{name}": value for name, value in sync.items()}
+    unknown = sorted(set(sync) - options)
+    if unknown:
+        raise ConfigurationError(f"synced_motion_command: unknown option(s) {unknown}; it takes "
+                                 f"{sorted(o.removeprefix('sync_') for o in options - {'sync_mode'})}")
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
     return SyncedMotionCommandCfg(**fields, sync_mode=sync_mode, **sync)
 
@@ -76,7 +87,8 @@ class SyncedMotionCommand(MotionCommand):
             self.motion.time_step_total, env.step_dt, mode=cfg.sync_mode, key=cfg.sync_key,
             shard_id=self.fleet.shard_id, owner=cfg.sync_owner, alpha=cfg.adaptive_alpha,
             uniform_ratio=cfg.adaptive_uniform_ratio, kernel_size=cfg.adaptive_kernel_size,
-            kernel_lambda=cfg.adaptive_lambda, device=self.device)
+            kernel_lambda=cfg.adaptive_lambda, stale_after_s=cfg.sync_stale_after_s, lifecycle=cfg.sync_lifecycle,
+            device=self.device)
         assert self.sampler.bin_count == self.bin_count, (self.sampler.bin_count, self.bin_count)
         del self.__dict__["_initial_bin_failed"], self.__dict__["_initial_current"]  # mjlab's zeros: the sampler holds the EMA now
         if cfg.sync_mode != "local":

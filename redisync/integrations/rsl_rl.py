@@ -98,6 +98,10 @@ def sync_normalizers(
     """
     slots = normalizer_slots(root)
     if not slots:
+        holosoma = [n for n, v in vars(root).items() if type(v).__module__.endswith("fast_sac.fast_sac_utils")] if hasattr(root, "__dict__") else []
+        if holosoma:
+            raise ConfigurationError(f"{', '.join(holosoma)} is holosoma FastSAC's EmpiricalNormalization, not rsl_rl's: "
+                                     "use redisync.integrations.holosoma_wbt.sync_fastsac_normalizers(agent)")
         raise ConfigurationError("no rsl_rl EmpiricalNormalization found: build the models with obs_normalization=True")
     fleet = fleet if fleet is not None else process_fleet()
     synced = []

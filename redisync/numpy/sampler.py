@@ -25,7 +25,7 @@ import numpy as np
 from .. import formulas
 from ..codec import PullResult
 from ..errors import InvalidSchema
-from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ..schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
 
 Mode = Literal["local", "pooled", "broadcast"]
 MODES = ("local", "pooled", "broadcast")
@@ -37,11 +37,11 @@ class FailureEma:
     builds its distribution from is :meth:`sampling_ema`, per mode."""
 
     def __init__(self, own: np.ndarray, *, mode: Mode = "pooled", key: str = "motion/bin_failed", shard_id: int = 0,
-                 owner: int = 0, stale_after_s: float | None = None):
+                 owner: int = 0, stale_after_s: float | None = None, lifecycle: Lifecycle = "state"):
         if mode not in MODES:
             raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
         self.own, self.mode, self.key, self.shard_id, self.owner = own, mode, key, shard_id, owner
-        self.stale_after_s = stale_after_s
+        self.stale_after_s, self.lifecycle = stale_after_s, lifecycle
         self._fleet = np.zeros(own.shape, dtype=np.float64)  # the others' summed EMA, or the owner's
         self._fleet_view: Any = None
         self.fleet_version = 0
@@ -70,8 +70,8 @@ class FailureEma:
         shape = self.own.shape if self.own.ndim > 1 else self.own.size
         if self.mode == "broadcast":
             return {self.key: broadcast(shape, owner=self.owner)}
-        # an EMA is a current state: a fresh restart drops the previous life's slot
-        return {self.key: merge(shape, stale_after_s=self.stale_after_s, lifecycle="state")}
+        # an EMA is a current state (the default): a fresh restart drops the previous life's slot
+        return {self.key: merge(shape, stale_after_s=self.stale_after_s, lifecycle=self.lifecycle)}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
@@ -121,6 +121,7 @@ class AdaptiveMotionSampler:
         kernel_size: int = 1,
         kernel_lambda: float = 0.8,
         stale_after_s: float | None = None,
+        lifecycle: Lifecycle = "state",
         dtype: Any = np.float32,
         ema: np.ndarray | None = None,
         cdf: np.ndarray | None = None,
@@ -140,7 +141,8 @@ class AdaptiveMotionSampler:
         self.cdf = _caller_array(cdf, grid, dtype, "cdf")
         self.current = np.zeros(self.bin_count, dtype=dtype)  # this step's failures per bin
         self.kernel = formulas.smoothing_kernel(kernel_size, kernel_lambda, dtype)
-        self.state = FailureEma(self.ema, mode=mode, key=key, shard_id=shard_id, owner=owner, stale_after_s=stale_after_s)
+        self.state = FailureEma(self.ema, mode=mode, key=key, shard_id=shard_id, owner=owner, stale_after_s=stale_after_s,
+                                lifecycle=lifecycle)
         self._built_from: np.ndarray | None = None
         self.rebuild()
 

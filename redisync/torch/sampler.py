@@ -41,7 +41,7 @@ from torch import nn
 
 from .. import formulas
 from ..codec import PullResult
-from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ..schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
 from ..shared_state import NOT_SHARED, SharedState
 from .ops import TORCH
 
@@ -126,6 +126,7 @@ class AdaptiveMotionSampler(nn.Module):
         kernel_size: int = 1,
         kernel_lambda: float = 0.8,
         stale_after_s: float | None = None,
+        lifecycle: Lifecycle = "state",
         rebuild_tol: float = 1e-4,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
@@ -139,6 +140,7 @@ class AdaptiveMotionSampler(nn.Module):
         self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
         self.group_uniform_ratio, self.worst_groups, self.stale_after_s = group_uniform_ratio, worst_groups, stale_after_s
+        self.lifecycle = lifecycle
         self.group_names = tuple(group_names) if group_names is not None else tuple(f"group_{g}" for g in range(len(frames)))
         # local sampling must reproduce the unsynced algorithm exactly: rebuild on every change
         self.rebuild_tol = 0.0 if mode == "local" else rebuild_tol
@@ -345,9 +347,9 @@ class AdaptiveMotionSampler(nn.Module):
             return {}
         if self.mode == "broadcast":
             return {self.key: broadcast(self.bin_count, owner=self.owner)}
-        # an EMA is a current state: a fresh restart drops the previous life's slot (a resume takes it over)
+        # an EMA is a current state (the default): a fresh restart drops the previous life's slot (a resume takes it over)
         stale = self.stale_after_s if self.mode == "pooled" else None
-        return {self.key: merge(self.bin_count, stale_after_s=stale, lifecycle="state")}
+        return {self.key: merge(self.bin_count, stale_after_s=stale, lifecycle=self.lifecycle)}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.bin_failed_count.to("cpu", torch.float64, copy=True).numpy()  # one op: this runs on the hot path
