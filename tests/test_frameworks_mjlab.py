@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -51,12 +52,13 @@ def motion(tmp_path_factory) -> Path:
     return keyframe_motion(tmp_path_factory.mktemp("motion") / "motion.npz", seconds=6.0)
 
 
-def tracking_env(motion: Path, sync_mode: str | None = None, fleet: ProcessFleet | None = None, seed: int = 7) -> ManagerBasedRlEnv:
+def tracking_env(motion: Path, sync_mode: str | None = None, fleet: ProcessFleet | None = None, seed: int = 7,
+                 **sync) -> ManagerBasedRlEnv:
     cfg = load_env_cfg(TASK)
     cfg.scene.num_envs, cfg.seed = 4, seed
     cfg.commands["motion"].motion_file = str(motion)
     if sync_mode is not None:
-        cfg.commands["motion"] = synced_motion_command(cfg.commands["motion"], sync_mode)
+        cfg.commands["motion"] = synced_motion_command(cfg.commands["motion"], sync_mode, **sync)
         if fleet is not None:  # the test's own fleet instead of the process's
             cfg.commands["motion"].build = lambda env: SyncedMotionCommand(cfg.commands["motion"], env, fleet)
     torch.manual_seed(seed)
@@ -85,6 +87,45 @@ def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
     assert float(runs[None][1][-1].sum()) > 0  # envs failed, so the adaptive sampler had something to adapt to
     assert torch.equal(runs[None][0], runs["local"][0])  # the same start frames, step after step
     assert torch.equal(runs[None][1], runs["local"][1])  # and the same failure EMA, bit for bit
+
+
+def test_a_collector_that_dies_and_never_restarts_leaves_the_pool_with_stale_after_s(motion, real_url):
+    run = f"t-{uuid.uuid4().hex[:12]}"
+    fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
+    envs = [tracking_env(motion, "pooled", fleet, seed=3 + i, stale_after_s=1.0, lifecycle="state") for i, fleet in enumerate(fleets)]
+    samplers = [env.command_manager.get_term("motion").sampler for env in envs]
+    try:
+        assert fleets[0].terms[0].schema_entries()["motion/bin_failed"].stale_after_s == 1.0
+        for env in envs:
+            env.reset()
+        for i, env in enumerate(envs):
+            random_steps(env, 40, seed=i)
+            fleets[i].flush()
+            assert fleets[i].syncer.wait_synced(timeout=10)
+        assert float(samplers[1].bin_failed_count.sum()) > 0  # the collector about to die had failures to pool
+        assert fleets[0].syncer.wait_synced(fleets[1].syncer.store.fleet().fleet_version, timeout=10)
+        fleets[0].at_reset_boundary()
+        np.testing.assert_allclose(samplers[0]._fleet_ema().numpy(), samplers[1].bin_failed_count.numpy(), rtol=1e-6)
+        fleets[1].stop()  # collector 1 dies for good: nothing of it comes back
+        envs[1].close()
+        time.sleep(1.5)
+        random_steps(envs[0], 5, seed=9)
+        fleets[0].flush()
+        assert fleets[0].syncer.wait_synced(fleets[0].syncer.store.fleet().fleet_version, timeout=10)
+        fleets[0].at_reset_boundary()
+        assert float(samplers[0]._fleet_ema().abs().sum()) == 0.0  # its frozen EMA left the pool
+    finally:
+        for fleet in fleets:
+            fleet.stop()
+        envs[0].close()
+        redisync.connect(real_url, run=run).delete()
+
+
+def test_synced_motion_command_names_its_options_when_one_is_unknown():
+    from redisync.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"unknown option\(s\) \['sync_stale_after'\].*'stale_after_s'"):
+        synced_motion_command(load_env_cfg(TASK).commands["motion"], stale_after=5)
 
 
 def _collector(rank: int, motion: str, url: str, run: str, steps: int, barrier, out: dict) -> None:
