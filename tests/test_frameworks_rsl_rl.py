@@ -153,3 +153,71 @@ def test_the_synced_normaliser_runs_no_collective_where_rsl_rls_waits_for_a_stra
     redisync.connect(real_url, run=run).delete()
     assert out["upstream"].startswith("failed after")  # rsl_rl 5.5.1 waited for the straggler, then gave up
     assert out["synced_count"] == 10 * 32 and out["synced_s"] < 2.0  # ours never waited (the thread worker started inside)
+
+
+def _ppo_rank(rank: int, init: str, url: str, run: str, synced: bool, out: dict) -> None:
+    """One rank of rsl_rl's PPO under torchrun's data parallelism (gloo), 8 env steps and one update,
+    every collective it makes counted; rank 1 is 2 s late to its update (a straggler)."""
+    import torch.distributed as dist
+    from rsl_rl.algorithms import PPO
+    from rsl_rl.storage import RolloutStorage
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    counts: dict[str, int] = {}
+    for name in ("all_reduce", "broadcast", "all_gather", "reduce", "all_gather_into_tensor", "reduce_scatter"):
+        original = getattr(dist, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    torch.manual_seed(rank)
+    obs = TensorDict({"policy": torch.zeros(8, 5), "privileged": torch.zeros(8, 3)}, batch_size=[8])
+    groups = {"actor": ["policy"], "critic": ["policy", "privileged"]}
+    actor = MLPModel(obs, groups, "actor", 2, hidden_dims=(16,), obs_normalization=True,
+                     distribution_cfg={"class_name": "rsl_rl.modules.distribution:GaussianDistribution"})
+    critic = MLPModel(obs, groups, "critic", 1, hidden_dims=(16,), obs_normalization=True)
+    obs = TensorDict({"policy": torch.randn(8, 5), "privileged": torch.randn(8, 3)}, batch_size=[8])
+    storage = RolloutStorage("rl", 8, 8, obs, [2], "cpu")
+    alg = PPO(actor, critic, storage, num_learning_epochs=2, num_mini_batches=2,
+              multi_gpu_cfg={"global_rank": rank, "local_rank": rank, "world_size": 2})
+    fleet = None
+    if synced:
+        fleet = ProcessFleet(redisync.connect(url, run=run), rank, worker="thread")
+        sync_normalizers(Algorithm(alg.actor, alg.critic), fleet=fleet)
+    alg.broadcast_parameters()
+    for _ in range(8):
+        obs = TensorDict({"policy": torch.randn(8, 5), "privileged": torch.randn(8, 3)}, batch_size=[8])
+        alg.act(obs)
+        alg.process_env_step(obs, torch.randn(8), torch.zeros(8, dtype=torch.bool), {})
+        for name in ("actor", "critic"):
+            getattr(alg, name).update_normalization(obs)
+    alg.compute_returns(obs)
+    if rank == 1:
+        time.sleep(2.0)
+    started = time.monotonic()
+    alg.update()
+    out[rank] = (dict(counts), time.monotonic() - started)
+    if fleet is not None:
+        fleet.stop()
+    dist.destroy_process_group()
+
+
+def test_data_parallel_ppo_keeps_its_gradient_collectives_so_a_straggler_still_costs_the_others(real_url, tmp_path):
+    """What redisync removes under torchrun is the normaliser's collectives (and the curriculum's);
+    the gradient all-reduce and the parameter broadcast stay rsl_rl's, and with them the wait."""
+    seen = {}
+    for synced in (False, True):
+        run = f"t-{uuid.uuid4().hex[:12]}"
+        with mp.Manager() as manager:
+            out = manager.dict()
+            mp.spawn(_ppo_rank, args=(f"file://{tmp_path}/rendezvous-{synced}", real_url, run, synced, out), nprocs=2, join=True)
+            seen[synced] = dict(out)
+        redisync.connect(real_url, run=run).delete()
+    plain, synced = seen[False][0][0], seen[True][0][0]
+    print(f"collectives per rank: rsl_rl's normaliser {plain}, synced {synced}; rank 0's update with the straggler: "
+          f"{seen[False][0][1]:.2f} s / {seen[True][0][1]:.2f} s")
+    assert sum(plain.values()) > sum(synced.values()) > 0  # fewer, not none: the gradients still all-reduce
+    assert synced.get("broadcast", 0) >= 1 and synced.get("all_reduce", 0) >= 1
+    assert seen[True][0][1] > 1.5  # rank 0 still waited for rank 1's gradients
