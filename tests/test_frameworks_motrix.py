@@ -132,3 +132,21 @@ def test_a_killed_collector_that_never_returns_leaves_the_pool(fleet_run):
     assert np.abs(alone[0]["fleet"][late]).sum() == 0
     _, count = pooled_sum(store)
     assert count <= 1
+
+
+def test_the_readmes_motrix_env_block_defines_a_synced_env():
+    import re
+
+    from redisync.integrations.motrix import SyncedAdaptiveSampling
+
+    from .test_readme import README
+
+    text = README.read_text()
+    marker = "<!-- the MotrixLab env: tests/test_frameworks_motrix.py runs this block -->"
+    block = re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S).group(1)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    env_cls = scope["MyTrackingEnv"]
+    assert issubclass(env_cls, SyncedAdaptiveSampling) and env_cls.redisync_stale_after_s == 30.0
+    env = env_cls(TrackingCfg(), num_envs=2)  # outside a collector process: no fleet, local sampling
+    assert env.redisync_fleet is None
