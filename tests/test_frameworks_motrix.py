@@ -150,3 +150,16 @@ def test_the_readmes_motrix_env_block_defines_a_synced_env():
     assert issubclass(env_cls, SyncedAdaptiveSampling) and env_cls.redisync_stale_after_s == 30.0
     env = env_cls(TrackingCfg(), num_envs=2)  # outside a collector process: no fleet, local sampling
     assert env.redisync_fleet is None
+
+
+def test_broadcast_collectors_sample_from_the_owners_ema(fleet_run):
+    go, _ = fleet_run
+    traces = go("redisync-tracking-broadcast", 2, 150)
+    owner, other = traces[0], traces[1]
+    for cdf, own in zip(owner["cdf"], owner["own"]):  # the owner (shard 0) samples from its own EMA
+        np.testing.assert_allclose(cdf, command_cdf(own), rtol=1e-5, atol=1e-6)
+    received = other["version"] > 0
+    assert received.any()
+    for cdf, fleet in zip(other["cdf"][received], other["fleet"][received]):  # the other from the owner's
+        np.testing.assert_allclose(cdf, command_cdf(fleet.astype(np.float32)), rtol=1e-5, atol=1e-6)
+    assert np.abs(other["fleet"][-1] - other["own"][-1]).sum() > 0  # which is not its own
