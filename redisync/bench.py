@@ -70,7 +70,7 @@ def _reset_stats(store: Store) -> bool:
 
 def _new_run(url: str | None, n: int) -> Store:
     store = connect(url, run=f"bench-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of({KEY: merge(n)}), Limits(stream_maxlen=50))
+    store.register(Schema.of({KEY: merge(n, lifecycle="history")}), Limits(stream_maxlen=50))
     return store
 
 
@@ -176,7 +176,7 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
 
 def _lua_publisher(url: str | None, run: str, n: int, shard: int, seconds: float, out: Any) -> None:
     store = connect(url, run=run)
-    store.register(Schema.of({KEY: merge(n)}), Limits(stream_maxlen=50))
+    store.register(Schema.of({KEY: merge(n, lifecycle="history")}), Limits(stream_maxlen=50))
     client = store.shard(shard)
     rng = np.random.default_rng(shard)
     report = _report(rng, n, 1)
@@ -249,7 +249,7 @@ def measure_concurrency(url: str | None, n: int, procs: int, seconds: float) -> 
         connect(url, run=run).delete()
     run = f"bench-w-{uuid.uuid4().hex[:8]}"
     try:
-        connect(url, run=run).register(Schema.of({KEY: merge(n)}))
+        connect(url, run=run).register(Schema.of({KEY: merge(n, lifecycle="history")}))
         rows = _run_processes(_watch_publisher, (url, run, n, seconds), procs)
     finally:
         connect(url, run=run).delete()

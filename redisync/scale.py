@@ -29,7 +29,7 @@ from .schema import Limits, Schema, merge
 SLOTS = (8, 64, 256, 1024)
 KEYS_PER_REPORT = (1, 16, 64)
 CONNECTIONS = (8, 32, 128)
-FLEET_SCHEMA = {"motion/bin_failed": merge(1024), "obs/norm": merge(256, sumsq=True)}  # the stated report
+FLEET_SCHEMA = {"motion/bin_failed": merge(1024, lifecycle="history"), "obs/norm": merge(256, sumsq=True, lifecycle="history")}  # the stated report
 CORE_BUDGET = 0.5  # of one Redis core: the rest is headroom for pulls' bursts, CLI reads and persistence
 PULLS_PER_FOLD_CAP = 10  # a syncer pulls at most every min_pull_interval_s (0.1 s) whatever the fleet publishes
 
@@ -87,10 +87,10 @@ def memory(url: str, slots: int, elements: int, stream_payloads: bool, reports: 
     """Bytes Redis holds for a run: one merge key of ``elements`` values, ``slots`` shards, and a
     reports stream after ``reports`` folds (capped at 1 000 entries)."""
     store = connect(url, run=f"bench-mem-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of({"bench/key": merge(elements)}), Limits(stream_maxlen=1000, stream_payloads=stream_payloads))
+    store.register(Schema.of({"bench/key": merge(elements, lifecycle="history")}), Limits(stream_maxlen=1000, stream_payloads=stream_payloads))
     try:
         rng = np.random.default_rng(0)
-        report = _report({"bench/key": merge(elements)}, rng)
+        report = _report({"bench/key": merge(elements, lifecycle="history")}, rng)
         shards = [store.shard(i, incarnation=1) for i in range(slots)]
         for k in range(max(reports, slots)):
             shards[k % slots].publish(report)
@@ -183,10 +183,10 @@ def fleet_estimate(rows: list[dict[str, float]], interval_s: float = 1.0) -> dic
 
 
 def run_scale(url: str, seconds: float = 3.0) -> dict[str, Any]:
-    slots = [fold_and_pull(url, {"bench/key": merge(1024)}, n) for n in SLOTS]
+    slots = [fold_and_pull(url, {"bench/key": merge(1024, lifecycle="history")}, n) for n in SLOTS]
     keys = []
     for k in KEYS_PER_REPORT:
-        schema = {f"bench/k{i}": merge(256) for i in range(k)}
+        schema = {f"bench/k{i}": merge(256, lifecycle="history") for i in range(k)}
         keys.append({"keys": k, **fold_and_pull(url, schema, 8, calls=50)})
     fleet_rows = [fold_and_pull(url, dict(FLEET_SCHEMA), n) for n in SLOTS]
     mem = [memory(url, s, e, p) for s, e, p in ((8, 1024, False), (64, 1024, False), (256, 1024, False),

@@ -114,9 +114,20 @@ def merge(
     stale_after_s: float | None = None,
     sumsq: bool = False,
     elementwise_count: bool = False,
-    lifecycle: Lifecycle = "history",
+    *,
+    lifecycle: Lifecycle | None = None,
 ) -> MergeSpec:
-    """A pooled-statistics key (failure EMA, normaliser moments, histograms)."""
+    """A pooled-statistics key (failure EMA, normaliser moments, histograms).
+
+    ``lifecycle`` has no default, because either default is wrong for half the keys: ``"state"``
+    for a current value (a failure EMA: a fresh restart replaces the previous life's slot, which
+    ``"history"`` would count twice), ``"history"`` for counts that accumulate over the run
+    (normaliser moments: the previous life's slot stays counted, which ``"state"`` would drop)."""
+    if lifecycle is None:
+        raise errors.InvalidSchema(
+            "merge(): say lifecycle='state' (a current value, e.g. a failure EMA: a fresh restart replaces the "
+            "previous life's slot) or lifecycle='history' (counts accumulated over the run, e.g. normaliser "
+            "moments: the previous life's slot stays counted)")
     return _build(
         MergeSpec, shape=shape, stale_after_s=stale_after_s, sumsq=sumsq, elementwise_count=elementwise_count,
         lifecycle=lifecycle,

@@ -49,7 +49,7 @@ class CumulativeStats:
         self.total += self.rng.random(self.elements)
 
     def schema_entries(self):
-        return {KEY: merge(self.elements)}
+        return {KEY: merge(self.elements, lifecycle="history")}
 
     def report_shard_state(self):
         return {KEY: {"count": self.count, "sum": self.total.copy()}}

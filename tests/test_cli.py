@@ -84,7 +84,7 @@ def cli_url(request):
 def populated(cli_url):
     """A run with three shards, a broadcast decision and one rejected report."""
     store = redisync_api.connect(cli_url, run=f"cli-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of({"motion/bin_failed": merge(4, stale_after_s=60), "curriculum/scale": broadcast((), owner=0)}))
+    store.register(Schema.of({"motion/bin_failed": merge(4, stale_after_s=60, lifecycle="history"), "curriculum/scale": broadcast((), owner=0)}))
     for shard in range(3):
         store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.eye(4)[shard] + 0.1}})
     store.shard(0).publish({"curriculum/scale": {"value": 0.5}})
@@ -207,8 +207,8 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
     """Moments: each shard's mean offset in pooled sds; distributions: TV and entropy; signed sums and
     one-element keys: nothing (they are not distributions); never a negative zero."""
     store = redisync_api.connect(cli_url, run=f"cli-kinds-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of({"obs/norm": merge(2, sumsq=True), "motion/bin_failed": merge(4), "curriculum/delta": merge(3),
-                              "motion/one": merge(1)}))
+    store.register(Schema.of({"obs/norm": merge(2, sumsq=True, lifecycle="history"), "motion/bin_failed": merge(4, lifecycle="history"), "curriculum/delta": merge(3, lifecycle="history"),
+                              "motion/one": merge(1, lifecycle="history")}))
     try:
         for shard, mean in ((0, np.array([0.0, 0.0])), (1, np.array([2.0, 0.0]))):
             x = mean + np.array([[1.0, 1.0], [-1.0, -1.0]])  # sd 1 around the shard's mean

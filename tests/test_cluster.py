@@ -20,7 +20,7 @@ from .servers import RedisProcess, free_cluster_port
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
-SCHEMA = Schema.of({"obs/norm": merge(3, sumsq=True), "curriculum/scale": broadcast(())})
+SCHEMA = Schema.of({"obs/norm": merge(3, sumsq=True, lifecycle="history"), "curriculum/scale": broadcast(())})
 
 
 @pytest.fixture(scope="module")

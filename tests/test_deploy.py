@@ -31,7 +31,7 @@ def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
         assert cfg["appendonly"] == "yes" and cfg["appendfsync"] == "everysec"
         assert cfg["maxmemory-policy"] == "noeviction"
         store = redisync.connect(f"redis://127.0.0.1:{port}/0", run="conf")
-        store.register(Schema.of({"obs/norm": merge(2)}))
+        store.register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
         shard = store.shard(0)
         shard.publish({"obs/norm": {"count": 3, "sum": [1.0, 2.0]}})
         before = store.fleet()
@@ -40,7 +40,7 @@ def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
     server.start()
     try:
         after = redisync.connect(f"redis://127.0.0.1:{port}/0", run="conf")
-        after.register(Schema.of({"obs/norm": merge(2)}))
+        after.register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
         state = after.fleet()
         assert state.epoch == before.epoch and state.fleet_version == before.fleet_version
         np.testing.assert_array_equal(state.keys["obs/norm"].value, before.keys["obs/norm"].value)

@@ -24,8 +24,8 @@ from .support import assert_same_state, envelope, lua_state, reference_state, se
 
 SCHEMA = Schema.of(
     {
-        "motion/ema": merge(3),  # history key: a restarted shard's slot is retired
-        "obs/norm": merge(2, stale_after_s=0.003, sumsq=True),  # stale key: dead slots drop out
+        "motion/ema": merge(3, lifecycle="history"),  # history key: a restarted shard's slot is retired
+        "obs/norm": merge(2, stale_after_s=0.003, sumsq=True, lifecycle="history"),  # stale key: dead slots drop out
         "curriculum/stage": broadcast(2),
         "curriculum/scale": broadcast((), owner=0),
     }
@@ -129,7 +129,7 @@ def test_sharded_statistics_equal_the_unsharded_ones(backend, n_shards, seed, pu
     """N shards publishing cumulative stats of disjoint slices == one shard with all samples (1e-9)."""
     rng = np.random.default_rng(seed)
     samples = rng.normal(loc, scale, size=(int(rng.integers(n_shards, 400)), 3))
-    schema = Schema.of({"obs/norm": merge(3, sumsq=True)})
+    schema = Schema.of({"obs/norm": merge(3, sumsq=True, lifecycle="history")})
     store = new_store(backend)
     try:
         store.register(schema)

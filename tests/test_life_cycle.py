@@ -42,7 +42,7 @@ def state_bytes(store) -> dict:
 
 def test_a_fresh_restart_drops_a_state_slot_and_retires_a_history_slot(make_store):
     store = make_store()
-    store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2)})
+    store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2, lifecycle="history")})
     first = store.shard(0)
     first.publish({"motion/ema": {"count": 1, "sum": [3.0, 1.0]}, "obs/norm": {"count": 10, "sum": [5.0, 5.0]}})
     for life in range(3):  # each further restart adds nothing to the state key
@@ -56,7 +56,7 @@ def test_a_fresh_restart_drops_a_state_slot_and_retires_a_history_slot(make_stor
 
 def test_a_resumed_shard_takes_over_its_slot_for_both_kinds(make_store):
     store = make_store()
-    store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2)})
+    store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2, lifecycle="history")})
     store.shard(1).publish({"motion/ema": {"count": 1, "sum": [1.0, 1.0]}, "obs/norm": {"count": 4, "sum": [4.0, 4.0]}})
     store.shard(0).publish({"motion/ema": {"count": 1, "sum": [3.0, 1.0]}, "obs/norm": {"count": 10, "sum": [5.0, 5.0]}})
     resumed = store.shard(0, resume=True)  # a checkpoint holding the cumulative statistics above
@@ -72,7 +72,7 @@ def test_a_resumed_shard_takes_over_its_slot_for_both_kinds(make_store):
 
 def test_resume_can_name_single_keys(make_store):
     store = make_store()
-    store.register({"motion/ema": merge(1, lifecycle="state"), "obs/norm": merge(1)})
+    store.register({"motion/ema": merge(1, lifecycle="state"), "obs/norm": merge(1, lifecycle="history")})
     store.shard(0).publish({"motion/ema": {"count": 1, "sum": 2.0}, "obs/norm": {"count": 10, "sum": 5.0}})
     store.shard(0, resume={"motion/ema"}).publish({"motion/ema": {"count": 1, "sum": 2.5}, "obs/norm": {"count": 1, "sum": 1.0}})
     fleet = store.fleet().keys
@@ -126,7 +126,7 @@ def test_a_restarted_pooled_sampler_is_counted_once(backend, resume, frames):
 
 def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkeypatch):
     store = make_store()
-    store.register({"obs/norm": merge(1)})
+    store.register({"obs/norm": merge(1, lifecycle="history")})
     first = store.shard(0)
     first.publish({"obs/norm": {"count": 1, "sum": 1.0}})
     monkeypatch.setattr(time, "time_ns", lambda: 1)  # a host whose clock is far behind
@@ -138,7 +138,7 @@ def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkey
 
 def test_the_later_of_two_claims_wins(make_store):
     store = make_store()
-    store.register({"obs/norm": merge(1)})
+    store.register({"obs/norm": merge(1, lifecycle="history")})
     early, late = store.shard(3), store.shard(3)
     assert early.incarnation < late.incarnation  # both claimed before either published
     late.publish({"obs/norm": {"count": 1, "sum": 1.0}})
@@ -153,7 +153,7 @@ def test_the_later_of_two_claims_wins(make_store):
 
 def test_claims_outrank_incarnations_beyond_float_precision(make_store):
     store = make_store()
-    store.register({"obs/norm": merge(1)})
+    store.register({"obs/norm": merge(1, lifecycle="history")})
     old = store.shard(0, incarnation=9_007_199_254_740_993)  # 2^53 + 1, a nanosecond clock's range
     old.publish({"obs/norm": {"count": 1, "sum": 1.0}})
     assert store.shard(0).incarnation == 9_007_199_254_740_994
@@ -164,7 +164,7 @@ def test_claims_outrank_incarnations_beyond_float_precision(make_store):
 
 def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
     store = make_store()
-    store.register({"motion/ema": merge(1)})
+    store.register({"motion/ema": merge(1, lifecycle="history")})
     a, b = store.shard(0), store.shard(1)
     for shard, v in ((a, 1e16), (b, 1.0), (a, 0.0), (b, 0.5)):  # an incremental (agg - old) + new ends at -0.5
         shard.publish({"motion/ema": {"count": 1, "sum": v}})
@@ -173,7 +173,7 @@ def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
 
 def test_a_fold_that_would_overflow_is_refused_and_changes_nothing(make_store):
     store = make_store()
-    store.register({"motion/ema": merge(2), "obs/norm": merge(1, sumsq=True)})
+    store.register({"motion/ema": merge(2, lifecycle="history"), "obs/norm": merge(1, sumsq=True, lifecycle="history")})
     a, b = store.shard(0), store.shard(1, incarnation=7)
     a.publish({"motion/ema": {"count": 1, "sum": [1e308, 0.0]}})
     before = state_bytes(store)
@@ -225,7 +225,7 @@ def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store
                                     "data hash of the wrong type"])
 def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
     store = make_store()
-    store.register({"a/first": merge(2), "b/second": merge(2)})
+    store.register({"a/first": merge(2, lifecycle="history"), "b/second": merge(2, lifecycle="history")})
     other = store.shard(1)
     other.publish({"a/first": {"count": 1, "sum": [1.0, 1.0]}, "b/second": {"count": 1, "sum": [1.0, 1.0]}})
     data = store.keys.key_data("b/second")
@@ -270,7 +270,7 @@ def _bad_snapshots(snap):
 
 def test_restore_validates_everything_before_writing(make_store):
     store = make_store()
-    store.register({"obs/norm": merge(2), "c/scale": broadcast(())})
+    store.register({"obs/norm": merge(2, lifecycle="history"), "c/scale": broadcast(())})
     store.shard(0).publish({"obs/norm": {"count": 2, "sum": [1.0, 2.0]}, "c/scale": {"value": 0.5}})
     snap = store.snapshot()
     store.shard(1).publish({"obs/norm": {"count": 3, "sum": [1.0, 1.0]}})
@@ -283,7 +283,7 @@ def test_restore_validates_everything_before_writing(make_store):
 
 def test_restore_is_atomic_with_a_fold_racing_it(make_store):
     store = make_store()
-    store.register({"obs/norm": merge(2)})
+    store.register({"obs/norm": merge(2, lifecycle="history")})
     racer = store.shard(1)
     racer.publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}})
     snap = store.snapshot()
@@ -306,7 +306,7 @@ def test_restore_is_atomic_with_a_fold_racing_it(make_store):
 
 def test_restore_into_another_run_keeps_its_live_collectors(make_store):
     source, target = make_store(), make_store()
-    schema = Schema.of({"obs/norm": merge(1), "ema/x": merge(1, lifecycle="state")})
+    schema = Schema.of({"obs/norm": merge(1, lifecycle="history"), "ema/x": merge(1, lifecycle="state")})
     source.register(schema)
     target.register(schema)
     source.shard(0, incarnation=10**17).publish({"obs/norm": {"count": 7, "sum": 7.0}, "ema/x": {"count": 1, "sum": 3.0}})
@@ -335,7 +335,7 @@ def lose_tail(store, saved: dict) -> None:
 
 def test_after_lost_writes_no_version_names_two_states(make_store):
     store = make_store()
-    store.register({"obs/norm": merge(1)})
+    store.register({"obs/norm": merge(1, lifecycle="history")})
     a, b, c = store.shard(0), store.shard(1), store.shard(2)
     a.publish({"obs/norm": {"count": 1, "sum": 1.0}})
     b.publish({"obs/norm": {"count": 1, "sum": 1.0}})
@@ -362,7 +362,7 @@ class _NormTerm:
         self.key, self.size, self.count, self.fleet = key, size, 0.0, None
 
     def schema_entries(self):
-        return {self.key: merge(self.size)}
+        return {self.key: merge(self.size, lifecycle="history")}
 
     def report_shard_state(self):
         self.count += 1
@@ -400,7 +400,7 @@ def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
 
 def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog):
     store = make_store()
-    store.register({"obs/n": merge(3)})
+    store.register({"obs/n": merge(3, lifecycle="history")})
     with pytest.raises(errors.SchemaMismatch, match="obs/n"):
         Syncer(store, 0, [_NormTerm()]).start()
     store.delete()
@@ -409,7 +409,7 @@ def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog
     syncer.on_step()
     assert syncer.wait_synced(timeout=10)
     store.delete()  # the store restarts, and another trainer registers the run first
-    redisync.connect(None if store.url == "embedded" else store.url, run=store.run).register({"obs/n": merge(30)})
+    redisync.connect(None if store.url == "embedded" else store.url, run=store.run).register({"obs/n": merge(30, lifecycle="history")})
     with caplog.at_level(logging.ERROR, logger="redisync.syncer"):
         for _ in range(5):
             syncer.on_step()
@@ -440,7 +440,7 @@ def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
 
 def test_a_shard_client_shared_by_threads_never_rolls_back(make_store):
     store = make_store()
-    store.register({"obs/n": merge(1)})
+    store.register({"obs/n": merge(1, lifecycle="history")})
     shard = store.shard(0)
     failures = []
 
@@ -464,7 +464,7 @@ def test_a_shard_client_shared_by_threads_never_rolls_back(make_store):
 
 def test_a_report_for_an_unknown_run_creates_no_key(make_store):
     store = make_store()
-    store.register({"obs/n": merge(1)})
+    store.register({"obs/n": merge(1, lifecycle="history")})
     ghost = redisync.connect(None if store.url == "embedded" else store.url, run=store.run + "-ghost")
     ghost._adopt(store.schema)
     with pytest.raises(errors.RunNotFound):  # straight to the script, as a client that skips its checks
@@ -474,7 +474,7 @@ def test_a_report_for_an_unknown_run_creates_no_key(make_store):
 
 def test_the_fold_accepts_exactly_the_run_names_the_client_accepts(make_store):
     store = make_store()
-    store.register({"obs/n": merge(1)})
+    store.register({"obs/n": merge(1, lifecycle="history")})
     from redisync.codec import parse_publish
 
     for forged in ("redisync:{a b}:meta", "redisync:{" + "x" * 129 + "}:meta", "redisync:{a/b}:meta"):

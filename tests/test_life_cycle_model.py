@@ -37,7 +37,7 @@ from .support import assert_same_state, lua_state, reference_state
 SCHEMA = Schema.of(
     {
         "motion/ema": merge(3, lifecycle="state"),  # a failure EMA: a fresh restart drops the old slot
-        "obs/norm": merge(2, sumsq=True),  # normaliser moments: history, retired on a fresh restart
+        "obs/norm": merge(2, sumsq=True, lifecycle="history"),  # normaliser moments: history, retired on a fresh restart
         "terrain/hist": merge(2, stale_after_s=0.05, lifecycle="state"),  # dead shards drop out
         "curriculum/scale": broadcast((), owner=0),
     }

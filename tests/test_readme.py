@@ -73,7 +73,7 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
     store.delete()
     db = real_url.rsplit("/", 1)[1]
     try:
-        store.register(Schema.of({"motion/bin_failed": merge(8, stale_after_s=120), "curriculum/penalty_scale": broadcast((), owner=0)}))
+        store.register(Schema.of({"motion/bin_failed": merge(8, stale_after_s=120, lifecycle="history"), "curriculum/penalty_scale": broadcast((), owner=0)}))
         for shard in (0, 1):
             store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.ones(8)}})
         store.shard(0).publish({"curriculum/penalty_scale": {"value": 0.5}})
@@ -125,3 +125,18 @@ def test_readme_multi_motion_loop_runs(backend, monkeypatch):
         assert namespace["monitor"].metrics()["redisync/motion/bin_failed/sampling_entropy_min"] < 0.99
     finally:
         redisync.connect(run="motion-library").delete()
+
+
+def test_readme_example_run_three_times_counts_its_one_writer_once(backend, monkeypatch):
+    """Each run is a new process of shard 0: the EMA (state) keeps one slot, the normaliser's
+    moments (history) keep every run's samples."""
+    use_backend(backend, monkeypatch)
+    redisync.connect(run="humanoid-v3").delete()
+    try:
+        for _ in range(3):
+            exec(compile(example(), str(README), "exec"), {})
+        fleet = redisync.connect(run="humanoid-v3").fleet()
+        assert float(fleet.keys["motion/bin_failed"].parts()["count"]) == 1
+        assert float(fleet.keys["obs/norm"].parts()["count"]) == 3 * 4096
+    finally:
+        redisync.connect(run="humanoid-v3").delete()

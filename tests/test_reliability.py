@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration  # starts redis-server processes of its own
 from .test_fold_properties import random_operations
 
 # no stale keys: the reference fold cannot know the server time of a fold whose reply was lost
-SCHEMA = Schema.of({"motion/ema": merge(3), "obs/norm": merge(2, sumsq=True), "curriculum/stage": broadcast(2),
+SCHEMA = Schema.of({"motion/ema": merge(3, lifecycle="history"), "obs/norm": merge(2, sumsq=True, lifecycle="history"), "curriculum/stage": broadcast(2),
                     "curriculum/scale": broadcast((), owner=0)})
 
 
@@ -86,7 +86,7 @@ def test_restart_from_the_append_only_file_keeps_state_and_versions(tmp_path):
     conf = Path(__file__).resolve().parents[1] / "deploy" / "redis.conf"
     server = RedisProcess(tmp_path, conf=conf).start()
     store = redisync.connect(server.url, run="aof")
-    schema = Schema.of({"obs/norm": merge(2), "curriculum/scale": broadcast(())})
+    schema = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale": broadcast(())})
     store.register(schema)
     shard = store.shard(0)
     for i in range(50):

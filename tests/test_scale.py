@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration  # publisher processes against the real Red
 
 
 def test_fold_pull_memory_and_throughput_are_measured(real_url):
-    rows = [fold_and_pull(real_url, {"bench/key": merge(64)}, n, calls=10) for n in (2, 20)]
+    rows = [fold_and_pull(real_url, {"bench/key": merge(64, lifecycle="history")}, n, calls=10) for n in (2, 20)]
     assert [r["slots"] for r in rows] == [2, 20] and all(r["fold_us"] > 0 and r["pull_us"] > 0 for r in rows)
     lean, audited = memory(real_url, 2, 256, False, reports=20), memory(real_url, 2, 256, True, reports=20)
     # the audited stream holds 20 payloads of 257 float64 more

@@ -8,32 +8,32 @@ from redisync.schema import Limits, Schema, broadcast, merge, validate_reports
 
 SCHEMA = Schema.of(
     {
-        "motion/bin_failed": merge(8),
-        "obs/norm": merge((2, 3), sumsq=True),
+        "motion/bin_failed": merge(8, lifecycle="history"),
+        "obs/norm": merge((2, 3), sumsq=True, lifecycle="history"),
         "curriculum/scale": broadcast((), owner=0),
-        "terrain/levels": merge(3, elementwise_count=True),
+        "terrain/levels": merge(3, elementwise_count=True, lifecycle="history"),
     }
 )
 
 
 def test_specs_reject_bad_shapes_and_options():
     with pytest.raises(errors.InvalidSchema, match="positive"):
-        merge((0, 3))
+        merge((0, 3), lifecycle="history")
     with pytest.raises(errors.InvalidSchema, match="stale_after_s"):
-        merge(3, stale_after_s=-1)
+        merge(3, stale_after_s=-1, lifecycle="history")
     with pytest.raises(errors.InvalidSchema, match="owner"):
         broadcast(3, owner=-2)
     with pytest.raises(errors.InvalidSchema, match="term/name"):
-        Schema.of({"no_slash": merge(1)})
+        Schema.of({"no_slash": merge(1, lifecycle="history")})
     with pytest.raises(ValueError):  # validation errors are ValueErrors too
         Schema.of({})
 
 
 def test_schema_difference_names_key_and_field():
-    other = Schema.of({**SCHEMA.keys, "motion/bin_failed": merge(9)})
+    other = Schema.of({**SCHEMA.keys, "motion/bin_failed": merge(9, lifecycle="history")})
     key, diff = SCHEMA.difference(other)
     assert key == "motion/bin_failed" and "shape=(8,) here, (9,) registered" in diff
-    extra = Schema.of({**SCHEMA.keys, "terrain/extra": merge(4)})
+    extra = Schema.of({**SCHEMA.keys, "terrain/extra": merge(4, lifecycle="history")})
     assert SCHEMA.difference(extra) == ("terrain/extra", "registered but missing from this client's schema")
     assert SCHEMA.difference(SCHEMA) is None
     assert SCHEMA.digest != other.digest
@@ -89,3 +89,8 @@ def test_bad_reports_get_typed_errors_naming_key_and_problem(report, error, word
 def test_size_limit():
     with pytest.raises(errors.PayloadTooLarge, match="max_report_bytes=70"):
         validate_reports(SCHEMA, {"motion/bin_failed": {"count": 1, "sum": np.ones(8)}}, Limits(max_report_bytes=70))
+
+
+def test_merge_needs_its_lifecycle_and_says_what_each_is_for():
+    with pytest.raises(errors.InvalidSchema, match=r"lifecycle=.state. \(a current value.*lifecycle='history' \(counts"):
+        merge(4)

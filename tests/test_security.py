@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration  # starts redis-server processes of its own
 
 ACL = Path(__file__).resolve().parents[1] / "deploy" / "users.acl"
 RUN = "humanoid-v3"
-SCHEMA = Schema.of({"obs/norm": merge(2), "curriculum/scale": broadcast(())})
+SCHEMA = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale": broadcast(())})
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def sentinel_fleet(tmp_path):
 def test_failover_loses_no_acknowledged_report(sentinel_fleet):
     url, primary, replica, sentinel_ports = sentinel_fleet
     store = redisync.connect(url, run="failover", wait_replicas=1, wait_timeout_ms=500, socket_timeout=1.0)
-    wait_for(lambda: store.register(Schema.of({"obs/norm": merge(1)})), 15, "the run to register")
+    wait_for(lambda: store.register(Schema.of({"obs/norm": merge(1, lifecycle="history")})), 15, "the run to register")
     shard = store.shard(0)
     acknowledged, versions, gaps = 0, [], []
 

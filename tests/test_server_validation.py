@@ -17,8 +17,8 @@ from redisync.schema import Limits, Schema, broadcast, merge
 
 SCHEMA = Schema.of(
     {
-        "motion/bin_failed": merge(4),
-        "obs/norm": merge(2, sumsq=True),
+        "motion/bin_failed": merge(4, lifecycle="history"),
+        "obs/norm": merge(2, sumsq=True, lifecycle="history"),
         "curriculum/scale": broadcast((), owner=0),
     }
 )

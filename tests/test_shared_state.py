@@ -15,7 +15,7 @@ from redisync.errors import InvalidSchema
 from redisync.schema import Schema
 from redisync.shared_state import NOT_SHARED, SharedState, SidecarState
 
-SCHEMA = Schema.of({"a/stats": merge(500, sumsq=True), "b/value": broadcast(300)})
+SCHEMA = Schema.of({"a/stats": merge(500, sumsq=True, lifecycle="history"), "b/value": broadcast(300)})
 
 
 def _reader(layout, snapshots: int, out) -> None:

@@ -37,7 +37,7 @@ class Cumulative:
         self.total += x
 
     def schema_entries(self):
-        return {KEY: merge(self.n)}
+        return {KEY: merge(self.n, lifecycle="history")}
 
     def report_shard_state(self):
         return {KEY: {"count": self.count, "sum": self.total.copy()}}

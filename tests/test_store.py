@@ -15,8 +15,8 @@ from redisync.schema import Limits, Schema, broadcast, merge
 
 SCHEMA = Schema.of(
     {
-        "motion/bin_failed": merge(4),
-        "obs/norm": merge(2, sumsq=True),
+        "motion/bin_failed": merge(4, lifecycle="history"),
+        "obs/norm": merge(2, sumsq=True, lifecycle="history"),
         "curriculum/scale": broadcast((), owner=0),
         "curriculum/stage": broadcast(1),
     }
@@ -33,7 +33,7 @@ def test_first_registration_wins_and_a_different_schema_is_refused(make_store):
     assert first.created
     again = redisync.client.Store(store.redis, store.run).register(SCHEMA)
     assert not again.created and again.epoch == first.epoch
-    other = Schema.of({**SCHEMA.keys, "obs/norm": merge(3, sumsq=True)})
+    other = Schema.of({**SCHEMA.keys, "obs/norm": merge(3, sumsq=True, lifecycle="history")})
     with pytest.raises(errors.SchemaMismatch) as info:
         redisync.client.Store(store.redis, store.run).register(other)
     assert info.value.key == "obs/norm" and "shape=(3,) here, (2,) registered" in str(info.value)
@@ -84,7 +84,7 @@ def test_a_retried_report_is_folded_once(make_store):
 
 def test_restarted_shard_retires_history_and_drops_state_slots(make_store):
     store = make_store()
-    schema = Schema.of({"obs/norm": merge(1), "motion/ema": merge(1, stale_after_s=0.05, lifecycle="state")})
+    schema = Schema.of({"obs/norm": merge(1, lifecycle="history"), "motion/ema": merge(1, stale_after_s=0.05, lifecycle="state")})
     store.register(schema)
     old = store.shard(0, incarnation=10)
     old.publish({"obs/norm": {"count": 5, "sum": 10}, "motion/ema": {"count": 1, "sum": 3}})
@@ -217,8 +217,8 @@ def test_bad_urls_fail_clearly():
 
 def test_the_reports_stream_keeps_payloads_only_when_the_run_asks(make_store):
     plain, audited = make_store(), make_store()
-    plain.register({"obs/n": merge(2)})
-    audited.register({"obs/n": merge(2)}, Limits(stream_payloads=True))
+    plain.register({"obs/n": merge(2, lifecycle="history")})
+    audited.register({"obs/n": merge(2, lifecycle="history")}, Limits(stream_payloads=True))
     report = {"obs/n": {"count": 1.0, "sum": [1.0, 2.0]}}
     for store in (plain, audited):
         store.shard(0).publish(report)

@@ -45,7 +45,7 @@ def test_publish_and_pull_over_verified_tls(tls_server):
     port, d = tls_server
     url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={d / 'ca.crt'}"
     store = redisync.connect(url, run="tls")
-    store.register(Schema.of({"obs/norm": merge(2)}))
+    store.register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
     shard = store.shard(0)
     assert shard.publish({"obs/norm": {"count": 3, "sum": [1.0, 2.0]}}).applied
     np.testing.assert_array_equal(shard.pull().keys["obs/norm"].parts()["sum"], [1.0, 2.0])
@@ -57,4 +57,4 @@ def test_an_unknown_certificate_authority_is_refused(tls_server, tmp_path_factor
     make_certificates(other)  # a CA that did not sign the server's certificate
     url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={other / 'ca.crt'}"
     with pytest.raises(errors.ConnectionUnavailable, match="certificate verify failed"):
-        redisync.connect(url, run="tls", socket_connect_timeout=2).register(Schema.of({"obs/norm": merge(2)}))
+        redisync.connect(url, run="tls", socket_connect_timeout=2).register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))

@@ -123,7 +123,7 @@ class DriftProbe:
 
     def schema_entries(self) -> Mapping[str, Any]:
         n = self.witness.bin_count
-        return {self.OWN: merge(n), self.USED: merge(n)}
+        return {self.OWN: merge(n, lifecycle="history"), self.USED: merge(n, lifecycle="history")}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.witness.bin_failed_count.double().numpy().copy()

@@ -161,7 +161,7 @@ class SyncedEmpiricalNormalization(nn.Module):
     def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
         size = int(np.prod(self.shape))
         if self.mode == "pooled":
-            return {self.key: merge(self.shape, sumsq=True)}
+            return {self.key: merge(self.shape, sumsq=True, lifecycle="history")}
         if self.mode == "learner":
             return {self.key: broadcast(2 * size + 1, owner=self.owner)}
         return {}
