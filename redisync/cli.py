@@ -7,6 +7,7 @@ prints one line naming what went wrong and exits with status 1.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import sys
 import time
@@ -22,7 +23,34 @@ from . import errors
 from .client import ENV_URL, EMBEDDED, RunSnapshot, connect, masked_url
 from .inspection import describe_run, describe_runs, drift, shard_ages
 
-URL = click.option("--url", envvar=ENV_URL, default=None, help=f"redis://, rediss:// or unix:// URL (env {ENV_URL}); unset: embedded")
+URL = click.option("--url", envvar=ENV_URL, default=None,
+                   help=f"redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL (env {ENV_URL}); unset: embedded")
+EXTRAS = {"demo": ("torch", "tqdm", "matplotlib"), "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium"),
+          "peers": ("torch",)}
+
+
+def _needs(what: str) -> None:
+    """Before any work: the modules a command needs, or one line saying which extra brings them."""
+    missing = [m for m in EXTRAS[what] if not _importable(m)]
+    if missing:
+        extra = "torch" if what == "peers" else "demo"
+        raise errors.RedisyncError(f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
+                                   f"({', '.join(missing)} missing): pip install 'redisync[{extra}]'")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _not_embedded(url: str | None, command: str) -> str:
+    """A command that reads or writes a run needs a Redis: the embedded store starts empty and is gone at exit."""
+    if url is None:
+        raise click.UsageError(f"{command} works on a run in a Redis: pass --url or set {ENV_URL} "
+                               "(the embedded store would start empty and be gone when this command exits)")
+    return url
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -52,11 +80,9 @@ def cli() -> None:
 def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: int, out_dir: str, run: str, keep: bool,
          no_progress: bool) -> None:
     """A fleet of collector processes with adaptive motion samplers, sync off then on."""
-    try:
-        from .demo import inspect_commands, run_demo
-        from .torch.demo_collector import FleetConfig
-    except ImportError as e:
-        raise errors.RedisyncError(f"the demo needs the demo extra ({e.name} is missing): pip install 'redisync[demo]'") from None
+    _needs("demo")
+    from .demo import inspect_commands, run_demo
+    from .torch.demo_collector import FleetConfig
 
     keep = keep or url is not None
     if url is not None:
@@ -115,6 +141,8 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
     With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves."""
+    if peers or everything:
+        _needs("peers")
     from .bench import run_all
 
     _connected(url)
@@ -241,12 +269,10 @@ def _bench_peers(url: str, steps: int, as_json: bool) -> None:
 def ab(url: str | None, out_dir: str, seeds: int, secondary_seeds: int, workers: int, smoke: bool, gate_only: bool, env_steps: int | None,
        env_spec: str | None, report_only: bool, no_progress: bool) -> None:
     """The drift study: the gate, then every sync arm on H and X trained with SAC; figures and report in OUT."""
-    try:
-        from .study.fleet import StudyConfig
-        from .study.report import write_report
-        from .study.study import load_env_factory, run_study
-    except ImportError as e:
-        raise errors.RedisyncError(f"the study needs the demo extra ({e.name} is missing): pip install 'redisync[demo]'") from None
+    _needs("study")
+    from .study.fleet import StudyConfig
+    from .study.report import write_report
+    from .study.study import load_env_factory, run_study
 
     out = Path(out_dir)
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
@@ -311,6 +337,8 @@ def _snapshot_file(path: str) -> RunSnapshot:
         return RunSnapshot.model_validate_json(Path(path).read_bytes())
     except FileNotFoundError:
         raise errors.CorruptSnapshot(f"{path}: no such file") from None
+    except OSError as e:
+        raise errors.CorruptSnapshot(f"{path}: cannot read it ({e.strerror})") from None
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(map(str, err.get("loc", ())))
@@ -329,6 +357,7 @@ def _snapshot_file(path: str) -> RunSnapshot:
 @click.option("--json", "as_json", is_flag=True, help="print as JSON")
 def inspect(url: str | None, run: str | None, as_json: bool) -> None:
     """Runs, keys, specs, versions, slots, stream lengths and dead letters."""
+    url = _not_embedded(url, "inspect")
     if run is not None:
         report = [describe_run(_store(url, run))]
     else:
@@ -367,7 +396,7 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
 @click.option("--count", default=0, type=click.IntRange(0), help="stop after this many refreshes (0: until Ctrl-C)")
 def watch(url: str | None, run: str, interval: float, count: int) -> None:
     """A live view of one run: version rate, per-shard staleness and drift, rejected reports."""
-    store = _store(url, run)
+    store = _store(_not_embedded(url, "watch"), run)
     last: tuple[float, int, int] | None = None
     shown = 0
     try:
@@ -413,8 +442,11 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 def snapshot(url: str | None, run: str, path: str) -> None:
     """Save a run's whole state to PATH (JSON, format redisync.snapshot v1)."""
-    snap = _store(url, run).snapshot()
-    Path(path).write_text(snap.model_dump_json(indent=1))
+    snap = _store(_not_embedded(url, "snapshot"), run).snapshot()
+    try:
+        Path(path).write_text(snap.model_dump_json(indent=1))
+    except OSError as e:
+        raise errors.RedisyncError(f"{path}: cannot write the snapshot there ({e.strerror})") from None
     click.echo(f"saved run {run} (fleet version {_fleet_version(snap)}) to {path}")
 
 
@@ -424,6 +456,7 @@ def snapshot(url: str | None, run: str, path: str) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 def restore(url: str | None, run: str, path: str) -> None:
     """Replace a run's state by the snapshot in PATH, under a new epoch."""
+    url = _not_embedded(url, "restore")
     snap = _snapshot_file(path)
     store = _connected(url, run)
     try:

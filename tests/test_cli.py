@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -155,19 +156,56 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
     [
         (["inspect", "--url", "redis://127.0.0.1:1"], "Connection refused"),
         (["inspect", "--url", "http://nowhere"], "unsupported URL"),
-        (["inspect", "--run", "no-such-run"], "run 'no-such-run' is not registered"),
-        (["watch", "--run", "no-such-run", "--count", "1"], "run 'no-such-run' is not registered"),
-        (["snapshot", "--run", "no-such-run", "/tmp/x.json"], "run 'no-such-run' is not registered"),
-        (["restore", "--run", "x", "/nonexistent/snap.json"], "/nonexistent/snap.json: no such file"),
-        (["restore", "--run", "x", __file__], "is not a redisync snapshot"),
+        (["inspect", "--url", "{url}", "--run", "no-such-run"], "run 'no-such-run' is not registered"),
+        (["watch", "--url", "{url}", "--run", "no-such-run", "--count", "1"], "run 'no-such-run' is not registered"),
+        (["snapshot", "--url", "{url}", "--run", "no-such-run", "/tmp/x.json"], "run 'no-such-run' is not registered"),
+        (["restore", "--url", "{url}", "--run", "x", "/nonexistent/snap.json"], "/nonexistent/snap.json: no such file"),
+        (["restore", "--url", "{url}", "--run", "x", __file__], "is not a redisync snapshot"),
         (["demo", "--shards", "0"], "--shards"),
         (["demo", "--url", "redis://127.0.0.1:1", "--no-progress", "--steps", "200", "--shards", "1"], "Connection refused"),
     ],
 )
-def test_bad_arguments_print_one_line_and_exit_nonzero(args, words):
-    out = cli(*args)
+def test_bad_arguments_print_one_line_and_exit_nonzero(args, words, real_url):
+    out = cli(*(a.format(url=real_url) for a in args))
     assert out.returncode != 0
     assert words in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args", [["inspect"], ["inspect", "--run", "demo"], ["watch", "--run", "demo", "--count", "1"],
+                                  ["snapshot", "--run", "demo", "/tmp/x.json"], ["restore", "--run", "demo", "/tmp/x.json"]])
+def test_commands_on_a_run_refuse_the_embedded_store(args, monkeypatch, tmp_path):
+    monkeypatch.delenv("REDISYNC_URL", raising=False)
+    out = cli(*args)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "pass --url or set REDISYNC_URL" in out.stderr and "gone when this command exits" in out.stderr
+
+
+def test_a_snapshot_into_a_missing_folder_is_one_line_naming_the_path(populated, tmp_path):
+    url, store = populated
+    path = tmp_path / "no-such-folder" / "snap.json"
+    out = cli("snapshot", "--url", url, "--run", store.run, str(path))
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert f"redisync: error: {path}: cannot write the snapshot there (No such file or directory)" in out.stderr
+
+
+def test_url_help_lists_every_scheme_connect_takes():
+    out = cli("inspect", "--help")
+    for scheme in ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://"):
+        assert scheme in out.stdout
+
+
+def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
+    blocker = tmp_path / "sitecustomize.py"  # the interpreter as a plain `pip install redisync` leaves it: no tqdm
+    blocker.write_text("import sys\nclass Block:\n    def find_spec(self, name, *a):\n"
+                       "        if name.split('.')[0] in ('tqdm', 'matplotlib'):\n            raise ImportError(name)\n"
+                       "sys.meta_path.insert(0, Block())\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "redisync.cli", "demo", "--steps", "2000"], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "redisync demo needs the demo extra (tqdm, matplotlib missing): pip install 'redisync[demo]'" in out.stderr
+    assert time.monotonic() - started < 60 and not (tmp_path / "out").exists()  # before any work
 
 
 def test_a_connection_error_names_the_url_with_its_password_masked():
