@@ -33,7 +33,7 @@ def _needs(what: str) -> None:
     """Before any work: the modules a command needs, or one line saying which extra brings them."""
     missing = [m for m in EXTRAS[what] if not _importable(m)]
     if missing:
-        extra = "torch" if what == "peers" else "demo"
+        extra = {"peers": "torch", "study": "study"}.get(what, "demo")
         raise errors.RedisyncError(f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
                                    f"({', '.join(missing)} missing): pip install 'redisync[{extra}]'")
 
