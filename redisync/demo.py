@@ -85,6 +85,7 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: boo
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out, go), daemon=True) for s in range(cfg.shards)]
+    progress.set_postfix_str(f"starting {cfg.shards} collector processes", refresh=True)
     for p in procs:
         p.start()
     phase, done, ready = Phase(sync), 0, 0
@@ -100,8 +101,10 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: boo
             kind, shard = msg[0], msg[1]
             if kind == "ready":
                 ready += 1
+                progress.set_postfix_str(f"{ready}/{cfg.shards} collectors ready", refresh=True)
                 if ready == cfg.shards:  # the whole fleet starts stepping at once
                     go.set()
+                    progress.set_postfix_str("stepping", refresh=True)
             elif kind == "snapshot":
                 _, _, step, own, used = msg
                 phase.own.setdefault(step, {})[shard] = own
@@ -172,9 +175,11 @@ def run_demo(url: str | None, cfg: Any, out_dir: Path, run: str, keep: bool, sho
     try:
         if on_start is not None:
             on_start(target)
-        with tqdm(total=2 * cfg.shards * cfg.steps, unit="step", unit_scale=True, disable=not show_progress,
-                  desc="demo (sync off, then on)") as bar:
-            phases = {sync: run_phase(target, cfg, sync, bar, run, keep) for sync in (False, True)}
+        phases = {}
+        for number, sync in enumerate((False, True), 1):  # a bar per phase, shown before its processes start
+            with tqdm(total=cfg.shards * cfg.steps, unit="step", unit_scale=True, disable=not show_progress,
+                      desc=f"phase {number}/2: sync {'on' if sync else 'off'}") as bar:
+                phases[sync] = run_phase(target, cfg, sync, bar, run, keep)
         plot(phases, cfg, out_dir / "demo.png")
         if on_done is not None:
             on_done(target, phases)
