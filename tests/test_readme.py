@@ -140,3 +140,24 @@ def test_readme_example_run_three_times_counts_its_one_writer_once(backend, monk
         assert float(fleet.keys["obs/norm"].parts()["count"]) == 3 * 4096
     finally:
         redisync.connect(run="humanoid-v3").delete()
+
+
+def test_every_readme_python_block_is_run_by_a_test_or_marked_a_fragment():
+    """A block right after ``<!-- ... <tests/file.py> runs this block -->`` is run by that file (which
+    finds it by its marker or its section); one after ``<!-- a fragment: why ... -->`` cannot run as
+    written (the user's env, hosts) and names the tests that make its calls."""
+    lines = README.read_text().splitlines()
+    tests = Path(__file__).parent
+    for n, line in enumerate(lines):
+        if line != "```python":
+            continue
+        marker = lines[n - 1]
+        assert marker.startswith("<!-- ") and marker.endswith(" -->"), f"README.md:{n + 1}: a python block without a marker"
+        named = re.findall(r"tests/(test_\w+\.py)", marker)
+        assert named and all((tests / name).exists() for name in named), f"README.md:{n}: {marker}"
+        if "runs this block" in marker:
+            source = (tests / named[0]).read_text()
+            label = marker.removeprefix("<!-- ").split(":")[0]
+            assert marker in source or "example(" in source, f"README.md:{n}: {named[0]} does not run {label!r}"
+        else:
+            assert marker.startswith("<!-- a fragment: "), f"README.md:{n}: neither run by a test nor a fragment"
