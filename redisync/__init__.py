@@ -1,9 +1,9 @@
 """redisync: a Redis-backed, versioned fleet state store for the collectors of a distributed RL trainer."""
 
-from .client import RunSnapshot, ShardClient, Store, connect
-from .codec import KeyView, PublishResult, PullResult
+from .store.client import RunSnapshot, ShardClient, Store, connect
+from .store.codec import KeyView, PublishResult, PullResult
 from .errors import RedisyncError
-from .schema import BroadcastReport, Limits, MergeReport, Schema, broadcast, merge
+from .store.schema import BroadcastReport, Limits, MergeReport, Schema, broadcast, merge
 
 __all__ = [
     "BroadcastReport",

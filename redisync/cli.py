@@ -20,7 +20,7 @@ import redis
 from pydantic import ValidationError
 
 from . import errors
-from .client import ENV_URL, EMBEDDED, RunSnapshot, connect, masked_url
+from .store.client import ENV_URL, EMBEDDED, RunSnapshot, connect, masked_url
 from .inspection import describe_run, describe_runs, drift, shard_ages
 
 URL = click.option("--url", envvar=ENV_URL, default=None,
@@ -81,8 +81,8 @@ def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: i
          no_progress: bool) -> None:
     """A fleet of collector processes with adaptive motion samplers, sync off then on."""
     _needs("demo")
-    from .demo import inspect_commands, run_demo
-    from .torch.demo_collector import FleetConfig
+    from .demo.fleet import inspect_commands, run_demo
+    from .demo.collector import FleetConfig
 
     keep = keep or url is not None
     if url is not None:
@@ -143,14 +143,14 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves."""
     if peers or everything:
         _needs("peers")
-    from .bench import run_all
+    from .bench.core import run_all
 
     _connected(url)
     if (peers or scale or everything) and url is None:
         raise click.UsageError("--peers, --scale and --all need a Redis (--url or REDISYNC_URL)")
     if everything and as_json:
-        from .scale import run_scale
-        from .torch.peers import run_peers
+        from .bench.scale import run_scale
+        from .bench.peers import run_peers
 
         doc = {"core": run_all(url, calls=calls, procs=procs, seconds=seconds), "peers": run_peers(url, steps=steps),
                "scale": run_scale(url, seconds=seconds)}
@@ -202,7 +202,7 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
 
 
 def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
-    from .scale import run_scale
+    from .bench.scale import run_scale
 
     res = run_scale(url, seconds=seconds)
     if as_json:
@@ -227,7 +227,7 @@ def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
 
 
 def _bench_peers(url: str, steps: int, as_json: bool) -> None:
-    from .torch.peers import run_peers
+    from .bench.peers import run_peers
 
     res = run_peers(url, steps=steps)
     if as_json:

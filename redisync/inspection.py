@@ -11,12 +11,12 @@ from typing import Any, Callable
 import numpy as np
 import redis
 
-from .client import Store, server_time_us
-from .codec import decode
+from .store.client import Store, server_time_us
+from .store.codec import decode
 from .errors import RedisyncError
-from .keys import ROOT, run_of
-from .schema import MergeSpec
-from .semantics import split_parts
+from .store.keys import ROOT, run_of
+from .store.schema import MergeSpec
+from .store.semantics import split_parts
 
 
 def list_runs(client: redis.Redis) -> list[str]:

@@ -6,9 +6,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .client import RunSnapshot, Store
-from .codec import PullResult
-from .schema import MergeSpec, Schema
+from .store.client import RunSnapshot, Store
+from .store.codec import PullResult
+from .store.schema import MergeSpec, Schema
 
 
 class FleetMonitor:

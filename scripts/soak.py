@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 import redisync
-from redisync.schema import merge
-from redisync.syncer import Syncer
+from redisync.store.schema import merge
+from redisync.collector.syncer import Syncer
 
 KEY = "soak/stats"
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 import redisync
-from redisync.client import Store
+from redisync.store.client import Store
 
 REAL_URL = os.environ.get("REDISYNC_TEST_URL", "redis://127.0.0.1:6379/9")
 BACKENDS = ["embedded", "real"]

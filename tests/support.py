@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from redisync.client import Store
-from redisync.codec import decode
-from redisync.schema import MergeSpec
-from redisync.semantics import GROUP, ReferenceFold, summed
+from redisync.store.client import Store
+from redisync.store.codec import decode
+from redisync.store.schema import MergeSpec
+from redisync.store.semantics import GROUP, ReferenceFold, summed
 
 
 def _s(v) -> str:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import redisync as redisync_api
-from redisync import codec
-from redisync.client import serve_embedded
-from redisync.schema import Schema, broadcast, merge
+from redisync.store import codec
+from redisync.store.client import serve_embedded
+from redisync.store.schema import Schema, broadcast, merge
 
 from .conftest import real_redis_or_skip
 
@@ -65,7 +65,7 @@ def test_bench_json_on_real_redis(real_url):
     c = res["concurrency"]
     assert c["lua_publishes_per_s"] > 0 and c["watch_publishes_per_s"] > 0
     assert set(res["targets"]) >= {"publish_64_over_ping<=1.5", "server_fold_ns_per_value<=200"}
-    from redisync.bench import PHASES
+    from redisync.bench.core import PHASES
 
     profile = res["fold_profile_us"]["1024"]  # every phase of the fold, read off the server's clock
     assert list(profile) == [name for name, _ in PHASES] and all(v >= 0 for v in profile.values())

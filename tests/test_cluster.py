@@ -14,7 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import redisync
-from redisync.schema import Schema, broadcast, merge
+from redisync.store.schema import Schema, broadcast, merge
 
 from .servers import RedisProcess, free_cluster_port
 

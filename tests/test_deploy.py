@@ -14,7 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import redisync
-from redisync.schema import Schema, merge
+from redisync.store.schema import Schema, merge
 
 from .servers import RedisProcess, free_port
 

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redisync import errors
-from redisync.codec import encode
-from redisync.schema import Schema, broadcast, merge
-from redisync.semantics import ReferenceFold
+from redisync.store.codec import encode
+from redisync.store.schema import Schema, broadcast, merge
+from redisync.store.semantics import ReferenceFold
 
 from .conftest import new_store
 from .support import assert_same_state, envelope, lua_state, reference_state, send_as

@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 import redisync
-from redisync.torch import AverageEpisodeLength
+from redisync.terms.torch import AverageEpisodeLength
 
 from .conftest import framework_or_skip
 

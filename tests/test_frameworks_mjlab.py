@@ -42,7 +42,7 @@ def readme_collector() -> str:
     return re.search(r"```python\n(.*?)```", text[text.index(README_MARKER):], re.S).group(1)
 
 
-def slots(store: redisync.client.Store, key: str) -> set[str]:
+def slots(store: redisync.store.client.Store, key: str) -> set[str]:
     """The shard ids with a slot in a merge key (its metadata hash, as an operator sees it)."""
     return {m.group(1) for f in store.key_info(key) if (m := re.fullmatch(r"slot:(\d+):incarnation", f))}
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from redisync import errors
-from redisync.codec import parse_publish
-from redisync.schema import Limits, Schema, broadcast, merge
+from redisync.store.codec import parse_publish
+from redisync.store.schema import Limits, Schema, broadcast, merge
 
 from .conftest import new_store
 

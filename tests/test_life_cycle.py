@@ -18,9 +18,9 @@ import torch
 
 import redisync
 from redisync import errors
-from redisync.schema import Schema, broadcast, merge
-from redisync.syncer import Syncer
-from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
+from redisync.store.schema import Schema, broadcast, merge
+from redisync.collector.syncer import Syncer
+from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
 from .support import wait_for
 
@@ -384,7 +384,7 @@ def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
         raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
 
     syncer.shard.publish = out_of_memory
-    with caplog.at_level(logging.ERROR, logger="redisync.syncer"):
+    with caplog.at_level(logging.ERROR, logger="redisync.collector.syncer"):
         other = store.shard(1)
         for i in range(5):
             syncer.on_step()
@@ -410,7 +410,7 @@ def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog
     assert syncer.wait_synced(timeout=10)
     store.delete()  # the store restarts, and another trainer registers the run first
     redisync.connect(None if store.url == "embedded" else store.url, run=store.run).register({"obs/n": merge(30, lifecycle="history")})
-    with caplog.at_level(logging.ERROR, logger="redisync.syncer"):
+    with caplog.at_level(logging.ERROR, logger="redisync.collector.syncer"):
         for _ in range(5):
             syncer.on_step()
             time.sleep(0.1)
@@ -475,7 +475,7 @@ def test_a_report_for_an_unknown_run_creates_no_key(make_store):
 def test_the_fold_accepts_exactly_the_run_names_the_client_accepts(make_store):
     store = make_store()
     store.register({"obs/n": merge(1, lifecycle="history")})
-    from redisync.codec import parse_publish
+    from redisync.store.codec import parse_publish
 
     for forged in ("redisync:{a b}:meta", "redisync:{" + "x" * 129 + "}:meta", "redisync:{a/b}:meta"):
         reply = store.scripts.fold(keys=[forged], args=["x"])

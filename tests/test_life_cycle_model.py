@@ -3,7 +3,7 @@
 Rules: publish, duplicate, crash, fresh restart, resume from a checkpoint, restart on a host whose
 clock is behind, a zombie of an earlier life, stale slots, a store restart without persistence, a
 crash that loses the tail of the append-only file, restores into the same and into another run, and a
-fold racing a restore. The model is the reference fold (``redisync.semantics``) plus, per shard, the
+fold racing a restore. The model is the reference fold (``redisync.store.semantics``) plus, per shard, the
 process that lives there and the cumulative statistics it would report. After every step, on fakeredis
 and on the real Redis: the store equals the model; every aggregate is within the exactness bound of
 the live slots; every live process' slot holds its latest report (nothing counted twice, nothing
@@ -27,9 +27,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import redisync
 from redisync import errors
-from redisync.codec import encode
-from redisync.schema import MergeSpec, Schema, broadcast, merge
-from redisync.semantics import ReferenceFold
+from redisync.store.codec import encode
+from redisync.store.schema import MergeSpec, Schema, broadcast, merge
+from redisync.store.semantics import ReferenceFold
 
 from .conftest import backend_url
 from .support import assert_same_state, lua_state, reference_state

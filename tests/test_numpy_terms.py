@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from redisync import numpy as rnp
+from redisync.terms import numpy as rnp
 from redisync.errors import InvalidSchema
-from redisync.seam import schema_of
-from redisync.torch import AdaptiveMotionSampler as TorchSampler
+from redisync.collector.seam import schema_of
+from redisync.terms.torch import AdaptiveMotionSampler as TorchSampler
 
 from .support import sync
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from redisync.torch.peers import STRAGGLE_EVERY, STRAGGLE_S, Scenario, measure, run_peers
+from redisync.bench.peers import STRAGGLE_EVERY, STRAGGLE_S, Scenario, measure, run_peers
 
 pytestmark = pytest.mark.integration  # starts collector processes (and gloo process groups)
 

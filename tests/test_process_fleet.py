@@ -8,7 +8,7 @@ import pytest
 import redisync
 from redisync.errors import ConfigurationError
 from redisync.integrations import ProcessFleet, shard_from_env, store_from_env
-from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
+from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
 
 def test_the_fleet_starts_at_the_first_step_with_every_term_added_before(make_store):
@@ -47,4 +47,4 @@ def test_the_environment_names_the_store_and_the_shard(monkeypatch, real_url):
     with pytest.raises(ConfigurationError, match="REDISYNC_SHARD"):
         shard_from_env()
     monkeypatch.delenv("REDISYNC_URL")
-    assert store_from_env().url == redisync.client.EMBEDDED
+    assert store_from_env().url == redisync.store.client.EMBEDDED

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 import redisync
-from redisync import codec
-from redisync.torch.sampler import grouped_probabilities
+from redisync.store import codec
+from redisync.terms.torch.sampler import grouped_probabilities
 
 from .conftest import backend_url
 
@@ -66,7 +66,7 @@ def _block_after(marker: str) -> str:
 def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
     import subprocess
 
-    from redisync.schema import Schema, broadcast, merge
+    from redisync.store.schema import Schema, broadcast, merge
 
     run = "readme-cli-check"
     store = redisync.connect(real_url, run=run)

@@ -11,9 +11,9 @@ import numpy as np
 
 import redisync
 from redisync import errors
-from redisync.codec import encode
-from redisync.schema import Schema, broadcast, merge
-from redisync.semantics import ReferenceFold
+from redisync.store.codec import encode
+from redisync.store.schema import Schema, broadcast, merge
+from redisync.store.semantics import ReferenceFold
 
 from .faults import ReplyDroppingProxy
 from .servers import RedisProcess

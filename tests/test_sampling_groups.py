@@ -13,8 +13,8 @@ import torch
 
 from redisync.errors import InvalidSchema
 from redisync.learner import FleetMonitor
-from redisync.seam import schema_of
-from redisync.torch import AdaptiveMotionSampler
+from redisync.collector.seam import schema_of
+from redisync.terms.torch import AdaptiveMotionSampler
 
 from .support import sync
 

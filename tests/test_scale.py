@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from redisync import merge
-from redisync.scale import CORE_BUDGET, fleet_estimate, fleet_load, fold_and_pull, memory, throughput
+from redisync.bench.scale import CORE_BUDGET, fleet_estimate, fleet_load, fold_and_pull, memory, throughput
 
 pytestmark = pytest.mark.integration  # publisher processes against the real Redis
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from redisync import errors
-from redisync.schema import Limits, Schema, broadcast, merge, validate_reports
+from redisync.store.schema import Limits, Schema, broadcast, merge, validate_reports
 
 SCHEMA = Schema.of(
     {

@@ -10,7 +10,7 @@ import redis
 
 import redisync
 from redisync import errors
-from redisync.schema import Schema, broadcast, merge
+from redisync.store.schema import Schema, broadcast, merge
 
 from .servers import RedisProcess
 

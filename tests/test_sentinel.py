@@ -12,7 +12,7 @@ from redis.retry import Retry
 
 import redisync
 from redisync import errors
-from redisync.schema import Schema, merge
+from redisync.store.schema import Schema, merge
 
 from .servers import RedisProcess, free_port
 

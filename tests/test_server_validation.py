@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from redisync import errors
-from redisync.codec import encode, parse_publish
-from redisync.schema import Limits, Schema, broadcast, merge
+from redisync.store.codec import encode, parse_publish
+from redisync.store.schema import Limits, Schema, broadcast, merge
 
 SCHEMA = Schema.of(
     {

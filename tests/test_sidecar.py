@@ -17,8 +17,8 @@ import pytest
 
 import redisync
 from redisync import errors, merge
-from redisync.mailbox import OUTBOX, Mailbox, MailboxFull
-from redisync.syncer import Syncer
+from redisync.collector.mailbox import OUTBOX, Mailbox, MailboxFull
+from redisync.collector.syncer import Syncer
 
 from .support import wait_for
 
@@ -103,7 +103,7 @@ def test_the_sidecar_is_only_used_where_stores_stay_in_order(monkeypatch):
     """Its seqlocks have no fences: on a CPU that may reorder stores (aarch64) auto takes the thread."""
     import platform
 
-    from redisync.sidecar import SidecarSyncer
+    from redisync.collector.sidecar import SidecarSyncer
 
     store = redisync.connect("redis://127.0.0.1:6379/9", run="never-started")
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
@@ -153,8 +153,8 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
         import sys, time
         sys.path.insert(0, {os.getcwd()!r})
         import redisync
-        from redisync.syncer import Syncer
-        from redisync.torch import AdaptiveMotionSampler
+        from redisync.collector.syncer import Syncer
+        from redisync.terms.torch import AdaptiveMotionSampler
         from tests.test_sidecar import Cumulative
         terms = [Cumulative(), AdaptiveMotionSampler(500, 0.02)]
         syncer = Syncer(redisync.connect({real_url!r}, run={run!r}), 0, terms, worker="process").start()
@@ -223,7 +223,7 @@ def _never(*_):
 def _shared_terms(shard: int):
     import torch
 
-    from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
+    from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
     sampler = AdaptiveMotionSampler(500, 0.02, mode="pooled", shard_id=shard)
     norm = SyncedEmpiricalNormalization(4, mode="pooled")
@@ -344,7 +344,7 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
 def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url):
     import torch
 
-    from redisync.torch import SyncedEmpiricalNormalization
+    from redisync.terms.torch import SyncedEmpiricalNormalization
 
     store = redisync.connect(real_url, run=f"sidecar-learner-{os.getpid()}")
     learner = SyncedEmpiricalNormalization(3, mode="learner", writer=True)

@@ -21,8 +21,8 @@ import pytest
 import redis
 
 import redisync
-from redisync.mailbox import SIDECAR_PID
-from redisync.syncer import Syncer
+from redisync.collector.mailbox import SIDECAR_PID
+from redisync.collector.syncer import Syncer
 
 from .faults import HoldingProxy
 from .servers import RedisProcess
@@ -213,7 +213,7 @@ import json, os, sys, time
 sys.path.insert(0, {root!r})
 import numpy as np, torch, redisync
 from redisync.integrations import ProcessFleet
-from redisync.torch import AdaptiveMotionSampler
+from redisync.terms.torch import AdaptiveMotionSampler
 from tests.test_sidecar import Cumulative
 store = redisync.connect({url!r}, run={run!r})
 term, sampler = Cumulative(), AdaptiveMotionSampler(100, 0.02, shard_id=0, rebuild_tol=0.0, dtype=torch.float64)
@@ -270,7 +270,7 @@ def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sideca
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         import redisync
-        from redisync.syncer import Syncer
+        from redisync.collector.syncer import Syncer
         from tests.test_sidecar import Cumulative
         store = redisync.connect({real_url!r}, run={run!r})
         term = Cumulative()
@@ -378,7 +378,7 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
         import redisync
-        from redisync.syncer import Syncer
+        from redisync.collector.syncer import Syncer
         from tests.test_sidecar import Cumulative
         Syncer(redisync.connect({real_url!r}, run={run!r}), 5, [Cumulative()], worker="thread").start()
         print("started", flush=True)

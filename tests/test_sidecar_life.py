@@ -34,9 +34,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 import redisync
-from redisync.mailbox import SIDECAR_PID, STOP
-from redisync.syncer import Syncer
-from redisync.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
+from redisync.collector.mailbox import SIDECAR_PID, STOP
+from redisync.collector.syncer import Syncer
+from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
 from .faults import HoldingProxy
 from .servers import RedisProcess

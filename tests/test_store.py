@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import redisync
-from redisync import codec, errors
-from redisync.client import RunSnapshot
-from redisync.schema import Limits, Schema, broadcast, merge
+from redisync import errors
+from redisync.store import codec
+from redisync.store.client import RunSnapshot
+from redisync.store.schema import Limits, Schema, broadcast, merge
 
 SCHEMA = Schema.of(
     {
@@ -31,11 +32,11 @@ def test_first_registration_wins_and_a_different_schema_is_refused(make_store):
     store = make_store()
     first = store.register(SCHEMA)
     assert first.created
-    again = redisync.client.Store(store.redis, store.run).register(SCHEMA)
+    again = redisync.store.client.Store(store.redis, store.run).register(SCHEMA)
     assert not again.created and again.epoch == first.epoch
     other = Schema.of({**SCHEMA.keys, "obs/norm": merge(3, sumsq=True, lifecycle="history")})
     with pytest.raises(errors.SchemaMismatch) as info:
-        redisync.client.Store(store.redis, store.run).register(other)
+        redisync.store.client.Store(store.redis, store.run).register(other)
     assert info.value.key == "obs/norm" and "shape=(3,) here, (2,) registered" in str(info.value)
 
 
@@ -75,7 +76,7 @@ def test_a_retried_report_is_folded_once(make_store):
     store = make_store()
     store.register(SCHEMA)
     a = store.shard(0)
-    payloads = {"motion/bin_failed": redisync.codec.encode([np.ones(1), np.full(4, 2.0)])}
+    payloads = {"motion/bin_failed": redisync.store.codec.encode([np.ones(1), np.full(4, 2.0)])}
     assert a.publish_payloads(payloads, seq=1).status == "applied"
     dup = a.publish_payloads(payloads, seq=1)
     assert dup.status == "duplicate" and dup.fleet_version == 1

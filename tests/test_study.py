@@ -260,8 +260,8 @@ def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
 
     import redisync
     from redisync.study.fleet import DriftProbe, fleet_drift
-    from redisync.syncer import Syncer
-    from redisync.torch import AdaptiveMotionSampler
+    from redisync.collector.syncer import Syncer
+    from redisync.terms.torch import AdaptiveMotionSampler
 
     url = real_redis_or_skip() if backend == "real" else None
     store = redisync.connect(url, run=f"t-drift-{uuid.uuid4().hex[:8]}")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import redisync
-from redisync.syncer import Syncer
-from redisync.torch import AdaptiveMotionSampler, PenaltyCurriculum, SyncedEmpiricalNormalization
+from redisync.collector.syncer import Syncer
+from redisync.terms.torch import AdaptiveMotionSampler, PenaltyCurriculum, SyncedEmpiricalNormalization
 
 from .conftest import backend_url
 from .servers import RedisProcess

@@ -10,7 +10,7 @@ import pytest
 
 import redisync
 from redisync import errors
-from redisync.schema import Schema, merge
+from redisync.store.schema import Schema, merge
 
 from .servers import RedisProcess, free_port
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from redisync.schema import Schema
-from redisync.seam import schema_of
-from redisync.torch import (
+from redisync.store.schema import Schema
+from redisync.collector.seam import schema_of
+from redisync.terms.torch import (
     AdaptiveMotionSampler,
     AverageEpisodeLength,
     PenaltyCurriculum,

@@ -3,7 +3,7 @@ normaliser (:mod:`.rsl_rl`), holosoma's curriculum sync (:mod:`.holosoma`). Each
 framework, so import the one you use.
 
 A shard id is claimed once per process, so the terms of every integration in a process go through
-one :class:`~redisync.syncer.Syncer`: each integration adds its terms to the process's
+one :class:`~redisync.collector.syncer.Syncer`: each integration adds its terms to the process's
 :class:`ProcessFleet`, which starts the Syncer at the first env step, when the environment and the
 runner have both been built. The environment names the store and the shard:
 
@@ -17,10 +17,10 @@ import atexit
 import os
 from typing import Any
 
-from ..client import Store, connect
+from ..store.client import Store, connect
 from ..errors import ConfigurationError
-from ..seam import SyncedTerm
-from ..syncer import Syncer
+from ..collector.seam import SyncedTerm
+from ..collector.syncer import Syncer
 
 ENV_RUN, ENV_SHARD = "REDISYNC_RUN", "REDISYNC_SHARD"
 

@@ -28,9 +28,9 @@ from typing import Any, Literal, Mapping
 import torch
 from holosoma.managers.curriculum.terms.locomotion import AverageEpisodeLengthTracker, PenaltyCurriculum
 
-from ..codec import PullResult
+from ..store.codec import PullResult
 from ..errors import ConfigurationError
-from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ..store.schema import BroadcastSpec, MergeSpec, broadcast, merge
 from . import ProcessFleet, process_fleet
 
 

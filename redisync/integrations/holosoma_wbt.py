@@ -35,9 +35,9 @@ from holosoma.agents.fast_sac.fast_sac_utils import EmpiricalNormalization as Fa
 from holosoma.managers.command.terms.wbt import AdaptiveTimestepsSampler
 
 from ..errors import ConfigurationError
-from ..torch.normalization import Mode as NormMode
-from ..torch.normalization import SyncedEmpiricalNormalization
-from ..torch.sampler import AdaptiveMotionSampler
+from ..terms.torch.normalization import Mode as NormMode
+from ..terms.torch.normalization import SyncedEmpiricalNormalization
+from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, process_fleet
 
 SyncMode = Literal["local", "pooled", "broadcast"]

@@ -4,7 +4,7 @@ the collectors of a fleet.
 mjlab's ``MotionCommand`` (BeyondMimic's algorithm) keeps its per-bin failure EMA,
 ``bin_failed_count``, per process and never syncs it, so N collectors sample start frames from N
 different distributions, each with a uniform share N times too large. :class:`SyncedMotionCommand`
-is mjlab's class with the EMA held by an :class:`~redisync.torch.AdaptiveMotionSampler`: mjlab's
+is mjlab's class with the EMA held by an :class:`~redisync.terms.torch.AdaptiveMotionSampler`: mjlab's
 own code records the failures, folds the EMA and draws the starts, and at a reset it reads the
 sampler's view of the fleet's EMA instead of its own. Switch it on in the task config:
 
@@ -32,8 +32,8 @@ import torch
 from mjlab.tasks.tracking.mdp import MotionCommand, MotionCommandCfg
 
 from ..errors import ConfigurationError
-from ..schema import Lifecycle
-from ..torch.sampler import AdaptiveMotionSampler
+from ..store.schema import Lifecycle
+from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, process_fleet
 
 SyncMode = Literal["local", "pooled", "broadcast"]

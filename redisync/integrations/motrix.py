@@ -40,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ConfigurationError
-from ..numpy import FailureEma
+from ..terms.numpy import FailureEma
 from . import ProcessFleet, process_fleet
 
 SyncMode = Literal["local", "pooled", "broadcast"]

@@ -24,7 +24,7 @@ from rsl_rl.modules import EmpiricalNormalization
 from torch import nn
 
 from ..errors import ConfigurationError
-from ..torch.normalization import Mode, SyncedEmpiricalNormalization
+from ..terms.torch.normalization import Mode, SyncedEmpiricalNormalization
 from . import ProcessFleet, process_fleet
 
 KEY_PREFIX = "rsl_rl"

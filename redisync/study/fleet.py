@@ -1,7 +1,7 @@
 """One training run: N collector shards feeding one SAC learner, their curriculum synced per arm.
 
 Each shard is a collector as in a distributed trainer — its own envs, its own adaptive sampler and
-normaliser, its own store connection and :class:`~redisync.syncer.Syncer` — stepped in lockstep in
+normaliser, its own store connection and :class:`~redisync.collector.syncer.Syncer` — stepped in lockstep in
 one process so that a 2-core machine can run the study; the data flow (reports, pulls at reset
 boundaries, one replay buffer, the policy republished every K learner steps) is the distributed one.
 
@@ -21,12 +21,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ..client import Store, connect
+from ..store.client import Store, connect
 from ..inspection import slot_parts
-from ..schema import merge
-from ..syncer import Syncer
-from ..torch.normalization import SyncedEmpiricalNormalization
-from ..torch.sampler import AdaptiveMotionSampler, sampling_probabilities
+from ..store.schema import merge
+from ..collector.syncer import Syncer
+from ..terms.torch.normalization import SyncedEmpiricalNormalization
+from ..terms.torch.sampler import AdaptiveMotionSampler, sampling_probabilities
 from .evaluation import Evaluation
 from .learner import SAC, Actor, SACConfig
 from .task import SkillTracking, Step, TaskConfig, TrackingEnv

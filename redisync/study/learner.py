@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..torch.normalization import SyncedEmpiricalNormalization
+from ..terms.torch.normalization import SyncedEmpiricalNormalization
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 

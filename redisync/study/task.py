@@ -27,7 +27,7 @@ from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from ..torch.sampler import FPS, frames_for_bins
+from ..terms.torch.sampler import FPS, frames_for_bins
 
 KINDS = 4  # 0 = plain segment; 1, 2, 3 = skill segments, the actuation rotated by +θ, −θ, +θ (the policy knows only the kind)
 Condition = Literal["H", "X"]

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Mapping, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from . import errors
+from .. import errors
 
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}$")
 MAX_ELEMENTS = 1 << 22  # 32 MiB per vector: far beyond any curriculum state, well under Redis' 512 MB

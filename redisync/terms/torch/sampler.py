@@ -40,9 +40,9 @@ import torch
 from torch import nn
 
 from .. import formulas
-from ..codec import PullResult
-from ..schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
-from ..shared_state import NOT_SHARED, SharedState
+from ...store.codec import PullResult
+from ...store.schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
+from ...collector.shared_state import NOT_SHARED, SharedState
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
@@ -62,7 +62,7 @@ def frames_for_bins(bins: int, fps: int = FPS) -> int:
 
 
 class BinLayout(nn.Module):
-    """A :class:`~redisync.formulas.BinGeometry` as non-persistent buffers, so that it moves with
+    """A :class:`~redisync.terms.formulas.BinGeometry` as non-persistent buffers, so that it moves with
     its sampler (``.to(device)``) and adds nothing to a checkpoint."""
 
     def __init__(self, bin_counts: Sequence[int], device: torch.device | str | None = None):
@@ -84,7 +84,7 @@ def grouped_probabilities(
     ema: torch.Tensor, layout: BinLayout, uniform_ratio: float, kernel: torch.Tensor, mix: UniformMix = "code"
 ) -> torch.Tensor:
     """Every group's start-bin distribution at once from the flat EMA (vectorised, on its device):
-    ``[G, width]`` (:func:`redisync.formulas.grouped_probabilities`)."""
+    ``[G, width]`` (:func:`redisync.terms.formulas.grouped_probabilities`)."""
     return formulas.grouped_probabilities(ema, layout, uniform_ratio, kernel, TORCH, mix)
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from ..client import connect
-from ..syncer import Syncer
-from .normalization import SyncedEmpiricalNormalization
-from .sampler import FPS, AdaptiveMotionSampler, frames_for_bins
+from ..store.client import connect
+from ..collector.syncer import Syncer
+from ..terms.torch.normalization import SyncedEmpiricalNormalization
+from ..terms.torch.sampler import FPS, AdaptiveMotionSampler, frames_for_bins
 
 STEP_S = 1e-3
 REBUILD_SHAPES = ((1, 100), (1, 1000), (1, 10000), (1000, 100))  # (groups, bins per group): 1 000 motions x 100 bins last

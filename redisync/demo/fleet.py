@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .client import connect, serve_embedded
-from .errors import RedisyncError
+from ..store.client import connect, serve_embedded
+from ..errors import RedisyncError
 
 UNIFORM_RATIO = 0.1
 
@@ -80,7 +80,7 @@ class Phase:
 
 def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: bool) -> Phase:
     """One run of the fleet under ``run``; deleted at the end unless ``keep``."""
-    from .torch.demo_collector import run_collector
+    from .collector import run_collector
 
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()

@@ -1,4 +1,4 @@
-"""Collector-side terms that sync through the store; the only package that imports torch."""
+"""The collector-side terms on torch tensors (on the collector's device), synced through the store."""
 
 from .curriculum import AverageEpisodeLength, PenaltyCurriculum, TerrainLevels
 from .normalization import SyncedEmpiricalNormalization

@@ -4,15 +4,15 @@
 its hot path; everything that sends, receives and decodes runs in a sidecar process with an
 interpreter lock of its own, so it can never hold the collector's. The two meet in shared memory:
 
-- terms that share their state (:mod:`redisync.shared_state`: the sampler, the normaliser's
+- terms that share their state (:mod:`redisync.collector.shared_state`: the sampler, the normaliser's
   report) update their buffers there in place; ``on_step()`` only counts steps, the sidecar copies
   the buffers when a publish is due, and ``at_reset_boundary()`` takes a newer staged fleet state
   with one checked copy — a counter and a copy, no lock, no syscall;
-- other terms cross a :class:`~redisync.mailbox.Mailbox`: ``on_step()`` copies their reports into
+- other terms cross a :class:`~redisync.collector.mailbox.Mailbox`: ``on_step()`` copies their reports into
   the outbox when a publish is due, ``at_reset_boundary()`` applies a newer fleet state the sidecar
   left decoded in the inbox.
 
-Inside the sidecar a thread-worker :class:`~redisync.syncer.Syncer` with one :class:`MailboxTerm`
+Inside the sidecar a thread-worker :class:`~redisync.collector.syncer.Syncer` with one :class:`MailboxTerm`
 does the work, so re-seeding after a store restart, the life-cycle rules, retries and the
 subscription are the same code as the thread worker's.
 
@@ -54,12 +54,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import errors
-from .client import Store, connect
-from .codec import KeyView, PullResult
+from .. import errors
+from ..store.client import Store, connect
+from ..store.codec import KeyView, PullResult
 from .mailbox import (DONE, FLUSH, FLUSHED, HANDED, HEARTBEAT_MS, INBOX, INCARNATION, OUTBOX, SEQ, SIDECAR_PID, STATUS, STEPS,
                       STOP, Mailbox, MailboxFull, pack_handed, unpack_handed)
-from .schema import Schema
+from ..store.schema import Schema
 from .seam import SyncedTerm
 from .shared_state import SharedState, SidecarState
 from .syncer import Syncer, _live
@@ -140,7 +140,7 @@ class SidecarSyncer(Syncer):
         self._status: dict[str, Any] = {}
         self._status_seq = 0
         self._header: Any = None  # the mailbox's header once started: on_step counts steps there
-        self._shared: SharedState | None = None  # the shared terms' buffers (see redisync.shared_state)
+        self._shared: SharedState | None = None  # the shared terms' buffers (see redisync.collector.shared_state)
         self._handed: list[SyncedTerm] = self.terms  # the terms handed decoded fleet states
         self._flush_request = 0
         self._owed = False  # a report fell due while the sidecar was busy and was not handed over yet
@@ -325,7 +325,7 @@ class SidecarSyncer(Syncer):
         # the sidecar imports redisync from wherever this process does (a source tree on sys.path included)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(_import_path()))
         try:
-            process = subprocess.Popen([sys.executable, "-m", "redisync.sidecar"], stdin=subprocess.PIPE, close_fds=True,
+            process = subprocess.Popen([sys.executable, "-m", "redisync.collector.sidecar"], stdin=subprocess.PIPE, close_fds=True,
                                        pass_fds=(read_end,), env=env)
         finally:
             os.close(read_end)

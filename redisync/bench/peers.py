@@ -68,9 +68,9 @@ def _free_port() -> int:
 
 
 def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | None, run: str, out: Any) -> None:
-    from ..client import connect
-    from ..syncer import Syncer
-    from .sampler import AdaptiveMotionSampler
+    from ..store.client import connect
+    from ..collector.syncer import Syncer
+    from ..terms.torch.sampler import AdaptiveMotionSampler
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(rank)
@@ -162,7 +162,7 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
             if p.is_alive():
                 p.kill()
         if url is not None and not scenario.mode.startswith("gloo"):
-            from ..client import connect
+            from ..store.client import connect
 
             connect(url, run=run).delete()
     steps_kept = [s for _, _, ss, _, _ in results if ss is not None for s in ss]

@@ -5,7 +5,7 @@ shifted by a fixed ``offset`` c where cancellation matters) and reports them to 
 (the ``history`` lifecycle: a restart's previous life stays counted). ``mean`` and ``std`` — arrays
 the caller may own, written in place for a kernel that reads them — hold the moments of the
 fleet's statistics as last pulled plus the shard's own up to now (``pooled``), or of the shard's
-own (``local``). The moments come from :func:`redisync.formulas.moments`, as the torch term's do.
+own (``local``). The moments come from :func:`redisync.terms.formulas.moments`, as the torch term's do.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Literal, Mapping
 import numpy as np
 
 from .. import formulas
-from ..codec import PullResult
-from ..errors import InvalidSchema
-from ..schema import MergeSpec, merge
+from ...store.codec import PullResult
+from ...errors import InvalidSchema
+from ...store.schema import MergeSpec, merge
 from .sampler import _caller_array
 
 Mode = Literal["local", "pooled"]

@@ -16,7 +16,7 @@ notices the new :attr:`SharedState.applied` version when it next reads. No decod
 objects per key on the collector.
 
 A term opts in with ``share_report(shared) -> bool`` and ``share_fleet(shared) -> bool`` (see
-:mod:`redisync.seam`). One that does not (or cannot: a buffer on an accelerator, a report that is
+:mod:`redisync.collector.seam`). One that does not (or cannot: a buffer on an accelerator, a report that is
 not a slice of its state) stays on the copy path: its reports cross the mailbox's outbox and it
 is handed decoded fleet states, as with the thread worker.
 """
@@ -28,11 +28,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .codec import PullResult
-from .errors import InvalidSchema
+from ..store.codec import PullResult
+from ..errors import InvalidSchema
 from .mailbox import Block, map_block, privatize
-from .schema import MergeSpec, Schema
-from .semantics import split_parts
+from ..store.schema import MergeSpec, Schema
+from ..store.semantics import split_parts
 
 CONTROL_BYTES = 64  # a seqlock's sequence number and a version (int64s), alone on a cache line
 

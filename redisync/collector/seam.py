@@ -1,11 +1,11 @@
 """The seam between a stateful training term and the store.
 
 A term (the adaptive frame sampler, a normaliser, a curriculum) declares the keys it syncs,
-reports what its shard saw, and applies the fleet state it is handed. The :class:`~redisync.syncer.Syncer`
+reports what its shard saw, and applies the fleet state it is handed. The :class:`~redisync.collector.syncer.Syncer`
 calls these three methods and nothing else, so any term of a user's own can join.
 
 With the process worker a term may also keep its state in shared memory, which takes the report
-and the fleet state off the collector's hot path (:mod:`redisync.shared_state`):
+and the fleet state off the collector's hot path (:mod:`redisync.collector.shared_state`):
 
 - ``share_report(shared) -> bool``: move the buffers the reports are made of into
   ``shared.array(...)``, declare the parts with ``shared.report(key, ...)``, and bracket every
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
-from .codec import PullResult
-from .errors import InvalidSchema
-from .schema import BroadcastSpec, MergeSpec, Schema
+from ..store.codec import PullResult
+from ..errors import InvalidSchema
+from ..store.schema import BroadcastSpec, MergeSpec, Schema
 
 
 @runtime_checkable

@@ -19,9 +19,9 @@ from typing import Any, Literal, Mapping
 import numpy as np
 import torch
 
-from ..codec import PullResult
-from ..errors import InvalidSchema
-from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ...store.codec import PullResult
+from ...errors import InvalidSchema
+from ...store.schema import BroadcastSpec, MergeSpec, broadcast, merge
 
 
 def _check_mode(mode: str, allowed: tuple[str, ...]) -> None:

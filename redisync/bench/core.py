@@ -16,10 +16,10 @@ from typing import Any, Callable
 import numpy as np
 import redis
 
-from .client import Store, connect
-from .codec import decode, encode
-from .errors import RedisyncError
-from .schema import Limits, Schema, merge
+from ..store.client import Store, connect
+from ..store.codec import decode, encode
+from ..errors import RedisyncError
+from ..store.schema import Limits, Schema, merge
 
 SIZES = (64, 1024, 16384)
 KEY = "bench/stats"
@@ -135,7 +135,7 @@ PHASES = (
 
 def _profiled_fold() -> str:
     """fold.lua with ``TIME`` read before each phase, returning the readings instead of its reply."""
-    from .client import _LUA
+    from ..store.client import _LUA
 
     lines, out = _LUA.joinpath("fold.lua").read_text().split("\n"), []
     out.append("local __t = {} local function __mark() local t = redis.call('TIME') "
@@ -288,7 +288,7 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
     result: dict[str, Any] = {"url": url or "embedded", "calls": calls, "ping_us": ping, "sizes": sizes, "concurrency": conc,
                               "fold_profile_us": {n: fold_profile(url, n) for n in (64, 1024)}}
     try:
-        from .torch.bench import measure_collector_overhead, measure_rebuild
+        from .terms import measure_collector_overhead, measure_rebuild
     except ImportError:  # torch is an optional dependency
         result["collector"] = None
     else:

@@ -30,9 +30,9 @@ import weakref
 from collections import deque
 from typing import Any, Mapping, Sequence
 
-from . import errors
-from .client import Store
-from .codec import PullResult
+from .. import errors
+from ..store.client import Store
+from ..store.codec import PullResult
 from .seam import SyncedTerm, schema_of
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def stores_in_order() -> bool:
 
 
 class Syncer:
-    """``worker="process"`` runs the network in a sidecar process of its own (:mod:`redisync.sidecar`),
+    """``worker="process"`` runs the network in a sidecar process of its own (:mod:`redisync.collector.sidecar`),
     which keeps the collector's interpreter lock free for its hot path; ``worker="thread"`` in a
     thread of the collector's process. ``"auto"`` (the default) takes the sidecar for a Redis URL and
     the thread for the embedded store, which lives inside the process. Same API, same rules.

@@ -1,6 +1,6 @@
 """The terms' formulas, written once for numpy arrays and torch tensors.
 
-The torch terms (:mod:`redisync.torch`) and the numpy terms (:mod:`redisync.numpy`) hold their
+The torch terms (:mod:`redisync.terms.torch`) and the numpy terms (:mod:`redisync.terms.numpy`) hold their
 state in different array types; what they compute from it — a time step's bin, the failure EMA's
 step, the start-bin distributions of G groups, the group draw's weights, a normaliser's moments
 from its pooled sums — is defined here, against the few operations where the two libraries differ
@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, Sequence
 
 import numpy as np
 
-from .errors import InvalidSchema
+from ..errors import InvalidSchema
 
 UniformMix = Literal["code", "paper"]
 MIXES = ("code", "paper")

@@ -12,7 +12,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from . import errors
+from .. import errors
 from .schema import BroadcastSpec, MergeSpec, Schema, coerce_report
 from .semantics import moments, own_substituted, split_parts
 

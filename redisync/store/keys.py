@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import InvalidSchema
+from ..errors import InvalidSchema
 
 ROOT = "redisync"
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")

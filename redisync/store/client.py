@@ -24,14 +24,15 @@ from pydantic import BaseModel, ConfigDict
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from . import codec, errors, semantics
+from .. import errors
+from . import codec, semantics
 from .keys import RunKeys
 from .schema import Limits, Schema, validate_reports
 
 ENV_URL = "REDISYNC_URL"
 EMBEDDED = "embedded"
 
-_LUA = importlib.resources.files("redisync") / "lua"
+_LUA = importlib.resources.files("redisync.store") / "lua"
 _embedded_lock = threading.Lock()
 _embedded_server: Any = None
 
@@ -606,7 +607,7 @@ class ShardClient:
     def continue_from(self, epoch_tag: int, version: int) -> None:
         """Carry on from another process serving this shard (a restarted sidecar): the newest fleet
         state it handed over was ``version`` of the epoch with ``epoch_tag``
-        (:func:`redisync.codec.epoch_tag`), so an older state of that epoch is lost writes here too."""
+        (:func:`redisync.store.codec.epoch_tag`), so an older state of that epoch is lost writes here too."""
         self.highest_version = max(self.highest_version, version)
         self._continued_epoch = epoch_tag
 

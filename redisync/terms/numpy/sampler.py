@@ -1,7 +1,7 @@
 """The adaptive start-frame sampler for numpy (and numba) environments, synced.
 
-The same algorithm as :class:`redisync.torch.AdaptiveMotionSampler` — its formulas are
-:mod:`redisync.formulas`, shared with the torch term — for an environment whose state is numpy
+The same algorithm as :class:`redisync.terms.torch.AdaptiveMotionSampler` — its formulas are
+:mod:`redisync.terms.formulas`, shared with the torch term — for an environment whose state is numpy
 arrays that compiled kernels read. Such an environment cannot have its arrays rebound (a kernel
 holds the old one), so the sampler writes into arrays the caller owns, **in place**:
 
@@ -23,9 +23,9 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 
 from .. import formulas
-from ..codec import PullResult
-from ..errors import InvalidSchema
-from ..schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
+from ...store.codec import PullResult
+from ...errors import InvalidSchema
+from ...store.schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
 
 Mode = Literal["local", "pooled", "broadcast"]
 MODES = ("local", "pooled", "broadcast")

@@ -1,4 +1,4 @@
-"""The torch spelling of the operations the shared formulas (:mod:`redisync.formulas`) need."""
+"""The torch spelling of the operations the shared formulas (:mod:`redisync.terms.formulas`) need."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from torch import nn
 
 
 class TorchOps:
-    """:class:`~redisync.formulas.ArrayOps` for torch tensors (the formulas are :mod:`redisync.formulas`)."""
+    """:class:`~redisync.terms.formulas.ArrayOps` for torch tensors (the formulas are :mod:`redisync.terms.formulas`)."""
 
     def cat(self, parts, axis):
         return torch.cat(list(parts), dim=axis)

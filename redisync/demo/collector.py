@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..client import connect
-from ..syncer import Syncer
-from .sampler import FPS, AdaptiveMotionSampler, frames_for_bins
+from ..store.client import connect
+from ..collector.syncer import Syncer
+from ..terms.torch.sampler import FPS, AdaptiveMotionSampler, frames_for_bins
 
 
 @dataclass(frozen=True)

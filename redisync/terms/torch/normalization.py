@@ -32,10 +32,10 @@ import torch
 from torch import nn
 
 from .. import formulas
-from ..codec import PullResult
-from ..errors import InvalidSchema
-from ..schema import BroadcastSpec, MergeSpec, broadcast, merge
-from ..shared_state import NOT_SHARED, SharedState
+from ...store.codec import PullResult
+from ...errors import InvalidSchema
+from ...store.schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ...collector.shared_state import NOT_SHARED, SharedState
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "learner"]

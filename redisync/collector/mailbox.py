@@ -10,8 +10,8 @@ A slot holds the latest message only (older ones are replaced), which is what cu
 a versioned fleet state want. The header also carries a few counters the two sides share (the stop
 request, the last report the store answered for, the sequence number reserved before a fold is
 sent, the newest fleet state handed to the collector, the sidecar's heartbeat, the collector's steps
-and flush requests for the shared terms of :mod:`redisync.shared_state`): what a restarted sidecar
-must know lives here, never in the sidecar (see :mod:`redisync.sidecar` for the invariants).
+and flush requests for the shared terms of :mod:`redisync.collector.shared_state`): what a restarted sidecar
+must know lives here, never in the sidecar (see :mod:`redisync.collector.sidecar` for the invariants).
 
 Blocks are anonymous memory files (``memfd_create``), named by their ``/proc/<pid>/fd/<n>`` path
 while the creator lives: the kernel frees one when the last process holding it exits, whatever
@@ -28,8 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .codec import epoch_tag
-from .errors import RedisyncError
+from ..store.codec import epoch_tag
+from ..errors import RedisyncError
 
 HEADER = 32  # int64 fields
 # header fields
