@@ -1,8 +1,10 @@
 """redisync: a Redis-backed, versioned fleet state store for the collectors of a distributed RL trainer."""
 
+from .collector.syncer import Syncer
+from .collector.workers import new_syncer
+from .errors import RedisyncError
 from .store.client import RunSnapshot, ShardClient, Store, connect
 from .store.codec import KeyView, PublishResult, PullResult
-from .errors import RedisyncError
 from .store.schema import BroadcastReport, Limits, MergeReport, Schema, broadcast, merge
 
 __all__ = [
@@ -17,8 +19,10 @@ __all__ = [
     "Schema",
     "ShardClient",
     "Store",
+    "Syncer",
     "broadcast",
     "connect",
     "merge",
+    "new_syncer",
 ]
 __version__ = "0.1.0"

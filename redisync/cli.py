@@ -20,8 +20,8 @@ import redis
 from pydantic import ValidationError
 
 from . import errors
-from .store.client import ENV_URL, EMBEDDED, RunSnapshot, connect, masked_url
 from .inspection import describe_run, describe_runs, drift, shard_ages
+from .store.client import EMBEDDED, ENV_URL, RunSnapshot, connect, masked_url
 
 URL = click.option("--url", envvar=ENV_URL, default=None,
                    help=f"redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL (env {ENV_URL}); unset: embedded")
@@ -81,8 +81,8 @@ def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: i
          no_progress: bool) -> None:
     """A fleet of collector processes with adaptive motion samplers, sync off then on."""
     _needs("demo")
-    from .demo.fleet import inspect_commands, run_demo
     from .demo.collector import FleetConfig
+    from .demo.fleet import inspect_commands, run_demo
 
     keep = keep or url is not None
     if url is not None:
@@ -149,8 +149,8 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     if (peers or scale or everything) and url is None:
         raise click.UsageError("--peers, --scale and --all need a Redis (--url or REDISYNC_URL)")
     if everything and as_json:
-        from .bench.scale import run_scale
         from .bench.peers import run_peers
+        from .bench.scale import run_scale
 
         doc = {"core": run_all(url, calls=calls, procs=procs, seconds=seconds), "peers": run_peers(url, steps=steps),
                "scale": run_scale(url, seconds=seconds)}

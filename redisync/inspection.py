@@ -11,9 +11,9 @@ from typing import Any, Callable
 import numpy as np
 import redis
 
+from .errors import RedisyncError
 from .store.client import Store, server_time_us
 from .store.codec import decode
-from .errors import RedisyncError
 from .store.keys import ROOT, run_of
 from .store.schema import MergeSpec
 from .store.semantics import split_parts

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 import redisync
+from redisync.collector.workers import new_syncer
 from redisync.store.schema import merge
-from redisync.collector.syncer import Syncer
 
 KEY = "soak/stats"
 
@@ -60,7 +60,7 @@ class CumulativeStats:
 
 def collector(url: str, run: str, shard: int, seconds: float, elements: int, every: float, worker: str, out: Any) -> None:
     term = CumulativeStats(elements, shard)
-    syncer = Syncer(redisync.connect(url, run=run, socket_timeout=2.0), shard, [term], publish_every_steps=1,
+    syncer = new_syncer(redisync.connect(url, run=run, socket_timeout=2.0), shard, [term], publish_every_steps=1,
                     poll_every_s=1.0, retry_every_s=0.2, worker=worker).start()
     versions, end = set(), time.monotonic() + seconds
     while time.monotonic() < end:

@@ -18,8 +18,9 @@ import torch
 
 import redisync
 from redisync import errors
-from redisync.store.schema import Schema, broadcast, merge
 from redisync.collector.syncer import Syncer
+from redisync.collector.workers import new_syncer
+from redisync.store.schema import Schema, broadcast, merge
 from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
 from .support import wait_for
@@ -81,7 +82,7 @@ def test_resume_can_name_single_keys(make_store):
 
 
 def _sampler_fleet(url, shard_id: int, sampler: AdaptiveMotionSampler, run: str) -> Syncer:
-    return Syncer(redisync.connect(url, run=run), shard_id, [sampler], publish_every_steps=1).start()
+    return new_syncer(redisync.connect(url, run=run), shard_id, [sampler], publish_every_steps=1).start()
 
 
 @pytest.mark.parametrize("frames", [FRAMES, (FRAMES, 149)], ids=["one-motion", "two-motions"])
@@ -378,7 +379,7 @@ def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
     store = make_store()
     term = _NormTerm()
     # the thread worker: the test replaces its shard client's publish in this process
-    syncer = Syncer(store, 0, [term], worker="thread", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
+    syncer = new_syncer(store, 0, [term], worker="thread", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
 
     def out_of_memory(reports):
         raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
@@ -402,9 +403,9 @@ def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog
     store = make_store()
     store.register({"obs/n": merge(3, lifecycle="history")})
     with pytest.raises(errors.SchemaMismatch, match="obs/n"):
-        Syncer(store, 0, [_NormTerm()]).start()
+        new_syncer(store, 0, [_NormTerm()]).start()
     store.delete()
-    syncer = Syncer(store, 0, [_NormTerm()], worker="thread", publish_every_steps=1, poll_every_s=0.05,
+    syncer = new_syncer(store, 0, [_NormTerm()], worker="thread", publish_every_steps=1, poll_every_s=0.05,
                     retry_every_s=0.05).start()  # the thread worker: caplog sees its log records
     syncer.on_step()
     assert syncer.wait_synced(timeout=10)
@@ -426,7 +427,7 @@ def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
     held = []
     threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
     store = redisync.connect(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", run="silent", socket_timeout=30)
-    syncer = Syncer(store, 0, [_NormTerm()], worker="thread", incarnation=1)
+    syncer = new_syncer(store, 0, [_NormTerm()], worker="thread", incarnation=1)
     syncer._threads = [threading.Thread(target=syncer._work, daemon=True), threading.Thread(target=syncer._listen, daemon=True)]
     for t in syncer._threads:
         t.start()

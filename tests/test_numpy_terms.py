@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from redisync.terms import numpy as rnp
-from redisync.errors import InvalidSchema
 from redisync.collector.seam import schema_of
+from redisync.errors import InvalidSchema
+from redisync.terms import numpy as rnp
 from redisync.terms.torch import AdaptiveMotionSampler as TorchSampler
 
 from .support import sync

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 import time
 
 import numpy as np
+import pytest
 
 import redisync
 from redisync import errors

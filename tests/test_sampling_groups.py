@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from redisync.collector.seam import schema_of
 from redisync.errors import InvalidSchema
 from redisync.learner import FleetMonitor
-from redisync.collector.seam import schema_of
 from redisync.terms.torch import AdaptiveMotionSampler
 
 from .support import sync

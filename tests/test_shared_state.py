@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from redisync import broadcast, merge
-from redisync.store.codec import KeyView, PullResult
-from redisync.errors import InvalidSchema
-from redisync.store.schema import Schema
 from redisync.collector.shared_state import NOT_SHARED, SharedState, SidecarState
+from redisync.errors import InvalidSchema
+from redisync.store.codec import KeyView, PullResult
+from redisync.store.schema import Schema
 
 SCHEMA = Schema.of({"a/stats": merge(500, sumsq=True, lifecycle="history"), "b/value": broadcast(300)})
 

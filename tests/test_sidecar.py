@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import redisync
 from redisync import errors, merge
 from redisync.collector.mailbox import OUTBOX, Mailbox, MailboxFull
 from redisync.collector.syncer import Syncer
+from redisync.collector.workers import new_syncer
 
 from .support import wait_for
 
@@ -94,9 +94,9 @@ def test_a_message_larger_than_its_slot_is_refused():
 
 def test_the_process_worker_needs_a_server_and_the_worker_must_exist():
     with pytest.raises(errors.ConfigurationError, match="needs a Redis URL"):
-        Syncer(redisync.connect(None, run="embedded"), 0, [Cumulative()], worker="process")
+        new_syncer(redisync.connect(None, run="embedded"), 0, [Cumulative()], worker="process")
     with pytest.raises(errors.ConfigurationError, match="worker must be one of"):
-        Syncer(redisync.connect(None, run="embedded"), 0, [Cumulative()], worker="fiber")
+        new_syncer(redisync.connect(None, run="embedded"), 0, [Cumulative()], worker="fiber")
 
 
 def test_the_sidecar_is_only_used_where_stores_stay_in_order(monkeypatch):
@@ -107,17 +107,17 @@ def test_the_sidecar_is_only_used_where_stores_stay_in_order(monkeypatch):
 
     store = redisync.connect("redis://127.0.0.1:6379/9", run="never-started")
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    assert type(Syncer(store, 0, [Cumulative()])) is SidecarSyncer
+    assert type(new_syncer(store, 0, [Cumulative()])) is SidecarSyncer
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    assert type(Syncer(store, 0, [Cumulative()])) is Syncer
+    assert type(new_syncer(store, 0, [Cumulative()])) is Syncer
     with pytest.raises(errors.ConfigurationError, match="keeps stores in order"):
-        Syncer(store, 0, [Cumulative()], worker="process")
+        new_syncer(store, 0, [Cumulative()], worker="process")
 
 
 def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
     store = redisync.connect(real_url, run=f"sidecar-restart-{os.getpid()}")
     term = Cumulative()
-    syncer = Syncer(store, 3, [term], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
+    syncer = new_syncer(store, 3, [term], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
     try:
         incarnation = syncer.shard.incarnation
         for _ in range(20):
@@ -138,7 +138,7 @@ def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
         parts = store.fleet().keys[KEY].parts()
         assert float(parts["count"]) == term.count == 40
         np.testing.assert_array_equal(parts["sum"], term.total)
-        assert int(store.key_info(KEY)[f"slot:3:incarnation"]) == incarnation
+        assert int(store.key_info(KEY)["slot:3:incarnation"]) == incarnation
         assert store.dead_letters() == [] and syncer.stats["rejected"] == 0
     finally:
         syncer.stop(flush=False)
@@ -153,11 +153,11 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
         import sys, time
         sys.path.insert(0, {os.getcwd()!r})
         import redisync
-        from redisync.collector.syncer import Syncer
+        from redisync.collector.workers import new_syncer
         from redisync.terms.torch import AdaptiveMotionSampler
         from tests.test_sidecar import Cumulative
         terms = [Cumulative(), AdaptiveMotionSampler(500, 0.02)]
-        syncer = Syncer(redisync.connect({real_url!r}, run={run!r}), 0, terms, worker="process").start()
+        syncer = new_syncer(redisync.connect({real_url!r}, run={run!r}), 0, terms, worker="process").start()
         layout = syncer._shared.layout()
         shared = [layout["control"], layout["staging"][0]] + [name for name, _ in layout["blocks"]]
         print(syncer.sidecar_pid, syncer.mailbox.name, *shared, flush=True)
@@ -183,7 +183,7 @@ def test_stop_publishes_the_last_report_and_frees_everything(real_url):
     store = redisync.connect(real_url, run=f"sidecar-stop-{os.getpid()}")
     term = Cumulative()
     # no publish falls due by steps or by time (a loaded machine can take a second over these steps)
-    syncer = Syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+    syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
     try:
         for _ in range(7):
             term.step()
@@ -205,7 +205,7 @@ def test_a_report_too_large_for_the_mailbox_is_refused_and_training_goes_on(real
             return {KEY: {"count": self.count, "sum": np.zeros(1_000_000)}}  # not the declared shape
 
     term = Oversized()
-    syncer = Syncer(store, 0, [term], worker="process", publish_every_steps=1).start()
+    syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1).start()
     try:
         term.step()
         syncer.on_step()  # refused on the collector's side, without raising
@@ -252,7 +252,7 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
 
     store = redisync.connect(real_url, run=f"sidecar-shared-{os.getpid()}")
     fleets = [_shared_terms(shard) for shard in (0, 1)]
-    syncers = [Syncer(store, shard, [s, n], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
+    syncers = [new_syncer(store, shard, [s, n], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
                for shard, (s, n, _) in enumerate(fleets)]
     try:
         assert all(sy._reporting == [] and sy._handed == [] for sy in syncers)  # both terms shared, both ways
@@ -293,7 +293,7 @@ def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
 
     store = redisync.connect(real_url, run=f"sidecar-shared-restart-{os.getpid()}")
     sampler, norm, g = _shared_terms(0)
-    syncer = Syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
+    syncer = new_syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
     other = store.shard(1)
     try:
         _train(sampler, norm, g, syncer, 10)
@@ -321,7 +321,7 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
 
     store = redisync.connect(real_url, run=f"sidecar-shared-stop-{os.getpid()}")
     sampler, norm, g = _shared_terms(0)
-    syncer = Syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+    syncer = new_syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
     try:
         names = [syncer._shared._control.name, syncer._shared._staging_shm.name] + [shm.name for shm, _ in syncer._shared._blocks]
         assert all(os.path.exists(name) for name in names)
@@ -349,8 +349,8 @@ def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url
     store = redisync.connect(real_url, run=f"sidecar-learner-{os.getpid()}")
     learner = SyncedEmpiricalNormalization(3, mode="learner", writer=True)
     collector = SyncedEmpiricalNormalization(3, mode="learner")
-    writer = Syncer(store, 0, [learner], worker="process").start()
-    reader = Syncer(store, 1, [collector], worker="process", poll_every_s=0.05).start()
+    writer = new_syncer(store, 0, [learner], worker="process").start()
+    reader = new_syncer(store, 1, [collector], worker="process", poll_every_s=0.05).start()
     try:
         assert reader._handed == [] and reader._reporting == [] and writer._reporting == [learner]  # a concatenation: copied
         assert not reader.at_reset_boundary() or float(collector.count) == 0  # nothing published: untouched

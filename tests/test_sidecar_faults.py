@@ -22,7 +22,7 @@ import redis
 
 import redisync
 from redisync.collector.mailbox import SIDECAR_PID
-from redisync.collector.syncer import Syncer
+from redisync.collector.workers import new_syncer
 
 from .faults import HoldingProxy
 from .servers import RedisProcess
@@ -65,7 +65,7 @@ def test_a_syncer_started_from_a_short_lived_thread_keeps_its_sidecar_and_stop_p
     store = redisync.connect(real_url, run=f"faults-thread-{os.getpid()}")
     term = Cumulative()
     box: dict = {}
-    starter = threading.Thread(target=lambda: box.update(syncer=Syncer(
+    starter = threading.Thread(target=lambda: box.update(syncer=new_syncer(
         store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()))
     starter.start()
     starter.join()
@@ -91,7 +91,7 @@ def test_stop_right_after_a_sidecar_crash_publishes_the_last_report(real_url):
     """2. Whenever the last sidecar died, stop() publishes the last report."""
     store = redisync.connect(real_url, run=f"faults-stop-crash-{os.getpid()}")
     term = Cumulative()
-    syncer = Syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+    syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
     try:
         _train(term, syncer, 7)
         pid = syncer.sidecar_pid
@@ -118,7 +118,7 @@ def _sidecar_through_a_proxy(real_url: str, name: str):
     """(store, proxy, term, syncer): a sidecar worker publishing every step through a HoldingProxy."""
     store, proxy = _through_proxy(real_url, f"faults-{name}-{os.getpid()}")
     term = Cumulative()
-    syncer = Syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
+    syncer = new_syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
                     poll_every_s=0.05).start()
     try:
         yield store, proxy, term, syncer
@@ -176,7 +176,7 @@ def test_a_sidecar_restarted_while_redis_was_down_never_hands_an_older_version_o
         url = server.url
         store = redisync.connect(url, run="lost-tail")
         term = Versions()
-        syncer = Syncer(redisync.connect(url, run="lost-tail", socket_timeout=1.0), 0, [term], worker="process",
+        syncer = new_syncer(redisync.connect(url, run="lost-tail", socket_timeout=1.0), 0, [term], worker="process",
                         publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1).start()
         try:
             _train(term, syncer, 2)
@@ -270,11 +270,11 @@ def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sideca
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         import redisync
-        from redisync.collector.syncer import Syncer
+        from redisync.collector.workers import new_syncer
         from tests.test_sidecar import Cumulative
         store = redisync.connect({real_url!r}, run={run!r})
         term = Cumulative()
-        syncer = Syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+        syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
         for _ in range(3):
             term.step(); syncer.on_step()
         print("healthy" if syncer.health()["ok"] else syncer.health()["error"], flush=True)
@@ -308,7 +308,7 @@ def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(wo
     threading.Thread(target=accept_and_never_answer, daemon=True).start()
     url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
     term = Cumulative()
-    syncer = Syncer(redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker)
+    syncer = new_syncer(redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker)
     try:
         t = time.monotonic()
         syncer.start()
@@ -330,8 +330,8 @@ def test_a_zombie_whose_shard_a_later_process_claimed_is_not_healthy(real_url, w
     so for good, even while its pulls succeed."""
     store = redisync.connect(real_url, run=f"faults-zombie-{worker}-{os.getpid()}")
     first, second = Cumulative(), Cumulative()
-    a = Syncer(store, 0, [first], worker=worker, publish_every_steps=1, poll_every_s=0.05).start()
-    b = Syncer(redisync.connect(real_url, run=store.run), 0, [second], worker=worker, publish_every_steps=1,
+    a = new_syncer(store, 0, [first], worker=worker, publish_every_steps=1, poll_every_s=0.05).start()
+    b = new_syncer(redisync.connect(real_url, run=store.run), 0, [second], worker=worker, publish_every_steps=1,
                poll_every_s=0.05, take_over=True).start()
     try:
         _train(second, b, 3)
@@ -354,16 +354,16 @@ def test_a_second_process_with_a_live_shard_id_is_refused_at_start(real_url, wor
     """10. Two collectors started with one shard id: the second start() refuses, typed, naming the
     shard and REDISYNC_SHARD; once the first has stopped, the id is free at once."""
     store = redisync.connect(real_url, run=f"faults-in-use-{worker}-{os.getpid()}")
-    a = Syncer(store, 4, [Cumulative()], worker=worker).start()
+    a = new_syncer(store, 4, [Cumulative()], worker=worker).start()
     try:
         t = time.monotonic()
         with pytest.raises(redisync.errors.ShardInUse, match="shard 4 is held by a live process.*REDISYNC_SHARD"):
-            Syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
+            new_syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
         assert time.monotonic() - t < 12
         assert a.health()["ok"]
         a.stop()
         t = time.monotonic()
-        b = Syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
+        b = new_syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
         assert time.monotonic() - t < 4 and b.health()["ok"]
         b.stop()
     finally:
@@ -378,9 +378,9 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
         import redisync
-        from redisync.collector.syncer import Syncer
+        from redisync.collector.workers import new_syncer
         from tests.test_sidecar import Cumulative
-        Syncer(redisync.connect({real_url!r}, run={run!r}), 5, [Cumulative()], worker="thread").start()
+        new_syncer(redisync.connect({real_url!r}, run={run!r}), 5, [Cumulative()], worker="thread").start()
         print("started", flush=True)
         time.sleep(60)
     """)
@@ -390,7 +390,7 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
         holder.kill()
         holder.wait()
         t = time.monotonic()
-        restarted = Syncer(redisync.connect(real_url, run=run), 5, [Cumulative()], worker="thread",
+        restarted = new_syncer(redisync.connect(real_url, run=run), 5, [Cumulative()], worker="thread",
                            start_timeout_s=10).start()
         assert time.monotonic() - t < 8 and restarted.health()["ok"]
         restarted.stop()
@@ -418,7 +418,7 @@ def test_a_sidecar_that_cannot_start_shows_in_health_at_once(real_url, monkeypat
     silent restart loop: health() says so when start() returns."""
     store = redisync.connect(real_url, run=f"faults-no-start-{os.getpid()}")
     monkeypatch.setattr(sys, "executable", shutil.which("false"))
-    syncer = Syncer(store, 0, [Cumulative()], worker="process").start()
+    syncer = new_syncer(store, 0, [Cumulative()], worker="process").start()
     try:
         health = syncer.health()
         assert not health["ok"] and "sidecar: could not start" in health["error"]

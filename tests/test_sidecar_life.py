@@ -31,11 +31,18 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import redisync
 from redisync.collector.mailbox import SIDECAR_PID, STOP
-from redisync.collector.syncer import Syncer
+from redisync.collector.workers import new_syncer
 from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
 from .faults import HoldingProxy
@@ -79,7 +86,7 @@ class Collector:
         self.steps = Applied()
         self.g = torch.Generator().manual_seed(seed)
         self.samples = 0
-        self.syncer = Syncer(redisync.connect(url, run="life", socket_timeout=1.0), shard, [self.sampler, self.norm, self.steps],
+        self.syncer = new_syncer(redisync.connect(url, run="life", socket_timeout=1.0), shard, [self.sampler, self.norm, self.steps],
                              worker="process", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1,
                              take_over=take_over)
         if from_thread:  # the thread that starts it ends at once: the sidecar must not die with it

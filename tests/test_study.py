@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +20,6 @@ from redisync.study.study import PRIMARY, analyse, gate, load_env_factory, plan
 from redisync.study.task import KINDS, SkillTracking, Step, TaskConfig, TrackingEnv
 
 from .conftest import real_redis_or_skip
-
 
 # ---------------------------------------------------------------- statistics
 
@@ -259,8 +258,8 @@ def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
     import uuid
 
     import redisync
+    from redisync.collector.workers import new_syncer
     from redisync.study.fleet import DriftProbe, fleet_drift
-    from redisync.collector.syncer import Syncer
     from redisync.terms.torch import AdaptiveMotionSampler
 
     url = real_redis_or_skip() if backend == "real" else None
@@ -273,7 +272,7 @@ def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
                 term.record_failures(torch.full((10,), hard_bin * 50 + 5), torch.ones(10, dtype=torch.bool))
                 term.step()
             probe.used = sampler.probabilities().double().numpy()
-            syncer = Syncer(redisync.connect(url, run=store.run), shard, [sampler, probe]).start()
+            syncer = new_syncer(redisync.connect(url, run=store.run), shard, [sampler, probe]).start()
             syncer.stop()  # flushes the reports
         drift = fleet_drift(store, 0.1)
         assert len(drift["tv"]) == 2 and min(drift["tv"]) > 0.3

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import redisync
-from redisync.collector.syncer import Syncer
+from redisync.collector.workers import new_syncer
 from redisync.terms.torch import AdaptiveMotionSampler, PenaltyCurriculum, SyncedEmpiricalNormalization
 
 from .conftest import backend_url
@@ -87,7 +87,7 @@ def test_fleet_converges_through_syncers(backend, worker, make_store):
     run_name = make_store().run
     collectors = [Collector(i) for i in range(4)]
     syncers = [
-        Syncer(redisync.connect(store_url, run=run_name), i, c.terms, publish_every_steps=15,
+        new_syncer(redisync.connect(store_url, run=run_name), i, c.terms, publish_every_steps=15,
                poll_every_s=0.05, worker=worker).start()
         for i, c in enumerate(collectors)
     ]
@@ -110,7 +110,7 @@ def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path, wor
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]
     syncers = [
-        Syncer(redisync.connect(server.url, run="hotpath", socket_timeout=1.0), i, c.terms,
+        new_syncer(redisync.connect(server.url, run="hotpath", socket_timeout=1.0), i, c.terms,
                publish_every_steps=10, poll_every_s=0.05, retry_every_s=0.1, worker=worker).start()
         for i, c in enumerate(collectors)
     ]
@@ -157,7 +157,7 @@ def test_a_paused_redis_never_stalls_the_shared_hot_path_and_the_fleet_catches_u
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]
     syncers = [
-        Syncer(redisync.connect(server.url, run="paused", socket_timeout=1.0), i, c.terms,
+        new_syncer(redisync.connect(server.url, run="paused", socket_timeout=1.0), i, c.terms,
                publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1, worker="process").start()
         for i, c in enumerate(collectors)
     ]

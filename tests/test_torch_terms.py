@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from redisync.store.schema import Schema
 from redisync.collector.seam import schema_of
+from redisync.store.schema import Schema
 from redisync.terms.torch import (
     AdaptiveMotionSampler,
     AverageEpisodeLength,

@@ -16,9 +16,9 @@ from typing import Any, Callable
 import numpy as np
 import redis
 
+from ..errors import RedisyncError
 from ..store.client import Store, connect
 from ..store.codec import decode, encode
-from ..errors import RedisyncError
 from ..store.schema import Limits, Schema, merge
 
 SIZES = (64, 1024, 16384)

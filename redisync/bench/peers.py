@@ -68,8 +68,8 @@ def _free_port() -> int:
 
 
 def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | None, run: str, out: Any) -> None:
+    from ..collector.workers import new_syncer
     from ..store.client import connect
-    from ..collector.syncer import Syncer
     from ..terms.torch.sampler import AdaptiveMotionSampler
 
     torch.set_num_threads(1)
@@ -83,7 +83,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         state = torch.zeros_like(sampler.bin_failed_count)
     else:
         store = connect(url, run=run)
-        syncer = Syncer(store, rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every,
+        syncer = new_syncer(store, rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every,
                         poll_every_s=0.5).start()
 
     straggles = scenario.straggler and rank == scenario.procs - 1

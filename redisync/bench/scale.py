@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .core import _reset_stats, _run_processes
 from ..store.client import Store, connect
 from ..store.schema import Limits, Schema, merge
+from .core import _reset_stats, _run_processes
 
 SLOTS = (8, 64, 256, 1024)
 KEYS_PER_REPORT = (1, 16, 64)

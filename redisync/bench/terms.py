@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from ..store.client import connect
 from ..collector.syncer import Syncer
+from ..collector.workers import new_syncer
+from ..store.client import connect
 from ..terms.torch.normalization import SyncedEmpiricalNormalization
 from ..terms.torch.sampler import FPS, AdaptiveMotionSampler, frames_for_bins
 
@@ -61,7 +62,7 @@ def measure_collector_overhead(url: str | None, steps: int = 2000, reset_every: 
     off_terms = (AdaptiveMotionSampler(3000, 0.02, mode="pooled"), SyncedEmpiricalNormalization(64, mode="pooled"))
     on_terms = (AdaptiveMotionSampler(3000, 0.02, mode="pooled"), SyncedEmpiricalNormalization(64, mode="pooled"))
     store = connect(url, run=f"bench-syncer-{uuid.uuid4().hex[:8]}")
-    syncer = Syncer(store, 0, list(on_terms), worker="thread", publish_every_steps=50, poll_every_s=0.5).start()  # the sidecar: bench --peers
+    syncer = new_syncer(store, 0, list(on_terms), worker="thread", publish_every_steps=50, poll_every_s=0.5).start()  # the sidecar: bench --peers
     off, on, calls = [], [], []
     try:
         block = max(steps // 10, 50)

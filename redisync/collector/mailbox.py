@@ -28,8 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..store.codec import epoch_tag
 from ..errors import RedisyncError
+from ..store.codec import epoch_tag
 
 HEADER = 32  # int64 fields
 # header fields

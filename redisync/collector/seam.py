@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
-from ..store.codec import PullResult
 from ..errors import InvalidSchema
+from ..store.codec import PullResult
 from ..store.schema import BroadcastSpec, MergeSpec, Schema
 
 

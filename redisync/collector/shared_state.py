@@ -28,11 +28,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..store.codec import PullResult
 from ..errors import InvalidSchema
-from .mailbox import Block, map_block, privatize
+from ..store.codec import PullResult
 from ..store.schema import MergeSpec, Schema
 from ..store.semantics import split_parts
+from .mailbox import Block, map_block, privatize
 
 CONTROL_BYTES = 64  # a seqlock's sequence number and a version (int64s), alone on a cache line
 

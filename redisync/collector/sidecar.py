@@ -1,6 +1,6 @@
 """The process worker: a sidecar process per collector owns the store connection.
 
-``Syncer(..., worker="process")`` builds a :class:`SidecarSyncer`. The collector keeps its terms and
+``new_syncer(..., worker="process")`` (:mod:`redisync.collector.workers`) builds a :class:`SidecarSyncer`. The collector keeps its terms and
 its hot path; everything that sends, receives and decodes runs in a sidecar process with an
 interpreter lock of its own, so it can never hold the collector's. The two meet in shared memory:
 
@@ -57,9 +57,26 @@ import numpy as np
 from .. import errors
 from ..store.client import Store, connect
 from ..store.codec import KeyView, PullResult
-from .mailbox import (DONE, FLUSH, FLUSHED, HANDED, HEARTBEAT_MS, INBOX, INCARNATION, OUTBOX, SEQ, SIDECAR_PID, STATUS, STEPS,
-                      STOP, Mailbox, MailboxFull, pack_handed, unpack_handed)
 from ..store.schema import Schema
+from .mailbox import (
+    DONE,
+    FLUSH,
+    FLUSHED,
+    HANDED,
+    HEARTBEAT_MS,
+    INBOX,
+    INCARNATION,
+    OUTBOX,
+    SEQ,
+    SIDECAR_PID,
+    STATUS,
+    STEPS,
+    STOP,
+    Mailbox,
+    MailboxFull,
+    pack_handed,
+    unpack_handed,
+)
 from .seam import SyncedTerm
 from .shared_state import SharedState, SidecarState
 from .syncer import Syncer, _live
@@ -551,7 +568,7 @@ def serve(config: dict[str, Any]) -> None:
     shared = None if config["shared"] is None else SidecarState(config["shared"])
     term = MailboxTerm(schema, box, shared)
     cadence = None if shared is None or not shared.parts else SharedCadence(shared, header, *config["cadence"])
-    syncer = Syncer(store, config["shard_id"], [term], worker="thread", publish_every_steps=2**62, incarnation=config["incarnation"],
+    syncer = Syncer(store, config["shard_id"], [term], publish_every_steps=2**62, incarnation=config["incarnation"],
                     resume=config["resume"], take_over=config["take_over"], **config["syncer"])
     # continue where an earlier sidecar of this collector left off (nothing of it lives in this process)
     handed = unpack_handed(header[HANDED])

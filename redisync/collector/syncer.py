@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import threading
 import time
 import weakref
@@ -37,7 +36,6 @@ from .seam import SyncedTerm, schema_of
 
 log = logging.getLogger(__name__)
 
-WORKERS = ("auto", "process", "thread")
 LEASE_S = 5.0  # a live process renews its lease on its shard id every LEASE_S / 5 (a dead one's runs out)
 _live: "weakref.WeakSet[Syncer]" = weakref.WeakSet()  # started and not stopped: a forked child detaches them
 
@@ -51,36 +49,12 @@ def _detach_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_detach_in_forked_child)
 
 
-def stores_in_order() -> bool:
-    """Whether this CPU makes one core's stores visible to the others in program order (x86's TSO)."""
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
 class Syncer:
-    """``worker="process"`` runs the network in a sidecar process of its own (:mod:`redisync.collector.sidecar`),
-    which keeps the collector's interpreter lock free for its hot path; ``worker="thread"`` in a
-    thread of the collector's process. ``"auto"`` (the default) takes the sidecar for a Redis URL and
-    the thread for the embedded store, which lives inside the process. Same API, same rules.
-
-    The sidecar's seqlocks are plain stores from Python, with no memory fences: they rely on a CPU
-    that keeps stores in order (x86's TSO). Elsewhere ``"auto"`` takes the thread, and asking for the
-    process is refused."""
-
-    def __new__(cls, *args: Any, worker: str = "auto", **kwargs: Any) -> "Syncer":
-        if worker not in WORKERS:
-            raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
-        if worker == "auto":
-            store = args[0] if args else kwargs.get("store")
-            worker = "process" if getattr(store, "connect_args", None) is not None and stores_in_order() else "thread"
-        if worker == "process" and not stores_in_order():
-            raise errors.ConfigurationError(
-                f"worker='process' needs a CPU that keeps stores in order (x86); this one is {platform.machine()!r}: "
-                "use worker='thread'")
-        if cls is Syncer and worker == "process":
-            from .sidecar import SidecarSyncer
-
-            cls = SidecarSyncer
-        return super().__new__(cls)
+    """A collector's sync: publishes its terms' reports and prefetches the fleet state in the
+    background, hands the state over at reset boundaries; the network runs in a thread of this
+    process (the thread worker). :func:`~redisync.collector.workers.new_syncer` picks the worker —
+    this one, or the sidecar process (:class:`~redisync.collector.sidecar.SidecarSyncer`, the same
+    API) — and is what to call."""
 
     def __init__(
         self,
@@ -88,7 +62,6 @@ class Syncer:
         shard_id: int,
         terms: Sequence[SyncedTerm],
         *,
-        worker: str = "auto",
         publish_every_steps: int = 50,
         publish_every_s: float = 1.0,
         poll_every_s: float = 1.0,

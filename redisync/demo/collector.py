@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..collector.workers import new_syncer
 from ..store.client import connect
-from ..collector.syncer import Syncer
 from ..terms.torch.sampler import FPS, AdaptiveMotionSampler, frames_for_bins
 
 
@@ -54,7 +54,7 @@ def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, 
     assert sampler.bin_count == cfg.bins
     syncer = None
     if sync:
-        syncer = Syncer(connect(url, run=run), shard, [sampler], publish_every_steps=25, poll_every_s=0.5,
+        syncer = new_syncer(connect(url, run=run), shard, [sampler], publish_every_steps=25, poll_every_s=0.5,
                         min_pull_interval_s=0.05).start()
     time_steps = sampler.sample(cfg.envs, generator=g)
     out.put(("ready", shard, None))

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..store.client import connect, serve_embedded
 from ..errors import RedisyncError
+from ..store.client import connect, serve_embedded
 
 UNIFORM_RATIO = 0.1
 

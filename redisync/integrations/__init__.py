@@ -17,10 +17,11 @@ import atexit
 import os
 from typing import Any
 
-from ..store.client import Store, connect
-from ..errors import ConfigurationError
 from ..collector.seam import SyncedTerm
 from ..collector.syncer import Syncer
+from ..collector.workers import new_syncer
+from ..errors import ConfigurationError
+from ..store.client import Store, connect
 
 ENV_RUN, ENV_SHARD = "REDISYNC_RUN", "REDISYNC_SHARD"
 
@@ -74,7 +75,7 @@ class ProcessFleet:
         """The Syncer of every term added so far (started once)."""
         if self.syncer is None:
             store = self._store if self._store is not None else store_from_env()
-            self.syncer = Syncer(store, self.shard_id, self.terms, **self.syncer_kwargs).start()
+            self.syncer = new_syncer(store, self.shard_id, self.terms, **self.syncer_kwargs).start()
             atexit.register(self.stop)
         return self.syncer
 

@@ -28,8 +28,8 @@ from typing import Any, Literal, Mapping
 import torch
 from holosoma.managers.curriculum.terms.locomotion import AverageEpisodeLengthTracker, PenaltyCurriculum
 
-from ..store.codec import PullResult
 from ..errors import ConfigurationError
+from ..store.codec import PullResult
 from ..store.schema import BroadcastSpec, MergeSpec, broadcast, merge
 from . import ProcessFleet, process_fleet
 

@@ -21,10 +21,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ..store.client import Store, connect
-from ..inspection import slot_parts
-from ..store.schema import merge
 from ..collector.syncer import Syncer
+from ..collector.workers import new_syncer
+from ..inspection import slot_parts
+from ..store.client import Store, connect
+from ..store.schema import merge
 from ..terms.torch.normalization import SyncedEmpiricalNormalization
 from ..terms.torch.sampler import AdaptiveMotionSampler, sampling_probabilities
 from .evaluation import Evaluation
@@ -225,7 +226,7 @@ def make_collector(cfg: StudyConfig, arm: Arm, shard: int, shards: int, per_shar
     normalizer = SyncedEmpiricalNormalization(env.obs_dim, mode=arm.normalizer)
     probe = DriftProbe(env.num_frames // int(1 / env.step_dt) + 1, env.num_frames, env.step_dt, cfg.sampler_alpha, sampler.uniform_ratio)
     # threads: a study process steps up to 16 shards in lockstep, and a sidecar each would only add processes
-    syncer = Syncer(connect(url, run=run), shard, [sampler, normalizer, probe], worker="thread",
+    syncer = new_syncer(connect(url, run=run), shard, [sampler, normalizer, probe], worker="thread",
                     publish_every_steps=cfg.publish_every_steps,
                     publish_every_s=0.5, poll_every_s=0.5, min_pull_interval_s=0.02).start()
     collector = Collector(env, sampler, normalizer, probe, syncer, torch.Generator().manual_seed(seed * 1_000 + 500 + shard),

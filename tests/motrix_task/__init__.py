@@ -22,9 +22,9 @@ import numba
 import numpy as np
 from motrix_env_core import registry
 from motrix_env_core.array.env import ArrayEnv
+from motrix_env_core.base import EnvCfg
 from motrix_env_core.config import configclass
 from motrix_env_core.config.scene import SceneCfg
-from motrix_env_core.base import EnvCfg
 
 from redisync.integrations.motrix import SyncedAdaptiveSampling, collector_index
 

@@ -14,10 +14,10 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 
-from .. import formulas
-from ...store.codec import PullResult
 from ...errors import InvalidSchema
+from ...store.codec import PullResult
 from ...store.schema import MergeSpec, merge
+from .. import formulas
 from .sampler import _caller_array
 
 Mode = Literal["local", "pooled"]

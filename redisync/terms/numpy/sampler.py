@@ -22,10 +22,10 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
-from .. import formulas
-from ...store.codec import PullResult
 from ...errors import InvalidSchema
+from ...store.codec import PullResult
 from ...store.schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
+from .. import formulas
 
 Mode = Literal["local", "pooled", "broadcast"]
 MODES = ("local", "pooled", "broadcast")

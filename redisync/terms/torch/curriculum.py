@@ -19,8 +19,8 @@ from typing import Any, Literal, Mapping
 import numpy as np
 import torch
 
-from ...store.codec import PullResult
 from ...errors import InvalidSchema
+from ...store.codec import PullResult
 from ...store.schema import BroadcastSpec, MergeSpec, broadcast, merge
 
 

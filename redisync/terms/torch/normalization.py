@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import formulas
-from ...store.codec import PullResult
-from ...errors import InvalidSchema
-from ...store.schema import BroadcastSpec, MergeSpec, broadcast, merge
 from ...collector.shared_state import NOT_SHARED, SharedState
+from ...errors import InvalidSchema
+from ...store.codec import PullResult
+from ...store.schema import BroadcastSpec, MergeSpec, broadcast, merge
+from .. import formulas
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "learner"]

@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import formulas
+from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
 from ...store.schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
-from ...collector.shared_state import NOT_SHARED, SharedState
+from .. import formulas
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
