@@ -23,10 +23,17 @@ from . import errors
 from .inspection import describe_run, describe_runs, drift, shard_ages
 from .store.client import EMBEDDED, ENV_URL, RunSnapshot, connect, masked_url
 
-URL = click.option("--url", envvar=ENV_URL, default=None,
-                   help=f"redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL (env {ENV_URL}); unset: embedded")
-EXTRAS = {"demo": ("torch", "tqdm", "matplotlib"), "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium"),
-          "peers": ("torch",)}
+URL = click.option(
+    "--url",
+    envvar=ENV_URL,
+    default=None,
+    help=f"redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL (env {ENV_URL}); unset: embedded",
+)
+EXTRAS = {
+    "demo": ("torch", "tqdm", "matplotlib"),
+    "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium"),
+    "peers": ("torch",),
+}
 
 
 def _needs(what: str) -> None:
@@ -34,8 +41,10 @@ def _needs(what: str) -> None:
     missing = [m for m in EXTRAS[what] if not _importable(m)]
     if missing:
         extra = {"peers": "torch", "study": "study"}.get(what, "demo")
-        raise errors.RedisyncError(f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
-                                   f"({', '.join(missing)} missing): pip install 'redisync[{extra}]'")
+        raise errors.RedisyncError(
+            f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
+            f"({', '.join(missing)} missing): pip install 'redisync[{extra}]'"
+        )
 
 
 def _importable(module: str) -> bool:
@@ -48,8 +57,10 @@ def _importable(module: str) -> bool:
 def _not_embedded(url: str | None, command: str) -> str:
     """A command that reads or writes a run needs a Redis: the embedded store starts empty and is gone at exit."""
     if url is None:
-        raise click.UsageError(f"{command} works on a run in a Redis: pass --url or set {ENV_URL} "
-                               "(the embedded store would start empty and be gone when this command exits)")
+        raise click.UsageError(
+            f"{command} works on a run in a Redis: pass --url or set {ENV_URL} "
+            "(the embedded store would start empty and be gone when this command exits)"
+        )
     return url
 
 
@@ -70,15 +81,33 @@ def cli() -> None:
 @URL
 @click.option("--shards", default=4, show_default=True, type=click.IntRange(1, 32), help="collector processes")
 @click.option("--envs", default=1024, show_default=True, type=click.IntRange(1, 1_000_000), help="envs per collector")
-@click.option("--steps", default=15000, show_default=True, type=click.IntRange(200, 10_000_000), help="env steps per run")
+@click.option(
+    "--steps", default=15000, show_default=True, type=click.IntRange(200, 10_000_000), help="env steps per run"
+)
 @click.option("--bins", default=20, show_default=True, type=click.IntRange(2, 10_000), help="motion length in seconds")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--out", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False), help="folder for demo.png")
-@click.option("--run", default="demo", show_default=True, help="the synced run's name (the unsynced run writes nothing)")
-@click.option("--keep", is_flag=True, help="keep the run (always with --url); on the embedded store, serve it until Ctrl-C")
+@click.option(
+    "--out", "out_dir", default="out", show_default=True, type=click.Path(file_okay=False), help="folder for demo.png"
+)
+@click.option(
+    "--run", default="demo", show_default=True, help="the synced run's name (the unsynced run writes nothing)"
+)
+@click.option(
+    "--keep", is_flag=True, help="keep the run (always with --url); on the embedded store, serve it until Ctrl-C"
+)
 @click.option("--no-progress", is_flag=True, help="no progress bar")
-def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: int, out_dir: str, run: str, keep: bool,
-         no_progress: bool) -> None:
+def demo(
+    url: str | None,
+    shards: int,
+    envs: int,
+    steps: int,
+    bins: int,
+    seed: int,
+    out_dir: str,
+    run: str,
+    keep: bool,
+    no_progress: bool,
+) -> None:
     """A fleet of collector processes with adaptive motion samplers, sync off then on."""
     _needs("demo")
     from .demo.collector import FleetConfig
@@ -93,8 +122,10 @@ def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: i
 
     def started(target: str) -> None:
         where = "embedded, served over TCP to the collectors" if url is None else "your Redis"
-        click.echo(f"demo: run {run!r} at {masked_url(target)} ({where}); {shards} collector processes x {envs} envs, "
-                   f"a {bins} s motion, {steps} steps per run, first without sync (nothing written), then with it")
+        click.echo(
+            f"demo: run {run!r} at {masked_url(target)} ({where}); {shards} collector processes x {envs} envs, "
+            f"a {bins} s motion, {steps} steps per run, first without sync (nothing written), then with it"
+        )
 
     def done(target: str, phases: dict[bool, Any]) -> None:
         for sync in (False, True):
@@ -102,15 +133,22 @@ def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: i
             head = f"\nsync {'ON' if sync else 'OFF'}"
             if sync:
                 lat = ph.latency_ms
-                head += f": fleet version {ph.fleet_version}, {ph.publishes} publishes" + (f", median publish {lat:.2f} ms" if lat else "")
+                head += f": fleet version {ph.fleet_version}, {ph.publishes} publishes" + (
+                    f", median publish {lat:.2f} ms" if lat else ""
+                )
             click.echo(head)
-            rows = [[r["shard"], f"{r['tv']:.4f}", f"{r['entropy']:.3f}", r["top1_bin"], f"{r['top1_prob']:.3f}"] for r in ph.rows()]
+            rows = [
+                [r["shard"], f"{r['tv']:.4f}", f"{r['entropy']:.3f}", r["top1_bin"], f"{r['top1_prob']:.3f}"]
+                for r in ph.rows()
+            ]
             click.echo(_table(["shard", "TV from pooled", "entropy", "top-1 bin", "top-1 p"], rows))
             click.echo(f"largest TV distance from the pooled distribution: {max(r['tv'] for r in ph.rows()):.4f}")
         click.echo(f"\nplot: {Path(out_dir) / 'demo.png'}")
         if not keep:
-            click.echo(f"run {run!r} was deleted with the embedded store; to look at it, run the demo with --keep "
-                       "(it then serves the run until Ctrl-C) or with --url redis://...")
+            click.echo(
+                f"run {run!r} was deleted with the embedded store; to look at it, run the demo with --keep "
+                "(it then serves the run until Ctrl-C) or with --url redis://..."
+            )
             return
         click.echo(f"run {run!r} kept at {masked_url(target)}; look at it with:")
         for command in inspect_commands(masked_url(target), run):
@@ -131,13 +169,33 @@ def demo(url: str | None, shards: int, envs: int, steps: int, bins: int, seed: i
 @click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
 @click.option("--calls", default=1000, show_default=True, type=click.IntRange(10, 10**6), help="calls per median")
 @click.option("--procs", default=8, show_default=True, type=click.IntRange(1, 64), help="concurrent publishers")
-@click.option("--seconds", default=3.0, show_default=True, type=click.FloatRange(0.1, 600), help="concurrency phase length")
-@click.option("--peers", is_flag=True, help="instead: collector processes syncing through redisync vs torch.distributed (gloo)")
-@click.option("--steps", default=2000, show_default=True, type=click.IntRange(100, 10**6), help="--peers: steps per collector")
+@click.option(
+    "--seconds", default=3.0, show_default=True, type=click.FloatRange(0.1, 600), help="concurrency phase length"
+)
+@click.option(
+    "--peers", is_flag=True, help="instead: collector processes syncing through redisync vs torch.distributed (gloo)"
+)
+@click.option(
+    "--steps", default=2000, show_default=True, type=click.IntRange(100, 10**6), help="--peers: steps per collector"
+)
 @click.option("--scale", is_flag=True, help="instead: cost against slots, keys, memory, connections; the largest fleet")
-@click.option("--all", "everything", is_flag=True, help="the core figures, --peers and --scale in one run (with --json: one document)")
-def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float, peers: bool, steps: int, scale: bool,
-          everything: bool) -> None:
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="the core figures, --peers and --scale in one run (with --json: one document)",
+)
+def bench(
+    url: str | None,
+    as_json: bool,
+    calls: int,
+    procs: int,
+    seconds: float,
+    peers: bool,
+    steps: int,
+    scale: bool,
+    everything: bool,
+) -> None:
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
     With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves."""
@@ -152,8 +210,11 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
         from .bench.peers import run_peers
         from .bench.scale import run_scale
 
-        doc = {"core": run_all(url, calls=calls, procs=procs, seconds=seconds), "peers": run_peers(url, steps=steps),
-               "scale": run_scale(url, seconds=seconds)}
+        doc = {
+            "core": run_all(url, calls=calls, procs=procs, seconds=seconds),
+            "peers": run_peers(url, steps=steps),
+            "scale": run_scale(url, seconds=seconds),
+        }
         click.echo(json.dumps(doc, indent=2))
         return
     if peers or everything:
@@ -170,35 +231,71 @@ def bench(url: str | None, as_json: bool, calls: int, procs: int, seconds: float
     rows = []
     for s in res["sizes"]:
         srv = s["server_fold_us"]
-        rows.append([s["elements"], f"{s['publish_us']:.0f}", f"{s['publish_over_ping']:.2f}", f"{s['pull_unchanged_us']:.0f}",
-                     f"{s['pull_unchanged_over_ping']:.2f}", f"{s['pull_changed_us']:.0f}",
-                     "-" if srv is None else f"{srv:.0f}",
-                     "-" if srv is None else f"{s['server_ns_per_payload_value']:.0f}"])
-    click.echo(_table(["N", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us", "ns/value"], rows))
+        rows.append(
+            [
+                s["elements"],
+                f"{s['publish_us']:.0f}",
+                f"{s['publish_over_ping']:.2f}",
+                f"{s['pull_unchanged_us']:.0f}",
+                f"{s['pull_unchanged_over_ping']:.2f}",
+                f"{s['pull_changed_us']:.0f}",
+                "-" if srv is None else f"{srv:.0f}",
+                "-" if srv is None else f"{s['server_ns_per_payload_value']:.0f}",
+            ]
+        )
+    click.echo(
+        _table(
+            ["N", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us", "ns/value"],
+            rows,
+        )
+    )
     click.echo("(x PING: each call timed beside a PING issued right before it)")
     profile = res["fold_profile_us"]
     if profile.get(64):
-        click.echo(_table(["fold phase (server clock, median)", "N=64 us", "N=1024 us"],
-                          [[name, f"{profile[64][name]:.0f}", f"{profile[1024][name]:.0f}"] for name in profile[64]]))
+        click.echo(
+            _table(
+                ["fold phase (server clock, median)", "N=64 us", "N=1024 us"],
+                [[name, f"{profile[64][name]:.0f}", f"{profile[1024][name]:.0f}"] for name in profile[64]],
+            )
+        )
     c = res["concurrency"]
     if c is None:
         click.echo("concurrency: not measured on the embedded store (each process would have its own); use --url")
     else:
-        click.echo(f"{c['processes']} publishers, N={c['elements']}: Lua fold {c['lua_publishes_per_s']:.0f}/s, WATCH/MULTI "
-                   f"{c['watch_publishes_per_s']:.0f}/s ({c['watch_retries']} retries), ratio {c['lua_over_watch']:.2f}x")
+        click.echo(
+            f"{c['processes']} publishers, N={c['elements']}: Lua fold {c['lua_publishes_per_s']:.0f}/s, WATCH/MULTI "
+            f"{c['watch_publishes_per_s']:.0f}/s ({c['watch_retries']} retries), ratio {c['lua_over_watch']:.2f}x"
+        )
     col = res.get("collector")
     if col:
-        click.echo(f"collector loop: {col['step_ms_sync_off']:.3f} ms/step sync off, {col['step_ms_sync_on']:.3f} ms/step sync on "
-                   f"({col['overhead_pct_of_step']:+.1f}%); syncer calls median {col['syncer_call_us_median']:.1f} us, "
-                   f"p99 {col['syncer_call_us_p99']:.0f} us")
-        rows = [[r["device"], r["groups"], r["bins"], f"{r['rebuild_us_kernel1']:.1f}", f"{r['rebuild_us_kernel5']:.1f}",
-                 f"{r['sample_4096_us']:.0f}"] for r in res["rebuild"]]
-        click.echo(_table(["device", "groups", "bins per group", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows))
+        click.echo(
+            f"collector loop: {col['step_ms_sync_off']:.3f} ms/step sync off, {col['step_ms_sync_on']:.3f} ms/step sync on "
+            f"({col['overhead_pct_of_step']:+.1f}%); syncer calls median {col['syncer_call_us_median']:.1f} us, "
+            f"p99 {col['syncer_call_us_p99']:.0f} us"
+        )
+        rows = [
+            [
+                r["device"],
+                r["groups"],
+                r["bins"],
+                f"{r['rebuild_us_kernel1']:.1f}",
+                f"{r['rebuild_us_kernel5']:.1f}",
+                f"{r['sample_4096_us']:.0f}",
+            ]
+            for r in res["rebuild"]
+        ]
+        click.echo(
+            _table(
+                ["device", "groups", "bins per group", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows
+            )
+        )
     if res["url"] == EMBEDDED:
         click.echo("(the targets are set for a real Redis on loopback; the embedded store is Python)")
     for name, t in res["targets"].items():
         m = t["measured"]
-        click.echo(f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}"))
+        click.echo(
+            f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}")
+        )
 
 
 def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
@@ -209,21 +306,48 @@ def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
         click.echo(json.dumps(res, indent=2))
         return
     click.echo("server time per call (INFO commandstats), one merge key of 1 024 values:")
-    click.echo(_table(["shard slots", "fold us", "pull us"],
-                      [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_slots"]]))
-    click.echo(_table(["keys per report (256 values each, 8 slots)", "fold us", "pull us"],
-                      [[r["keys"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_keys"]]))
-    click.echo(_table(["shard slots", "fold us (sampler 1024 + normaliser 256)", "pull us"],
-                      [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fleet_report_vs_slots"]]))
-    click.echo(_table(["shards", "values per key", "payloads in the stream", "MB in Redis"],
-                      [[m["slots"], m["elements"], "yes" if m["stream_payloads"] else "no", f"{m['bytes_total'] / 1e6:.2f}"]
-                       for m in res["memory"]]))
-    click.echo(_table(["connections", "publishes/s", "Redis CPU (share of a core)"],
-                      [[t["connections"], f"{t['publishes_per_s']:.0f}", f"{t['redis_cpu_share']:.2f}"] for t in res["throughput"]]))
+    click.echo(
+        _table(
+            ["shard slots", "fold us", "pull us"],
+            [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_slots"]],
+        )
+    )
+    click.echo(
+        _table(
+            ["keys per report (256 values each, 8 slots)", "fold us", "pull us"],
+            [[r["keys"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_keys"]],
+        )
+    )
+    click.echo(
+        _table(
+            ["shard slots", "fold us (sampler 1024 + normaliser 256)", "pull us"],
+            [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fleet_report_vs_slots"]],
+        )
+    )
+    click.echo(
+        _table(
+            ["shards", "values per key", "payloads in the stream", "MB in Redis"],
+            [
+                [m["slots"], m["elements"], "yes" if m["stream_payloads"] else "no", f"{m['bytes_total'] / 1e6:.2f}"]
+                for m in res["memory"]
+            ],
+        )
+    )
+    click.echo(
+        _table(
+            ["connections", "publishes/s", "Redis CPU (share of a core)"],
+            [
+                [t["connections"], f"{t['publishes_per_s']:.0f}", f"{t['redis_cpu_share']:.2f}"]
+                for t in res["throughput"]
+            ],
+        )
+    )
     f = res["fleet"]
-    click.echo(f"fleet: a report every {f['interval_s']:g} s per collector costs Redis "
-               + ", ".join(f"{s:.3f} s/s at {n}" for n, s in f["server_s_per_s"].items())
-               + f"; the largest fleet within {f['core_budget']:g} of a core: {f['largest_fleet']} collectors")
+    click.echo(
+        f"fleet: a report every {f['interval_s']:g} s per collector costs Redis "
+        + ", ".join(f"{s:.3f} s/s at {n}" for n, s in f["server_s_per_s"].items())
+        + f"; the largest fleet within {f['core_budget']:g} of a core: {f['largest_fleet']} collectors"
+    )
 
 
 def _bench_peers(url: str, steps: int, as_json: bool) -> None:
@@ -233,41 +357,104 @@ def _bench_peers(url: str, steps: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return
-    click.echo(f"{steps} steps per collector, an env step of {res['step_s'] * 1e3:g} ms (sleep), a 64-bin pooled sampler; "
-               "blocking time of the sync calls per step, without the straggler's own steps")
-    rows = [[r["scenario"], r["procs"], "yes" if r["straggler"] else "no", f"{r['p50_us']:.1f}", f"{r['p99_us']:.0f}",
-             f"{r['mean_us']:.1f}"] for r in res["rows"]]
+    click.echo(
+        f"{steps} steps per collector, an env step of {res['step_s'] * 1e3:g} ms (sleep), a 64-bin pooled sampler; "
+        "blocking time of the sync calls per step, without the straggler's own steps"
+    )
+    rows = [
+        [
+            r["scenario"],
+            r["procs"],
+            "yes" if r["straggler"] else "no",
+            f"{r['p50_us']:.1f}",
+            f"{r['p99_us']:.0f}",
+            f"{r['mean_us']:.1f}",
+        ]
+        for r in res["rows"]
+    ]
     click.echo(_table(["sync", "processes", "straggler", "p50 us", "p99 us", "mean us"], rows))
-    rows = [[r["scenario"], r["procs"], "yes" if r["straggler"] else "no", f"{r['p50_ratio']:.1f}", f"{r['p99_ratio']:.1f}"]
-            for r in res["ratios_over_redisync_process"]]
+    rows = [
+        [r["scenario"], r["procs"], "yes" if r["straggler"] else "no", f"{r['p50_ratio']:.1f}", f"{r['p99_ratio']:.1f}"]
+        for r in res["ratios_over_redisync_process"]
+    ]
     click.echo(_table(["vs redisync process/step", "processes", "straggler", "p50 ratio", "p99 ratio"], rows))
-    rows = [[r["scenario"], r["procs"], "yes" if r["straggler"] else "no",
-             *(f"{b['share']:.1%} {b['p50_us'] or 0:.0f}/{b['p99_us'] or 0:.0f}" for b in r["breakdown"].values()),
-             f"{r['floor_p99_us']:.0f}", f"{r['applies_per_s']:.1f}", f"{r['applied_lag_versions_p50']}"]
-            for r in res["rows"] if "breakdown" in r]
-    click.echo(_table(["redisync steps: share p50/p99 us", "processes", "straggler", "hand-over", "apply", "neither",
-                       "floor p99 us (5 us spin)", "applies/s", "versions behind (p50)"], rows))
+    rows = [
+        [
+            r["scenario"],
+            r["procs"],
+            "yes" if r["straggler"] else "no",
+            *(f"{b['share']:.1%} {b['p50_us'] or 0:.0f}/{b['p99_us'] or 0:.0f}" for b in r["breakdown"].values()),
+            f"{r['floor_p99_us']:.0f}",
+            f"{r['applies_per_s']:.1f}",
+            f"{r['applied_lag_versions_p50']}",
+        ]
+        for r in res["rows"]
+        if "breakdown" in r
+    ]
+    click.echo(
+        _table(
+            [
+                "redisync steps: share p50/p99 us",
+                "processes",
+                "straggler",
+                "hand-over",
+                "apply",
+                "neither",
+                "floor p99 us (5 us spin)",
+                "applies/s",
+                "versions behind (p50)",
+            ],
+            rows,
+        )
+    )
     for name, t in res["targets"].items():
         click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")
 
 
 @cli.command()
 @URL
-@click.option("--out", "out_dir", default="docs/ab", show_default=True, type=click.Path(file_okay=False),
-              help="folder for results.json, the plots and report.md")
-@click.option("--seeds", default=8, show_default=True, type=click.IntRange(2, 1000),
-              help="seeds per arm of the primary contrasts")
-@click.option("--secondary-seeds", default=3, show_default=True, type=click.IntRange(2, 1000),
-              help="seeds per arm of the secondary (descriptive) contrasts")
+@click.option(
+    "--out",
+    "out_dir",
+    default="docs/ab",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="folder for results.json, the plots and report.md",
+)
+@click.option(
+    "--seeds", default=8, show_default=True, type=click.IntRange(2, 1000), help="seeds per arm of the primary contrasts"
+)
+@click.option(
+    "--secondary-seeds",
+    default=3,
+    show_default=True,
+    type=click.IntRange(2, 1000),
+    help="seeds per arm of the secondary (descriptive) contrasts",
+)
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256), help="runs trained side by side")
 @click.option("--smoke", is_flag=True, help="the small CI configuration (minutes, not an hour)")
 @click.option("--gate-only", is_flag=True, help="run the gate (single vs uniform on H) and stop")
-@click.option("--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)")
-@click.option("--env", "env_spec", default=None, help="'module:function' making your own TrackingEnv batches (see README)")
+@click.option(
+    "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
+)
+@click.option(
+    "--env", "env_spec", default=None, help="'module:function' making your own TrackingEnv batches (see README)"
+)
 @click.option("--report-only", is_flag=True, help="rebuild the plots and report.md from OUT/results.json")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
-def ab(url: str | None, out_dir: str, seeds: int, secondary_seeds: int, workers: int, smoke: bool, gate_only: bool, env_steps: int | None,
-       env_spec: str | None, report_only: bool, no_progress: bool) -> None:
+def ab(
+    url: str | None,
+    out_dir: str,
+    seeds: int,
+    secondary_seeds: int,
+    workers: int,
+    smoke: bool,
+    gate_only: bool,
+    env_steps: int | None,
+    env_spec: str | None,
+    report_only: bool,
+    no_progress: bool,
+) -> None:
     """The drift study: the gate, then every sync arm on H and X trained with SAC; figures and report in OUT."""
     _needs("study")
     from .study.fleet import StudyConfig
@@ -291,16 +478,29 @@ def ab(url: str | None, out_dir: str, seeds: int, secondary_seeds: int, workers:
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--env") from None
     click.echo(f"{cfg.env_steps:,} env steps per run, {workers} workers; store: {url or 'embedded (one per worker)'}")
-    results = run_study(cfg, primary_seeds=seeds, secondary_seeds=min(secondary_seeds, seeds), url=url, env_spec=env_spec,
-                        workers=workers, show_progress=not no_progress, gate_only=gate_only, on_stage=click.echo)
+    results = run_study(
+        cfg,
+        primary_seeds=seeds,
+        secondary_seeds=min(secondary_seeds, seeds),
+        url=url,
+        env_spec=env_spec,
+        workers=workers,
+        show_progress=not no_progress,
+        gate_only=gate_only,
+        on_stage=click.echo,
+    )
     results["command"] = command
     report = write_report(results, out, command)
     g = results["gate"]
-    click.echo(f"gate: single - uniform = {g['mean_difference']:+.3f} (needs >= {g['threshold']}): "
-               f"{'passed' if g['passed'] else 'FAILED'}")
+    click.echo(
+        f"gate: single - uniform = {g['mean_difference']:+.3f} (needs >= {g['threshold']}): "
+        f"{'passed' if g['passed'] else 'FAILED'}"
+    )
     if results["analysis"]:
-        rows = [[c["name"], f"{c['mean']:+.3f}", f"[{c['lo']:+.3f}, {c['hi']:+.3f}]", f"{c['p_holm']:.3g}", c["verdict"]]
-                for c in results["analysis"]["primary"]]
+        rows = [
+            [c["name"], f"{c['mean']:+.3f}", f"[{c['lo']:+.3f}, {c['hi']:+.3f}]", f"{c['p_holm']:.3g}", c["verdict"]]
+            for c in results["analysis"]["primary"]
+        ]
         click.echo(_table(["primary contrast", "mean", "95% t-interval", "Holm p", "verdict"], rows))
     click.echo(f"report: {report}")
 
@@ -370,29 +570,59 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
     if not report:
         click.echo(f"no runs at {url or EMBEDDED}")
     for r in report:
-        click.echo(f"run {r['run']}  epoch {r['epoch']}  fleet version {r['fleet_version']}  updated {_age(r['updated_age_s'])} ago  "
-                   f"reports {r['reports']}  dead letters {r['dead_letters']}")
+        click.echo(
+            f"run {r['run']}  epoch {r['epoch']}  fleet version {r['fleet_version']}  updated {_age(r['updated_age_s'])} ago  "
+            f"reports {r['reports']}  dead letters {r['dead_letters']}"
+        )
         rows = []
         for k in r["keys"]:
             who = ",".join(str(s["shard"]) for s in k["slots"]) if "slots" in k else (k.get("writer") or "-")
-            spec = f"stale {k['stale_after_s']}s" if k.get("stale_after_s") else (f"owner {k['owner']}" if k.get("owner") is not None else "")
-            rows.append([k["key"], k["semantics"], "x".join(map(str, k["shape"])) or "scalar", spec, k["version"], who or "-",
-                         f"{k['count']:g}" if "count" in k else "-", _age(k["updated_age_s"])])
+            spec = (
+                f"stale {k['stale_after_s']}s"
+                if k.get("stale_after_s")
+                else (f"owner {k['owner']}" if k.get("owner") is not None else "")
+            )
+            rows.append(
+                [
+                    k["key"],
+                    k["semantics"],
+                    "x".join(map(str, k["shape"])) or "scalar",
+                    spec,
+                    k["version"],
+                    who or "-",
+                    f"{k['count']:g}" if "count" in k else "-",
+                    _age(k["updated_age_s"]),
+                ]
+            )
         click.echo(_table(["key", "semantics", "shape", "spec", "version", "writers", "count", "updated"], rows))
-        slots = [[k["key"], s["shard"], s["incarnation"], s["seq"], _age(s["age_s"]), f"{s['count']:g}",
-                  "stale: dropped at the next fold" if s["stale"] else "live"]
-                 for k in r["keys"] for s in k.get("slots", [])]
+        slots = [
+            [
+                k["key"],
+                s["shard"],
+                s["incarnation"],
+                s["seq"],
+                _age(s["age_s"]),
+                f"{s['count']:g}",
+                "stale: dropped at the next fold" if s["stale"] else "live",
+            ]
+            for k in r["keys"]
+            for s in k.get("slots", [])
+        ]
         if slots:
             click.echo("\n" + _table(["slot of key", "shard", "incarnation", "seq", "age", "count", "state"], slots))
         for d in r["newest_dead_letters"]:
-            click.echo(f"dead letter {d['id']}: shard {d.get('shard')} {d.get('reason')} {d.get('key') or ''} - {d.get('detail')}")
+            click.echo(
+                f"dead letter {d['id']}: shard {d.get('shard')} {d.get('reason')} {d.get('key') or ''} - {d.get('detail')}"
+            )
         click.echo("")
 
 
 @cli.command()
 @URL
 @click.option("--run", required=True, help="the run to watch")
-@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.05, 3600), help="seconds between refreshes")
+@click.option(
+    "--interval", default=1.0, show_default=True, type=click.FloatRange(0.05, 3600), help="seconds between refreshes"
+)
 @click.option("--count", default=0, type=click.IntRange(0), help="stop after this many refreshes (0: until Ctrl-C)")
 def watch(url: str | None, run: str, interval: float, count: int) -> None:
     """A live view of one run: version rate, per-shard staleness and drift, rejected reports."""
@@ -408,8 +638,11 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
             new_dead = dead - last[2] if last else 0
             last = (t, version, dead)
             ages, drifts = shard_ages(store), drift(store)
-            lines = [f"run {run} at {url or EMBEDDED}   {time.strftime('%H:%M:%S')}",
-                     f"fleet version {version}   {rate:.1f} versions/s   rejected reports {dead} (+{new_dead})", ""]
+            lines = [
+                f"run {run} at {url or EMBEDDED}   {time.strftime('%H:%M:%S')}",
+                f"fleet version {version}   {rate:.1f} versions/s   rejected reports {dead} (+{new_dead})",
+                "",
+            ]
             rows = []
             for shard in sorted(ages):
                 row = [shard, _age(ages[shard])]
@@ -422,7 +655,9 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
                 rows.append(row)
             headers = ["shard", "last report"]
             for name, d in drifts.items():
-                headers += [f"{name} |mean offset| (pooled sd)"] if d["kind"] == "moments" else [f"{name} TV", "entropy"]
+                headers += (
+                    [f"{name} |mean offset| (pooled sd)"] if d["kind"] == "moments" else [f"{name} TV", "entropy"]
+                )
             lines.append(_table(headers, rows) if rows else "no shard has reported yet")
             for name, d in drifts.items():
                 if d["kind"] == "distribution":

@@ -41,7 +41,8 @@ class ShardInUse(RedisyncError):
         super().__init__(
             f"shard {shard_id} is held by a live process (incarnation {incarnation}, lease renewed "
             f"{remaining_ms} ms ahead): give each collector its own shard id (set REDISYNC_SHARD, or run under "
-            "torchrun), or pass take_over=True to replace it")
+            "torchrun), or pass take_over=True to replace it"
+        )
 
     def __reduce__(self) -> Any:
         return (ShardInUse, (self.shard_id, self.incarnation, self.remaining_ms))

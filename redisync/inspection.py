@@ -20,11 +20,16 @@ from .store.semantics import split_parts
 
 
 def list_runs(client: redis.Redis) -> list[str]:
-    found = {run_of(k.decode() if isinstance(k, bytes) else k) for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)}
+    found = {
+        run_of(k.decode() if isinstance(k, bytes) else k)
+        for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)
+    }
     return sorted(r for r in found if r)
 
 
-def describe_runs(client: redis.Redis, store_of: Callable[[str], Store]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+def describe_runs(
+    client: redis.Redis, store_of: Callable[[str], Store]
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Every readable run described, and ``(meta key, why)`` for each key that only looks like a
     run's meta (a foreign name, a meta of another type or without a schema, a run deleted meanwhile)."""
     runs, skipped = [], []
@@ -56,17 +61,26 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
             "updated_age_s": _age(now, meta.get("updated_at_us")),
         }
         if isinstance(spec, MergeSpec):
-            row.update(count=float(meta.get("count", 0)), stale_after_s=spec.stale_after_s,
-                       retired_count=float(meta.get("retired_count", 0)), dropped_stale=int(meta.get("dropped_stale", 0)))
+            row.update(
+                count=float(meta.get("count", 0)),
+                stale_after_s=spec.stale_after_s,
+                retired_count=float(meta.get("retired_count", 0)),
+                dropped_stale=int(meta.get("dropped_stale", 0)),
+            )
             row["slots"] = []
             for shard in filter(None, meta.get("writers", "").split(",")):
                 age = _age(now, meta[f"slot:{shard}:at_us"])
-                row["slots"].append({
-                    "shard": int(shard), "incarnation": meta[f"slot:{shard}:incarnation"], "seq": int(meta[f"slot:{shard}:seq"]),
-                    "age_s": age, "count": float(meta[f"slot:{shard}:count"]),
-                    # a stale slot still counts until the next fold of the key drops it
-                    "stale": spec.stale_after_s is not None and age is not None and age > spec.stale_after_s,
-                })
+                row["slots"].append(
+                    {
+                        "shard": int(shard),
+                        "incarnation": meta[f"slot:{shard}:incarnation"],
+                        "seq": int(meta[f"slot:{shard}:seq"]),
+                        "age_s": age,
+                        "count": float(meta[f"slot:{shard}:count"]),
+                        # a stale slot still counts until the next fold of the key drops it
+                        "stale": spec.stale_after_s is not None and age is not None and age > spec.stale_after_s,
+                    }
+                )
         else:
             row.update(owner=getattr(spec, "owner", None), writer=meta.get("writer"))
         keys.append(row)
@@ -99,7 +113,11 @@ def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, d
     spec = store.schema.keys[name]
     data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items()}
     agg = data.get("agg")
-    slots = {int(f.split(":")[1]): split_parts(spec, decode(raw, spec.width)) for f, raw in data.items() if f.startswith("slot:")}
+    slots = {
+        int(f.split(":")[1]): split_parts(spec, decode(raw, spec.width))
+        for f, raw in data.items()
+        if f.startswith("slot:")
+    }
     return (None if agg is None else split_parts(spec, decode(agg, spec.width))), slots
 
 
@@ -125,8 +143,11 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
             mean, sd = _moments(agg)
             if mean is None:
                 continue
-            rows = {s: {"offset_sd": float(np.max(np.abs(m - mean) / sd))} for s, p in slots.items()
-                    if (m := _moments(p)[0]) is not None}
+            rows = {
+                s: {"offset_sd": float(np.max(np.abs(m - mean) / sd))}
+                for s, p in slots.items()
+                if (m := _moments(p)[0]) is not None
+            }
             out[name] = {"kind": "moments", "shards": rows}
             continue
         if np.any(agg["sum"] < 0):

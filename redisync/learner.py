@@ -31,7 +31,9 @@ class FleetMonitor:
         changed = self.store.pull(None, self.state)
         if changed is not None:
             keys = changed.keys if self.state is None or changed.epoch_changed else {**self.state.keys, **changed.keys}
-            self.state = PullResult(changed.epoch, changed.fleet_version, changed.epoch_changed, keys, changed.server_time_us)
+            self.state = PullResult(
+                changed.epoch, changed.fleet_version, changed.epoch_changed, keys, changed.server_time_us
+            )
         return changed
 
     def metrics(self) -> dict[str, float]:
@@ -62,7 +64,9 @@ class FleetMonitor:
             self.refresh()
         state = self.state
         assert state is not None
-        found = {term.key: term.fleet_probabilities(state) for term in self.terms if hasattr(term, "fleet_probabilities")}
+        found = {
+            term.key: term.fleet_probabilities(state) for term in self.terms if hasattr(term, "fleet_probabilities")
+        }
         return {key: probs for key, probs in found.items() if probs is not None}
 
     def state_dict(self) -> dict[str, Any]:

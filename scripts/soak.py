@@ -58,10 +58,19 @@ class CumulativeStats:
         self.fleet_version = fleet.fleet_version
 
 
-def collector(url: str, run: str, shard: int, seconds: float, elements: int, every: float, worker: str, out: Any) -> None:
+def collector(
+    url: str, run: str, shard: int, seconds: float, elements: int, every: float, worker: str, out: Any
+) -> None:
     term = CumulativeStats(elements, shard)
-    syncer = new_syncer(redisync.connect(url, run=run, socket_timeout=2.0), shard, [term], publish_every_steps=1,
-                    poll_every_s=1.0, retry_every_s=0.2, worker=worker).start()
+    syncer = new_syncer(
+        redisync.connect(url, run=run, socket_timeout=2.0),
+        shard,
+        [term],
+        publish_every_steps=1,
+        poll_every_s=1.0,
+        retry_every_s=0.2,
+        worker=worker,
+    ).start()
     versions, end = set(), time.monotonic() + seconds
     while time.monotonic() < end:
         term.step()
@@ -71,8 +80,17 @@ def collector(url: str, run: str, shard: int, seconds: float, elements: int, eve
         time.sleep(every)
     synced = syncer.wait_synced(timeout=60)
     syncer.stop(flush=False)
-    out.put({"shard": shard, "count": term.count, "sum": term.total.sum(), "synced": synced, "stats": dict(syncer.stats),
-             "latencies": list(syncer.latencies_ms), "versions_seen": len(versions)})
+    out.put(
+        {
+            "shard": shard,
+            "count": term.count,
+            "sum": term.total.sum(),
+            "synced": synced,
+            "stats": dict(syncer.stats),
+            "latencies": list(syncer.latencies_ms),
+            "versions_seen": len(versions),
+        }
+    )
 
 
 def free_port() -> int:
@@ -93,8 +111,22 @@ class Server:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", self.dir], stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         for _ in range(200):
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
@@ -156,9 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--collectors", type=int, default=32)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--elements", type=int, default=1024)
-    p.add_argument("--publish-every", type=float, default=0.05, help="seconds between a collector's steps (one report each)")
-    p.add_argument("--worker", choices=("thread", "process"), default="thread",
-                   help="the Syncer's worker (thread: 32 collectors are 32 processes, not 64)")
+    p.add_argument(
+        "--publish-every", type=float, default=0.05, help="seconds between a collector's steps (one report each)"
+    )
+    p.add_argument(
+        "--worker",
+        choices=("thread", "process"),
+        default="thread",
+        help="the Syncer's worker (thread: 32 collectors are 32 processes, not 64)",
+    )
     p.add_argument("--faults", default="kill@20,stop@40:3", help="e.g. kill@120,stop@300:5 (times from the start)")
     args = p.parse_args(argv)
 
@@ -173,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     store = redisync.connect(url, run=run, socket_timeout=2.0)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=collector, args=(url, run, i, args.seconds, args.elements, args.publish_every, args.worker, out))
-             for i in range(args.collectors)]
+    procs = [
+        ctx.Process(
+            target=collector, args=(url, run, i, args.seconds, args.elements, args.publish_every, args.worker, out)
+        )
+        for i in range(args.collectors)
+    ]
     for proc in procs:
         proc.start()
     t0, log = time.monotonic(), []
@@ -198,21 +240,36 @@ def main(argv: list[str] | None = None) -> int:
     lat = sorted(x for r in results for x in r["latencies"])
     stats = {k: sum(r["stats"][k] for r in results) for k in results[0]["stats"]}
     sent = stats["publishes"] + stats["duplicates"] + stats["rejected"]
-    print(f"soak: {args.collectors} collectors x {args.seconds:g}s, a merge key of {args.elements} float64, "
-          f"a report every {args.publish_every:g}s, {args.worker} workers, against {args.url or 'a private redis-server'}")
-    print(f"reports sent {sent}  applied {stats['publishes']}  duplicates {stats['duplicates']}  rejected {stats['rejected']}  "
-          f"coalesced {stats['coalesced']}  failed attempts {stats['publish_failures']}  re-seeds {stats['reseeds']}")
-    print(f"lost {lost}  (fleet count {float(fleet['count']):.0f} = sum of final reports {total_count:.0f}: "
-          f"{float(fleet['count']) == total_count})")
+    print(
+        f"soak: {args.collectors} collectors x {args.seconds:g}s, a merge key of {args.elements} float64, "
+        f"a report every {args.publish_every:g}s, {args.worker} workers, against {args.url or 'a private redis-server'}"
+    )
+    print(
+        f"reports sent {sent}  applied {stats['publishes']}  duplicates {stats['duplicates']}  rejected {stats['rejected']}  "
+        f"coalesced {stats['coalesced']}  failed attempts {stats['publish_failures']}  re-seeds {stats['reseeds']}"
+    )
+    print(
+        f"lost {lost}  (fleet count {float(fleet['count']):.0f} = sum of final reports {total_count:.0f}: "
+        f"{float(fleet['count']) == total_count})"
+    )
     if lat:
         print(f"publish latency p50 {statistics.median(lat):.2f} ms  p99 {lat[int(0.99 * (len(lat) - 1))]:.2f} ms")
-    print(f"fleet versions: final {store.fleet().fleet_version}, seen per collector (median) "
-          f"{statistics.median(r['versions_seen'] for r in results):.0f}")
+    print(
+        f"fleet versions: final {store.fleet().fleet_version}, seen per collector (median) "
+        f"{statistics.median(r['versions_seen'] for r in results):.0f}"
+    )
     for entry in log:
         rec = entry["recovery_s"]
-        print(f"fault {entry['fault']}: " + ("collectors kept stepping" if rec is None and "STOP" in entry["fault"]
-                                             else f"every slot back {rec:.2f}s after the restart" if rec is not None
-                                             else "NOT RECOVERED"))
+        print(
+            f"fault {entry['fault']}: "
+            + (
+                "collectors kept stepping"
+                if rec is None and "STOP" in entry["fault"]
+                else f"every slot back {rec:.2f}s after the restart"
+                if rec is not None
+                else "NOT RECOVERED"
+            )
+        )
     store.delete()
     if server is not None:
         server.kill()

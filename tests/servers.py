@@ -57,11 +57,27 @@ class RedisProcess:
         """Start, then wait until ``username`` (None: the default user) gets a PONG."""
         # with a config file, its persistence settings hold; without one, nothing touches the disk
         base = [str(self.conf)] if self.conf else ["--save", "", "--appendonly", "no"]
-        cmd = ["redis-server", *base, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-               "--daemonize", "no", *self.args]
+        cmd = [
+            "redis-server",
+            *base,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
+            *self.args,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, username=username, password=password, socket_connect_timeout=0.2,
-                             retry=Retry(NoBackoff(), 0))  # redis-py's default retry would back off for seconds
+        client = redis.Redis(
+            port=self.port,
+            username=username,
+            password=password,
+            socket_connect_timeout=0.2,
+            retry=Retry(NoBackoff(), 0),
+        )  # redis-py's default retry would back off for seconds
         deadline = time.monotonic() + 20  # generous: CI machines are shared
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

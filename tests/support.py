@@ -39,8 +39,10 @@ def lua_state(store: Store) -> dict:
             }
             # every stored group sum is the sum of its group's live slots (the fold re-reads only its own group)
             ids = sorted(key["slots"])
-            expected = {f"group:{g}": summed([key["slots"][i][2] for i in ids if i // GROUP == g], spec.width)
-                        for g in {i // GROUP for i in ids}}
+            expected = {
+                f"group:{g}": summed([key["slots"][i][2] for i in ids if i // GROUP == g], spec.width)
+                for g in {i // GROUP for i in ids}
+            }
             stored = {f: decode(v, spec.width) for f, v in data.items() if f.startswith("group:")}
             assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
             for f, v in expected.items():

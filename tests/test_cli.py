@@ -37,7 +37,21 @@ def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     url = ["--url", real_redis_or_skip()] if backend == "real" else []
     run = f"demo-test-{uuid.uuid4().hex[:8]}"
     try:
-        out = cli("demo", *url, "--run", run, "--shards", "2", "--steps", "2000", "--envs", "512", "--out", str(tmp_path), "--no-progress")
+        out = cli(
+            "demo",
+            *url,
+            "--run",
+            run,
+            "--shards",
+            "2",
+            "--steps",
+            "2000",
+            "--envs",
+            "512",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        )
     finally:
         if url:  # with --url the demo keeps its run
             redisync_api.connect(url[1], run=run).delete()
@@ -87,11 +101,20 @@ def cli_url(request):
 def populated(cli_url):
     """A run with three shards, a broadcast decision and one rejected report."""
     store = redisync_api.connect(cli_url, run=f"cli-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of({"motion/bin_failed": merge(4, stale_after_s=60, lifecycle="history"), "curriculum/scale": broadcast((), owner=0)}))
+    store.register(
+        Schema.of(
+            {
+                "motion/bin_failed": merge(4, stale_after_s=60, lifecycle="history"),
+                "curriculum/scale": broadcast((), owner=0),
+            }
+        )
+    )
     for shard in range(3):
         store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.eye(4)[shard] + 0.1}})
     store.shard(0).publish({"curriculum/scale": {"value": 0.5}})
-    with pytest.raises(redisync_api.errors.NotOwner):  # a misbehaving client skips the client-side check: the server refuses
+    with pytest.raises(
+        redisync_api.errors.NotOwner
+    ):  # a misbehaving client skips the client-side check: the server refuses
         store.shard(2).publish_payloads({"curriculum/scale": codec.encode([np.array([0.9])])}, seq=1)
     yield cli_url, store
     store.delete()
@@ -126,8 +149,13 @@ def test_watch_shows_per_shard_drift_and_stops(populated):
 
 def test_watch_exits_cleanly_on_ctrl_c(populated):
     url, store = populated
-    proc = subprocess.Popen([sys.executable, "-m", "redisync.cli", "watch", "--url", url, "--run", store.run, "--interval", "0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_default)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisync.cli", "watch", "--url", url, "--run", store.run, "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ctrl_c_default,
+    )
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
@@ -164,7 +192,10 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
         (["restore", "--url", "{url}", "--run", "x", "/nonexistent/snap.json"], "/nonexistent/snap.json: no such file"),
         (["restore", "--url", "{url}", "--run", "x", __file__], "is not a redisync snapshot"),
         (["demo", "--shards", "0"], "--shards"),
-        (["demo", "--url", "redis://127.0.0.1:1", "--no-progress", "--steps", "200", "--shards", "1"], "Connection refused"),
+        (
+            ["demo", "--url", "redis://127.0.0.1:1", "--no-progress", "--steps", "200", "--shards", "1"],
+            "Connection refused",
+        ),
     ],
 )
 def test_bad_arguments_print_one_line_and_exit_nonzero(args, words, real_url):
@@ -173,8 +204,16 @@ def test_bad_arguments_print_one_line_and_exit_nonzero(args, words, real_url):
     assert words in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("args", [["inspect"], ["inspect", "--run", "demo"], ["watch", "--run", "demo", "--count", "1"],
-                                  ["snapshot", "--run", "demo", "/tmp/x.json"], ["restore", "--run", "demo", "/tmp/x.json"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect"],
+        ["inspect", "--run", "demo"],
+        ["watch", "--run", "demo", "--count", "1"],
+        ["snapshot", "--run", "demo", "/tmp/x.json"],
+        ["restore", "--run", "demo", "/tmp/x.json"],
+    ],
+)
 def test_commands_on_a_run_refuse_the_embedded_store(args, monkeypatch, tmp_path):
     monkeypatch.delenv("REDISYNC_URL", raising=False)
     out = cli(*args)
@@ -198,24 +237,40 @@ def test_url_help_lists_every_scheme_connect_takes():
 
 def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
     blocker = tmp_path / "sitecustomize.py"  # the interpreter as a plain `pip install redisync` leaves it: no tqdm
-    blocker.write_text("import sys\nclass Block:\n    def find_spec(self, name, *a):\n"
-                       "        if name.split('.')[0] in ('tqdm', 'matplotlib'):\n            raise ImportError(name)\n"
-                       "sys.meta_path.insert(0, Block())\n")
+    blocker.write_text(
+        "import sys\nclass Block:\n    def find_spec(self, name, *a):\n"
+        "        if name.split('.')[0] in ('tqdm', 'matplotlib'):\n            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "redisync.cli", "demo", "--steps", "2000"], capture_output=True, text=True,
-                         timeout=120, env=env, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "redisync.cli", "demo", "--steps", "2000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "redisync demo needs the demo extra (tqdm, matplotlib missing): pip install 'redisync[demo]'" in out.stderr
     assert time.monotonic() - started < 60 and not (tmp_path / "out").exists()  # before any work
 
 
 def test_a_connection_error_names_the_url_with_its_password_masked():
-    for command in (["inspect"], ["watch", "--run", "x", "--count", "1"], ["bench", "--calls", "10"], ["snapshot", "--run", "x", "/tmp/x.json"]):
+    for command in (
+        ["inspect"],
+        ["watch", "--run", "x", "--count", "1"],
+        ["bench", "--calls", "10"],
+        ["snapshot", "--run", "x", "/tmp/x.json"],
+    ):
         out = cli(*command, "--url", "redis://operator:s3cret@127.0.0.1:1/0")
         assert out.returncode == 1, (command, out.stdout)
         lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("redisync: error: redis://operator:***@127.0.0.1:1/0: "), (command, out.stderr)
+        assert len(lines) == 1 and lines[0].startswith("redisync: error: redis://operator:***@127.0.0.1:1/0: "), (
+            command,
+            out.stderr,
+        )
         assert "refused" in lines[0] and "s3cret" not in out.stderr and "Traceback" not in out.stderr
 
 
@@ -228,15 +283,21 @@ def test_a_database_the_server_lacks_is_named_in_words(real_url):
 
 def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
     url, store = populated
-    missing, not_json, no_run, damaged = (tmp_path / n for n in ("missing.json", "not.json", "norun.json", "damaged.json"))
+    missing, not_json, no_run, damaged = (
+        tmp_path / n for n in ("missing.json", "not.json", "norun.json", "damaged.json")
+    )
     not_json.write_text("garbage")
     no_run.write_text("{}")
     assert cli("snapshot", "--url", url, "--run", store.run, str(damaged)).returncode == 0
     snap = json.loads(damaged.read_text())
     snap["hashes"]["meta"]["fleet_version"] = "not base64!"
     damaged.write_text(json.dumps(snap))
-    for path, problem in ((missing, "no such file"), (not_json, "is not a redisync snapshot: not JSON"),
-                          (no_run, "is not a redisync snapshot: the field 'run' is missing"), (damaged, "meta")):
+    for path, problem in (
+        (missing, "no such file"),
+        (not_json, "is not a redisync snapshot: not JSON"),
+        (no_run, "is not a redisync snapshot: the field 'run' is missing"),
+        (damaged, "meta"),
+    ):
         out = cli("restore", "--url", url, "--run", store.run, str(path))
         assert out.returncode == 1 and f"redisync: error: {path}" in out.stderr and problem in out.stderr, out.stderr
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
@@ -247,17 +308,27 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
     """Moments: each shard's mean offset in pooled sds; distributions: TV and entropy; signed sums and
     one-element keys: nothing (they are not distributions); never a negative zero."""
     store = redisync_api.connect(cli_url, run=f"cli-kinds-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of({"obs/norm": merge(2, sumsq=True, lifecycle="history"), "motion/bin_failed": merge(4, lifecycle="history"), "curriculum/delta": merge(3, lifecycle="history"),
-                              "motion/one": merge(1, lifecycle="history")}))
+    store.register(
+        Schema.of(
+            {
+                "obs/norm": merge(2, sumsq=True, lifecycle="history"),
+                "motion/bin_failed": merge(4, lifecycle="history"),
+                "curriculum/delta": merge(3, lifecycle="history"),
+                "motion/one": merge(1, lifecycle="history"),
+            }
+        )
+    )
     try:
         for shard, mean in ((0, np.array([0.0, 0.0])), (1, np.array([2.0, 0.0]))):
             x = mean + np.array([[1.0, 1.0], [-1.0, -1.0]])  # sd 1 around the shard's mean
-            store.shard(shard).publish({
-                "obs/norm": {"count": 2, "sum": x.sum(0), "sumsq": (x**2).sum(0)},
-                "motion/bin_failed": {"count": 1, "sum": np.array([1.0, 1.0, 1.0, 1.0])},  # identical: TV 0
-                "curriculum/delta": {"count": 1, "sum": np.array([1.0, -2.0, 0.5])},
-                "motion/one": {"count": 1, "sum": 3.0},
-            })
+            store.shard(shard).publish(
+                {
+                    "obs/norm": {"count": 2, "sum": x.sum(0), "sumsq": (x**2).sum(0)},
+                    "motion/bin_failed": {"count": 1, "sum": np.array([1.0, 1.0, 1.0, 1.0])},  # identical: TV 0
+                    "curriculum/delta": {"count": 1, "sum": np.array([1.0, -2.0, 0.5])},
+                    "motion/one": {"count": 1, "sum": 3.0},
+                }
+            )
         out = cli("watch", "--url", cli_url, "--run", store.run, "--count", "1")
         assert out.returncode == 0, out.stderr
         header = next(l for l in out.stdout.splitlines() if l.startswith("shard"))
@@ -275,9 +346,30 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
 def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
     """The newcomer's path: the demo names its run and URL up front, ends with the commands that show
     it, and those commands work while the demo serves the run; Ctrl-C ends it cleanly."""
-    proc = subprocess.Popen([sys.executable, "-m", "redisync.cli", "demo", "--shards", "2", "--steps", "400", "--envs", "128",
-                             "--run", "first-look", "--keep", "--out", str(tmp_path), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_default)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "redisync.cli",
+            "demo",
+            "--shards",
+            "2",
+            "--steps",
+            "400",
+            "--envs",
+            "128",
+            "--run",
+            "first-look",
+            "--keep",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ctrl_c_default,
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 240

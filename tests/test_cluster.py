@@ -28,10 +28,32 @@ def cluster(tmp_path_factory):
     nodes = []
     for i in range(3):
         d = tmp_path_factory.mktemp(f"node{i}")
-        nodes.append(RedisProcess(d, free_cluster_port(), "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
-                                  "--cluster-node-timeout", "2000").start())
-    subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes], "--cluster-replicas", "0",
-                    "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        nodes.append(
+            RedisProcess(
+                d,
+                free_cluster_port(),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(d / "nodes.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            ).start()
+        )
+    subprocess.run(
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *[f"127.0.0.1:{n.port}" for n in nodes],
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     for n in nodes:
         client = redis.Redis(port=n.port, retry=Retry(NoBackoff(), 0), decode_responses=True)
         for _ in range(200):
@@ -64,10 +86,16 @@ def test_runs_live_in_one_slot_and_do_not_interfere(cluster):
         for store, k in ((a, 1.0), (b, 10.0)):
             store.register(SCHEMA)
             shard = store.shard(0)
-            shard.publish({"obs/norm": {"count": 2, "sum": np.full(3, k), "sumsq": np.full(3, k * k)},
-                           "curriculum/scale": {"value": k}})
+            shard.publish(
+                {
+                    "obs/norm": {"count": 2, "sum": np.full(3, k), "sumsq": np.full(3, k * k)},
+                    "curriculum/scale": {"value": k},
+                }
+            )
             assert shard.pull().fleet_version == 1
-        slots = {redis.cluster.key_slot(k.encode()) for k in [a.keys.meta, a.keys.key_data("obs/norm"), a.keys.dead_letters]}
+        slots = {
+            redis.cluster.key_slot(k.encode()) for k in [a.keys.meta, a.keys.key_data("obs/norm"), a.keys.dead_letters]
+        }
         assert len(slots) == 1  # the hash tag keeps the run in one slot
         assert float(a.fleet().keys["curriculum/scale"].parts()["value"]) == 1.0
         assert float(b.fleet().keys["curriculum/scale"].parts()["value"]) == 10.0
@@ -85,8 +113,12 @@ def test_runs_live_in_one_slot_and_do_not_interfere(cluster):
         np.testing.assert_array_equal(a.fleet().keys["obs/norm"].parts()["count"], 3)
         assert b.fleet().fleet_version == 1  # the other run saw none of it
         # the CLI, through the same cluster URL
-        out = subprocess.run([sys.executable, "-m", "redisync.cli", "inspect", "--url", cluster, "--run", a_name, "--json"],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "redisync.cli", "inspect", "--url", cluster, "--run", a_name, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)[0]["fleet_version"] == 3
     finally:

@@ -54,8 +54,11 @@ def test_compose_file_is_valid(tmp_path):
 
     compose = CONF.parent / "docker-compose.yml"
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        result = subprocess.run(["docker", "compose", "-f", str(compose), "--profile", "sentinel", "config", "-q"],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            ["docker", "compose", "-f", str(compose), "--profile", "sentinel", "config", "-q"],
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode == 0, result.stderr
     doc = yaml.safe_load(compose.read_text())
     services = doc["services"]
@@ -84,11 +87,16 @@ def test_sentinel_conf_monitors_a_primary(tmp_path):
     primary.start()
     sentinel_port = free_port()
     conf = (CONF.parent / "sentinel.conf").read_text()
-    conf = conf.replace("redis-primary 6379", f"127.0.0.1 {primary.port}").replace("port 26379", f"port {sentinel_port}")
+    conf = conf.replace("redis-primary 6379", f"127.0.0.1 {primary.port}").replace(
+        "port 26379", f"port {sentinel_port}"
+    )
     conf = conf.replace("dir /data", f"dir {tmp_path}")
     (tmp_path / "sentinel.conf").write_text(conf)
-    proc = subprocess.Popen(["redis-server", str(tmp_path / "sentinel.conf"), "--sentinel"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["redis-server", str(tmp_path / "sentinel.conf"), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         client = redis.Redis(port=sentinel_port, retry=Retry(NoBackoff(), 0), decode_responses=True)
         for _ in range(100):

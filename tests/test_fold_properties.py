@@ -46,7 +46,10 @@ def random_payload(rng: np.random.Generator, name: str, corrupt: bool) -> np.nda
     else:
         sizes = {"count": spec.count_size, "sum": spec.size, "sumsq": spec.size}
         flat = np.concatenate(
-            [rng.normal(0, scale, sizes[part]) if part == "sum" else rng.uniform(0, scale, sizes[part]) for part in spec.parts]
+            [
+                rng.normal(0, scale, sizes[part]) if part == "sum" else rng.uniform(0, scale, sizes[part])
+                for part in spec.parts
+            ]
         )
     assert flat.size == spec.width
     if corrupt:
@@ -106,7 +109,9 @@ def run_sequence(store, ops) -> None:
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 2**32 - 1), length=st.integers(1, 80))
 def test_lua_fold_matches_reference(backend, seed, length):
     store = new_store(backend)

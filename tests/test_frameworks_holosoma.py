@@ -80,7 +80,11 @@ class LocomotionEnv:
         return next(t for _, t in self.curriculum_manager.iter_terms() if isinstance(t, PenaltyCurriculum))
 
     def state(self) -> tuple[float, float, float]:
-        return float(self._get_average_episode_tracker().get_average()), float(self.reward_penalty_scale), self.penalty.current_scale
+        return (
+            float(self._get_average_episode_tracker().get_average()),
+            float(self.reward_penalty_scale),
+            self.penalty.current_scale,
+        )
 
 
 def episodes(rank: int, round_: int) -> torch.Tensor:
@@ -128,7 +132,9 @@ def test_the_tracker_and_penalty_decide_alike_through_redisync_and_through_holos
     for rank in (0, 1):
         for (avg_up, logged_up, _), (avg_ours, logged_ours, _) in zip(out[rank]["upstream"], out[rank]["ours"]):
             assert avg_ours == avg_up  # the tracker after a sync: rank 0's average, bit for bit
-            assert logged_ours == pytest.approx(logged_up, rel=1e-6)  # the penalty scale (holosoma's goes through float32)
+            assert logged_ours == pytest.approx(
+                logged_up, rel=1e-6
+            )  # the penalty scale (holosoma's goes through float32)
     owner_scales = [s[2] for s in out[0]["ours"]]
     assert owner_scales[-1] > PENALTY["initial_scale"]  # the owner's long episodes raised the scale
     assert [s[2] for s in out[1]["ours"]] == owner_scales  # and redisync applied it where the rewards use it
@@ -140,7 +146,10 @@ def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):
     run = f"t-{uuid.uuid4().hex[:12]}"
     envs = [LocomotionEnv(), LocomotionEnv()]
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
-    syncs = [sync_curriculum(env, fleet=fleet, episode_length="pooled", penalty_scale="local") for env, fleet in zip(envs, fleets)]
+    syncs = [
+        sync_curriculum(env, fleet=fleet, episode_length="pooled", penalty_scale="local")
+        for env, fleet in zip(envs, fleets)
+    ]
     try:
         for rank, env in enumerate(envs):
             env.end_episodes(episodes(rank, 0)[: 10 + 30 * rank])

@@ -66,7 +66,9 @@ def test_the_preset_builds_a_sampler_of_the_motion_the_test_uses():
 def test_local_mode_draws_what_holosomas_own_sampler_draws():
     own, synced = AdaptiveTimestepsSampler(T, "cpu", FPS), None
     fleet = ProcessFleet(redisync.connect(None), 0)
-    synced = SyncedAdaptiveTimestepsSampler.replacing(AdaptiveTimestepsSampler(T, "cpu", FPS), mode="local", fleet=fleet)
+    synced = SyncedAdaptiveTimestepsSampler.replacing(
+        AdaptiveTimestepsSampler(T, "cpu", FPS), mode="local", fleet=fleet
+    )
     theirs, ours = [], []
     drive(own, 0, 120, theirs)
     drive(synced, 0, 120, ours)
@@ -142,6 +144,7 @@ def test_a_rank_that_dies_and_never_returns_leaves_the_pool(real_url):
         assert float(samplers[0].state.sampling_ema().sum() - samplers[0].state.bin_failed_count.sum()) > 0
         fleets[1].stop()  # rank 1 is gone for good
         import time
+
         time.sleep(1.5)
         drive(samplers[0], 0, 5)
         fleets[0].flush()
@@ -156,8 +159,10 @@ def test_a_rank_that_dies_and_never_returns_leaves_the_pool(real_url):
 
 def test_a_command_without_the_adaptive_sampler_is_refused():
     with pytest.raises(ConfigurationError, match="use_adaptive_timesteps_sampler=True"):
-        sync_motion_command(type("Env", (), {"command_manager": type("M", (), {"_state_terms": {}})()})(),
-                            fleet=ProcessFleet(redisync.connect(None), 0))
+        sync_motion_command(
+            type("Env", (), {"command_manager": type("M", (), {"_state_terms": {}})()})(),
+            fleet=ProcessFleet(redisync.connect(None), 0),
+        )
 
 
 class FastSacAgent:
@@ -182,7 +187,9 @@ def test_fastsac_normalisers_are_replaced_with_their_state_and_called_as_holosom
         for _ in range(5):
             x = torch.randn(32, 6, generator=g) * 3 + 1
             for kw in ({}, {"update": False}, {"center": False}):
-                assert torch.equal(agent.obs_normalizer(x, **kw), theirs.obs_normalizer(x, **kw))  # holosoma's update, bit for bit
+                assert torch.equal(
+                    agent.obs_normalizer(x, **kw), theirs.obs_normalizer(x, **kw)
+                )  # holosoma's update, bit for bit
         theirs.obs_normalizer.load_state_dict(agent.obs_normalizer.state_dict())  # checkpoints load both ways
     finally:
         fleet.stop()
@@ -197,7 +204,9 @@ def test_pooled_fastsac_normalisers_hold_the_statistics_of_every_sample(real_url
         for fleet, agent in zip(fleets, agents):
             sync_fastsac_normalizers(agent, fleet=fleet)
         for step in range(4):
-            batches = [torch.randn(64, 6, generator=torch.Generator().manual_seed(10 * r + step)) * (r + 1) + r for r in (0, 1)]
+            batches = [
+                torch.randn(64, 6, generator=torch.Generator().manual_seed(10 * r + step)) * (r + 1) + r for r in (0, 1)
+            ]
             for agent, x in zip(agents, batches):
                 agent.obs_normalizer(x)
             reference(torch.cat(batches))  # holosoma's own, fed every batch (its count; its mean to float32)
@@ -229,5 +238,8 @@ def test_an_agent_without_normalisation_is_refused():
 def test_rsl_rls_sync_normalizers_points_a_holosoma_agent_to_its_own_drop_in():
     from redisync.integrations.rsl_rl import sync_normalizers
 
-    with pytest.raises(ConfigurationError, match="obs_normalizer, critic_obs_normalizer is holosoma FastSAC's.*sync_fastsac_normalizers"):
+    with pytest.raises(
+        ConfigurationError,
+        match="obs_normalizer, critic_obs_normalizer is holosoma FastSAC's.*sync_fastsac_normalizers",
+    ):
         sync_normalizers(FastSacAgent(), fleet=ProcessFleet(redisync.connect(None), 0))

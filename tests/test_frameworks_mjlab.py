@@ -39,7 +39,7 @@ README_MARKER = "<!-- the mjlab collector: tests/test_frameworks_mjlab.py runs t
 
 def readme_collector() -> str:
     text = README.read_text()
-    return re.search(r"```python\n(.*?)```", text[text.index(README_MARKER):], re.S).group(1)
+    return re.search(r"```python\n(.*?)```", text[text.index(README_MARKER) :], re.S).group(1)
 
 
 def slots(store: redisync.store.client.Store, key: str) -> set[str]:
@@ -52,8 +52,9 @@ def motion(tmp_path_factory) -> Path:
     return keyframe_motion(tmp_path_factory.mktemp("motion") / "motion.npz", seconds=6.0)
 
 
-def tracking_env(motion: Path, sync_mode: str | None = None, fleet: ProcessFleet | None = None, seed: int = 7,
-                 **sync) -> ManagerBasedRlEnv:
+def tracking_env(
+    motion: Path, sync_mode: str | None = None, fleet: ProcessFleet | None = None, seed: int = 7, **sync
+) -> ManagerBasedRlEnv:
     cfg = load_env_cfg(TASK)
     cfg.scene.num_envs, cfg.seed = 4, seed
     cfg.commands["motion"].motion_file = str(motion)
@@ -81,7 +82,12 @@ def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
         assert type(command).__name__ == ("MotionCommand" if mode is None else "SyncedMotionCommand")
         env.reset()
         starts, emas = [], []
-        random_steps(env, 80, seed=1, each=lambda: (starts.append(command.time_steps.clone()), emas.append(command.bin_failed_count.clone())))
+        random_steps(
+            env,
+            80,
+            seed=1,
+            each=lambda: (starts.append(command.time_steps.clone()), emas.append(command.bin_failed_count.clone())),
+        )
         runs[mode] = (torch.stack(starts), torch.stack(emas))
         env.close()
     assert float(runs[None][1][-1].sum()) > 0  # envs failed, so the adaptive sampler had something to adapt to
@@ -92,7 +98,10 @@ def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
 def test_a_collector_that_dies_and_never_restarts_leaves_the_pool_with_stale_after_s(motion, real_url):
     run = f"t-{uuid.uuid4().hex[:12]}"
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
-    envs = [tracking_env(motion, "pooled", fleet, seed=3 + i, stale_after_s=1.0, lifecycle="state") for i, fleet in enumerate(fleets)]
+    envs = [
+        tracking_env(motion, "pooled", fleet, seed=3 + i, stale_after_s=1.0, lifecycle="state")
+        for i, fleet in enumerate(fleets)
+    ]
     samplers = [env.command_manager.get_term("motion").sampler for env in envs]
     try:
         assert fleets[0].terms[0].schema_entries()["motion/bin_failed"].stale_after_s == 1.0
@@ -158,8 +167,12 @@ def _collector(rank: int, motion: str, url: str, run: str, steps: int, barrier, 
         command._adaptive_sampling(torch.arange(env.num_envs))  # a reset: the fleet state is swapped in, then the draw
     finally:
         torch.multinomial = multinomial
-    out[rank] = {"failures": torch.stack(failures).numpy(), "own": command.sampler.bin_failed_count.double().numpy(),
-                 "view": command.sampler.sampling_ema().numpy(), "drawn_from": drawn_from[0].numpy()}
+    out[rank] = {
+        "failures": torch.stack(failures).numpy(),
+        "own": command.sampler.bin_failed_count.double().numpy(),
+        "view": command.sampler.sampling_ema().numpy(),
+        "drawn_from": drawn_from[0].numpy(),
+    }
     fleet.stop()
     env.close()
 
@@ -198,8 +211,16 @@ def test_the_readme_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
     procs = []
     for shard in (0, 1):
         env = {**os.environ, "REDISYNC_URL": real_url, "REDISYNC_RUN": run, "REDISYNC_SHARD": str(shard)}
-        procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     store = redisync.connect(real_url, run=run)
     try:
@@ -209,6 +230,8 @@ def test_the_readme_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
         assert slots(store, "motion/bin_failed") == {"0", "1"}
         # rsl_rl updates each normaliser once per iteration with its rollout: 2 iterations × 8 steps × 4 envs
         for name in ("rsl_rl/actor.obs_normalizer", "rsl_rl/critic.obs_normalizer"):
-            assert slots(store, name) == {"0", "1"} and float(np.ravel(keys[name].parts()["count"])[0]) == 2 * (2 * 8 * 4)
+            assert slots(store, name) == {"0", "1"} and float(np.ravel(keys[name].parts()["count"])[0]) == 2 * (
+                2 * 8 * 4
+            )
     finally:
         store.delete()

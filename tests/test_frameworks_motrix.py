@@ -82,7 +82,9 @@ def test_async_collectors_sample_from_the_pooled_failure_ema(fleet_run, collecto
     traces = go("redisync-tracking", collectors, 200)
     for i, t in traces.items():
         synced = t["version"] > 0
-        assert synced.sum() >= len(synced) // 2, f"collector {i} held fleet state at only {synced.sum()} of {len(synced)} resets"
+        assert synced.sum() >= len(synced) // 2, (
+            f"collector {i} held fleet state at only {synced.sum()} of {len(synced)} resets"
+        )
         # every draw came from the command's own formula applied to the fleet's EMA (others as pulled + own now)
         for cdf, own, fleet in zip(t["cdf"], t["own"], t["fleet"]):
             np.testing.assert_allclose(cdf, command_cdf((fleet + own).astype(np.float32)), rtol=1e-5, atol=1e-6)
@@ -143,7 +145,7 @@ def test_the_readmes_motrix_env_block_defines_a_synced_env():
 
     text = README.read_text()
     marker = "<!-- the MotrixLab env: tests/test_frameworks_motrix.py runs this block -->"
-    block = re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S).group(1)
+    block = re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.S).group(1)
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
     env_cls = scope["MyTrackingEnv"]

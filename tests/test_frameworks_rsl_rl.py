@@ -152,7 +152,9 @@ def test_the_synced_normaliser_runs_no_collective_where_rsl_rls_waits_for_a_stra
         out = dict(out)
     redisync.connect(real_url, run=run).delete()
     assert out["upstream"].startswith("failed after")  # rsl_rl 5.5.1 waited for the straggler, then gave up
-    assert out["synced_count"] == 10 * 32 and out["synced_s"] < 2.0  # ours never waited (the thread worker started inside)
+    assert (
+        out["synced_count"] == 10 * 32 and out["synced_s"] < 2.0
+    )  # ours never waited (the thread worker started inside)
 
 
 def _ppo_rank(rank: int, init: str, url: str, run: str, synced: bool, out: dict) -> None:
@@ -175,13 +177,26 @@ def _ppo_rank(rank: int, init: str, url: str, run: str, synced: bool, out: dict)
     torch.manual_seed(rank)
     obs = TensorDict({"policy": torch.zeros(8, 5), "privileged": torch.zeros(8, 3)}, batch_size=[8])
     groups = {"actor": ["policy"], "critic": ["policy", "privileged"]}
-    actor = MLPModel(obs, groups, "actor", 2, hidden_dims=(16,), obs_normalization=True,
-                     distribution_cfg={"class_name": "rsl_rl.modules.distribution:GaussianDistribution"})
+    actor = MLPModel(
+        obs,
+        groups,
+        "actor",
+        2,
+        hidden_dims=(16,),
+        obs_normalization=True,
+        distribution_cfg={"class_name": "rsl_rl.modules.distribution:GaussianDistribution"},
+    )
     critic = MLPModel(obs, groups, "critic", 1, hidden_dims=(16,), obs_normalization=True)
     obs = TensorDict({"policy": torch.randn(8, 5), "privileged": torch.randn(8, 3)}, batch_size=[8])
     storage = RolloutStorage("rl", 8, 8, obs, [2], "cpu")
-    alg = PPO(actor, critic, storage, num_learning_epochs=2, num_mini_batches=2,
-              multi_gpu_cfg={"global_rank": rank, "local_rank": rank, "world_size": 2})
+    alg = PPO(
+        actor,
+        critic,
+        storage,
+        num_learning_epochs=2,
+        num_mini_batches=2,
+        multi_gpu_cfg={"global_rank": rank, "local_rank": rank, "world_size": 2},
+    )
     fleet = None
     if synced:
         fleet = ProcessFleet(redisync.connect(url, run=run), rank, worker="thread")
@@ -212,12 +227,19 @@ def test_data_parallel_ppo_keeps_its_gradient_collectives_so_a_straggler_still_c
         run = f"t-{uuid.uuid4().hex[:12]}"
         with mp.Manager() as manager:
             out = manager.dict()
-            mp.spawn(_ppo_rank, args=(f"file://{tmp_path}/rendezvous-{synced}", real_url, run, synced, out), nprocs=2, join=True)
+            mp.spawn(
+                _ppo_rank,
+                args=(f"file://{tmp_path}/rendezvous-{synced}", real_url, run, synced, out),
+                nprocs=2,
+                join=True,
+            )
             seen[synced] = dict(out)
         redisync.connect(real_url, run=run).delete()
     plain, synced = seen[False][0][0], seen[True][0][0]
-    print(f"collectives per rank: rsl_rl's normaliser {plain}, synced {synced}; rank 0's update with the straggler: "
-          f"{seen[False][0][1]:.2f} s / {seen[True][0][1]:.2f} s")
+    print(
+        f"collectives per rank: rsl_rl's normaliser {plain}, synced {synced}; rank 0's update with the straggler: "
+        f"{seen[False][0][1]:.2f} s / {seen[True][0][1]:.2f} s"
+    )
     assert sum(plain.values()) > sum(synced.values()) > 0  # fewer, not none: the gradients still all-reduce
     assert synced.get("broadcast", 0) >= 1 and synced.get("all_reduce", 0) >= 1
     assert seen[True][0][1] > 1.5  # rank 0 still waited for rank 1's gradients

@@ -32,8 +32,13 @@ SHARD, INC = 1, 1_000
 CASES = 1200
 
 bad_numbers = st.sampled_from([math.nan, math.inf, -math.inf, -1.0, -1e-300, 1e308 * 10])
-junk = st.one_of(st.none(), st.text(max_size=5), st.binary(max_size=5), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-                 st.lists(st.text(max_size=2), max_size=3))
+junk = st.one_of(
+    st.none(),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.lists(st.text(max_size=2), max_size=3),
+)
 
 
 @st.composite
@@ -51,7 +56,9 @@ def bad_client_report(draw):
     field = draw(st.sampled_from(sorted(report)))
     if kind == "value":
         arr = np.array(report[field], dtype=float, ndmin=1).copy()
-        arr[draw(st.integers(0, arr.size - 1))] = draw(bad_numbers if field in ("count", "sumsq") else bad_numbers.filter(lambda v: not (v < 0 and v > -math.inf)))
+        arr[draw(st.integers(0, arr.size - 1))] = draw(
+            bad_numbers if field in ("count", "sumsq") else bad_numbers.filter(lambda v: not (v < 0 and v > -math.inf))
+        )
         report[field] = arr if np.ndim(good[field]) else arr[0]
     elif kind == "shape":
         report[field] = np.ones(draw(st.sampled_from([(2,), (7,), (2, 2), (size + 1,)])))
@@ -66,8 +73,10 @@ def bad_client_report(draw):
         if not report:
             report = {"sumsq": 1.0}
     else:  # a payload over the run's max_report_bytes: two keys
-        return {"obs/norm": {"count": 1.0, "sum": np.ones(3), "sumsq": np.ones(3)},
-                "motion/bin_failed": {"count": 1.0, "sum": np.ones(6)}}
+        return {
+            "obs/norm": {"count": 1.0, "sum": np.ones(3), "sumsq": np.ones(3)},
+            "motion/bin_failed": {"count": 1.0, "sum": np.ones(6)},
+        }
     return {name: report}
 
 
@@ -78,8 +87,23 @@ def f64(values) -> bytes:
 @st.composite
 def forged_call(draw):
     """Script arguments a client that skips validation could send; each must be refused."""
-    kind = draw(st.sampled_from(["value", "length", "unknown", "non_utf8", "not_owner", "zombie", "other_shard",
-                                 "rollback", "digest", "ids", "too_large"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "value",
+                "length",
+                "unknown",
+                "non_utf8",
+                "not_owner",
+                "zombie",
+                "other_shard",
+                "rollback",
+                "digest",
+                "ids",
+                "too_large",
+            ]
+        )
+    )
     name = draw(st.sampled_from(["motion/bin_failed", "obs/norm"]))
     width = 7 if name == "motion/bin_failed" else 7
     values = [1.0] * width
@@ -89,7 +113,9 @@ def forged_call(draw):
         values[draw(st.integers(0, width - 1))] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
         if draw(st.booleans()):  # or a negative count / sumsq
             values = [1.0] * width
-            values[draw(st.sampled_from([0] + ([4, 5, 6] if name == "obs/norm" else [])))] = -draw(st.floats(1e-300, 1e300))
+            values[draw(st.sampled_from([0] + ([4, 5, 6] if name == "obs/norm" else [])))] = -draw(
+                st.floats(1e-300, 1e300)
+            )
     elif kind == "length":
         payload = draw(st.binary(max_size=80).filter(lambda b: len(b) != 8 * width))
         items = [(name.encode(), payload)]
@@ -142,7 +168,9 @@ def state(store) -> dict:
     return store.snapshot().hashes
 
 
-@settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(report=bad_client_report())
 def test_client_refuses_malformed_reports(fuzz_store, report):
     store = fuzz_store
@@ -157,7 +185,9 @@ def test_client_refuses_malformed_reports(fuzz_store, report):
     assert state(store) == before and store.redis.xlen(store.keys.dead_letters) == dead  # nothing was sent
 
 
-@settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(call=forged_call())
 def test_server_refuses_forged_arguments(fuzz_store, call):
     store = fuzz_store

@@ -36,8 +36,6 @@ def state_bytes(store) -> dict:
     return store.snapshot().hashes
 
 
-
-
 # 1. restarts and resumes ------------------------------------------------------------------------
 
 
@@ -59,7 +57,9 @@ def test_a_resumed_shard_takes_over_its_slot_for_both_kinds(make_store):
     store = make_store()
     store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2, lifecycle="history")})
     store.shard(1).publish({"motion/ema": {"count": 1, "sum": [1.0, 1.0]}, "obs/norm": {"count": 4, "sum": [4.0, 4.0]}})
-    store.shard(0).publish({"motion/ema": {"count": 1, "sum": [3.0, 1.0]}, "obs/norm": {"count": 10, "sum": [5.0, 5.0]}})
+    store.shard(0).publish(
+        {"motion/ema": {"count": 1, "sum": [3.0, 1.0]}, "obs/norm": {"count": 10, "sum": [5.0, 5.0]}}
+    )
     resumed = store.shard(0, resume=True)  # a checkpoint holding the cumulative statistics above
     view = resumed.pull().keys["obs/norm"]
     own_now = {"count": 11, "sum": [6.0, 6.0]}
@@ -75,7 +75,9 @@ def test_resume_can_name_single_keys(make_store):
     store = make_store()
     store.register({"motion/ema": merge(1, lifecycle="state"), "obs/norm": merge(1, lifecycle="history")})
     store.shard(0).publish({"motion/ema": {"count": 1, "sum": 2.0}, "obs/norm": {"count": 10, "sum": 5.0}})
-    store.shard(0, resume={"motion/ema"}).publish({"motion/ema": {"count": 1, "sum": 2.5}, "obs/norm": {"count": 1, "sum": 1.0}})
+    store.shard(0, resume={"motion/ema"}).publish(
+        {"motion/ema": {"count": 1, "sum": 2.5}, "obs/norm": {"count": 1, "sum": 1.0}}
+    )
     fleet = store.fleet().keys
     assert scalar(fleet["motion/ema"].parts()["sum"]) == 2.5
     assert scalar(fleet["obs/norm"].parts()["count"]) == 11  # not resumed: the old life retired, the new one added
@@ -222,8 +224,10 @@ def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store
 # 5. all-or-nothing folds ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["slot of the wrong length", "missing data hash", "retired of the wrong length",
-                                    "data hash of the wrong type"])
+@pytest.mark.parametrize(
+    "damage",
+    ["slot of the wrong length", "missing data hash", "retired of the wrong length", "data hash of the wrong type"],
+)
 def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
     store = make_store()
     store.register({"a/first": merge(2, lifecycle="history"), "b/second": merge(2, lifecycle="history")})
@@ -265,7 +269,10 @@ def _bad_snapshots(snap):
     yield "wrong length", with_field("data:obs/norm", "agg", b"\0" * 16)
     yield "non-finite", with_field("data:obs/norm", "slot:0", np.array([1.0, np.inf, 0.0]).tobytes())
     yield "writers without a slot", with_field("data:obs/norm", "slot:0", None)
-    yield "missing key hash", snap.model_copy(update={"hashes": {n: h for n, h in snap.hashes.items() if n != "key:obs/norm"}})
+    yield (
+        "missing key hash",
+        snap.model_copy(update={"hashes": {n: h for n, h in snap.hashes.items() if n != "key:obs/norm"}}),
+    )
     yield "missing meta field", with_field("meta", "fleet_version", None)
 
 
@@ -310,7 +317,9 @@ def test_restore_into_another_run_keeps_its_live_collectors(make_store):
     schema = Schema.of({"obs/norm": merge(1, lifecycle="history"), "ema/x": merge(1, lifecycle="state")})
     source.register(schema)
     target.register(schema)
-    source.shard(0, incarnation=10**17).publish({"obs/norm": {"count": 7, "sum": 7.0}, "ema/x": {"count": 1, "sum": 3.0}})
+    source.shard(0, incarnation=10**17).publish(
+        {"obs/norm": {"count": 7, "sum": 7.0}, "ema/x": {"count": 1, "sum": 3.0}}
+    )
     live = target.shard(0)
     live.publish({"obs/norm": {"count": 1, "sum": 1.0}, "ema/x": {"count": 1, "sum": 1.0}})
     target.restore(source.snapshot())
@@ -379,7 +388,9 @@ def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
     store = make_store()
     term = _NormTerm()
     # the thread worker: the test replaces its shard client's publish in this process
-    syncer = new_syncer(store, 0, [term], worker="thread", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05).start()
+    syncer = new_syncer(
+        store, 0, [term], worker="thread", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05
+    ).start()
 
     def out_of_memory(reports):
         raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
@@ -405,12 +416,15 @@ def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog
     with pytest.raises(errors.SchemaMismatch, match="obs/n"):
         new_syncer(store, 0, [_NormTerm()]).start()
     store.delete()
-    syncer = new_syncer(store, 0, [_NormTerm()], worker="thread", publish_every_steps=1, poll_every_s=0.05,
-                    retry_every_s=0.05).start()  # the thread worker: caplog sees its log records
+    syncer = new_syncer(
+        store, 0, [_NormTerm()], worker="thread", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.05
+    ).start()  # the thread worker: caplog sees its log records
     syncer.on_step()
     assert syncer.wait_synced(timeout=10)
     store.delete()  # the store restarts, and another trainer registers the run first
-    redisync.connect(None if store.url == "embedded" else store.url, run=store.run).register({"obs/n": merge(30, lifecycle="history")})
+    redisync.connect(None if store.url == "embedded" else store.url, run=store.run).register(
+        {"obs/n": merge(30, lifecycle="history")}
+    )
     with caplog.at_level(logging.ERROR, logger="redisync.collector.syncer"):
         for _ in range(5):
             syncer.on_step()
@@ -428,7 +442,10 @@ def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
     threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
     store = redisync.connect(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", run="silent", socket_timeout=30)
     syncer = new_syncer(store, 0, [_NormTerm()], worker="thread", incarnation=1)
-    syncer._threads = [threading.Thread(target=syncer._work, daemon=True), threading.Thread(target=syncer._listen, daemon=True)]
+    syncer._threads = [
+        threading.Thread(target=syncer._work, daemon=True),
+        threading.Thread(target=syncer._listen, daemon=True),
+    ]
     for t in syncer._threads:
         t.start()
     syncer.on_step()

@@ -44,7 +44,9 @@ from .support import assert_same_state, lua_state, reference_state
 SCHEMA = Schema.of(
     {
         "motion/ema": merge(3, lifecycle="state"),  # a failure EMA: a fresh restart drops the old slot
-        "obs/norm": merge(2, sumsq=True, lifecycle="history"),  # normaliser moments: history, retired on a fresh restart
+        "obs/norm": merge(
+            2, sumsq=True, lifecycle="history"
+        ),  # normaliser moments: history, retired on a fresh restart
         "terrain/hist": merge(2, stale_after_s=0.05, lifecycle="state"),  # dead shards drop out
         "curriculum/scale": broadcast((), owner=0),
     }
@@ -132,8 +134,14 @@ class FleetLife(RuleBasedStateMachine):
             return proc.own.get(name, np.zeros(spec.width)) + grow  # history only accumulates
         return rng.normal(0, scale, spec.width)
 
-    def _fold(self, proc: Process, shard: int, payloads: dict[str, np.ndarray], seq: int | None = None,
-              incarnation: int | None = None) -> str:
+    def _fold(
+        self,
+        proc: Process,
+        shard: int,
+        payloads: dict[str, np.ndarray],
+        seq: int | None = None,
+        incarnation: int | None = None,
+    ) -> str:
         """Publish through the real client and the model alike; both must agree on the outcome."""
         client = proc.client
         encoded = {n: encode([p]) for n, p in payloads.items()}
@@ -170,8 +178,12 @@ class FleetLife(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules: the events of a fleet's life
 
-    @rule(shard=st.sampled_from(SHARD_IDS), keys=st.sets(st.sampled_from(NAMES), min_size=1), scale=MAGNITUDES,
-          seed=st.integers(0, 2**16))
+    @rule(
+        shard=st.sampled_from(SHARD_IDS),
+        keys=st.sets(st.sampled_from(NAMES), min_size=1),
+        scale=MAGNITUDES,
+        seed=st.integers(0, 2**16),
+    )
     def publish(self, shard, keys, scale, seed):
         proc = self.procs[shard]
         if not proc.alive:  # a crashed shard's reports come from its next process
@@ -182,10 +194,18 @@ class FleetLife(RuleBasedStateMachine):
         self._fold(proc, shard, {n: self._report(proc, n, scale, seed) for n in sorted(keys)})
 
     # reports are most of a fleet's life: two more ways in to the same rule weigh it accordingly
-    publish_again = rule(shard=st.sampled_from(SHARD_IDS), keys=st.sets(st.sampled_from(NAMES), min_size=1),
-                         scale=MAGNITUDES, seed=st.integers(0, 2**16))(lambda self, **kw: self.publish(**kw))
-    publish_more = rule(shard=st.sampled_from(SHARD_IDS), keys=st.sets(st.sampled_from(NAMES), min_size=1),
-                        scale=MAGNITUDES, seed=st.integers(0, 2**16))(lambda self, **kw: self.publish(**kw))
+    publish_again = rule(
+        shard=st.sampled_from(SHARD_IDS),
+        keys=st.sets(st.sampled_from(NAMES), min_size=1),
+        scale=MAGNITUDES,
+        seed=st.integers(0, 2**16),
+    )(lambda self, **kw: self.publish(**kw))
+    publish_more = rule(
+        shard=st.sampled_from(SHARD_IDS),
+        keys=st.sets(st.sampled_from(NAMES), min_size=1),
+        scale=MAGNITUDES,
+        seed=st.integers(0, 2**16),
+    )(lambda self, **kw: self.publish(**kw))
 
     @rule(shard=st.sampled_from(SHARD_IDS))
     def duplicate(self, shard):
@@ -318,8 +338,9 @@ class FleetLife(RuleBasedStateMachine):
             self.seen[id(proc.client)] = (epoch, version)
 
 
-LIFE_SETTINGS = settings(max_examples=50, stateful_step_count=40, deadline=None,
-                         suppress_health_check=list(HealthCheck))
+LIFE_SETTINGS = settings(
+    max_examples=50, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 @pytest.mark.parametrize("backend_name", ["embedded", "real"])

@@ -24,7 +24,9 @@ def feed(samplers, frames, steps=200, seed=0, envs=48):
         failed = rng.random(envs) < 0.05 + 0.4 * (ts > 0.7 * np.asarray(frames)[g])
         for s in samplers:
             if isinstance(s, TorchSampler):
-                s.record_failures(torch.as_tensor(ts), torch.as_tensor(failed), torch.as_tensor(g) if s.grouped else None)
+                s.record_failures(
+                    torch.as_tensor(ts), torch.as_tensor(failed), torch.as_tensor(g) if s.grouped else None
+                )
             else:
                 s.record_failures(ts, failed, g if s.grouped else None)
             s.step()

@@ -18,13 +18,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True, capture_output=True, timeout=600
+    )
     return out
 
 
 def test_the_wheel_and_the_sdist_carry_the_license(dist):
-    wheel, = dist.glob("*.whl")
-    sdist, = dist.glob("*.tar.gz")
+    (wheel,) = dist.glob("*.whl")
+    (sdist,) = dist.glob("*.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
     assert "redisync-0.1.0.dist-info/licenses/LICENSE" in names and "redisync/lua/fold.lua" in names
     assert "License-Expression: MIT" in zipfile.ZipFile(wheel).read("redisync-0.1.0.dist-info/METADATA").decode()
@@ -35,15 +37,26 @@ def test_a_plain_install_is_a_working_library_and_names_the_demo_extra(dist, tmp
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    wheel, = dist.glob("*.whl")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], check=True,
-                   capture_output=True, timeout=600)
-    script = ("import numpy as np, redisync\n"
-              "store = redisync.connect(run='pip-user')\n"
-              "store.register({'motion/bin_failed': redisync.merge(4, lifecycle='state')})\n"
-              "print(store.shard(0).publish({'motion/bin_failed': {'count': 1, 'sum': np.ones(4)}}).status)\n")
+    (wheel,) = dist.glob("*.whl")
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    script = (
+        "import numpy as np, redisync\n"
+        "store = redisync.connect(run='pip-user')\n"
+        "store.register({'motion/bin_failed': redisync.merge(4, lifecycle='state')})\n"
+        "print(store.shard(0).publish({'motion/bin_failed': {'count': 1, 'sum': np.ones(4)}}).status)\n"
+    )
     out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.stdout.strip() == "applied", out.stderr
-    demo = subprocess.run([str(venv / "bin" / "redisync"), "demo"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    demo = subprocess.run(
+        [str(venv / "bin" / "redisync"), "demo"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert demo.returncode == 1 and demo.stderr.count("\n") == 1, demo.stderr
-    assert "redisync demo needs the demo extra (torch, tqdm, matplotlib missing): pip install 'redisync[demo]'" in demo.stderr
+    assert (
+        "redisync demo needs the demo extra (torch, tqdm, matplotlib missing): pip install 'redisync[demo]'"
+        in demo.stderr
+    )

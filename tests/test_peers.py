@@ -22,7 +22,11 @@ def test_a_straggler_holds_up_the_collective_but_not_the_store(real_url):
 def test_the_peers_table_has_every_row_and_ratio(real_url):
     scenarios = (Scenario("gloo-allreduce", 2, 50), Scenario("thread", 2), Scenario("process", 2))
     res = run_peers(real_url, steps=200, scenarios=scenarios)
-    assert [r["scenario"] for r in res["rows"]] == ["gloo all_reduce/50", "redisync thread/step", "redisync process/step"]
+    assert [r["scenario"] for r in res["rows"]] == [
+        "gloo all_reduce/50",
+        "redisync thread/step",
+        "redisync process/step",
+    ]
     assert all(r["p99_us"] >= r["p50_us"] > 0 and r["floor_p99_us"] >= 5.0 for r in res["rows"])
     for row in res["rows"][1:]:  # redisync's steps: every one handed a report over, applied a fleet state, or neither
         shares = {kind: b["share"] for kind, b in row["breakdown"].items()}
@@ -32,4 +36,7 @@ def test_the_peers_table_has_every_row_and_ratio(real_url):
     thread, process = res["rows"][1]["breakdown"], res["rows"][2]["breakdown"]
     assert thread["hand-over"]["share"] > 0
     assert process["hand-over"]["share"] == 0  # the sampler's report is the sidecar's to read: on_step only counts
-    assert [r["scenario"] for r in res["ratios_over_redisync_process"]] == ["gloo all_reduce/50", "redisync thread/step"]
+    assert [r["scenario"] for r in res["ratios_over_redisync_process"]] == [
+        "gloo all_reduce/50",
+        "redisync thread/step",
+    ]

@@ -73,7 +73,14 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
     store.delete()
     db = real_url.rsplit("/", 1)[1]
     try:
-        store.register(Schema.of({"motion/bin_failed": merge(8, stale_after_s=120, lifecycle="history"), "curriculum/penalty_scale": broadcast((), owner=0)}))
+        store.register(
+            Schema.of(
+                {
+                    "motion/bin_failed": merge(8, stale_after_s=120, lifecycle="history"),
+                    "curriculum/penalty_scale": broadcast((), owner=0),
+                }
+            )
+        )
         for shard in (0, 1):
             store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.ones(8)}})
         store.shard(0).publish({"curriculum/penalty_scale": {"value": 0.5}})
@@ -84,17 +91,34 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
 
         def cli(*args: str) -> list[str]:
             host, port = real_url.split("//")[1].split("/")[0].split(":")
-            out = subprocess.run(["redis-cli", "-h", host, "-p", port, "-n", db, *args], capture_output=True, text=True, errors="backslashreplace", check=True)
+            out = subprocess.run(
+                ["redis-cli", "-h", host, "-p", port, "-n", db, *args],
+                capture_output=True,
+                text=True,
+                errors="backslashreplace",
+                check=True,
+            )
             return out.stdout.splitlines()
 
         # the key layout the README lists is the one SCAN finds
-        listed = {line.split()[0].replace("{demo}", f"{{{run}}}") for line in _block_after("--scan --pattern 'redisync:{demo}:*'").splitlines()[1:] if line.strip()}
+        listed = {
+            line.split()[0].replace("{demo}", f"{{{run}}}")
+            for line in _block_after("--scan --pattern 'redisync:{demo}:*'").splitlines()[1:]
+            if line.strip()
+        }
         assert set(cli("--scan", "--pattern", f"redisync:\\{{{run}\\}}:*")) == listed | {
-            f"redisync:{{{run}}}:data:curriculum/penalty_scale", f"redisync:{{{run}}}:key:curriculum/penalty_scale",
-            f"redisync:{{{run}}}:dead"}  # a run that rejected a report has its dead-letter stream too
+            f"redisync:{{{run}}}:data:curriculum/penalty_scale",
+            f"redisync:{{{run}}}:key:curriculum/penalty_scale",
+            f"redisync:{{{run}}}:dead",
+        }  # a run that rejected a report has its dead-letter stream too
         # every field the README shows for a key is in its HGETALL
         fields = set(cli("HGETALL", f"redisync:{{{run}}}:key:motion/bin_failed")[::2])
-        shown = {seg.split()[0] for line in _block_after("HGETALL 'redisync:{demo}").splitlines()[1:] for seg in re.split(r"\s{2,}", line.strip()) if seg}
+        shown = {
+            seg.split()[0]
+            for line in _block_after("HGETALL 'redisync:{demo}").splitlines()[1:]
+            for seg in re.split(r"\s{2,}", line.strip())
+            if seg
+        }
         assert shown <= fields, shown - fields
         assert {"name", "size", "owner", "count_size", "sumsq"} <= fields
         # the dead-letter and report streams hold the fields the README names
@@ -152,7 +176,9 @@ def test_every_readme_python_block_is_run_by_a_test_or_marked_a_fragment():
         if line != "```python":
             continue
         marker = lines[n - 1]
-        assert marker.startswith("<!-- ") and marker.endswith(" -->"), f"README.md:{n + 1}: a python block without a marker"
+        assert marker.startswith("<!-- ") and marker.endswith(" -->"), (
+            f"README.md:{n + 1}: a python block without a marker"
+        )
         named = re.findall(r"tests/(test_\w+\.py)", marker)
         assert named and all((tests / name).exists() for name in named), f"README.md:{n}: {marker}"
         if "runs this block" in marker:

@@ -1,4 +1,3 @@
-
 """Faults on a real server: lost replies and retries; a restart from the append-only file."""
 
 from __future__ import annotations
@@ -22,8 +21,14 @@ pytestmark = pytest.mark.integration  # starts redis-server processes of its own
 from .test_fold_properties import random_operations
 
 # no stale keys: the reference fold cannot know the server time of a fold whose reply was lost
-SCHEMA = Schema.of({"motion/ema": merge(3, lifecycle="history"), "obs/norm": merge(2, sumsq=True, lifecycle="history"), "curriculum/stage": broadcast(2),
-                    "curriculum/scale": broadcast((), owner=0)})
+SCHEMA = Schema.of(
+    {
+        "motion/ema": merge(3, lifecycle="history"),
+        "obs/norm": merge(2, sumsq=True, lifecycle="history"),
+        "curriculum/stage": broadcast(2),
+        "curriculum/scale": broadcast((), owner=0),
+    }
+)
 
 
 def test_lost_replies_are_retried_and_folded_once(tmp_path):

@@ -36,7 +36,10 @@ def test_each_group_pooled_across_shards_equals_one_unsharded_sampler_of_that_gr
     n_shards, envs = 3, 96
     kw = dict(uniform_mix=mix, kernel_size=kernel_size, alpha=0.05, dtype=F64)
     oracles = [AdaptiveMotionSampler(f, STEP_DT, mode="local", **kw) for f in FRAMES]
-    shards = [AdaptiveMotionSampler(FRAMES, STEP_DT, mode="pooled", shard_id=i, rebuild_tol=0.0, **kw) for i in range(n_shards)]
+    shards = [
+        AdaptiveMotionSampler(FRAMES, STEP_DT, mode="pooled", shard_id=i, rebuild_tol=0.0, **kw)
+        for i in range(n_shards)
+    ]
     store = make_store()
     store.register(schema_of([shards[0]]))
     clients = [store.shard(i) for i in range(n_shards)]
@@ -54,7 +57,9 @@ def test_each_group_pooled_across_shards_equals_one_unsharded_sampler_of_that_gr
             sampler.step()
             for k, oracle in enumerate(oracles):
                 mine = groups == k
-                oracle._current_bin_failed += torch.bincount(oracle.bin_of(ts[mine])[failed[mine]], minlength=oracle.bin_count)
+                oracle._current_bin_failed += torch.bincount(
+                    oracle.bin_of(ts[mine])[failed[mine]], minlength=oracle.bin_count
+                )
         for oracle in oracles:
             oracle.step()
         if step % 30 == 0:
@@ -77,7 +82,7 @@ def test_paper_mix_keeps_the_floor_and_is_scale_invariant(make_store, mode):
     g = torch.Generator().manual_seed(1)
     offsets = AdaptiveMotionSampler(FRAMES, STEP_DT).layout.offsets
     ema = torch.rand(sum(AdaptiveMotionSampler(FRAMES, STEP_DT).bin_counts), generator=g, dtype=F64) ** 4
-    ema[offsets[3]:] = 0.0  # a group with no failure at all samples uniformly
+    ema[offsets[3] :] = 0.0  # a group with no failure at all samples uniformly
     store = make_store()
 
     def probabilities_at(scale: float) -> torch.Tensor:
@@ -140,7 +145,9 @@ def test_one_group_is_the_ungrouped_sampler():
 def test_grouped_draws_follow_each_groups_distribution():
     sampler = AdaptiveMotionSampler(FRAMES, STEP_DT, mode="local", group_uniform_ratio=0.4)
     sampler.bin_failed_count.copy_(torch.rand(sampler.bin_count, generator=torch.Generator().manual_seed(4)) ** 3)
-    sampler.bin_failed_count[sampler.layout.offsets[1]:sampler.layout.offsets[2]] *= 20  # group 1 holds most failure mass
+    sampler.bin_failed_count[sampler.layout.offsets[1] : sampler.layout.offsets[2]] *= (
+        20  # group 1 holds most failure mass
+    )
     probs = sampler.probabilities()
     n = 200_000
     groups = torch.arange(n) % len(FRAMES)
@@ -181,13 +188,18 @@ def test_metrics_stay_bounded_and_name_the_worst_groups():
     sampler.bin_failed_count[sampler.layout.offsets[17] + 2] = 50.0  # clip017 concentrates on one bin
     metrics = sampler.metrics()
     assert len(metrics) <= 6 + 2 * 3
-    assert "sampling_entropy/clip017" in metrics and metrics["sampling_entropy_min"] == metrics["sampling_entropy/clip017"]
+    assert (
+        "sampling_entropy/clip017" in metrics and metrics["sampling_entropy_min"] == metrics["sampling_entropy/clip017"]
+    )
     assert metrics["sampling_top1_prob_max"] > 0.9 and metrics["drift_tv_max"] == 0.0
 
 
 def test_the_learner_sees_every_groups_pooled_distribution(make_store):
     names = [f"motion{g}" for g in range(len(FRAMES))]
-    shards = [AdaptiveMotionSampler(FRAMES, STEP_DT, shard_id=i, rebuild_tol=0.0, group_names=names, dtype=F64) for i in range(2)]
+    shards = [
+        AdaptiveMotionSampler(FRAMES, STEP_DT, shard_id=i, rebuild_tol=0.0, group_names=names, dtype=F64)
+        for i in range(2)
+    ]
     store = make_store()
     store.register(schema_of([shards[0]]))
     shards[0].record_failures(torch.tensor([300, 310]), torch.tensor([True, True]), torch.tensor([0, 0]))
@@ -201,7 +213,10 @@ def test_the_learner_sees_every_groups_pooled_distribution(make_store):
     distributions = monitor.distributions()
     np.testing.assert_allclose(distributions["motion/bin_failed"], shards[1].probabilities(), rtol=1e-12)
     metrics = monitor.metrics()
-    assert metrics["redisync/motion/bin_failed/sampling_entropy/motion0"] == metrics["redisync/motion/bin_failed/sampling_entropy_min"]
+    assert (
+        metrics["redisync/motion/bin_failed/sampling_entropy/motion0"]
+        == metrics["redisync/motion/bin_failed/sampling_entropy_min"]
+    )
     assert "redisync/fleet_version" in metrics
 
 

@@ -92,5 +92,7 @@ def test_size_limit():
 
 
 def test_merge_needs_its_lifecycle_and_says_what_each_is_for():
-    with pytest.raises(errors.InvalidSchema, match=r"lifecycle=.state. \(a current value.*lifecycle='history' \(counts"):
+    with pytest.raises(
+        errors.InvalidSchema, match=r"lifecycle=.state. \(a current value.*lifecycle='history' \(counts"
+    ):
         merge(4)

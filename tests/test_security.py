@@ -92,8 +92,17 @@ def test_a_role_that_may_not_run_info_is_refused_at_register_with_the_permission
     acl = tmp_path / "users.acl"
     lines = ACL.read_text().splitlines()
     collector = next(line for line in lines if line.startswith("user collector "))
-    acl.write_text("\n".join([*lines, collector.replace("user collector ", "user noinfo ").replace(
-        ">collector-change-me", ">noinfo-change-me").replace(" +info", "")]) + "\n")
+    acl.write_text(
+        "\n".join(
+            [
+                *lines,
+                collector.replace("user collector ", "user noinfo ")
+                .replace(">collector-change-me", ">noinfo-change-me")
+                .replace(" +info", ""),
+            ]
+        )
+        + "\n"
+    )
     server = RedisProcess(tmp_path, None, "--aclfile", str(acl)).start_authenticated("learner", "learner-change-me")
     try:
         store = redisync.connect(url(server, "noinfo"), run=RUN)

@@ -45,20 +45,37 @@ def sentinel_fleet(tmp_path):
     primary = RedisProcess(tmp_path / "p", None, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "10").start()
     replica = RedisProcess(tmp_path / "r").start()
     plain(replica.port).replicaof("127.0.0.1", primary.port)
-    wait_for(lambda: plain(primary.port).info("replication").get("slave0", {}).get("state") == "online", 15,
-             "the replica to sync")
+    wait_for(
+        lambda: plain(primary.port).info("replication").get("slave0", {}).get("state") == "online",
+        15,
+        "the replica to sync",
+    )
     wait_for(lambda: plain(primary.port).set("probe", 1), 15, "writes to be accepted (min-replicas-to-write)")
     sentinels = []
     for i in range(3):
         port = free_port()
         conf = tmp_path / f"sentinel-{i}.conf"
-        conf.write_text(f"port {port}\ndir {tmp_path}\nsentinel monitor {SERVICE} 127.0.0.1 {primary.port} 2\n"
-                        f"sentinel down-after-milliseconds {SERVICE} 3000\nsentinel failover-timeout {SERVICE} 10000\n")
-        sentinels.append((port, subprocess.Popen(["redis-server", str(conf), "--sentinel"],
-                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        conf.write_text(
+            f"port {port}\ndir {tmp_path}\nsentinel monitor {SERVICE} 127.0.0.1 {primary.port} 2\n"
+            f"sentinel down-after-milliseconds {SERVICE} 3000\nsentinel failover-timeout {SERVICE} 10000\n"
+        )
+        sentinels.append(
+            (
+                port,
+                subprocess.Popen(
+                    ["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                ),
+            )
+        )
     for port, _ in sentinels:
-        wait_for(lambda: int(plain(port).info("sentinel")["sentinel_masters"]) == 1 and
-                 plain(port).execute_command("SENTINEL", "replicas", SERVICE), 15, "the sentinels")
+        wait_for(
+            lambda: (
+                int(plain(port).info("sentinel")["sentinel_masters"]) == 1
+                and plain(port).execute_command("SENTINEL", "replicas", SERVICE)
+            ),
+            15,
+            "the sentinels",
+        )
     url = f"redis+sentinel://{','.join(f'127.0.0.1:{p}' for p, _ in sentinels)}/{SERVICE}/0"
     yield url, primary, replica, [p for p, _ in sentinels]
     for _, proc in sentinels:
@@ -78,8 +95,10 @@ def test_failover_loses_no_acknowledged_report(sentinel_fleet):
     def promoted() -> bool:
         """Every sentinel names the promoted replica (a client may ask any of them)."""
         try:
-            return all(int(plain(p).execute_command("SENTINEL", "get-master-addr-by-name", SERVICE)[1]) == replica.port
-                       for p in sentinel_ports)
+            return all(
+                int(plain(p).execute_command("SENTINEL", "get-master-addr-by-name", SERVICE)[1]) == replica.port
+                for p in sentinel_ports
+            )
         except redis.RedisError:
             return False
 

@@ -40,8 +40,19 @@ def run(make_store):
     return store, shard
 
 
-def forge(store, *, keys=None, digest=None, shard="1", inc="500", seq="2", items=(("motion/bin_failed", GOOD_BINS),), resume=None):
+def forge(
+    store,
+    *,
+    keys=None,
+    digest=None,
+    shard="1",
+    inc="500",
+    seq="2",
+    items=(("motion/bin_failed", GOOD_BINS),),
+    resume=None,
+):
     k = store.keys
+
     def named(n):  # names may be forged bytes
         p = k.prefix.encode()
         n = n if isinstance(n, bytes) else n.encode()
@@ -70,7 +81,11 @@ CASES = {
     "shard id not a number": (dict(shard="one"), "malformed", None),
     "negative seq": (dict(seq="-3"), "malformed", None),
     "zero incarnation": (dict(inc="0"), "malformed", None),
-    "key reported twice": (dict(items=(("motion/bin_failed", GOOD_BINS), ("motion/bin_failed", GOOD_BINS))), "malformed", "motion/bin_failed"),
+    "key reported twice": (
+        dict(items=(("motion/bin_failed", GOOD_BINS), ("motion/bin_failed", GOOD_BINS))),
+        "malformed",
+        "motion/bin_failed",
+    ),
     "missing payload": (dict(items=(("motion/bin_failed",),)), "malformed", None),
     "resume flag not 0 or 1": (dict(resume="2"), "malformed", None),
     "resume flags miscounted": (dict(resume="00"), "malformed", None),
@@ -90,7 +105,17 @@ def test_forged_reports_are_refused_and_change_nothing(run, case):
         store.redis.hset(store.keys.meta, "max_report_bytes", 50)
     if case == "missing payload":
         k = store.keys
-        kwargs = dict(kwargs, keys=[k.meta, k.shards, k.reports, k.dead_letters, k.key_meta("motion/bin_failed"), k.key_data("motion/bin_failed")])
+        kwargs = dict(
+            kwargs,
+            keys=[
+                k.meta,
+                k.shards,
+                k.reports,
+                k.dead_letters,
+                k.key_meta("motion/bin_failed"),
+                k.key_data("motion/bin_failed"),
+            ],
+        )
     before = state_bytes(store)
     dead_before = store.redis.xlen(store.keys.dead_letters)
     with pytest.raises(errors.InvalidReport) as info:

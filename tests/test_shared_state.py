@@ -26,8 +26,13 @@ def _reader(layout, snapshots: int, out) -> None:
             continue
         last, reports = got
         total, value = reports["a/stats"]["sum"], reports["b/value"]["value"]
-        seen.append((float(total[0]), bool(np.all(total == total[0]) and np.all(value == total[0])),
-                     reports["a/stats"]["count"] == 1.0))
+        seen.append(
+            (
+                float(total[0]),
+                bool(np.all(total == total[0]) and np.all(value == total[0])),
+                reports["a/stats"]["count"] == 1.0,
+            )
+        )
     out.put(seen)
 
 
@@ -63,9 +68,12 @@ def test_the_sidecar_never_copies_a_report_half_written():
 def _stager(layout, versions: int) -> None:
     state = SidecarState(layout)
     for version in range(1, versions + 1):
-        keys = {"a/stats": KeyView("a/stats", SCHEMA.keys["a/stats"], version, np.full(1001, float(version)),
-                                   np.full(1001, 0.5)),
-                "b/value": KeyView("b/value", SCHEMA.keys["b/value"], version, np.full(300, float(version)))}
+        keys = {
+            "a/stats": KeyView(
+                "a/stats", SCHEMA.keys["a/stats"], version, np.full(1001, float(version)), np.full(1001, 0.5)
+            ),
+            "b/value": KeyView("b/value", SCHEMA.keys["b/value"], version, np.full(300, float(version))),
+        }
         state.stage(PullResult("epoch", version, False, keys, 0))
 
 
@@ -81,7 +89,9 @@ def test_a_staged_fleet_state_is_taken_whole_and_only_newer():
             if shared.take():
                 # merge: the others' aggregate (the fleet value without our slot); broadcast: the value
                 v = shared.applied
-                assert np.all(others == v - 0.5) and float(count) == v - 0.5 and np.all(value == v), "a take mixed two states"
+                assert np.all(others == v - 0.5) and float(count) == v - 0.5 and np.all(value == v), (
+                    "a take mixed two states"
+                )
                 taken.append(v)
     finally:
         stager.join(timeout=30)

@@ -164,7 +164,9 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
         time.sleep(60)
     """)
     before = set(os.listdir("/dev/shm"))
-    collector = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    collector = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         pid, *blocks = collector.stdout.readline().split()
         pid = int(pid)
@@ -252,8 +254,10 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
 
     store = redisync.connect(real_url, run=f"sidecar-shared-{os.getpid()}")
     fleets = [_shared_terms(shard) for shard in (0, 1)]
-    syncers = [new_syncer(store, shard, [s, n], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
-               for shard, (s, n, _) in enumerate(fleets)]
+    syncers = [
+        new_syncer(store, shard, [s, n], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
+        for shard, (s, n, _) in enumerate(fleets)
+    ]
     try:
         assert all(sy._reporting == [] and sy._handed == [] for sy in syncers)  # both terms shared, both ways
         data = [_train(s, n, g, sy, 40) for (s, n, g), sy in zip(fleets, syncers)]
@@ -321,14 +325,19 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
 
     store = redisync.connect(real_url, run=f"sidecar-shared-stop-{os.getpid()}")
     sampler, norm, g = _shared_terms(0)
-    syncer = new_syncer(store, 0, [sampler, norm], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+    syncer = new_syncer(
+        store, 0, [sampler, norm], worker="process", publish_every_steps=1000, publish_every_s=3600
+    ).start()
     try:
-        names = [syncer._shared._control.name, syncer._shared._staging_shm.name] + [shm.name for shm, _ in syncer._shared._blocks]
+        names = [syncer._shared._control.name, syncer._shared._staging_shm.name] + [
+            shm.name for shm, _ in syncer._shared._blocks
+        ]
         assert all(os.path.exists(name) for name in names)
         _train(sampler, norm, g, syncer, 5)
         syncer.stop(flush=True)  # the last shared state is published on the way out
-        np.testing.assert_array_equal(store.fleet().keys["motion/bin_failed"].parts()["sum"],
-                                      sampler.bin_failed_count.to(torch.float64).numpy())
+        np.testing.assert_array_equal(
+            store.fleet().keys["motion/bin_failed"].parts()["sum"], sampler.bin_failed_count.to(torch.float64).numpy()
+        )
         assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 5 * 16
         assert not any(os.path.exists(name) for name in names)
         before = sampler.bin_failed_count.clone()
@@ -352,7 +361,9 @@ def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url
     writer = new_syncer(store, 0, [learner], worker="process").start()
     reader = new_syncer(store, 1, [collector], worker="process", poll_every_s=0.05).start()
     try:
-        assert reader._handed == [] and reader._reporting == [] and writer._reporting == [learner]  # a concatenation: copied
+        assert (
+            reader._handed == [] and reader._reporting == [] and writer._reporting == [learner]
+        )  # a concatenation: copied
         assert not reader.at_reset_boundary() or float(collector.count) == 0  # nothing published: untouched
         torch.testing.assert_close(collector.std, torch.ones(3))
         learner.update(torch.randn(500, 3, generator=torch.Generator().manual_seed(0)) * 2 + 5)

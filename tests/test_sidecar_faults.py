@@ -65,8 +65,13 @@ def test_a_syncer_started_from_a_short_lived_thread_keeps_its_sidecar_and_stop_p
     store = redisync.connect(real_url, run=f"faults-thread-{os.getpid()}")
     term = Cumulative()
     box: dict = {}
-    starter = threading.Thread(target=lambda: box.update(syncer=new_syncer(
-        store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()))
+    starter = threading.Thread(
+        target=lambda: box.update(
+            syncer=new_syncer(
+                store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600
+            ).start()
+        )
+    )
     starter.start()
     starter.join()
     syncer = box["syncer"]
@@ -118,8 +123,14 @@ def _sidecar_through_a_proxy(real_url: str, name: str):
     """(store, proxy, term, syncer): a sidecar worker publishing every step through a HoldingProxy."""
     store, proxy = _through_proxy(real_url, f"faults-{name}-{os.getpid()}")
     term = Cumulative()
-    syncer = new_syncer(redisync.connect(proxy.url, run=store.run), 0, [term], worker="process", publish_every_steps=1,
-                    poll_every_s=0.05).start()
+    syncer = new_syncer(
+        redisync.connect(proxy.url, run=store.run),
+        0,
+        [term],
+        worker="process",
+        publish_every_steps=1,
+        poll_every_s=0.05,
+    ).start()
     try:
         yield store, proxy, term, syncer
     finally:
@@ -176,8 +187,15 @@ def test_a_sidecar_restarted_while_redis_was_down_never_hands_an_older_version_o
         url = server.url
         store = redisync.connect(url, run="lost-tail")
         term = Versions()
-        syncer = new_syncer(redisync.connect(url, run="lost-tail", socket_timeout=1.0), 0, [term], worker="process",
-                        publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1).start()
+        syncer = new_syncer(
+            redisync.connect(url, run="lost-tail", socket_timeout=1.0),
+            0,
+            [term],
+            worker="process",
+            publish_every_steps=1,
+            poll_every_s=0.05,
+            retry_every_s=0.1,
+        ).start()
         try:
             _train(term, syncer, 2)
             assert syncer.wait_synced(timeout=10) and syncer.at_reset_boundary() is not None
@@ -264,7 +282,9 @@ def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sideca
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     deps = next(p for p in site.getsitepackages() if p.endswith("site-packages"))
     inner = next((venv / "lib").glob("python3*/site-packages"))
-    (inner / "deps.pth").write_text(deps + "\n")  # numpy, redis, pydantic; not the editable redisync (its .pth is not read)
+    (inner / "deps.pth").write_text(
+        deps + "\n"
+    )  # numpy, redis, pydantic; not the editable redisync (its .pth is not read)
     run = f"faults-source-tree-{os.getpid()}"
     script = textwrap.dedent(f"""
         import sys
@@ -282,10 +302,13 @@ def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sideca
         print(float(store.fleet().keys["t/stats"].parts()["count"]))
     """)
     try:
-        check = subprocess.run([str(venv / "bin" / "python"), "-c", "import redisync"], capture_output=True, cwd=tmp_path)
+        check = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import redisync"], capture_output=True, cwd=tmp_path
+        )
         assert check.returncode != 0, "the test venv must not see the editable install"
-        out = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120,
-                             cwd=tmp_path)
+        out = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.split() == ["healthy", "3.0"], out.stdout + out.stderr[-2000:]
     finally:
@@ -331,8 +354,15 @@ def test_a_zombie_whose_shard_a_later_process_claimed_is_not_healthy(real_url, w
     store = redisync.connect(real_url, run=f"faults-zombie-{worker}-{os.getpid()}")
     first, second = Cumulative(), Cumulative()
     a = new_syncer(store, 0, [first], worker=worker, publish_every_steps=1, poll_every_s=0.05).start()
-    b = new_syncer(redisync.connect(real_url, run=store.run), 0, [second], worker=worker, publish_every_steps=1,
-               poll_every_s=0.05, take_over=True).start()
+    b = new_syncer(
+        redisync.connect(real_url, run=store.run),
+        0,
+        [second],
+        worker=worker,
+        publish_every_steps=1,
+        poll_every_s=0.05,
+        take_over=True,
+    ).start()
     try:
         _train(second, b, 3)
         assert b.wait_synced(timeout=10)
@@ -390,8 +420,9 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
         holder.kill()
         holder.wait()
         t = time.monotonic()
-        restarted = new_syncer(redisync.connect(real_url, run=run), 5, [Cumulative()], worker="thread",
-                           start_timeout_s=10).start()
+        restarted = new_syncer(
+            redisync.connect(real_url, run=run), 5, [Cumulative()], worker="thread", start_timeout_s=10
+        ).start()
         assert time.monotonic() - t < 8 and restarted.health()["ok"]
         restarted.stop()
     finally:

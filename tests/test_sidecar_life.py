@@ -75,10 +75,18 @@ class Applied(Cumulative):
 class Collector:
     """One life of a collector process: its terms, its generator and its syncer."""
 
-    def __init__(self, url: str, shard: int, seed: int, checkpoint: dict | None = None, from_thread: bool = False,
-                 take_over: bool = False):
-        self.sampler = AdaptiveMotionSampler(FRAMES, 0.02, mode="pooled", shard_id=shard, rebuild_tol=0.0,
-                                             dtype=torch.float64)
+    def __init__(
+        self,
+        url: str,
+        shard: int,
+        seed: int,
+        checkpoint: dict | None = None,
+        from_thread: bool = False,
+        take_over: bool = False,
+    ):
+        self.sampler = AdaptiveMotionSampler(
+            FRAMES, 0.02, mode="pooled", shard_id=shard, rebuild_tol=0.0, dtype=torch.float64
+        )
         self.norm = SyncedEmpiricalNormalization(DIMS, mode="pooled")
         if checkpoint is not None:  # the sampler resumes its slot; the normaliser's slot is retired history
             self.sampler.load_state_dict(checkpoint["sampler"])
@@ -86,9 +94,16 @@ class Collector:
         self.steps = Applied()
         self.g = torch.Generator().manual_seed(seed)
         self.samples = 0
-        self.syncer = new_syncer(redisync.connect(url, run="life", socket_timeout=1.0), shard, [self.sampler, self.norm, self.steps],
-                             worker="process", publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1,
-                             take_over=take_over)
+        self.syncer = new_syncer(
+            redisync.connect(url, run="life", socket_timeout=1.0),
+            shard,
+            [self.sampler, self.norm, self.steps],
+            worker="process",
+            publish_every_steps=1,
+            poll_every_s=0.05,
+            retry_every_s=0.1,
+            take_over=take_over,
+        )
         if from_thread:  # the thread that starts it ends at once: the sidecar must not die with it
             starter = threading.Thread(target=self.syncer.start)
             starter.start()
@@ -98,8 +113,9 @@ class Collector:
 
     def train(self, steps: int) -> None:
         for _ in range(steps):
-            self.sampler.record_failures(torch.randint(0, FRAMES, (ENVS,), generator=self.g),
-                                         torch.rand(ENVS, generator=self.g) < 0.3)
+            self.sampler.record_failures(
+                torch.randint(0, FRAMES, (ENVS,), generator=self.g), torch.rand(ENVS, generator=self.g) < 0.3
+            )
             self.sampler.step()
             self.norm.update(torch.randn(ENVS, DIMS, generator=self.g, dtype=torch.float64))
             self.samples += ENVS
@@ -108,15 +124,18 @@ class Collector:
             self.syncer.at_reset_boundary()
 
     def checkpoint(self) -> dict:
-        return {"sampler": {k: v.clone() for k, v in self.sampler.state_dict().items()},
-                "norm": {k: v.clone() for k, v in self.norm.state_dict().items()}}
+        return {
+            "sampler": {k: v.clone() for k, v in self.sampler.state_dict().items()},
+            "norm": {k: v.clone() for k, v in self.norm.state_dict().items()},
+        }
 
 
 def _kill_sidecar(c: Collector) -> int:
     """SIGKILL the collector's sidecar once one serves (the last one killed may not be replaced yet)."""
     syncer = c.syncer
-    assert wait_for(lambda: syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid
-                    and syncer._process.poll() is None, timeout=15)
+    assert wait_for(
+        lambda: syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid and syncer._process.poll() is None, timeout=15
+    )
     pid = syncer.sidecar_pid
     os.kill(pid, signal.SIGKILL)
     return pid
@@ -136,11 +155,13 @@ class SidecarLife(RuleBasedStateMachine):
         self.lives = len(SHARDS)
         self.saved: tuple[int, int] | None = None  # (lives, retired) when the append-only file was copied
 
-    def _new_life(self, shard: int, checkpoint: dict | None = None, from_thread: bool = False,
-                  take_over: bool = False) -> None:
+    def _new_life(
+        self, shard: int, checkpoint: dict | None = None, from_thread: bool = False, take_over: bool = False
+    ) -> None:
         self.lives += 1
-        self.collectors[shard] = Collector(self.url, shard, seed=100 * self.lives, checkpoint=checkpoint,
-                                           from_thread=from_thread, take_over=take_over)
+        self.collectors[shard] = Collector(
+            self.url, shard, seed=100 * self.lives, checkpoint=checkpoint, from_thread=from_thread, take_over=take_over
+        )
 
     @rule(shard=st.sampled_from(SHARDS), steps=st.integers(1, 40))
     def train(self, shard: int, steps: int) -> None:
@@ -201,8 +222,9 @@ class SidecarLife(RuleBasedStateMachine):
         folded = old.samples
         self._new_life(shard, take_over=True)  # claims a later incarnation while the old one runs
         old.train(steps)  # refused from now on
-        assert wait_for(lambda: "later process claimed" in (old.syncer.health()["error"] or ""), timeout=10), \
+        assert wait_for(lambda: "later process claimed" in (old.syncer.health()["error"] or ""), timeout=10), (
             f"a zombie said {old.syncer.health()}"
+        )
         old.syncer.stop(flush=False)
         self.retired += folded
 
@@ -229,7 +251,9 @@ class SidecarLife(RuleBasedStateMachine):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
         assert torch.equal(own, c.sampler.bin_failed_count), "the child wrote into its parent's shared buffers"
-        assert c.syncer.mailbox is not None and c.syncer.mailbox.header[STOP] == 0, "the child stopped its parent's sidecar"
+        assert c.syncer.mailbox is not None and c.syncer.mailbox.header[STOP] == 0, (
+            "the child stopped its parent's sidecar"
+        )
         assert c.syncer.sidecar_pid == sidecar and os.path.exists(f"/proc/{sidecar}")
 
     @rule()
@@ -288,8 +312,12 @@ class SidecarLife(RuleBasedStateMachine):
         for c in self.collectors.values():
             np.testing.assert_allclose(c.sampler.sampling_ema().numpy(), total, rtol=1e-12, atol=1e-300)
             assert c.norm.pooled_moments()[2] == sum(x.samples for x in self.collectors.values()) + self.retired
-        assert float(fleet["obs/norm"].parts()["count"]) == sum(x.samples for x in self.collectors.values()) + self.retired
-        assert float(fleet["life/steps"].parts()["sum"][0]) == sum(float(x.steps.total[0]) for x in self.collectors.values())
+        assert (
+            float(fleet["obs/norm"].parts()["count"]) == sum(x.samples for x in self.collectors.values()) + self.retired
+        )
+        assert float(fleet["life/steps"].parts()["sum"][0]) == sum(
+            float(x.steps.total[0]) for x in self.collectors.values()
+        )
         # refused on purpose: a zombie's reports, and a dead sidecar's fold that landed after its successor's
         assert {d["reason"] for d in self.store.dead_letters()} <= {"stale_incarnation", "seq_rollback"}
 
@@ -307,10 +335,20 @@ def test_a_collector_with_a_sidecar_lives_through_kills_restarts_and_a_lost_stor
     SidecarLife.server = server
     SidecarLife.proxy = HoldingProxy(server.port, redisync.connect(server.url, run="life").scripts.fold.sha.encode())
     try:
-        run_state_machine_as_test(SidecarLife, settings=settings(
-            max_examples=10, stateful_step_count=10, deadline=None,
-            phases=(Phase.explicit, Phase.reuse, Phase.generate),  # real processes: a failure is reported as found, unshrunk
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]))
+        run_state_machine_as_test(
+            SidecarLife,
+            settings=settings(
+                max_examples=10,
+                stateful_step_count=10,
+                deadline=None,
+                phases=(
+                    Phase.explicit,
+                    Phase.reuse,
+                    Phase.generate,
+                ),  # real processes: a failure is reported as found, unshrunk
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            ),
+        )
     finally:
         SidecarLife.proxy.close()
         server.kill()

@@ -14,9 +14,25 @@ SOAK = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
 
 
 def test_short_soak_loses_nothing():
-    out = subprocess.run([sys.executable, str(SOAK), "--collectors", "32", "--seconds", "20", "--elements", "1024",
-                          "--publish-every", "0.1", "--faults", "kill@6:1,stop@13:2"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SOAK),
+            "--collectors",
+            "32",
+            "--seconds",
+            "20",
+            "--elements",
+            "1024",
+            "--publish-every",
+            "0.1",
+            "--faults",
+            "kill@6:1,stop@13:2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert "lost 0" in out.stdout and "NOT RECOVERED" not in out.stdout and "every slot back" in out.stdout
@@ -24,9 +40,27 @@ def test_short_soak_loses_nothing():
 
 def test_short_soak_with_sidecar_workers_loses_nothing():
     """The same faults with the process worker: 8 collectors, each with a sidecar of its own."""
-    out = subprocess.run([sys.executable, str(SOAK), "--collectors", "8", "--seconds", "15", "--elements", "1024",
-                          "--publish-every", "0.05", "--faults", "kill@5:1,stop@10:2", "--worker", "process"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SOAK),
+            "--collectors",
+            "8",
+            "--seconds",
+            "15",
+            "--elements",
+            "1024",
+            "--publish-every",
+            "0.05",
+            "--faults",
+            "kill@5:1,stop@10:2",
+            "--worker",
+            "process",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert "process workers" in out.stdout and "lost 0" in out.stdout and "NOT RECOVERED" not in out.stdout

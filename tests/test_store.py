@@ -85,7 +85,9 @@ def test_a_retried_report_is_folded_once(make_store):
 
 def test_restarted_shard_retires_history_and_drops_state_slots(make_store):
     store = make_store()
-    schema = Schema.of({"obs/norm": merge(1, lifecycle="history"), "motion/ema": merge(1, stale_after_s=0.05, lifecycle="state")})
+    schema = Schema.of(
+        {"obs/norm": merge(1, lifecycle="history"), "motion/ema": merge(1, stale_after_s=0.05, lifecycle="state")}
+    )
     store.register(schema)
     old = store.shard(0, incarnation=10)
     old.publish({"obs/norm": {"count": 5, "sum": 10}, "motion/ema": {"count": 1, "sum": 3}})
@@ -132,9 +134,25 @@ def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
     a = store.shard(3)
     a.publish({"motion/bin_failed": {"count": 2, "sum": 1}})
     info = store.key_info("motion/bin_failed")
-    for field in ("semantics", "shape", "version", "writers", "count", "updated_at_us", "slot:3:count", "slot:3:seq", "count_size"):
+    for field in (
+        "semantics",
+        "shape",
+        "version",
+        "writers",
+        "count",
+        "updated_at_us",
+        "slot:3:count",
+        "slot:3:seq",
+        "count_size",
+    ):
         assert field in info
-    assert (info["semantics"], info["shape"], info["version"], info["writers"], info["count"]) == ("merge", "4", "1", "3", "2")
+    assert (info["semantics"], info["shape"], info["version"], info["writers"], info["count"]) == (
+        "merge",
+        "4",
+        "1",
+        "3",
+        "2",
+    )
     run = store.run_info()
     assert run["fleet_version"] == "1" and json.loads(run["schema"])["keys"]["obs/norm"]["sumsq"] is True
     entries = store.redis.xrange(store.keys.reports)
@@ -251,8 +269,14 @@ def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_stor
     with pytest.raises(errors.CorruptSnapshot, match=f"{field} disagrees"):
         store.restore(bad)
     np.testing.assert_array_equal(store.fleet().keys["obs/norm"].value, before)  # nothing written
-    missing = snap.model_copy(update={"hashes": {**snap.hashes, "data:obs/norm": {
-        k: v for k, v in snap.hashes["data:obs/norm"].items() if k != "group:1"}}})
+    missing = snap.model_copy(
+        update={
+            "hashes": {
+                **snap.hashes,
+                "data:obs/norm": {k: v for k, v in snap.hashes["data:obs/norm"].items() if k != "group:1"},
+            }
+        }
+    )
     store.restore(missing)  # a group sum left out is recomputed from the slots
     shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})  # re-sums group 0 only
     assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3

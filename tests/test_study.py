@@ -74,9 +74,23 @@ def test_the_plan_gives_every_primary_arm_its_seeds_and_pairs_everything():
 
 
 def _runs(values: dict[tuple[str, str], list[float]]) -> list[dict]:
-    return [{"condition": c, "arm": a, "seed": s, "summary": {"completion_auc": v, "final_completion": v, "skill_share": 0.1,
-                                                              "mean_drift_tv": 0.0, "mean_buffer_tv": 0.0, "sync_overhead_pct": 1.0}}
-            for (c, a), vs in values.items() for s, v in enumerate(vs)]
+    return [
+        {
+            "condition": c,
+            "arm": a,
+            "seed": s,
+            "summary": {
+                "completion_auc": v,
+                "final_completion": v,
+                "skill_share": 0.1,
+                "mean_drift_tv": 0.0,
+                "mean_buffer_tv": 0.0,
+                "sync_overhead_pct": 1.0,
+            },
+        }
+        for (c, a), vs in values.items()
+        for s, v in enumerate(vs)
+    ]
 
 
 def test_the_gate_and_the_analysis_follow_the_pre_registration():
@@ -85,12 +99,22 @@ def test_the_gate_and_the_analysis_follow_the_pre_registration():
     passed = gate(_runs({("H", "single"): [0.9, 0.8, 0.85], ("H", "uniform"): [0.4, 0.5, 0.45]}))
     assert passed["passed"] and passed["mean_difference"] == pytest.approx(0.4)
     base = list(0.6 + rng.normal(0, 0.01, 8))
-    values = {("H", "single"): [b + 0.3 for b in base], ("H", "uniform"): base, ("H", "local"): base,
-              ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)), ("X", "local"): [b + 0.2 for b in base],
-              ("X", "pooled"): base, ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2])}
+    values = {
+        ("H", "single"): [b + 0.3 for b in base],
+        ("H", "uniform"): base,
+        ("H", "local"): base,
+        ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)),
+        ("X", "local"): [b + 0.2 for b in base],
+        ("X", "pooled"): base,
+        ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2]),
+    }
     primary = {c["name"]: c["verdict"] for c in analyse(_runs(values))["primary"]}
-    assert primary == {"H: single − uniform": "higher", "H: local − pooled": "equivalent", "X: local − pooled": "higher",
-                       "X: broadcast − pooled": "inconclusive"}
+    assert primary == {
+        "H: single − uniform": "higher",
+        "H: local − pooled": "equivalent",
+        "X: local − pooled": "higher",
+        "X: broadcast − pooled": "inconclusive",
+    }
 
 
 # ---------------------------------------------------------------- the task
@@ -125,7 +149,9 @@ def test_a_policy_blind_to_the_skill_falls_in_the_first_skill_segment():
         for _ in range(env.num_frames - 1):
             f = env.frames
             acc = (env.ref_vel[(f + 1).clamp(max=env.num_frames - 1)] - env.ref_vel[f]) * 50
-            want = (acc + cfg.damping * env.ref_vel[f] + 40 * (env.ref_pos[f] - env.pos) + 10 * (env.ref_vel[f] - env.vel)) / cfg.max_force
+            want = (
+                acc + cfg.damping * env.ref_vel[f] + 40 * (env.ref_pos[f] - env.pos) + 10 * (env.ref_vel[f] - env.vel)
+            ) / cfg.max_force
             if aware:  # the inverse of the segment's actuation
                 want = torch.linalg.solve(env.actuation[env.kind_of_frame[0, f]], want.unsqueeze(2)).squeeze(2)
             out = env.step(want)
@@ -145,7 +171,9 @@ def test_observations_show_the_segment_its_preview_and_the_profile():
     env.reset(torch.arange(2), torch.tensor([skill * 50 - 10, skill * 50 - 10]))  # 10 frames before profile 0's segment
     obs = env.observations()
     now, ahead, profile = obs[:, 12:16], obs[:, 16:20], obs[:, 20:22]
-    assert int((now[0] - env.offset[0]).argmax()) == 0 and int((ahead[0] - env.offset[0]).argmax()) == int(env.kinds[0, skill])
+    assert int((now[0] - env.offset[0]).argmax()) == 0 and int((ahead[0] - env.offset[0]).argmax()) == int(
+        env.kinds[0, skill]
+    )
     assert torch.allclose(profile - env.offset, torch.eye(2))  # the profile's one-hot, shifted by its offset
     assert env.offset.flatten().tolist() == [-0.5, 0.5]
     assert not torch.equal(env.kinds[0], env.kinds[1])  # X: each profile has skill segments of its own
@@ -175,7 +203,7 @@ def test_sac_learns_a_one_step_bandit():
     sac = SAC(1, 1, SACConfig(hidden=32, batch_size=256, init_alpha=0.01, lr=3e-3, buffer_size=4096), seed=0)
     g = torch.Generator().manual_seed(0)
     a = torch.rand(4096, 1, generator=g) * 2 - 1
-    sac.add(torch.zeros(4096, 1), a, -(a[:, 0] - 0.5) ** 2, torch.zeros(4096, 1), torch.ones(4096))
+    sac.add(torch.zeros(4096, 1), a, -((a[:, 0] - 0.5) ** 2), torch.zeros(4096, 1), torch.ones(4096))
     for _ in range(600):
         sac.update()
     with torch.no_grad():
@@ -189,8 +217,10 @@ def test_sac_solves_pendulum_within_20000_env_steps():
     from redisync.study.pendulum import validate
 
     result = validate(steps=20_000)
-    print(f"Pendulum-v1: -250 first reached after {result.first_step_reaching(-250)} env steps, best {result.best:.0f}; "
-          f"curve (env steps, average return of 10 episodes): {result.curve}")
+    print(
+        f"Pendulum-v1: -250 first reached after {result.first_step_reaching(-250)} env steps, best {result.best:.0f}; "
+        f"curve (env steps, average return of 10 episodes): {result.curve}"
+    )
     assert result.best >= -250, result.curve
 
 
@@ -223,15 +253,22 @@ class ConstantDriftEnv:
         self.x = self.x + 0.1 * actions[:, 0] + kick
         terminated = self.x.abs() > 1.0
         truncated = ~terminated & (self.frames >= self.num_frames - 1)
-        return Step(self.observations(), torch.exp(-self.x**2), terminated, truncated)
+        return Step(self.observations(), torch.exp(-(self.x**2)), terminated, truncated)
 
 
 def user_env_factory(task):
     return lambda profiles, seed: ConstantDriftEnv(profiles, seed)
 
 
-TINY = replace(StudyConfig().smoke(), env_steps=3_000, learning_starts=1_000, eval_every=1_500, drift_every=1_000,
-               envs_per_shard=16, sac=SACConfig(hidden=32, batch_size=128))
+TINY = replace(
+    StudyConfig().smoke(),
+    env_steps=3_000,
+    learning_starts=1_000,
+    eval_every=1_500,
+    drift_every=1_000,
+    envs_per_shard=16,
+    sac=SACConfig(hidden=32, batch_size=128),
+)
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
@@ -288,17 +325,30 @@ def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
         load_env_factory("no_such_module:make", TINY)
     with pytest.raises(ValueError, match="has no 'no_such_factory'"):
         load_env_factory("tests.test_study:no_such_factory", TINY)
-    out = subprocess.run([sys.executable, "-m", "redisync.cli", "ab", "--env", "no_such_module:make", "--no-progress"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "--env" in out.stderr and "no_such_module" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "redisync.cli", "ab", "--env", "no_such_module:make", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        out.returncode != 0
+        and "--env" in out.stderr
+        and "no_such_module" in out.stderr
+        and "Traceback" not in out.stderr
+    )
 
 
 @pytest.mark.slow
 def test_the_smoke_gate_runs_end_to_end_and_the_report_leads_with_it(tmp_path):
     """CI's run of the gate in miniature through the command line: three paired seeds of `single`
     and `uniform` on H, the decision taken by the pre-registered threshold, the gate first in the report."""
-    out = subprocess.run([sys.executable, "-m", "redisync.cli", "ab", "--smoke", "--gate-only", "--out", str(tmp_path),
-                          "--no-progress"], capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        [sys.executable, "-m", "redisync.cli", "ab", "--smoke", "--gate-only", "--out", str(tmp_path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     g = results["gate"]
@@ -316,16 +366,29 @@ def test_the_report_claims_only_what_the_tests_say(tmp_path):
 
     rng = np.random.default_rng(0)
     base = list(0.5 + rng.normal(0, 0.01, 8))
-    values = {("H", "single"): [b + 0.3 for b in base], ("H", "uniform"): base, ("H", "local"): base,
-              ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)), ("X", "local"): [b + 0.2 for b in base],
-              ("X", "pooled"): base,
-              ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2])}
+    values = {
+        ("H", "single"): [b + 0.3 for b in base],
+        ("H", "uniform"): base,
+        ("H", "local"): base,
+        ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)),
+        ("X", "local"): [b + 0.2 for b in base],
+        ("X", "pooled"): base,
+        ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2]),
+    }
     runs = _runs(values)
     for r in runs:
         r["curve"] = [{"env_steps": 1, "completion": r["summary"]["completion_auc"]}]
         r["wall_s"] = 60.0
-    results = {"config": StudyConfig().to_dict(), "env": "test", "gate": gate(runs), "gate_runs": runs, "runs": runs,
-               "analysis": analyse(runs), "workers": 2, "wall_s": 1800.0}
+    results = {
+        "config": StudyConfig().to_dict(),
+        "env": "test",
+        "gate": gate(runs),
+        "gate_runs": runs,
+        "runs": runs,
+        "analysis": analyse(runs),
+        "workers": 2,
+        "wall_s": 1800.0,
+    }
     text = render_markdown(results, "redisync ab", [])
     assert "the gate **passed**" in text
     assert f"{2 * len(runs)} runs ({len(runs)} of them the gate), {2 * len(runs)} min of training on 2 workers" in text
@@ -334,7 +397,9 @@ def test_the_report_claims_only_what_the_tests_say(tmp_path):
     assert "on H, `local` and `pooled` are equivalent within ±0.1" in text
     assert "on X, `local` completes more of the motion than `pooled`" in text
     assert "on X, `broadcast` vs `pooled` is inconclusive at 8 seeds" in text
-    failed = dict(results, gate=gate(_runs({("H", "single"): base[:3], ("H", "uniform"): base[:3]})), analysis=None, runs=[])
+    failed = dict(
+        results, gate=gate(_runs({("H", "single"): base[:3], ("H", "uniform"): base[:3]})), analysis=None, runs=[]
+    )
     text = render_markdown(failed, "redisync ab", [])
     assert "the gate **FAILED**" in text and "## Primary contrasts" not in text
 
@@ -350,10 +415,18 @@ def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
     analysis = analyse(runs)
     assert len(analysis["primary"]) == len(PRIMARY) and len(analysis["secondary"]) == len(SECONDARY)
     assert all(c["n"] == 2 and c["p_holm"] is not None for c in analysis["primary"])
-    results = {"config": TINY.to_dict(), "env": "built-in", "gate": {**gate(runs), "passed": True}, "gate_runs": runs,
-               "runs": runs, "analysis": analysis}
+    results = {
+        "config": TINY.to_dict(),
+        "env": "built-in",
+        "gate": {**gate(runs), "passed": True},
+        "gate_runs": runs,
+        "runs": runs,
+        "analysis": analysis,
+    }
     text = (write_report(results, tmp_path, "redisync ab (test)")).read_text()
-    assert "## Primary contrasts" in text and "**H — identical shards.**" in text and "**X — different shards.**" in text
+    assert (
+        "## Primary contrasts" in text and "**H — identical shards.**" in text and "**X — different shards.**" in text
+    )
     assert (tmp_path / "mechanism.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -368,7 +441,7 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     primary = {c["name"]: c for c in results["analysis"]["primary"]}
     secondary = {c["name"]: c for c in results["analysis"]["secondary"]}
     readme = (root / "README.md").read_text()
-    summary = readme[readme.index("## Does drift hurt training?"):readme.index("How it was asked.")]
+    summary = readme[readme.index("## Does drift hurt training?") : readme.index("How it was asked.")]
 
     def interval(c):
         return f"{c['mean']:+.2f} [{c['lo']:+.2f}, {c['hi']:+.2f}]".replace("-", "−")

@@ -87,8 +87,14 @@ def test_fleet_converges_through_syncers(backend, worker, make_store):
     run_name = make_store().run
     collectors = [Collector(i) for i in range(4)]
     syncers = [
-        new_syncer(redisync.connect(store_url, run=run_name), i, c.terms, publish_every_steps=15,
-               poll_every_s=0.05, worker=worker).start()
+        new_syncer(
+            redisync.connect(store_url, run=run_name),
+            i,
+            c.terms,
+            publish_every_steps=15,
+            poll_every_s=0.05,
+            worker=worker,
+        ).start()
         for i, c in enumerate(collectors)
     ]
     try:
@@ -110,8 +116,15 @@ def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path, wor
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]
     syncers = [
-        new_syncer(redisync.connect(server.url, run="hotpath", socket_timeout=1.0), i, c.terms,
-               publish_every_steps=10, poll_every_s=0.05, retry_every_s=0.1, worker=worker).start()
+        new_syncer(
+            redisync.connect(server.url, run="hotpath", socket_timeout=1.0),
+            i,
+            c.terms,
+            publish_every_steps=10,
+            poll_every_s=0.05,
+            retry_every_s=0.1,
+            worker=worker,
+        ).start()
         for i, c in enumerate(collectors)
     ]
     try:
@@ -141,7 +154,9 @@ def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path, wor
         assert_pooled(collectors)  # nothing lost: the cumulative reports re-seeded the fleet exactly
         fleet = syncers[0].store.fleet().keys
         assert float(fleet["obs/norm"].parts()["count"]) == sum(c.samples for c in collectors)
-        assert float(fleet["curriculum/penalty_scale"].parts()["value"]) == collectors[0].penalty.scale  # re-seeded by its owner
+        assert (
+            float(fleet["curriculum/penalty_scale"].parts()["value"]) == collectors[0].penalty.scale
+        )  # re-seeded by its owner
     finally:
         for s in syncers:
             s.stop(flush=False)
@@ -157,12 +172,21 @@ def test_a_paused_redis_never_stalls_the_shared_hot_path_and_the_fleet_catches_u
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]
     syncers = [
-        new_syncer(redisync.connect(server.url, run="paused", socket_timeout=1.0), i, c.terms,
-               publish_every_steps=1, poll_every_s=0.05, retry_every_s=0.1, worker="process").start()
+        new_syncer(
+            redisync.connect(server.url, run="paused", socket_timeout=1.0),
+            i,
+            c.terms,
+            publish_every_steps=1,
+            poll_every_s=0.05,
+            retry_every_s=0.1,
+            worker="process",
+        ).start()
         for i, c in enumerate(collectors)
     ]
     try:
-        assert all(s._shared is not None and c.sampler not in s._reporting + s._handed for s, c in zip(syncers, collectors))
+        assert all(
+            s._shared is not None and c.sampler not in s._reporting + s._handed for s, c in zip(syncers, collectors)
+        )
         run(collectors, syncers, 50, reset_every=1)
         converge(syncers[0].store, collectors, syncers)
         assert_pooled(collectors)

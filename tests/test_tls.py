@@ -21,22 +21,71 @@ def make_certificates(d: Path) -> None:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"),
-            "-subj", "/CN=redisync test CA", "-days", "1")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "server.key"), "-out", str(d / "server.csr"),
-            "-subj", "/CN=127.0.0.1")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.crt"),
+        "-subj",
+        "/CN=redisync test CA",
+        "-days",
+        "1",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(d / "server.key"),
+        "-out",
+        str(d / "server.csr"),
+        "-subj",
+        "/CN=127.0.0.1",
+    )
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
-            "-CAcreateserial", "-out", str(d / "server.crt"), "-days", "1", "-extfile", str(d / "san.ext"))
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(d / "server.csr"),
+        "-CA",
+        str(d / "ca.crt"),
+        "-CAkey",
+        str(d / "ca.key"),
+        "-CAcreateserial",
+        "-out",
+        str(d / "server.crt"),
+        "-days",
+        "1",
+        "-extfile",
+        str(d / "san.ext"),
+    )
 
 
 @pytest.fixture
 def tls_server(tmp_path):
     make_certificates(tmp_path)
     tls_port = free_port()
-    server = RedisProcess(tmp_path, None, "--tls-port", str(tls_port), "--tls-cert-file", str(tmp_path / "server.crt"),
-                          "--tls-key-file", str(tmp_path / "server.key"), "--tls-ca-cert-file", str(tmp_path / "ca.crt"),
-                          "--tls-auth-clients", "no").start()
+    server = RedisProcess(
+        tmp_path,
+        None,
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        str(tmp_path / "server.crt"),
+        "--tls-key-file",
+        str(tmp_path / "server.key"),
+        "--tls-ca-cert-file",
+        str(tmp_path / "ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ).start()
     yield tls_port, tmp_path
     server.kill()
 
@@ -57,4 +106,6 @@ def test_an_unknown_certificate_authority_is_refused(tls_server, tmp_path_factor
     make_certificates(other)  # a CA that did not sign the server's certificate
     url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={other / 'ca.crt'}"
     with pytest.raises(errors.ConnectionUnavailable, match="certificate verify failed"):
-        redisync.connect(url, run="tls", socket_connect_timeout=2).register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
+        redisync.connect(url, run="tls", socket_connect_timeout=2).register(
+            Schema.of({"obs/norm": merge(2, lifecycle="history")})
+        )

@@ -157,8 +157,9 @@ def test_holosoma_tracker_and_penalty_rules():
         w = min(len(lengths) / 2000, 1.0)
         avg = avg * (1 - w) + float(np.mean(lengths)) * w
         assert tracker.value == pytest.approx(avg, rel=1e-6)
-    pen = PenaltyCurriculum(initial_scale=0.5, min_scale=0.1, max_scale=1.0, level_down_threshold=150,
-                            level_up_threshold=750, degree=0.1)
+    pen = PenaltyCurriculum(
+        initial_scale=0.5, min_scale=0.1, max_scale=1.0, level_down_threshold=150, level_up_threshold=750, degree=0.1
+    )
     assert pen.update(100) == pytest.approx(0.45)
     assert pen.update(500) == pytest.approx(0.45)
     assert pen.update(900) == pytest.approx(0.495)
@@ -211,7 +212,10 @@ def test_sharded_terms_equal_one_unsharded_term(make_store, n_shards):
     envs, frames = 64, 600
     single_sampler = AdaptiveMotionSampler(frames, 0.02, mode="local", dtype=F64)
     single_norm = SyncedEmpiricalNormalization(4, mode="pooled")  # alone: its own statistics of every sample
-    samplers = [AdaptiveMotionSampler(frames, 0.02, mode="pooled", shard_id=i, rebuild_tol=0.0, dtype=F64) for i in range(n_shards)]
+    samplers = [
+        AdaptiveMotionSampler(frames, 0.02, mode="pooled", shard_id=i, rebuild_tol=0.0, dtype=F64)
+        for i in range(n_shards)
+    ]
     norms = [SyncedEmpiricalNormalization(4, mode="pooled") for _ in range(n_shards)]
     store = make_store()
     store.register(schema_of([samplers[0], norms[0]]))
@@ -233,7 +237,9 @@ def test_sharded_terms_equal_one_unsharded_term(make_store, n_shards):
             sync(store, clients, [[s, n] for s, n in zip(samplers, norms)])
             want_mean, want_var, want_n = single_norm.pooled_moments()
             for sampler, norm in zip(samplers, norms):
-                np.testing.assert_allclose(sampler.sampling_ema(), single_sampler.bin_failed_count, rtol=1e-9, atol=1e-15)
+                np.testing.assert_allclose(
+                    sampler.sampling_ema(), single_sampler.bin_failed_count, rtol=1e-9, atol=1e-15
+                )
                 np.testing.assert_allclose(sampler.probabilities(), single_sampler.probabilities(), rtol=1e-9)
                 mean, var, n = norm.pooled_moments()
                 assert n == want_n == envs * step
@@ -313,7 +319,9 @@ def test_two_terms_may_not_claim_one_key():
 
     with pytest.raises(InvalidSchema, match="declared by two terms"):
         schema_of([AdaptiveMotionSampler(100, 0.1), AdaptiveMotionSampler(100, 0.1)])
-    assert isinstance(schema_of([AdaptiveMotionSampler(100, 0.1, mode="local"), SyncedEmpiricalNormalization(2)]), Schema)
+    assert isinstance(
+        schema_of([AdaptiveMotionSampler(100, 0.1, mode="local"), SyncedEmpiricalNormalization(2)]), Schema
+    )
 
 
 def test_learner_owned_normaliser_is_broadcast_to_collectors(make_store):

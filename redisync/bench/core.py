@@ -34,7 +34,9 @@ def _median_us(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def _paired_us(fn: Callable[[], Any], ping: Callable[[], Any], calls: int, before: Callable[[], Any] | None = None) -> tuple[float, float]:
+def _paired_us(
+    fn: Callable[[], Any], ping: Callable[[], Any], calls: int, before: Callable[[], Any] | None = None
+) -> tuple[float, float]:
     """Medians of ``fn`` and of a PING timed right before each call: a ratio immune to machine drift."""
     op, base = [], []
     for _ in range(calls):
@@ -138,8 +140,10 @@ def _profiled_fold() -> str:
     from ..store.client import _LUA
 
     lines, out = _LUA.joinpath("fold.lua").read_text().split("\n"), []
-    out.append("local __t = {} local function __mark() local t = redis.call('TIME') "
-               "__t[#__t + 1] = tonumber(t[1]) * 1000000 + tonumber(t[2]) end")
+    out.append(
+        "local __t = {} local function __mark() local t = redis.call('TIME') "
+        "__t[#__t + 1] = tonumber(t[1]) * 1000000 + tonumber(t[2]) end"
+    )
     starts = [start for _, start in PHASES]
     for line in lines:
         if any(line.startswith(start) for start in starts):
@@ -160,11 +164,19 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
         shard = store.shard(0, incarnation=1)
         shard.publish(_report(np.random.default_rng(0), n, 1))
         script = store.redis.register_script(_profiled_fold())
-        keys = [store.keys.meta, store.keys.shards, store.keys.reports, store.keys.dead_letters,
-                store.keys.key_meta(KEY), store.keys.key_data(KEY)]
+        keys = [
+            store.keys.meta,
+            store.keys.shards,
+            store.keys.reports,
+            store.keys.dead_letters,
+            store.keys.key_meta(KEY),
+            store.keys.key_data(KEY),
+        ]
         payload = encode([np.concatenate([[1.0], np.ones(n)])])
-        rows = [np.diff(script(keys=keys, args=[store.schema.digest, 0, 1, seq, 0, "0", KEY, payload]))
-                for seq in range(2, calls + 2)]
+        rows = [
+            np.diff(script(keys=keys, args=[store.schema.digest, 0, 1, seq, 0, "0", KEY, payload]))
+            for seq in range(2, calls + 2)
+        ]
         medians = np.median(rows, axis=0)
         return {name: float(v) for (name, _), v in zip(PHASES, medians)}
     finally:
@@ -231,7 +243,9 @@ def _run_processes(target: Callable[..., None], args: tuple, procs: int) -> list
         p.join(timeout=10)
     failed = [p.exitcode for p in ps if p.exitcode != 0]
     if failed or len(results) < procs:
-        raise RedisyncError(f"{len(failed) or procs - len(results)} of {procs} publisher processes failed (exit codes {failed})")
+        raise RedisyncError(
+            f"{len(failed) or procs - len(results)} of {procs} publisher processes failed (exit codes {failed})"
+        )
     return results
 
 
@@ -274,8 +288,10 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
     marginal = None
     if small["server_fold_us"] is not None and large["server_fold_us"] is not None:
         # the cost of one more payload value, free of the fixed per-call cost that dominates small N
-        marginal = (large["server_fold_us"] - small["server_fold_us"]) * 1e3 / (
-            large["payload_values"] - small["payload_values"]
+        marginal = (
+            (large["server_fold_us"] - small["server_fold_us"])
+            * 1e3
+            / (large["payload_values"] - small["payload_values"])
         )
     targets = {
         "publish_64_over_ping<=1.5": by_n[64]["publish_over_ping"],
@@ -283,10 +299,20 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
         "pull_unchanged_over_ping<=1.3": max(s["pull_unchanged_over_ping"] for s in sizes),
         "server_fold_ns_per_value<=200": marginal,
     }
-    limits = {"publish_64_over_ping<=1.5": 1.5, "publish_1024_over_ping<=2.5": 2.5,
-              "pull_unchanged_over_ping<=1.3": 1.3, "server_fold_ns_per_value<=200": 200.0}
-    result: dict[str, Any] = {"url": url or "embedded", "calls": calls, "ping_us": ping, "sizes": sizes, "concurrency": conc,
-                              "fold_profile_us": {n: fold_profile(url, n) for n in (64, 1024)}}
+    limits = {
+        "publish_64_over_ping<=1.5": 1.5,
+        "publish_1024_over_ping<=2.5": 2.5,
+        "pull_unchanged_over_ping<=1.3": 1.3,
+        "server_fold_ns_per_value<=200": 200.0,
+    }
+    result: dict[str, Any] = {
+        "url": url or "embedded",
+        "calls": calls,
+        "ping_us": ping,
+        "sizes": sizes,
+        "concurrency": conc,
+        "fold_profile_us": {n: fold_profile(url, n) for n in (64, 1024)},
+    }
     try:
         from .terms import measure_collector_overhead, measure_rebuild
     except ImportError:  # torch is an optional dependency

@@ -56,8 +56,12 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        name = {"gloo-broadcast": "gloo broadcast", "gloo-allreduce": "gloo all_reduce", "thread": "redisync thread",
-                "process": "redisync process"}[self.mode]
+        name = {
+            "gloo-broadcast": "gloo broadcast",
+            "gloo-allreduce": "gloo all_reduce",
+            "thread": "redisync thread",
+            "process": "redisync process",
+        }[self.mode]
         return f"{name}/{'step' if self.every == 1 else self.every}"
 
 
@@ -83,8 +87,9 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         state = torch.zeros_like(sampler.bin_failed_count)
     else:
         store = connect(url, run=run)
-        syncer = new_syncer(store, rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every,
-                        poll_every_s=0.5).start()
+        syncer = new_syncer(
+            store, rank, [sampler], worker=scenario.mode, publish_every_steps=scenario.every, poll_every_s=0.5
+        ).start()
 
     straggles = scenario.straggler and rank == scenario.procs - 1
     timings, kinds, floor, lags = [], [], [], []
@@ -94,7 +99,9 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         if step == WARMUP:
             started = time.perf_counter()
         time.sleep(STEP_S + (STRAGGLE_S if straggles and step % STRAGGLE_EVERY == 0 else 0.0))
-        sampler.record_failures(torch.randint(0, sampler.num_frames, (ENVS,), generator=g), torch.rand(ENVS, generator=g) < 0.02)
+        sampler.record_failures(
+            torch.randint(0, sampler.num_frames, (ENVS,), generator=g), torch.rand(ENVS, generator=g) < 0.02
+        )
         sampler.step()
         # only the sync calls are timed; what the step did is worked out after
         if syncer is not None:
@@ -140,7 +147,9 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
     out = ctx.Queue()
     run = f"bench-peers-{uuid.uuid4().hex[:8]}"
     port = _free_port()
-    procs = [ctx.Process(target=_collector, args=(scenario, r, steps, port, url, run, out)) for r in range(scenario.procs)]
+    procs = [
+        ctx.Process(target=_collector, args=(scenario, r, steps, port, url, run, out)) for r in range(scenario.procs)
+    ]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -152,7 +161,9 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
             except queue.Empty:
                 dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"{scenario.label} with {scenario.procs} processes: a collector died (exit codes {dead})")
+                    raise RuntimeError(
+                        f"{scenario.label} with {scenario.procs} processes: a collector died (exit codes {dead})"
+                    )
                 continue
             if message[0] == "done":
                 results.append(message)
@@ -168,9 +179,15 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
     steps_kept = [s for _, _, ss, _, _ in results if ss is not None for s in ss]
     times = sorted(t / 1e3 for t, _, _ in steps_kept)
     row = {
-        "scenario": scenario.label, "mode": scenario.mode, "procs": scenario.procs, "every": scenario.every,
-        "straggler": scenario.straggler, "p50_us": statistics.median(times), "p99_us": _p99(times),
-        "mean_us": statistics.fmean(times), "wall_s": time.perf_counter() - t0,
+        "scenario": scenario.label,
+        "mode": scenario.mode,
+        "procs": scenario.procs,
+        "every": scenario.every,
+        "straggler": scenario.straggler,
+        "p50_us": statistics.median(times),
+        "p99_us": _p99(times),
+        "mean_us": statistics.fmean(times),
+        "wall_s": time.perf_counter() - t0,
         "fleet_versions_applied": [a for *_, a, _ in results if a is not None],
         "floor_p99_us": _p99(sorted(f / 1e3 for _, _, f in steps_kept)),
     }
@@ -182,8 +199,11 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
         row["breakdown"] = {}
         for kind in ("hand-over", "apply", "neither"):
             ts = sorted(t / 1e3 for t, k, _ in steps_kept if k == kind)
-            row["breakdown"][kind] = {"share": len(ts) / len(times), "p50_us": statistics.median(ts) if ts else None,
-                                      "p99_us": _p99(ts) if ts else None}
+            row["breakdown"][kind] = {
+                "share": len(ts) / len(times),
+                "p50_us": statistics.median(ts) if ts else None,
+                "p99_us": _p99(ts) if ts else None,
+            }
     return row
 
 
@@ -204,13 +224,33 @@ def run_peers(url: str, steps: int = 2000, scenarios: tuple[Scenario, ...] = SCE
     rows = [measure(s, steps, url) for s in scenarios]
     ratios = []
     for row in rows:
-        ours = next(r for r in rows if r["mode"] == "process" and (r["procs"], r["straggler"]) == (row["procs"], row["straggler"]))
+        ours = next(
+            r
+            for r in rows
+            if r["mode"] == "process" and (r["procs"], r["straggler"]) == (row["procs"], row["straggler"])
+        )
         if row is not ours:
-            ratios.append({"scenario": row["scenario"], "procs": row["procs"], "straggler": row["straggler"],
-                           "p50_ratio": row["p50_us"] / ours["p50_us"], "p99_ratio": row["p99_us"] / ours["p99_us"]})
+            ratios.append(
+                {
+                    "scenario": row["scenario"],
+                    "procs": row["procs"],
+                    "straggler": row["straggler"],
+                    "p50_ratio": row["p50_us"] / ours["p50_us"],
+                    "p99_ratio": row["p99_us"] / ours["p99_us"],
+                }
+            )
     targets = {}
     for row in rows:
         if row["mode"] == "process" and row["procs"] == 4 and not row["straggler"]:
-            targets = {"process_worker_p50_us<=5": {"measured": row["p50_us"], "limit": 5.0, "met": row["p50_us"] <= 5.0},
-                       "process_worker_p99_us<=50": {"measured": row["p99_us"], "limit": 50.0, "met": row["p99_us"] <= 50.0}}
-    return {"url": url, "steps": steps, "step_s": STEP_S, "rows": rows, "ratios_over_redisync_process": ratios, "targets": targets}
+            targets = {
+                "process_worker_p50_us<=5": {"measured": row["p50_us"], "limit": 5.0, "met": row["p50_us"] <= 5.0},
+                "process_worker_p99_us<=50": {"measured": row["p99_us"], "limit": 50.0, "met": row["p99_us"] <= 50.0},
+            }
+    return {
+        "url": url,
+        "steps": steps,
+        "step_s": STEP_S,
+        "rows": rows,
+        "ratios_over_redisync_process": ratios,
+        "targets": targets,
+    }

@@ -29,7 +29,10 @@ from .core import _reset_stats, _run_processes
 SLOTS = (8, 64, 256, 1024)
 KEYS_PER_REPORT = (1, 16, 64)
 CONNECTIONS = (8, 32, 128)
-FLEET_SCHEMA = {"motion/bin_failed": merge(1024, lifecycle="history"), "obs/norm": merge(256, sumsq=True, lifecycle="history")}  # the stated report
+FLEET_SCHEMA = {
+    "motion/bin_failed": merge(1024, lifecycle="history"),
+    "obs/norm": merge(256, sumsq=True, lifecycle="history"),
+}  # the stated report
 CORE_BUDGET = 0.5  # of one Redis core: the rest is headroom for pulls' bursts, CLI reads and persistence
 PULLS_PER_FOLD_CAP = 10  # a syncer pulls at most every min_pull_interval_s (0.1 s) whatever the fleet publishes
 
@@ -87,7 +90,10 @@ def memory(url: str, slots: int, elements: int, stream_payloads: bool, reports: 
     """Bytes Redis holds for a run: one merge key of ``elements`` values, ``slots`` shards, and a
     reports stream after ``reports`` folds (capped at 1 000 entries)."""
     store = connect(url, run=f"bench-mem-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of({"bench/key": merge(elements, lifecycle="history")}), Limits(stream_maxlen=1000, stream_payloads=stream_payloads))
+    store.register(
+        Schema.of({"bench/key": merge(elements, lifecycle="history")}),
+        Limits(stream_maxlen=1000, stream_payloads=stream_payloads),
+    )
     try:
         rng = np.random.default_rng(0)
         report = _report({"bench/key": merge(elements, lifecycle="history")}, rng)
@@ -97,8 +103,13 @@ def memory(url: str, slots: int, elements: int, stream_payloads: bool, reports: 
         by_key = {}
         for key in store.redis.scan_iter(match=store.keys.pattern, count=1000):
             by_key[key.decode().split(":", 2)[2]] = int(store.redis.memory_usage(key, samples=0) or 0)
-        return {"slots": slots, "elements": elements, "stream_payloads": stream_payloads, "bytes_total": sum(by_key.values()),
-                "bytes_by_key": by_key}
+        return {
+            "slots": slots,
+            "elements": elements,
+            "stream_payloads": stream_payloads,
+            "bytes_total": sum(by_key.values()),
+            "bytes_by_key": by_key,
+        }
     finally:
         store.delete()
 
@@ -178,8 +189,13 @@ def fleet_estimate(rows: list[dict[str, float]], interval_s: float = 1.0) -> dic
         if fleet_load(rows, largest + step, interval_s) > CORE_BUDGET:
             break
         largest += step
-    return {"interval_s": interval_s, "report": {k: v.model_dump() for k, v in FLEET_SCHEMA.items()},
-            "core_budget": CORE_BUDGET, "server_s_per_s": table, "largest_fleet": largest}
+    return {
+        "interval_s": interval_s,
+        "report": {k: v.model_dump() for k, v in FLEET_SCHEMA.items()},
+        "core_budget": CORE_BUDGET,
+        "server_s_per_s": table,
+        "largest_fleet": largest,
+    }
 
 
 def run_scale(url: str, seconds: float = 3.0) -> dict[str, Any]:
@@ -189,8 +205,24 @@ def run_scale(url: str, seconds: float = 3.0) -> dict[str, Any]:
         schema = {f"bench/k{i}": merge(256, lifecycle="history") for i in range(k)}
         keys.append({"keys": k, **fold_and_pull(url, schema, 8, calls=50)})
     fleet_rows = [fold_and_pull(url, dict(FLEET_SCHEMA), n) for n in SLOTS]
-    mem = [memory(url, s, e, p) for s, e, p in ((8, 1024, False), (64, 1024, False), (256, 1024, False),
-                                                (8, 64, False), (8, 16384, False), (8, 1024, True))]
+    mem = [
+        memory(url, s, e, p)
+        for s, e, p in (
+            (8, 1024, False),
+            (64, 1024, False),
+            (256, 1024, False),
+            (8, 64, False),
+            (8, 16384, False),
+            (8, 1024, True),
+        )
+    ]
     tp = [throughput(url, c, seconds) for c in CONNECTIONS]
-    return {"url": url, "fold_vs_slots": slots, "fold_vs_keys": keys, "fleet_report_vs_slots": fleet_rows,
-            "memory": mem, "throughput": tp, "fleet": fleet_estimate(fleet_rows)}
+    return {
+        "url": url,
+        "fold_vs_slots": slots,
+        "fold_vs_keys": keys,
+        "fleet_report_vs_slots": fleet_rows,
+        "memory": mem,
+        "throughput": tp,
+        "fleet": fleet_estimate(fleet_rows),
+    }

@@ -16,7 +16,12 @@ from ..terms.torch.normalization import SyncedEmpiricalNormalization
 from ..terms.torch.sampler import FPS, AdaptiveMotionSampler, frames_for_bins
 
 STEP_S = 1e-3
-REBUILD_SHAPES = ((1, 100), (1, 1000), (1, 10000), (1000, 100))  # (groups, bins per group): 1 000 motions x 100 bins last
+REBUILD_SHAPES = (
+    (1, 100),
+    (1, 1000),
+    (1, 10000),
+    (1000, 100),
+)  # (groups, bins per group): 1 000 motions x 100 bins last
 
 
 def _calibrated_step() -> tuple[torch.Tensor, int]:
@@ -31,8 +36,15 @@ def _calibrated_step() -> tuple[torch.Tensor, int]:
     return x, max(1, round(STEP_S / per_rep))
 
 
-def _loop(steps: int, syncer: Syncer | None, sampler: AdaptiveMotionSampler, norm: SyncedEmpiricalNormalization,
-          work: tuple[torch.Tensor, int], reset_every: int, calls: list[float]) -> float:
+def _loop(
+    steps: int,
+    syncer: Syncer | None,
+    sampler: AdaptiveMotionSampler,
+    norm: SyncedEmpiricalNormalization,
+    work: tuple[torch.Tensor, int],
+    reset_every: int,
+    calls: list[float],
+) -> float:
     x, reps = work
     g = torch.Generator().manual_seed(0)
     envs = 256
@@ -62,7 +74,9 @@ def measure_collector_overhead(url: str | None, steps: int = 2000, reset_every: 
     off_terms = (AdaptiveMotionSampler(3000, 0.02, mode="pooled"), SyncedEmpiricalNormalization(64, mode="pooled"))
     on_terms = (AdaptiveMotionSampler(3000, 0.02, mode="pooled"), SyncedEmpiricalNormalization(64, mode="pooled"))
     store = connect(url, run=f"bench-syncer-{uuid.uuid4().hex[:8]}")
-    syncer = new_syncer(store, 0, list(on_terms), worker="thread", publish_every_steps=50, poll_every_s=0.5).start()  # the sidecar: bench --peers
+    syncer = new_syncer(
+        store, 0, list(on_terms), worker="thread", publish_every_steps=50, poll_every_s=0.5
+    ).start()  # the sidecar: bench --peers
     off, on, calls = [], [], []
     try:
         block = max(steps // 10, 50)

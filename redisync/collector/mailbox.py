@@ -116,8 +116,10 @@ class Mailbox:
         self._buf = memoryview(buf)
         self.header = self._buf[: HEADER * 8].cast("q")  # int64 fields; a memoryview reads and writes faster than numpy
         self._slots = [self._buf[offsets[i] : offsets[i] + sizes[i]] for i in range(3)]
-        self._floats = [np.ndarray((size // 8,), dtype=np.float64, buffer=buf, offset=int(offsets[i]))
-                        for i, size in enumerate(sizes)]
+        self._floats = [
+            np.ndarray((size // 8,), dtype=np.float64, buffer=buf, offset=int(offsets[i]))
+            for i, size in enumerate(sizes)
+        ]
 
     @classmethod
     def create(cls, outbox_bytes: int, inbox_bytes: int) -> "Mailbox":

@@ -178,9 +178,13 @@ class SharedState:
 
     def layout(self) -> dict[str, Any]:
         """What the sidecar needs to find the buffers (picklable)."""
-        return {"control": self._control.name, "blocks": [(shm.name, max(a.nbytes, 1)) for shm, a in self._blocks],
-                "parts": self.parts, "staging": (self._staging_shm.name, CONTROL_BYTES + max(self._staging.nbytes, 8)),
-                "received": [(key, self._offsets[key], self.schema.keys[key].width) for key in self.received]}
+        return {
+            "control": self._control.name,
+            "blocks": [(shm.name, max(a.nbytes, 1)) for shm, a in self._blocks],
+            "parts": self.parts,
+            "staging": (self._staging_shm.name, CONTROL_BYTES + max(self._staging.nbytes, 8)),
+            "received": [(key, self._offsets[key], self.schema.keys[key].width) for key in self.received],
+        }
 
     def _all_blocks(self) -> list[Block]:
         return [self._control, self._staging_shm] + [block for block, _ in self._blocks]
@@ -224,7 +228,9 @@ class SidecarState:
         name, size = layout["staging"]
         staging = map_block(name, size)
         self._staged = memoryview(staging).cast("q")
-        self._staging = np.ndarray(((size - CONTROL_BYTES) // 8,), dtype=np.float64, buffer=staging, offset=CONTROL_BYTES)
+        self._staging = np.ndarray(
+            ((size - CONTROL_BYTES) // 8,), dtype=np.float64, buffer=staging, offset=CONTROL_BYTES
+        )
         self.received: list[tuple[str, int, int]] = layout["received"]
 
     def snapshot(self, attempts: int = 100) -> tuple[int, dict[str, dict[str, Any]]] | None:

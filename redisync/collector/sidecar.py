@@ -112,12 +112,17 @@ class ReportCodec:
 
     def encode(self, reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[int, Any]]:
         try:
-            return [(self.index[name] * 4 + self.PARTS.index(part), value) for name, report in reports.items()
-                    for part, value in report.items()]
+            return [
+                (self.index[name] * 4 + self.PARTS.index(part), value)
+                for name, report in reports.items()
+                for part, value in report.items()
+            ]
         except KeyError as e:
             raise errors.UnknownKey(e.args[0], "not declared in the run's schema") from None
         except (ValueError, AttributeError):
-            raise errors.MalformedReport(None, f"a report is {{key: {{part: numbers}}}} with parts in {self.PARTS}") from None
+            raise errors.MalformedReport(
+                None, f"a report is {{key: {{part: numbers}}}} with parts in {self.PARTS}"
+            ) from None
 
     def decode(self, vectors: list[tuple[int, Any]]) -> dict[str, dict[str, Any]]:
         reports: dict[str, dict[str, Any]] = {}
@@ -240,8 +245,14 @@ class SidecarSyncer(Syncer):
         epoch, version, epoch_changed, server_time_us, lost_writes, keys = message
         views = {}
         for name, key_version, value, own, own_incarnation in keys:  # float64 bytes: no array unpickling
-            views[name] = KeyView(name, self.schema.keys[name], key_version, None if value is None else np.frombuffer(value).copy(),
-                                  None if own is None else np.frombuffer(own).copy(), own_incarnation)
+            views[name] = KeyView(
+                name,
+                self.schema.keys[name],
+                key_version,
+                None if value is None else np.frombuffer(value).copy(),
+                None if own is None else np.frombuffer(own).copy(),
+                own_incarnation,
+            )
         return PullResult(epoch, version, epoch_changed, views, server_time_us, lost_writes)
 
     def _fetch(self) -> None:
@@ -258,8 +269,14 @@ class SidecarSyncer(Syncer):
             ready, box = self._ready, self.mailbox
             if self._owed and box is not None and box.header[DONE] >= self._out_seq:
                 self._take_reports()  # the report on_step skipped, as the thread worker would have it pending
-            published = box is not None and box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
-            if published and ready is not None and ready.fleet_version >= max(at_least, self._worker_status()["announced"]):
+            published = (
+                box is not None and box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
+            )
+            if (
+                published
+                and ready is not None
+                and ready.fleet_version >= max(at_least, self._worker_status()["announced"])
+            ):
                 return True
             time.sleep(0.01)
         return False
@@ -271,8 +288,14 @@ class SidecarSyncer(Syncer):
             got = self.mailbox.read(STATUS, self._status_seq)
             if got is not None:
                 self._status_seq, self._status = got
-        status = {"announced": 0, "subscribed": False, "problem": None, "schema_mismatch": None, "latency": {},
-                  "stats": self._sidecar_stats} | self._status
+        status = {
+            "announced": 0,
+            "subscribed": False,
+            "problem": None,
+            "schema_mismatch": None,
+            "latency": {},
+            "stats": self._sidecar_stats,
+        } | self._status
         zombie = (status["problem"] or "").startswith("zombie:")  # for good: it outranks a passing problem of ours
         problem = status["problem"] if zombie else self._problem or status["problem"]
         return status | {"problem": problem, "stats": {**status["stats"], **self._own_stats}}
@@ -294,7 +317,9 @@ class SidecarSyncer(Syncer):
         # start() returns with the sidecar serving (it takes about a second to start a Python process):
         # a collector that trains and stops at once still has its reports published
         self._await_serving()
-        self._monitor = threading.Thread(target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True)
+        self._monitor = threading.Thread(
+            target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True
+        )
         self._monitor.start()
 
     def _await_serving(self) -> bool:
@@ -308,8 +333,9 @@ class SidecarSyncer(Syncer):
         if box.header[SIDECAR_PID] == process.pid:
             return True
         if process.poll() is not None:
-            self._report_problem(f"sidecar: could not start (exit code {process.returncode}; its error is on stderr)",
-                                 logging.ERROR)
+            self._report_problem(
+                f"sidecar: could not start (exit code {process.returncode}; its error is on stderr)", logging.ERROR
+            )
         return False
 
     def _share_state(self) -> None:
@@ -329,21 +355,35 @@ class SidecarSyncer(Syncer):
         claimed = box.header[INCARNATION]
         read_end, write_end = os.pipe()
         config = {
-            "connect": self.store.connect_args, "run": self.store.run, "shard_id": self.shard.shard_id,
-            "incarnation": claimed - 1 if claimed else None, "resume": self.shard.resume, "take_over": self.shard.take_over,
-            "schema": self.schema.canonical_json(), "mailbox": (box.name, box.sizes), "lifeline": read_end,
+            "connect": self.store.connect_args,
+            "run": self.store.run,
+            "shard_id": self.shard.shard_id,
+            "incarnation": claimed - 1 if claimed else None,
+            "resume": self.shard.resume,
+            "take_over": self.shard.take_over,
+            "schema": self.schema.canonical_json(),
+            "mailbox": (box.name, box.sizes),
+            "lifeline": read_end,
             "shared": None if self._shared is None else self._shared.layout(),
             "cadence": (self.publish_every_steps, self.publish_every_s),
-            "syncer": {"poll_every_s": self.poll_every_s,
-                       "min_pull_interval_s": self.min_pull_interval_s, "retry_every_s": self.retry_every_s},
+            "syncer": {
+                "poll_every_s": self.poll_every_s,
+                "min_pull_interval_s": self.min_pull_interval_s,
+                "retry_every_s": self.retry_every_s,
+            },
         }
         box.header[SIDECAR_PID] = 0
         box.header[HEARTBEAT_MS] = int(time.monotonic() * 1e3)
         # the sidecar imports redisync from wherever this process does (a source tree on sys.path included)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(_import_path()))
         try:
-            process = subprocess.Popen([sys.executable, "-m", "redisync.collector.sidecar"], stdin=subprocess.PIPE, close_fds=True,
-                                       pass_fds=(read_end,), env=env)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "redisync.collector.sidecar"],
+                stdin=subprocess.PIPE,
+                close_fds=True,
+                pass_fds=(read_end,),
+                env=env,
+            )
         finally:
             os.close(read_end)
         assert process.stdin is not None
@@ -402,8 +442,10 @@ class SidecarSyncer(Syncer):
             self._monitor.join()
         if self._process is None:
             if flush:
-                log.warning("redisync shard %d: stopped before the store answered at start: the last report was not "
-                            "published", self.shard.shard_id)
+                log.warning(
+                    "redisync shard %d: stopped before the store answered at start: the last report was not published",
+                    self.shard.shard_id,
+                )
         elif flush:
             self._last_publish(deadline)
         else:
@@ -432,8 +474,10 @@ class SidecarSyncer(Syncer):
                 if self._wait_exit(process, deadline) == 0:
                     return
             if time.monotonic() >= deadline:
-                log.warning("redisync shard %d: no sidecar published the last report within the stop timeout",
-                            self.shard.shard_id)
+                log.warning(
+                    "redisync shard %d: no sidecar published the last report within the stop timeout",
+                    self.shard.shard_id,
+                )
                 return
             self._own_stats["sidecar_restarts"] += 1
             self._spawn()
@@ -443,7 +487,9 @@ class SidecarSyncer(Syncer):
         try:
             return process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("redisync shard %d: the sidecar did not stop within the stop timeout: killed", self.shard.shard_id)
+            log.warning(
+                "redisync shard %d: the sidecar did not stop within the stop timeout: killed", self.shard.shard_id
+            )
             process.kill()
             process.wait()
             return None
@@ -487,10 +533,20 @@ class MailboxTerm:
         self.mailbox.header[HANDED] = pack_handed(fleet.epoch, fleet.fleet_version)
         if self.shared_state is not None:  # staged first: once the inbox shows a version, the staging holds it
             self.shared_state.stage(fleet)
-        keys = [(name, v.version, None if v.value is None else v.value.tobytes(),
-                 None if v.own_slot is None else v.own_slot.tobytes(), v.own_incarnation) for name, v in fleet.keys.items()]
-        self.mailbox.write(INBOX, (fleet.epoch, fleet.fleet_version, fleet.epoch_changed, fleet.server_time_us,
-                                   fleet.lost_writes, keys))
+        keys = [
+            (
+                name,
+                v.version,
+                None if v.value is None else v.value.tobytes(),
+                None if v.own_slot is None else v.own_slot.tobytes(),
+                v.own_incarnation,
+            )
+            for name, v in fleet.keys.items()
+        ]
+        self.mailbox.write(
+            INBOX,
+            (fleet.epoch, fleet.fleet_version, fleet.epoch_changed, fleet.server_time_us, fleet.lost_writes, keys),
+        )
 
 
 class SharedCadence:
@@ -509,7 +565,11 @@ class SharedCadence:
         if self.header[FLUSH] > self.covered:
             return True
         steps = self.header[STEPS]
-        return not busy and steps > self.steps_at and (steps - self.steps_at >= self.every_steps or now - self.time_at >= self.every_s)
+        return (
+            not busy
+            and steps > self.steps_at
+            and (steps - self.steps_at >= self.every_steps or now - self.time_at >= self.every_s)
+        )
 
     def take(self, now: float) -> dict[str, Any] | None:
         """The shared reports if they changed since the last ones taken; None otherwise, or when the
@@ -535,6 +595,7 @@ def _import_path() -> list[str]:
 def _exit_with_collector(lifeline: int) -> None:
     """Exit when the collector's process is gone: the pipe's write end is closed by its death (or
     its stop()), whichever of its threads started us."""
+
     def wait() -> None:
         while True:
             try:
@@ -568,8 +629,16 @@ def serve(config: dict[str, Any]) -> None:
     shared = None if config["shared"] is None else SidecarState(config["shared"])
     term = MailboxTerm(schema, box, shared)
     cadence = None if shared is None or not shared.parts else SharedCadence(shared, header, *config["cadence"])
-    syncer = Syncer(store, config["shard_id"], [term], publish_every_steps=2**62, incarnation=config["incarnation"],
-                    resume=config["resume"], take_over=config["take_over"], **config["syncer"])
+    syncer = Syncer(
+        store,
+        config["shard_id"],
+        [term],
+        publish_every_steps=2**62,
+        incarnation=config["incarnation"],
+        resume=config["resume"],
+        take_over=config["take_over"],
+        **config["syncer"],
+    )
     # continue where an earlier sidecar of this collector left off (nothing of it lives in this process)
     handed = unpack_handed(header[HANDED])
     if handed is not None:
@@ -601,8 +670,16 @@ def serve(config: dict[str, Any]) -> None:
         if cadence is not None and sequenced and (stop == 1 or cadence.due(now, syncer.has_pending())):
             reports = cadence.take(now)
             if reports is not None:
-                term.shared, fresh = {name: {part: v if type(v) is float else term.codec.shaped(name, part, v)
-                                             for part, v in parts.items()} for name, parts in reports.items()}, True
+                term.shared, fresh = (
+                    {
+                        name: {
+                            part: v if type(v) is float else term.codec.shaped(name, part, v)
+                            for part, v in parts.items()
+                        }
+                        for name, parts in reports.items()
+                    },
+                    True,
+                )
         if fresh:
             syncer.flush()
         if stop:

@@ -100,8 +100,18 @@ class Syncer:
         self._last_report = time.monotonic()
         self._subscribed = False
         self._registered = False
-        self.stats = {"publishes": 0, "duplicates": 0, "coalesced": 0, "publish_failures": 0, "rejected": 0,
-                      "pulls": 0, "pull_failures": 0, "reseeds": 0, "subscription_drops": 0, "worker_errors": 0}
+        self.stats = {
+            "publishes": 0,
+            "duplicates": 0,
+            "coalesced": 0,
+            "publish_failures": 0,
+            "rejected": 0,
+            "pulls": 0,
+            "pull_failures": 0,
+            "reseeds": 0,
+            "subscription_drops": 0,
+            "worker_errors": 0,
+        }
         self._problem: str | None = None  # the current error, logged once per change
         self._zombie: str | None = None  # a later process claimed the shard: for ever, whatever else works
         self._schema_mismatch: errors.SchemaMismatch | None = None
@@ -198,13 +208,18 @@ class Syncer:
             if not self._stop.is_set():
                 self._start_worker()
 
-        self._starter = threading.Thread(target=register_then_start, name=f"redisync-start-{self.shard.shard_id}", daemon=True)
+        self._starter = threading.Thread(
+            target=register_then_start, name=f"redisync-start-{self.shard.shard_id}", daemon=True
+        )
         self._starter.start()
         _live.add(self)
         if not registered.wait(self.start_timeout_s):
             returned.set()
-            self._report_problem(f"start: the store did not answer within {self.start_timeout_s:g} s "
-                                 "(registering and claiming the shard go on in the background)", logging.WARNING)
+            self._report_problem(
+                f"start: the store did not answer within {self.start_timeout_s:g} s "
+                "(registering and claiming the shard go on in the background)",
+                logging.WARNING,
+            )
             return self
         if failure:
             self.stop(flush=False, timeout=1.0)  # frees what the worker had prepared
@@ -242,7 +257,9 @@ class Syncer:
             self._starter.join(max(0.0, deadline - time.monotonic()))
         if flush:
             self._take_reports()
-            while self._pending is not None and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):
+            while (
+                self._pending is not None and time.monotonic() < deadline and any(t.is_alive() for t in self._threads)
+            ):
                 time.sleep(0.01)
         self._stop.set()
         self._wake.set()
@@ -254,7 +271,11 @@ class Syncer:
         ``schema_mismatch`` (the registered schema differs from this collector's, e.g. after the store
         restarted and another trainer registered the run first)."""
         status = self._worker_status()
-        return {"ok": status["problem"] is None, "error": status["problem"], "schema_mismatch": status["schema_mismatch"]}
+        return {
+            "ok": status["problem"] is None,
+            "error": status["problem"],
+            "schema_mismatch": status["schema_mismatch"],
+        }
 
     def has_pending(self) -> bool:
         """Whether a report handed over is still waiting to be published."""
@@ -266,11 +287,20 @@ class Syncer:
         latency: dict[str, float] = {}
         if self.latencies_ms:
             recent = sorted(self.latencies_ms)
-            latency = {"publish_latency_ms": self.latencies_ms[-1], "publish_latency_ms_p50": recent[len(recent) // 2],
-                       "publish_latency_ms_p99": recent[int(0.99 * (len(recent) - 1))]}
+            latency = {
+                "publish_latency_ms": self.latencies_ms[-1],
+                "publish_latency_ms_p50": recent[len(recent) // 2],
+                "publish_latency_ms_p99": recent[int(0.99 * (len(recent) - 1))],
+            }
         mismatch = self._schema_mismatch
-        return {"announced": self._announced, "subscribed": self._subscribed, "problem": self._zombie or self._problem,
-                "schema_mismatch": None if mismatch is None else str(mismatch), "latency": latency, "stats": dict(self.stats)}
+        return {
+            "announced": self._announced,
+            "subscribed": self._subscribed,
+            "problem": self._zombie or self._problem,
+            "schema_mismatch": None if mismatch is None else str(mismatch),
+            "latency": latency,
+            "stats": dict(self.stats),
+        }
 
     def __enter__(self) -> "Syncer":
         return self.start()
@@ -339,8 +369,10 @@ class Syncer:
     def _became_zombie(self, why: str) -> None:
         if self._zombie is None:
             log.error("redisync shard %d: a later process claimed this shard: %s", self.shard.shard_id, why)
-        self._zombie = (f"zombie: a later process claimed shard {self.shard.shard_id}, so this one's reports are "
-                        f"refused ({why}); give each collector its own shard id (REDISYNC_SHARD)")
+        self._zombie = (
+            f"zombie: a later process claimed shard {self.shard.shard_id}, so this one's reports are "
+            f"refused ({why}); give each collector its own shard id (REDISYNC_SHARD)"
+        )
 
     def _attempt(self, what: str, call: Any) -> Any:
         """Run one step of the worker; a failure is counted and logged once per change, never raised."""
@@ -415,7 +447,9 @@ class Syncer:
             known = self.shard.known
             self._ready, self._ready_at = known, time.monotonic()
             # versions of a lost epoch mean nothing in the new one
-            self._announced = known.fleet_version if changed.epoch_changed else max(self._announced, known.fleet_version)
+            self._announced = (
+                known.fleet_version if changed.epoch_changed else max(self._announced, known.fleet_version)
+            )
         return True
 
     def _known_version(self) -> int:

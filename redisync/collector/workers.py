@@ -20,7 +20,9 @@ def stores_in_order() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
-def new_syncer(store: Store, shard_id: int, terms: Sequence[SyncedTerm], *, worker: str = "auto", **kwargs: Any) -> Syncer:
+def new_syncer(
+    store: Store, shard_id: int, terms: Sequence[SyncedTerm], *, worker: str = "auto", **kwargs: Any
+) -> Syncer:
     """A collector's Syncer. ``worker="process"`` runs the network in a sidecar process of its own,
     which keeps the collector's interpreter lock free for its hot path; ``worker="thread"`` in a
     thread of the collector's process. ``"auto"`` (the default) takes the sidecar for a Redis URL and
@@ -36,5 +38,6 @@ def new_syncer(store: Store, shard_id: int, terms: Sequence[SyncedTerm], *, work
     if worker == "process" and not stores_in_order():
         raise errors.ConfigurationError(
             f"worker='process' needs a CPU that keeps stores in order (x86); this one is {platform.machine()!r}: "
-            "use worker='thread'")
+            "use worker='thread'"
+        )
     return (SidecarSyncer if worker == "process" else Syncer)(store, shard_id, terms, **kwargs)

@@ -54,8 +54,9 @@ def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, 
     assert sampler.bin_count == cfg.bins
     syncer = None
     if sync:
-        syncer = new_syncer(connect(url, run=run), shard, [sampler], publish_every_steps=25, poll_every_s=0.5,
-                        min_pull_interval_s=0.05).start()
+        syncer = new_syncer(
+            connect(url, run=run), shard, [sampler], publish_every_steps=25, poll_every_s=0.5, min_pull_interval_s=0.05
+        ).start()
     time_steps = sampler.sample(cfg.envs, generator=g)
     out.put(("ready", shard, None))
     go.wait(120)
@@ -73,8 +74,15 @@ def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, 
                 syncer.at_reset_boundary()
             time_steps[done] = sampler.sample(int(done.sum()), generator=g)
         if step % cfg.snapshot_every == 0:
-            out.put(("snapshot", shard, step, sampler.bin_failed_count.double().numpy().copy(),
-                     sampler.probabilities().double().numpy().copy()))
+            out.put(
+                (
+                    "snapshot",
+                    shard,
+                    step,
+                    sampler.bin_failed_count.double().numpy().copy(),
+                    sampler.probabilities().double().numpy().copy(),
+                )
+            )
             out.put(("progress", shard, cfg.snapshot_every))
     metrics = syncer.metrics() if syncer is not None else {}
     if syncer is not None:

@@ -64,8 +64,15 @@ class Phase:
         out = []
         for shard in sorted(self.used[self.last]):
             p = self.used[self.last][shard]
-            out.append({"shard": shard, "tv": self.tv(self.last, shard), "entropy": normalised_entropy(p),
-                        "top1_bin": int(p.argmax()), "top1_prob": float(p.max())})
+            out.append(
+                {
+                    "shard": shard,
+                    "tv": self.tv(self.last, shard),
+                    "entropy": normalised_entropy(p),
+                    "top1_bin": int(p.argmax()),
+                    "top1_prob": float(p.max()),
+                }
+            )
         return out
 
     @property
@@ -84,7 +91,10 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: boo
 
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out, go), daemon=True) for s in range(cfg.shards)]
+    procs = [
+        ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out, go), daemon=True)
+        for s in range(cfg.shards)
+    ]
     progress.set_postfix_str(f"starting {cfg.shards} collector processes", refresh=True)
     for p in procs:
         p.start()
@@ -149,8 +159,13 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
         ph = phases[sync]
         steps = sorted(ph.used)
         for shard in range(cfg.shards):
-            ax.plot(steps, [ph.tv(s, shard) for s in steps], style, color=colors[shard],
-                    label=f"shard {shard} sync {'on' if sync else 'off'}")
+            ax.plot(
+                steps,
+                [ph.tv(s, shard) for s in steps],
+                style,
+                color=colors[shard],
+                label=f"shard {shard} sync {'on' if sync else 'off'}",
+            )
     ax.set_title("TV distance from the pooled distribution")
     ax.set_xlabel("env step")
     ax.set_yscale("log")
@@ -161,9 +176,16 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def run_demo(url: str | None, cfg: Any, out_dir: Path, run: str, keep: bool, show_progress: bool = True,
-             on_start: Callable[[str], None] | None = None,
-             on_done: Callable[[str, dict[bool, Phase]], None] | None = None) -> dict[bool, Phase]:
+def run_demo(
+    url: str | None,
+    cfg: Any,
+    out_dir: Path,
+    run: str,
+    keep: bool,
+    show_progress: bool = True,
+    on_start: Callable[[str], None] | None = None,
+    on_done: Callable[[str, dict[bool, Phase]], None] | None = None,
+) -> dict[bool, Phase]:
     """Both runs of the fleet against ``url`` (None: an embedded server all collectors reach over
     TCP). The synced run is ``run`` (the unsynced one writes nothing); ``on_start`` gets the URL the
     collectors use before they start; ``on_done(url, phases)`` runs while an embedded server is still
@@ -177,8 +199,13 @@ def run_demo(url: str | None, cfg: Any, out_dir: Path, run: str, keep: bool, sho
             on_start(target)
         phases = {}
         for number, sync in enumerate((False, True), 1):  # a bar per phase, shown before its processes start
-            with tqdm(total=cfg.shards * cfg.steps, unit="step", unit_scale=True, disable=not show_progress,
-                      desc=f"phase {number}/2: sync {'on' if sync else 'off'}") as bar:
+            with tqdm(
+                total=cfg.shards * cfg.steps,
+                unit="step",
+                unit_scale=True,
+                disable=not show_progress,
+                desc=f"phase {number}/2: sync {'on' if sync else 'off'}",
+            ) as bar:
                 phases[sync] = run_phase(target, cfg, sync, bar, run, keep)
         plot(phases, cfg, out_dir / "demo.png")
         if on_done is not None:
@@ -191,6 +218,8 @@ def run_demo(url: str | None, cfg: Any, out_dir: Path, run: str, keep: bool, sho
 
 def inspect_commands(url: str, run: str) -> list[str]:
     """The commands that show a run: redisync's inspect and watch, and redis-cli on its keys."""
-    return [f"redisync inspect --url {url} --run {run}",
-            f"redisync watch --url {url} --run {run}",
-            f"redis-cli -u {url} --scan --pattern 'redisync:{{{run}}}:*'"]
+    return [
+        f"redisync inspect --url {url} --run {run}",
+        f"redisync watch --url {url} --run {run}",
+        f"redis-cli -u {url} --scan --pattern 'redisync:{{{run}}}:*'",
+    ]

@@ -57,7 +57,9 @@ class ProcessFleet:
         self.syncer: Syncer | None = None
         self._stopped = False
 
-    def configure(self, *, store: Store | None = None, shard_id: int | None = None, **syncer_kwargs: Any) -> "ProcessFleet":
+    def configure(
+        self, *, store: Store | None = None, shard_id: int | None = None, **syncer_kwargs: Any
+    ) -> "ProcessFleet":
         if self.syncer is not None:
             raise ConfigurationError("the fleet's Syncer has started: configure it before the first env step")
         self._store = store if store is not None else self._store
@@ -67,8 +69,10 @@ class ProcessFleet:
 
     def add(self, *terms: SyncedTerm) -> None:
         if self.syncer is not None:
-            raise ConfigurationError("a term was added after the fleet's Syncer started (at the first env step): "
-                                     "build every synced term before stepping the environment")
+            raise ConfigurationError(
+                "a term was added after the fleet's Syncer started (at the first env step): "
+                "build every synced term before stepping the environment"
+            )
         self.terms.extend(terms)
 
     def start(self) -> Syncer:

@@ -37,7 +37,9 @@ from . import ProcessFleet, process_fleet
 class TrackerSync:
     """A synced term over holosoma's ``AverageEpisodeLengthTracker`` (key ``holosoma/episode_length``)."""
 
-    def __init__(self, tracker: AverageEpisodeLengthTracker, mode: Literal["broadcast", "pooled"], shard_id: int, owner: int):
+    def __init__(
+        self, tracker: AverageEpisodeLengthTracker, mode: Literal["broadcast", "pooled"], shard_id: int, owner: int
+    ):
         if mode not in ("broadcast", "pooled"):
             raise ConfigurationError(f"episode_length must be 'broadcast' or 'pooled', got {mode!r}")
         self.tracker, self.mode, self.shard_id, self.owner = tracker, mode, shard_id, owner
@@ -136,9 +138,15 @@ class CurriculumSync:
     to the fleet's worker, takes in the last fleet state it pulled, and applies the owner's
     decisions — no collective; ``device`` and ``world_size`` are accepted and not needed."""
 
-    def __init__(self, env: Any, *, episode_length: Literal["broadcast", "pooled"] = "broadcast",
-                 penalty_scale: Literal["broadcast", "local"] = "broadcast", owner: int = 0,
-                 fleet: ProcessFleet | None = None):
+    def __init__(
+        self,
+        env: Any,
+        *,
+        episode_length: Literal["broadcast", "pooled"] = "broadcast",
+        penalty_scale: Literal["broadcast", "local"] = "broadcast",
+        owner: int = 0,
+        fleet: ProcessFleet | None = None,
+    ):
         if penalty_scale not in ("broadcast", "local"):
             raise ConfigurationError(f"penalty_scale must be 'broadcast' or 'local', got {penalty_scale!r}")
         self.fleet = fleet if fleet is not None else process_fleet()
@@ -146,7 +154,9 @@ class CurriculumSync:
         terms = dict(env.curriculum_manager.iter_terms())
         trackers = [t for t in terms.values() if isinstance(t, AverageEpisodeLengthTracker)]
         if len(trackers) != 1:
-            raise ConfigurationError(f"the env's curriculum has {len(trackers)} AverageEpisodeLengthTracker terms; one is needed")
+            raise ConfigurationError(
+                f"the env's curriculum has {len(trackers)} AverageEpisodeLengthTracker terms; one is needed"
+            )
         self.terms: list[TrackerSync | PenaltyScaleSync] = [TrackerSync(trackers[0], episode_length, shard, owner)]
         penalty = next((t for t in terms.values() if isinstance(t, PenaltyCurriculum)), None)
         if penalty_scale == "broadcast" and (penalty is not None or hasattr(env, "reward_penalty_scale")):

@@ -51,18 +51,37 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
     fleet meets it once per env step (``update_bin_failed_count``: a hand-over, no network) and at
     each draw (a swap of the prefetched fleet state)."""
 
-    def __init__(self, motion_time_step_total: int, device: str, env_fps: int, *, mode: SyncMode = "pooled",
-                 key: str = f"{KEY_PREFIX}/motion.bin_failed", owner: int = 0, stale_after_s: float | None = None,
-                 fleet: ProcessFleet | None = None, **adaptive: Any):
+    def __init__(
+        self,
+        motion_time_step_total: int,
+        device: str,
+        env_fps: int,
+        *,
+        mode: SyncMode = "pooled",
+        key: str = f"{KEY_PREFIX}/motion.bin_failed",
+        owner: int = 0,
+        stale_after_s: float | None = None,
+        fleet: ProcessFleet | None = None,
+        **adaptive: Any,
+    ):
         self._drawing = False
         super().__init__(motion_time_step_total, device, env_fps, **adaptive)
         self.mode, self.fleet = mode, fleet if fleet is not None else process_fleet()
         # holosoma's bins: T // fps + 1, which is the synced sampler's for step_dt = 1 / fps
         self.state = AdaptiveMotionSampler(
-            motion_time_step_total, 1.0 / max(env_fps, 1), mode=mode, key=key, shard_id=self.fleet.shard_id,
-            owner=owner, alpha=self.adaptive_alpha, uniform_ratio=self.adaptive_uniform_ratio,
-            kernel_size=self.adaptive_kernel_size, kernel_lambda=self.adaptive_lambda, stale_after_s=stale_after_s,
-            device=device)
+            motion_time_step_total,
+            1.0 / max(env_fps, 1),
+            mode=mode,
+            key=key,
+            shard_id=self.fleet.shard_id,
+            owner=owner,
+            alpha=self.adaptive_alpha,
+            uniform_ratio=self.adaptive_uniform_ratio,
+            kernel_size=self.adaptive_kernel_size,
+            kernel_lambda=self.adaptive_lambda,
+            stale_after_s=stale_after_s,
+            device=device,
+        )
         if self.state.bin_count != self.num_bins:
             raise ConfigurationError(f"holosoma's sampler has {self.num_bins} bins, redisync's {self.state.bin_count}")
         self.state.set_own_ema(self.__dict__.pop("_initial_ema"))
@@ -73,9 +92,16 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
     @classmethod
     def replacing(cls, sampler: AdaptiveTimestepsSampler, **sync: Any) -> "SyncedAdaptiveTimestepsSampler":
         """A synced sampler with ``sampler``'s settings and failure counts."""
-        synced = cls(sampler.motion_time_step_total, sampler.device, sampler.env_fps,
-                     adaptive_kernel_size=sampler.adaptive_kernel_size, adaptive_lambda=sampler.adaptive_lambda,
-                     adaptive_uniform_ratio=sampler.adaptive_uniform_ratio, adaptive_alpha=sampler.adaptive_alpha, **sync)
+        synced = cls(
+            sampler.motion_time_step_total,
+            sampler.device,
+            sampler.env_fps,
+            adaptive_kernel_size=sampler.adaptive_kernel_size,
+            adaptive_lambda=sampler.adaptive_lambda,
+            adaptive_uniform_ratio=sampler.adaptive_uniform_ratio,
+            adaptive_alpha=sampler.adaptive_alpha,
+            **sync,
+        )
         synced.bin_failed_count = sampler.bin_failed_count
         synced.current_bin_failed_count.copy_(sampler.current_bin_failed_count)
         return synced
@@ -135,22 +161,39 @@ def motion_commands(target: Any) -> list[Any]:
     return [t for t in terms.values() if hasattr(t, "adaptive_timesteps_sampler")]
 
 
-def sync_motion_command(target: Any, mode: SyncMode = "pooled", *, key: str = f"{KEY_PREFIX}/motion.bin_failed",
-                        owner: int = 0, stale_after_s: float | None = None, fleet: ProcessFleet | None = None,
-                        start: bool = True) -> ProcessFleet:
+def sync_motion_command(
+    target: Any,
+    mode: SyncMode = "pooled",
+    *,
+    key: str = f"{KEY_PREFIX}/motion.bin_failed",
+    owner: int = 0,
+    stale_after_s: float | None = None,
+    fleet: ProcessFleet | None = None,
+    start: bool = True,
+) -> ProcessFleet:
     """Swap the adaptive sampler of every ``MotionCommand`` under ``target`` for a synced one with its
     state, and add it to ``fleet`` (the process's by default), which is returned. ``stale_after_s``:
     a shard that has not published for that long (a dead rank that never comes back) leaves the pool."""
     commands = motion_commands(target)
     if not commands:
-        raise ConfigurationError("no holosoma MotionCommand with an adaptive sampler found: "
-                                 "set use_adaptive_timesteps_sampler=True in its MotionConfig")
+        raise ConfigurationError(
+            "no holosoma MotionCommand with an adaptive sampler found: "
+            "set use_adaptive_timesteps_sampler=True in its MotionConfig"
+        )
     if len(commands) > 1 and mode != "local":
-        raise ConfigurationError(f"{len(commands)} motion commands would share the key {key!r}: sync one per call with its own key")
+        raise ConfigurationError(
+            f"{len(commands)} motion commands would share the key {key!r}: sync one per call with its own key"
+        )
     fleet = fleet if fleet is not None else process_fleet()
     for command in commands:
         command.adaptive_timesteps_sampler = SyncedAdaptiveTimestepsSampler.replacing(
-            command.adaptive_timesteps_sampler, mode=mode, key=key, owner=owner, stale_after_s=stale_after_s, fleet=fleet)
+            command.adaptive_timesteps_sampler,
+            mode=mode,
+            key=key,
+            owner=owner,
+            stale_after_s=stale_after_s,
+            fleet=fleet,
+        )
     if start:
         fleet.start()
     return fleet
@@ -188,20 +231,28 @@ class SyncedFastSacNormalization(SyncedEmpiricalNormalization):
         FastSacNormalization.update(self, x)
 
 
-def sync_fastsac_normalizers(agent: Any, *, mode: NormMode = "pooled", fleet: ProcessFleet | None = None,
-                             start: bool = True) -> ProcessFleet:
+def sync_fastsac_normalizers(
+    agent: Any, *, mode: NormMode = "pooled", fleet: ProcessFleet | None = None, start: bool = True
+) -> ProcessFleet:
     """Replace holosoma FastSAC's ``obs_normalizer`` and ``critic_obs_normalizer`` (before ``learn()``,
     which binds their ``forward``) with synced ones carrying their state; keys ``holosoma/<attribute>``."""
-    names = [n for n in ("obs_normalizer", "critic_obs_normalizer") if isinstance(getattr(agent, n, None), FastSacNormalization)]
+    names = [
+        n
+        for n in ("obs_normalizer", "critic_obs_normalizer")
+        if isinstance(getattr(agent, n, None), FastSacNormalization)
+    ]
     if not names:
-        raise ConfigurationError("no holosoma FastSAC EmpiricalNormalization on the agent (obs_normalizer, "
-                                 "critic_obs_normalizer): build it with obs_normalization=True")
+        raise ConfigurationError(
+            "no holosoma FastSAC EmpiricalNormalization on the agent (obs_normalizer, "
+            "critic_obs_normalizer): build it with obs_normalization=True"
+        )
     fleet = fleet if fleet is not None else process_fleet()
     synced = []
     for name in names:
         module = getattr(agent, name)
-        replacement = SyncedFastSacNormalization(tuple(module._mean.shape[1:]), module.eps, module.until, mode=mode,
-                                                 key=f"{KEY_PREFIX}/{name}")
+        replacement = SyncedFastSacNormalization(
+            tuple(module._mean.shape[1:]), module.eps, module.until, mode=mode, key=f"{KEY_PREFIX}/{name}"
+        )
         replacement.load_state_dict(module.state_dict())
         replacement.to(module._mean.device).train(module.training)
         replacement.fleet = fleet if mode != "local" else None  # local: holosoma's update without the collective

@@ -58,12 +58,16 @@ def synced_motion_command(cfg: MotionCommandCfg, sync_mode: SyncMode = "pooled",
     """A task's motion command config, synced: every field kept, ``sync_mode`` added and ``sync``'s
     keywords (``key``, ``owner``, ``stale_after_s``, ``lifecycle``, with or without the ``sync_``
     prefix)."""
-    options = {f.name for f in dataclasses.fields(SyncedMotionCommandCfg)} - {f.name for f in dataclasses.fields(MotionCommandCfg)}
+    options = {f.name for f in dataclasses.fields(SyncedMotionCommandCfg)} - {
+        f.name for f in dataclasses.fields(MotionCommandCfg)
+    }
     sync = {name if name.startswith("sync_") else f"sync_{name}": value for name, value in sync.items()}
     unknown = sorted(set(sync) - options)
     if unknown:
-        raise ConfigurationError(f"synced_motion_command: unknown option(s) {unknown}; it takes "
-                                 f"{sorted(o.removeprefix('sync_') for o in options - {'sync_mode'})}")
+        raise ConfigurationError(
+            f"synced_motion_command: unknown option(s) {unknown}; it takes "
+            f"{sorted(o.removeprefix('sync_') for o in options - {'sync_mode'})}"
+        )
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
     return SyncedMotionCommandCfg(**fields, sync_mode=sync_mode, **sync)
 
@@ -84,13 +88,25 @@ class SyncedMotionCommand(MotionCommand):
         super().__init__(cfg, env)
         self.fleet = fleet if fleet is not None else process_fleet()
         self.sampler = AdaptiveMotionSampler(
-            self.motion.time_step_total, env.step_dt, mode=cfg.sync_mode, key=cfg.sync_key,
-            shard_id=self.fleet.shard_id, owner=cfg.sync_owner, alpha=cfg.adaptive_alpha,
-            uniform_ratio=cfg.adaptive_uniform_ratio, kernel_size=cfg.adaptive_kernel_size,
-            kernel_lambda=cfg.adaptive_lambda, stale_after_s=cfg.sync_stale_after_s, lifecycle=cfg.sync_lifecycle,
-            device=self.device)
+            self.motion.time_step_total,
+            env.step_dt,
+            mode=cfg.sync_mode,
+            key=cfg.sync_key,
+            shard_id=self.fleet.shard_id,
+            owner=cfg.sync_owner,
+            alpha=cfg.adaptive_alpha,
+            uniform_ratio=cfg.adaptive_uniform_ratio,
+            kernel_size=cfg.adaptive_kernel_size,
+            kernel_lambda=cfg.adaptive_lambda,
+            stale_after_s=cfg.sync_stale_after_s,
+            lifecycle=cfg.sync_lifecycle,
+            device=self.device,
+        )
         assert self.sampler.bin_count == self.bin_count, (self.sampler.bin_count, self.bin_count)
-        del self.__dict__["_initial_bin_failed"], self.__dict__["_initial_current"]  # mjlab's zeros: the sampler holds the EMA now
+        del (
+            self.__dict__["_initial_bin_failed"],
+            self.__dict__["_initial_current"],
+        )  # mjlab's zeros: the sampler holds the EMA now
         if cfg.sync_mode != "local":
             self.fleet.add(self.sampler)
 
@@ -169,10 +185,18 @@ def keyframe_motion(path: str | Path, seconds: float = 10.0, fps: int = 50, sway
     for k in range(1, len(t)):
         for b in range(pos.shape[1]):
             mujoco.mju_subQuat(ang_vel[k, b], quat[k, b], quat[k - 1, b])
-    arrays = {"joint_pos": joint_pos, "joint_vel": np.gradient(joint_pos, 1 / fps, axis=0), "body_pos_w": pos,
-              "body_quat_w": quat, "body_lin_vel_w": np.gradient(pos, 1 / fps, axis=0), "body_ang_vel_w": ang_vel * fps}
+    arrays = {
+        "joint_pos": joint_pos,
+        "joint_vel": np.gradient(joint_pos, 1 / fps, axis=0),
+        "body_pos_w": pos,
+        "body_quat_w": quat,
+        "body_lin_vel_w": np.gradient(pos, 1 / fps, axis=0),
+        "body_ang_vel_w": ang_vel * fps,
+    }
     path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.npz")  # collectors sharing a folder never read a half-written file
+    partial = path.with_name(
+        f".{path.name}.{os.getpid()}.npz"
+    )  # collectors sharing a folder never read a half-written file
     np.savez(partial, fps=np.array([fps]), **{k: v.astype(np.float32) for k, v in arrays.items()})
     os.replace(partial, path)
     return path

@@ -79,8 +79,14 @@ class SyncedAdaptiveSampling:
         command = self.redisync_command()
         own = getattr(command, _EMA)
         shard = index + int(os.environ.get(ENV_OFFSET, "0"))
-        self.redisync_ema = FailureEma(own, mode=self.redisync_mode, key=self.redisync_key, shard_id=shard,
-                                       owner=self.redisync_owner, stale_after_s=self.redisync_stale_after_s)
+        self.redisync_ema = FailureEma(
+            own,
+            mode=self.redisync_mode,
+            key=self.redisync_key,
+            shard_id=shard,
+            owner=self.redisync_owner,
+            stale_after_s=self.redisync_stale_after_s,
+        )
         fleet = process_fleet()
         if fleet.syncer is None:
             fleet.configure(shard_id=shard)
@@ -97,13 +103,15 @@ class SyncedAdaptiveSampling:
         if len(found) != 1:
             raise ConfigurationError(
                 f"{type(self).__name__}: found {len(found)} commands with an {_EMA} numpy array and reset()/"
-                f"{_TRANSITION}() among the env's attributes; override redisync_command() to return the one to sync")
+                f"{_TRANSITION}() among the env's attributes; override redisync_command() to return the one to sync"
+            )
         return found[0]
 
 
 def _is_command(value: Any) -> bool:
     return isinstance(getattr(value, _EMA, None), np.ndarray) and all(
-        callable(getattr(value, name, None)) for name in (_RESET, _TRANSITION))
+        callable(getattr(value, name, None)) for name in (_RESET, _TRANSITION)
+    )
 
 
 def _wrap(command: Any, ema: FailureEma, fleet: ProcessFleet) -> None:

@@ -98,16 +98,29 @@ def sync_normalizers(
     """
     slots = normalizer_slots(root)
     if not slots:
-        holosoma = [n for n, v in vars(root).items() if type(v).__module__.endswith("fast_sac.fast_sac_utils")] if hasattr(root, "__dict__") else []
+        holosoma = (
+            [n for n, v in vars(root).items() if type(v).__module__.endswith("fast_sac.fast_sac_utils")]
+            if hasattr(root, "__dict__")
+            else []
+        )
         if holosoma:
-            raise ConfigurationError(f"{', '.join(holosoma)} is holosoma FastSAC's EmpiricalNormalization, not rsl_rl's: "
-                                     "use redisync.integrations.holosoma_wbt.sync_fastsac_normalizers(agent)")
+            raise ConfigurationError(
+                f"{', '.join(holosoma)} is holosoma FastSAC's EmpiricalNormalization, not rsl_rl's: "
+                "use redisync.integrations.holosoma_wbt.sync_fastsac_normalizers(agent)"
+            )
         raise ConfigurationError("no rsl_rl EmpiricalNormalization found: build the models with obs_normalization=True")
     fleet = fleet if fleet is not None else process_fleet()
     synced = []
     for where, parent, attr, module in slots:
-        replacement = SyncedNormalization(tuple(module._mean.shape[1:]), module.eps, module.until, mode=mode,
-                                          key=f"{KEY_PREFIX}/{where}", writer=writer, owner=owner)
+        replacement = SyncedNormalization(
+            tuple(module._mean.shape[1:]),
+            module.eps,
+            module.until,
+            mode=mode,
+            key=f"{KEY_PREFIX}/{where}",
+            writer=writer,
+            owner=owner,
+        )
         replacement.load_state_dict(module.state_dict())
         replacement.to(module._mean.device).train(module.training)
         replacement.fleet = fleet

@@ -157,14 +157,23 @@ def _sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
     except ValueError:
         nodes, db = [], 0
     if not nodes or not path:
-        raise errors.ConnectionUnavailable(f"bad Sentinel URL {url!r}: use redis+sentinel://host:port[,host:port]/service[/db]")
+        raise errors.ConnectionUnavailable(
+            f"bad Sentinel URL {url!r}: use redis+sentinel://host:port[,host:port]/service[/db]"
+        )
     timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
     sentinel = Sentinel(nodes, **timeouts)
-    return sentinel.master_for(path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs)
+    return sentinel.master_for(
+        path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs
+    )
 
 
 def connect(
-    url: str | None = None, run: str = "default", *, wait_replicas: int = 0, wait_timeout_ms: int = 1000, **redis_kwargs: Any
+    url: str | None = None,
+    run: str = "default",
+    *,
+    wait_replicas: int = 0,
+    wait_timeout_ms: int = 1000,
+    **redis_kwargs: Any,
 ) -> "Store":
     """A store for ``run``. ``url=None`` reads ``REDISYNC_URL``; unset, it is the embedded default.
 
@@ -225,8 +234,11 @@ def _translated(method: Any) -> Any:
     def call(self: "Store", *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
-        except (redis.exceptions.NoPermissionError, redis.exceptions.AuthenticationError,
-                redis.exceptions.AuthorizationError) as e:  # before ConnectionError: some subclass it
+        except (
+            redis.exceptions.NoPermissionError,
+            redis.exceptions.AuthenticationError,
+            redis.exceptions.AuthorizationError,
+        ) as e:  # before ConnectionError: some subclass it
             raise errors.PermissionDenied(f"{self.url}, run {self.run!r}: {e}") from e
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
@@ -278,7 +290,11 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
     for name, spec in schema.keys.items():
         info = {k: _b(v) for k, v in hashes.get(f"key:{name}", {}).items()}
         data = hashes.get(f"data:{name}", {})
-        if info.get("semantics") != spec.semantics or info.get("width") != str(spec.width) or not info.get("version", "").isdigit():
+        if (
+            info.get("semantics") != spec.semantics
+            or info.get("width") != str(spec.width)
+            or not info.get("version", "").isdigit()
+        ):
             raise bad(f"key {name!r}", "its metadata is missing or does not match the schema")
         for field, raw in data.items():
             if field not in ("agg", "retired", "value") and not field.startswith(("slot:", "group:")):
@@ -289,7 +305,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
                 raise bad(f"key {name!r}", f"{field} holds a non-finite value")
         if spec.semantics == "merge":
             writers = [w for w in info.get("writers", "").split(",") if w]
-            slots = sorted(f[len("slot:"):] for f in data if f.startswith("slot:"))
+            slots = sorted(f[len("slot:") :] for f in data if f.startswith("slot:"))
             if sorted(writers) != slots or any(f"slot:{w}:incarnation" not in info for w in writers):
                 raise bad(f"key {name!r}", f"writers {writers} do not match the stored slots {slots}")
             _check_sums(name, spec.width, data, writers, bad)
@@ -304,7 +320,7 @@ def _check_sums(name: str, width: int, data: dict[str, bytes], writers: list[str
         raise bad(f"key {name!r}", f"writers {writers} are not shard ids")
     groups = semantics.grouped_sums({int(w): codec.decode(data[f"slot:{w}"]) for w in writers}, width)
     for field in [f for f in data if f.startswith("group:")]:
-        g = field[len("group:"):]
+        g = field[len("group:") :]
         if not g.isdigit() or int(g) not in groups:
             raise bad(f"key {name!r}", f"{field} belongs to no stored slot")
     for g, expected in groups.items():
@@ -391,23 +407,36 @@ class Store:
         schema = schema if isinstance(schema, Schema) else Schema.of(schema)
         limits = limits or Limits()
         args: list[Any] = [
-            schema.canonical_json(), schema.digest, secrets.token_hex(8),
-            limits.max_report_bytes, limits.stream_maxlen, limits.dead_letter_maxlen, int(limits.stream_payloads),
+            schema.canonical_json(),
+            schema.digest,
+            secrets.token_hex(8),
+            limits.max_report_bytes,
+            limits.stream_maxlen,
+            limits.dead_letter_maxlen,
+            int(limits.stream_payloads),
         ]
         for name, spec in schema.keys.items():
             owner = getattr(spec, "owner", None)
             stale = getattr(spec, "stale_after_s", None)
             args += [
-                name, spec.semantics, "x".join(map(str, spec.shape)) or "scalar", spec.size, spec.width,
-                "" if owner is None else owner, "" if stale is None else repr(float(stale)),
-                getattr(spec, "count_size", 0), int(getattr(spec, "sumsq", False)), getattr(spec, "lifecycle", ""),
+                name,
+                spec.semantics,
+                "x".join(map(str, spec.shape)) or "scalar",
+                spec.size,
+                spec.width,
+                "" if owner is None else owner,
+                "" if stale is None else repr(float(stale)),
+                getattr(spec, "count_size", 0),
+                int(getattr(spec, "sumsq", False)),
+                getattr(spec, "lifecycle", ""),
             ]
         reply = self._call(self.scripts.register, self._key_hashes(schema), args)
         if _b(reply[0]) == "no_info":
             raise errors.PermissionDenied(
                 f"{self.url}, run {self.run!r}: this role may not run INFO ({_b(reply[1])}); redisync needs it to tell a "
                 "restarted server from the same one (a restart that lost writes opens a new epoch): grant +info "
-                "(deploy/users.acl does)")
+                "(deploy/users.acl does)"
+            )
         status, epoch, registered = reply
         if _b(status) == "mismatch":
             theirs = Schema.model_validate_json(registered)
@@ -422,11 +451,17 @@ class Store:
 
     @_translated
     def limits(self) -> Limits:
-        raw = self.redis.hmget(self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen", "stream_payloads")
+        raw = self.redis.hmget(
+            self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen", "stream_payloads"
+        )
         if raw[0] is None:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
-        return Limits(max_report_bytes=int(raw[0]), stream_maxlen=int(raw[1]), dead_letter_maxlen=int(raw[2]),
-                      stream_payloads=raw[3] == b"1")
+        return Limits(
+            max_report_bytes=int(raw[0]),
+            stream_maxlen=int(raw[1]),
+            dead_letter_maxlen=int(raw[2]),
+            stream_payloads=raw[3] == b"1",
+        )
 
     def shard(
         self, shard_id: int, incarnation: int | None = None, *, resume: bool | Iterable[str] = False
@@ -505,9 +540,7 @@ class Store:
     # ------------------------------------------------------------------ checkpoints
 
     def _hash_names(self) -> list[str]:
-        return ["meta", "shards"] + [
-            f"{kind}:{name}" for name in self.schema.keys for kind in ("key", "data")
-        ]
+        return ["meta", "shards"] + [f"{kind}:{name}" for name in self.schema.keys for kind in ("key", "data")]
 
     @_translated
     def snapshot(self) -> RunSnapshot:
@@ -522,9 +555,7 @@ class Store:
         return RunSnapshot(
             run=self.run,
             taken_at_us=server_time_us(self.redis),
-            hashes={
-                n: {_b(k): base64.b64encode(v).decode() for k, v in h.items()} for n, h in zip(names, hashes)
-            },
+            hashes={n: {_b(k): base64.b64encode(v).decode() for k, v in h.items()} for n, h in zip(names, hashes)},
         )
 
     @_translated
@@ -586,7 +617,9 @@ class ShardClient:
         self.known: codec.PullResult | None = None
         self.highest_version = 0  # the highest fleet version this client has seen, in any epoch
         self._continued_epoch: int | None = None  # epoch_tag of highest_version when continued from another process
-        self.reserve: Any = None  # called with each seq before its fold is sent (a sidecar records it for its successor)
+        self.reserve: Any = (
+            None  # called with each seq before its fold is sent (a sidecar records it for its successor)
+        )
         self.take_over = True  # claim even while another live process holds the shard (a Syncer asks first)
         self._limits: Limits | None = None
         self._lock = threading.RLock()
@@ -637,8 +670,14 @@ class ShardClient:
         store = self.store
         keys = [store.keys.meta, store.keys.shards, store.keys.reports, store.keys.dead_letters]
         with self._lock:
-            args: list[Any] = [store.schema.digest, self.shard_id, self.incarnation, seq, self.highest_version,
-                               "".join("1" if self.resumes(n) else "0" for n in payloads)]
+            args: list[Any] = [
+                store.schema.digest,
+                self.shard_id,
+                self.incarnation,
+                seq,
+                self.highest_version,
+                "".join("1" if self.resumes(n) else "0" for n in payloads),
+            ]
             for name, payload in payloads.items():
                 keys += [store.keys.key_meta(name), store.keys.key_data(name)]
                 args += [name, payload]
@@ -666,7 +705,8 @@ class ShardClient:
             if result is not None:
                 continued = self._continued_epoch
                 same_epoch = not result.epoch_changed or (
-                    self.known is None and continued is not None and codec.epoch_tag(result.epoch) == continued)
+                    self.known is None and continued is not None and codec.epoch_tag(result.epoch) == continued
+                )
                 self._continued_epoch = None
                 if same_epoch and result.fleet_version < self.highest_version:
                     # same epoch, older version: the store lost its last writes (a crash between fsyncs)
@@ -675,7 +715,11 @@ class ShardClient:
                 known = result
                 if self.known is not None and not result.epoch_changed:
                     known = codec.PullResult(
-                        result.epoch, result.fleet_version, False, {**self.known.keys, **result.keys}, result.server_time_us
+                        result.epoch,
+                        result.fleet_version,
+                        False,
+                        {**self.known.keys, **result.keys},
+                        result.server_time_us,
                     )
                 self.known = known
             return result

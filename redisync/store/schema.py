@@ -127,9 +127,14 @@ def merge(
         raise errors.InvalidSchema(
             "merge(): say lifecycle='state' (a current value, e.g. a failure EMA: a fresh restart replaces the "
             "previous life's slot) or lifecycle='history' (counts accumulated over the run, e.g. normaliser "
-            "moments: the previous life's slot stays counted)")
+            "moments: the previous life's slot stays counted)"
+        )
     return _build(
-        MergeSpec, shape=shape, stale_after_s=stale_after_s, sumsq=sumsq, elementwise_count=elementwise_count,
+        MergeSpec,
+        shape=shape,
+        stale_after_s=stale_after_s,
+        sumsq=sumsq,
+        elementwise_count=elementwise_count,
         lifecycle=lifecycle,
     )
 
@@ -197,7 +202,11 @@ class Schema(BaseModel):
             if mine is None:
                 return name, "registered but missing from this client's schema"
             a, b = mine.model_dump(), theirs.model_dump()
-            diffs = [f"{f}={a.get(f)!r} here, {b.get(f)!r} registered" for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
+            diffs = [
+                f"{f}={a.get(f)!r} here, {b.get(f)!r} registered"
+                for f in sorted(set(a) | set(b))
+                if a.get(f) != b.get(f)
+            ]
             return name, "; ".join(diffs)
         return None
 
@@ -259,8 +268,14 @@ def _checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: 
         try:
             arr = np.broadcast_to(arr, shape)
         except ValueError:
-            hint = " (one count per report; declare elementwise_count=True for per-element counts)" if part == "count" and shape == () else ""
-            raise errors.ShapeMismatch(name, f"{part} has shape {arr.shape}, it must broadcast to {shape}{hint}") from None
+            hint = (
+                " (one count per report; declare elementwise_count=True for per-element counts)"
+                if part == "count" and shape == ()
+                else ""
+            )
+            raise errors.ShapeMismatch(
+                name, f"{part} has shape {arr.shape}, it must broadcast to {shape}{hint}"
+            ) from None
     # one reduction answers the common case: a finite sum means every element is finite
     with np.errstate(over="ignore", invalid="ignore"):
         total = float(arr.sum())

@@ -242,7 +242,9 @@ def split_parts(spec: MergeSpec, flat: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def moments(count: np.ndarray, total: np.ndarray, sumsq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def moments(
+    count: np.ndarray, total: np.ndarray, sumsq: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """``mean = sum / count`` and ``var = max(sumsq / count - mean², 0)``; 0 where count is 0."""
     safe = np.where(count > 0, count, 1.0)
     mean = np.where(count > 0, total / safe, 0.0)

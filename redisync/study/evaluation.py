@@ -38,5 +38,7 @@ class Evaluation:
                 if not bool(alive.any()):
                     break
         completion = tracked / last
-        by_profile = torch.zeros(self.num_profiles).index_add_(0, self.profiles, completion) / torch.bincount(self.profiles)
+        by_profile = torch.zeros(self.num_profiles).index_add_(0, self.profiles, completion) / torch.bincount(
+            self.profiles
+        )
         return {"completion": float(completion.mean()), "completion_by_profile": by_profile.tolist()}

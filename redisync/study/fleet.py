@@ -97,9 +97,17 @@ class StudyConfig:
 
     def smoke(self) -> "StudyConfig":
         """The CI configuration: a short motion, few steps, the same pipeline."""
-        return replace(self, envs_per_shard=64, env_steps=128_000, learning_starts=12_800, eval_every=16_000, drift_every=16_000,
-                       eval_rollouts=2, task=replace(self.task, bins=30, skill_segments=1),
-                       sac=replace(self.sac, buffer_size=128_000))
+        return replace(
+            self,
+            envs_per_shard=64,
+            env_steps=128_000,
+            learning_starts=12_800,
+            eval_every=16_000,
+            drift_every=16_000,
+            eval_rollouts=2,
+            task=replace(self.task, bins=30, skill_segments=1),
+            sac=replace(self.sac, buffer_size=128_000),
+        )
 
 
 def default_env(task: TaskConfig) -> EnvFactory:
@@ -113,7 +121,9 @@ class DriftProbe:
     OWN, USED = "ab/own_failures", "ab/used_probs"
 
     def __init__(self, bins: int, num_frames: int, step_dt: float, alpha: float, uniform_ratio: float):
-        self.witness = AdaptiveMotionSampler(num_frames, step_dt, mode="local", alpha=alpha, uniform_ratio=uniform_ratio)
+        self.witness = AdaptiveMotionSampler(
+            num_frames, step_dt, mode="local", alpha=alpha, uniform_ratio=uniform_ratio
+        )
         self.used = np.full(bins, 1.0 / bins)  # a uniform arm's; a sampling shard sets what it samples from
 
     def record_failures(self, frames: torch.Tensor, failed: torch.Tensor) -> None:
@@ -142,7 +152,9 @@ def fleet_drift(store: Store, uniform_ratio: float) -> dict[str, Any]:
     _, used = slot_parts(store, DriftProbe.USED)
     if own_agg is None or not used:
         return {"tv": [], "buffer_tv": None}
-    pooled = sampling_probabilities(torch.as_tensor(own_agg["sum"]), uniform_ratio, torch.ones(1, dtype=torch.float64)).numpy()
+    pooled = sampling_probabilities(
+        torch.as_tensor(own_agg["sum"]), uniform_ratio, torch.ones(1, dtype=torch.float64)
+    ).numpy()
     dists = [used[s]["sum"] / used[s]["sum"].sum() for s in sorted(used)]
     tv = [0.5 * float(np.abs(d - pooled).sum()) for d in dists]
     return {"tv": tv, "buffer_tv": 0.5 * float(np.abs(np.mean(dists, 0) - pooled).sum())}
@@ -210,8 +222,17 @@ class Collector:
         return self.sampler.sample(n, groups, generator=self.generator)
 
 
-def make_collector(cfg: StudyConfig, arm: Arm, shard: int, shards: int, per_shard: int, seed: int, url: str | None, run: str,
-                   make_env: EnvFactory) -> Collector:
+def make_collector(
+    cfg: StudyConfig,
+    arm: Arm,
+    shard: int,
+    shards: int,
+    per_shard: int,
+    seed: int,
+    url: str | None,
+    run: str,
+    make_env: EnvFactory,
+) -> Collector:
     """A shard of the arm's fleet. In X, shard ``s`` runs profile ``s mod P`` (one unsharded
     collector runs every profile); in H there is one profile."""
     profiles_n = cfg.task.num_profiles
@@ -221,22 +242,50 @@ def make_collector(cfg: StudyConfig, arm: Arm, shard: int, shards: int, per_shar
     grouped = arm.sampler == "per-profile"
     mode = {"uniform": "local", "per-profile": "pooled"}.get(arm.sampler, arm.sampler)
     frames = [env.num_frames] * profiles_n if grouped else env.num_frames
-    sampler = AdaptiveMotionSampler(frames, env.step_dt, mode=mode, shard_id=shard, alpha=cfg.sampler_alpha,
-                                    uniform_mix=arm.mix)
+    sampler = AdaptiveMotionSampler(
+        frames, env.step_dt, mode=mode, shard_id=shard, alpha=cfg.sampler_alpha, uniform_mix=arm.mix
+    )
     normalizer = SyncedEmpiricalNormalization(env.obs_dim, mode=arm.normalizer)
-    probe = DriftProbe(env.num_frames // int(1 / env.step_dt) + 1, env.num_frames, env.step_dt, cfg.sampler_alpha, sampler.uniform_ratio)
+    probe = DriftProbe(
+        env.num_frames // int(1 / env.step_dt) + 1,
+        env.num_frames,
+        env.step_dt,
+        cfg.sampler_alpha,
+        sampler.uniform_ratio,
+    )
     # threads: a study process steps up to 16 shards in lockstep, and a sidecar each would only add processes
-    syncer = new_syncer(connect(url, run=run), shard, [sampler, normalizer, probe], worker="thread",
-                    publish_every_steps=cfg.publish_every_steps,
-                    publish_every_s=0.5, poll_every_s=0.5, min_pull_interval_s=0.02).start()
-    collector = Collector(env, sampler, normalizer, probe, syncer, torch.Generator().manual_seed(seed * 1_000 + 500 + shard),
-                          profiles, arm)
+    syncer = new_syncer(
+        connect(url, run=run),
+        shard,
+        [sampler, normalizer, probe],
+        worker="thread",
+        publish_every_steps=cfg.publish_every_steps,
+        publish_every_s=0.5,
+        poll_every_s=0.5,
+        min_pull_interval_s=0.02,
+    ).start()
+    collector = Collector(
+        env,
+        sampler,
+        normalizer,
+        probe,
+        syncer,
+        torch.Generator().manual_seed(seed * 1_000 + 500 + shard),
+        profiles,
+        arm,
+    )
     env.reset(torch.arange(env.num_envs), collector.starts(torch.arange(env.num_envs)))
     return collector
 
 
-def run_arm(cfg: StudyConfig, arm_name: str, seed: int, url: str | None = None,
-            make_env: EnvFactory | None = None, on_progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def run_arm(
+    cfg: StudyConfig,
+    arm_name: str,
+    seed: int,
+    url: str | None = None,
+    make_env: EnvFactory | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Train one arm with one seed: the completion curve, drift over time and timings."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -286,7 +335,14 @@ def run_arm(cfg: StudyConfig, arm_name: str, seed: int, url: str | None = None,
         wall = time.perf_counter() - t_start
         monitor.delete()
     return {
-        "arm": arm_name, "condition": cfg.task.condition, "seed": seed, "shards": shards, "curve": curve, "drift": drift,
+        "arm": arm_name,
+        "condition": cfg.task.condition,
+        "seed": seed,
+        "shards": shards,
+        "curve": curve,
+        "drift": drift,
         "skill_share": sum(c.skill_steps for c in collectors) / max(sum(c.env_steps for c in collectors), 1),
-        "wall_s": wall, **timing, "sync_s": sum(c.sync_s for c in collectors),
+        "wall_s": wall,
+        **timing,
+        "sync_s": sum(c.sync_s for c in collectors),
     }

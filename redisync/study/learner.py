@@ -36,7 +36,9 @@ class SACConfig:
 
 
 def mlp(inp: int, out: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(inp, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, out))
+    return nn.Sequential(
+        nn.Linear(inp, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, out)
+    )
 
 
 class Actor(nn.Module):
@@ -82,7 +84,9 @@ class ReplayBuffer:
         self.done = torch.zeros(capacity)
         self.generator = generator
 
-    def add(self, obs: torch.Tensor, act: torch.Tensor, rew: torch.Tensor, next_obs: torch.Tensor, done: torch.Tensor) -> None:
+    def add(
+        self, obs: torch.Tensor, act: torch.Tensor, rew: torch.Tensor, next_obs: torch.Tensor, done: torch.Tensor
+    ) -> None:
         idx = (self.next + torch.arange(obs.shape[0])) % self.capacity
         self.obs[idx], self.act[idx], self.rew[idx] = obs, act, rew
         self.next_obs[idx], self.done[idx] = next_obs, done.float()
@@ -111,7 +115,9 @@ class SAC:
         self.buffer = ReplayBuffer(cfg.buffer_size, obs_dim, act_dim, torch.Generator().manual_seed(seed))
         self.updates = 0
 
-    def add(self, obs: torch.Tensor, act: torch.Tensor, rew: torch.Tensor, next_obs: torch.Tensor, done: torch.Tensor) -> None:
+    def add(
+        self, obs: torch.Tensor, act: torch.Tensor, rew: torch.Tensor, next_obs: torch.Tensor, done: torch.Tensor
+    ) -> None:
         self.normalizer.update(obs)
         self.buffer.add(obs, act, rew, next_obs, done)
 

@@ -49,13 +49,21 @@ def _evaluate(sac: SAC, episodes: int, seed: int) -> float:
     return float(np.mean(returns))
 
 
-def validate(steps: int = 20_000, num_envs: int = 4, seed: int = 0, eval_every: int = 2_000,
-             eval_episodes: int = 10, learning_starts: int = 1_000) -> PendulumResult:
+def validate(
+    steps: int = 20_000,
+    num_envs: int = 4,
+    seed: int = 0,
+    eval_every: int = 2_000,
+    eval_episodes: int = 10,
+    learning_starts: int = 1_000,
+) -> PendulumResult:
     """Train on ``num_envs`` Pendulum envs for ``steps`` env steps in all, one update per env step."""
     import gymnasium as gym
 
     torch.set_num_threads(1)
-    sac = SAC(3, 1, SACConfig(hidden=256, batch_size=256, tau=0.005, init_alpha=1.0, lr=1e-3, buffer_size=steps), seed=seed)
+    sac = SAC(
+        3, 1, SACConfig(hidden=256, batch_size=256, tau=0.005, init_alpha=1.0, lr=1e-3, buffer_size=steps), seed=seed
+    )
     envs = [gym.make("Pendulum-v1") for _ in range(num_envs)]
     obs = np.stack([e.reset(seed=seed * 100 + i)[0] for i, e in enumerate(envs)])
     rng = np.random.default_rng(seed)
@@ -77,8 +85,13 @@ def validate(steps: int = 20_000, num_envs: int = 4, seed: int = 0, eval_every: 
             if terminated or truncated:
                 o, _ = env.reset()
             obs[i] = o
-        sac.add(x, torch.as_tensor(action), torch.as_tensor(np.array(rewards), dtype=torch.float32),
-                torch.as_tensor(np.stack(next_obs), dtype=torch.float32), torch.as_tensor(dones))
+        sac.add(
+            x,
+            torch.as_tensor(action),
+            torch.as_tensor(np.array(rewards), dtype=torch.float32),
+            torch.as_tensor(np.stack(next_obs), dtype=torch.float32),
+            torch.as_tensor(dones),
+        )
         before = done_steps
         done_steps += num_envs
         if done_steps >= learning_starts:

@@ -15,9 +15,20 @@ import numpy as np
 
 from .study import GATE_SEEDS, MARGIN, PRIMARY_METRIC, SUMMARY_METRICS
 
-COLORS = {"single": "black", "local": "tab:red", "pooled": "tab:blue", "weighted": "tab:green", "broadcast": "tab:purple",
-          "uniform": "tab:brown", "per-profile": "tab:cyan", "local-paper": "salmon", "pooled-paper": "lightsteelblue",
-          "local-16-shards": "darkred", "pooled-16-shards": "navy", "norm-local": "tab:orange"}
+COLORS = {
+    "single": "black",
+    "local": "tab:red",
+    "pooled": "tab:blue",
+    "weighted": "tab:green",
+    "broadcast": "tab:purple",
+    "uniform": "tab:brown",
+    "per-profile": "tab:cyan",
+    "local-paper": "salmon",
+    "pooled-paper": "lightsteelblue",
+    "local-16-shards": "darkred",
+    "pooled-16-shards": "navy",
+    "norm-local": "tab:orange",
+}
 
 
 def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
@@ -49,14 +60,21 @@ def _mean_curve(runs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
 def plot_completion(results: dict[str, Any], out_dir: Path) -> Path:
     """Full-motion completion over training, mean over seeds: the gate's runs, then H and X."""
     plt = _pyplot()
-    panels = [("gate (H)", results["gate_runs"])] + [(c, [r for r in results["runs"] if r["condition"] == c]) for c in ("H", "X")]
+    panels = [("gate (H)", results["gate_runs"])] + [
+        (c, [r for r in results["runs"] if r["condition"] == c]) for c in ("H", "X")
+    ]
     panels = [(title, runs) for title, runs in panels if runs]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (title, runs) in zip(axes[0], panels):
         for arm in sorted({r["arm"] for r in runs}):
             steps, mean = _mean_curve([r for r in runs if r["arm"] == arm])
             ax.plot(steps, mean, color=COLORS.get(arm), label=arm)
-        ax.set(title=f"{title}: full-motion completion (mean over seeds)", xlabel="env steps", ylabel="completion", ylim=(0, 1.02))
+        ax.set(
+            title=f"{title}: full-motion completion (mean over seeds)",
+            xlabel="env steps",
+            ylabel="completion",
+            ylim=(0, 1.02),
+        )
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = out_dir / "completion.png"
@@ -90,11 +108,17 @@ def _p(p: float | None) -> str:
 
 
 def contrast_rows(contrasts: list[dict[str, Any]]) -> list[str]:
-    rows = ["| contrast | seeds | mean difference [95% t-interval] | sign-flip p | Holm p | equivalence p (±{m}) | verdict |".format(m=MARGIN),
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| contrast | seeds | mean difference [95% t-interval] | sign-flip p | Holm p | equivalence p (±{m}) | verdict |".format(
+            m=MARGIN
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in contrasts:
-        rows.append(f"| {c['name']} | {c['n']} | {c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] | {_p(c['p_sign_flip'])} | "
-                    f"{_p(c['p_holm'])} | {_p(c['p_equivalence'])} | **{c['verdict']}** |")
+        rows.append(
+            f"| {c['name']} | {c['n']} | {c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] | {_p(c['p_sign_flip'])} | "
+            f"{_p(c['p_holm'])} | {_p(c['p_equivalence'])} | **{c['verdict']}** |"
+        )
     return rows
 
 
@@ -109,7 +133,7 @@ def answer(c: dict[str, Any]) -> str:
         "lower": f"on {condition}, `{a}` completes less of the motion than `{b}`: {ci} in completion AUC{small}",
         "equivalent": f"on {condition}, `{a}` and `{b}` are equivalent within ±{c['margin']}: {ci}",
         "inconclusive": f"on {condition}, `{a}` vs `{b}` is inconclusive at {c['n']} seeds (neither a difference nor "
-                        f"equivalence within ±{c['margin']}): {ci}",
+        f"equivalence within ±{c['margin']}): {ci}",
     }[c["verdict"]]
 
 
@@ -120,8 +144,10 @@ def budget(results: dict[str, Any]) -> str:
     train_min = sum(r["wall_s"] for r in runs) / 60
     wall = results.get("wall_s")
     wall_text = f"{wall / 60:.0f} min wall" if wall else f"about {train_min / workers:.0f} min wall"
-    return (f"- Budget: {len(runs)} runs ({len(results['gate_runs'])} of them the gate), {train_min:.0f} min of training "
-            f"on {workers} workers side by side: {wall_text} on this 2-core machine.")
+    return (
+        f"- Budget: {len(runs)} runs ({len(results['gate_runs'])} of them the gate), {train_min:.0f} min of training "
+        f"on {workers} workers side by side: {wall_text} on this 2-core machine."
+    )
 
 
 def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> str:
@@ -140,8 +166,10 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         "",
         "| seed | single | uniform | difference |",
         "|---|---|---|---|",
-        *[f"| {GATE_SEEDS[i] if i < len(GATE_SEEDS) else i} | {s:.3f} | {u:.3f} | {s - u:+.3f} |"
-          for i, (s, u) in enumerate(zip(g["single"], g["uniform"]))],
+        *[
+            f"| {GATE_SEEDS[i] if i < len(GATE_SEEDS) else i} | {s:.3f} | {u:.3f} | {s - u:+.3f} |"
+            for i, (s, u) in enumerate(zip(g["single"], g["uniform"]))
+        ],
         "",
         f"Mean difference **{g['mean_difference']:+.3f}**: the gate **{'passed' if g['passed'] else 'FAILED'}**.",
         "",
@@ -156,7 +184,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         "and a profile-specific observation offset.",
         f"- Fleet: {cfg['shards']} shards × {cfg['envs_per_shard']} envs (`single`: one collector with all of them; "
         "`*-16-shards`: 16 shards sharing the same envs), each shard with its own store connection and `Syncer`; sampler EMA "
-        f"α = {cfg['sampler_alpha']}, ε = 0.1, `uniform_mix=\"code\"` unless the arm says `paper`.",
+        f'α = {cfg["sampler_alpha"]}, ε = 0.1, `uniform_mix="code"` unless the arm says `paper`.',
         f"- Learner: FastSAC-style SAC, hidden {cfg['sac']['hidden']}, batch {cfg['sac']['batch_size']}, "
         f"{cfg['updates_per_step']} updates per fleet step, a replay buffer of {cfg['sac']['buffer_size']:,} transitions; "
         f"{cfg['env_steps']:,} env steps per run. How the task and budget were tuned until the gate passed: "
@@ -170,8 +198,12 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         "",
     ]
     if not g["passed"]:
-        lines += ["## Result", "The gate failed, so no comparison of sync modes is reported: on this task the curriculum "
-                  "does not matter enough for any way of syncing it to show. Retune the task (never the gate) and run again.", ""]
+        lines += [
+            "## Result",
+            "The gate failed, so no comparison of sync modes is reported: on this task the curriculum "
+            "does not matter enough for any way of syncing it to show. Retune the task (never the gate) and run again.",
+            "",
+        ]
         lines += [f"![{p}]({p})" for p in plots]
         return "\n".join(lines) + "\n"
     analysis = results["analysis"]
@@ -183,10 +215,16 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
             if c["name"].startswith(condition + ":"):
                 lines.append(f"- {answer(c)}.")
         lines.append("")
-    lines += ["## Secondary contrasts (descriptive, no correction)", "", *contrast_rows(analysis["secondary"]), "",
-              "## Per arm (descriptive, means over seeds)", "",
-              "| condition/arm | seeds | " + " | ".join(SUMMARY_METRICS) + " |",
-              "|---|---|" + "---|" * len(SUMMARY_METRICS)]
+    lines += [
+        "## Secondary contrasts (descriptive, no correction)",
+        "",
+        *contrast_rows(analysis["secondary"]),
+        "",
+        "## Per arm (descriptive, means over seeds)",
+        "",
+        "| condition/arm | seeds | " + " | ".join(SUMMARY_METRICS) + " |",
+        "|---|---|" + "---|" * len(SUMMARY_METRICS),
+    ]
     for cell, row in sorted(analysis["per_arm"].items()):
         lines.append(f"| {cell} | {row['seeds']} | " + " | ".join(f"{row[m]:.3g}" for m in SUMMARY_METRICS) + " |")
     lines += ["", "Metrics: " + "; ".join(f"`{m}`: {d}" for m, (d, _) in SUMMARY_METRICS.items()) + ".", ""]

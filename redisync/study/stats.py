@@ -60,8 +60,9 @@ def differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
 def sign_flip_p(d: Sequence[float]) -> float:
     """Exact two-sided p-value of the mean of ``d`` under random signs (all 2ⁿ patterns)."""
     d = np.asarray(d, dtype=np.float64)
-    result = stats.permutation_test((d,), np.mean, permutation_type="samples", alternative="two-sided",
-                                    n_resamples=math.inf)
+    result = stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", alternative="two-sided", n_resamples=math.inf
+    )
     return float(result.pvalue)
 
 

@@ -114,7 +114,9 @@ def _values(runs: list[dict[str, Any]], condition: str, arm: str, metric: str = 
     return {r["seed"]: r["summary"][metric] for r in runs if r["condition"] == condition and r["arm"] == arm}
 
 
-def paired(runs: list[dict[str, Any]], condition: str, a: str, b: str, metric: str = PRIMARY_METRIC) -> tuple[list[float], list[float]]:
+def paired(
+    runs: list[dict[str, Any]], condition: str, a: str, b: str, metric: str = PRIMARY_METRIC
+) -> tuple[list[float], list[float]]:
     """The two arms' values on the seeds both ran, in seed order."""
     va, vb = _values(runs, condition, a, metric), _values(runs, condition, b, metric)
     seeds = sorted(set(va) & set(vb))
@@ -125,16 +127,28 @@ def gate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     single, uniform = paired(runs, "H", "single", "uniform")
     diffs = [s - u for s, u in zip(single, uniform)]
     mean = float(np.mean(diffs)) if diffs else float("nan")
-    return {"threshold": GATE, "seeds": len(diffs), "single": single, "uniform": uniform, "differences": diffs,
-            "mean_difference": mean, "passed": bool(diffs) and mean >= GATE}
+    return {
+        "threshold": GATE,
+        "seeds": len(diffs),
+        "single": single,
+        "uniform": uniform,
+        "differences": diffs,
+        "mean_difference": mean,
+        "passed": bool(diffs) and mean >= GATE,
+    }
 
 
 def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per condition and arm the mean of every metric; the primary family (Holm) and the secondary contrasts."""
     cells = sorted({(r["condition"], r["arm"]) for r in runs})
-    per_arm = {f"{c}/{a}": {m: float(np.mean([r["summary"][m] for r in runs if (r["condition"], r["arm"]) == (c, a)]))
-                            for m in SUMMARY_METRICS} | {"seeds": sum(1 for r in runs if (r["condition"], r["arm"]) == (c, a))}
-               for c, a in cells}
+    per_arm = {
+        f"{c}/{a}": {
+            m: float(np.mean([r["summary"][m] for r in runs if (r["condition"], r["arm"]) == (c, a)]))
+            for m in SUMMARY_METRICS
+        }
+        | {"seeds": sum(1 for r in runs if (r["condition"], r["arm"]) == (c, a))}
+        for c, a in cells
+    }
 
     def contrasts(family: Sequence[tuple[str, str, str]]) -> list[Any]:
         out = []
@@ -145,18 +159,32 @@ def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return out
 
     primary = primary_family(contrasts(PRIMARY))
-    return {"metric": PRIMARY_METRIC, "margin": MARGIN, "per_arm": per_arm,
-            "primary": [c.to_dict() | {"verdict": c.verdict()} for c in primary],
-            "secondary": [c.to_dict() | {"verdict": c.verdict()} for c in contrasts(SECONDARY)]}
+    return {
+        "metric": PRIMARY_METRIC,
+        "margin": MARGIN,
+        "per_arm": per_arm,
+        "primary": [c.to_dict() | {"verdict": c.verdict()} for c in primary],
+        "secondary": [c.to_dict() | {"verdict": c.verdict()} for c in contrasts(SECONDARY)],
+    }
 
 
-def _worker(cfg_dict: dict[str, Any], arm: str, seed: int, url: str | None, env_spec: str | None, progress: Any) -> dict[str, Any]:
+def _worker(
+    cfg_dict: dict[str, Any], arm: str, seed: int, url: str | None, env_spec: str | None, progress: Any
+) -> dict[str, Any]:
     cfg = StudyConfig.from_dict(cfg_dict)
     return run_arm(cfg, arm, seed, url, load_env_factory(env_spec, cfg), on_progress=progress.put)
 
 
-def run_cells(cfg: StudyConfig, cells: Sequence[tuple[str, str, Sequence[int]]], *, url: str | None, env_spec: str | None,
-              workers: int, show_progress: bool, desc: str) -> list[dict[str, Any]]:
+def run_cells(
+    cfg: StudyConfig,
+    cells: Sequence[tuple[str, str, Sequence[int]]],
+    *,
+    url: str | None,
+    env_spec: str | None,
+    workers: int,
+    show_progress: bool,
+    desc: str,
+) -> list[dict[str, Any]]:
     """Train every (condition, arm, seed) in worker processes; each run summarised."""
     jobs = [(condition_config(cfg, c), arm, seed) for c, arm, seeds in cells for seed in seeds]
     bar = _progress_bar(len(jobs) * cfg.env_steps, show_progress, desc)
@@ -164,7 +192,9 @@ def run_cells(cfg: StudyConfig, cells: Sequence[tuple[str, str, Sequence[int]]],
     ctx = mp.get_context("spawn")  # torch and the syncers' threads do not survive a fork
     with ctx.Manager() as manager, ctx.Pool(workers) as pool:
         progress = manager.Queue()
-        pending = [pool.apply_async(_worker, (c.to_dict(), arm, seed, url, env_spec, progress)) for c, arm, seed in jobs]
+        pending = [
+            pool.apply_async(_worker, (c.to_dict(), arm, seed, url, env_spec, progress)) for c, arm, seed in jobs
+        ]
         while pending:
             try:
                 bar.update(progress.get(timeout=0.5))
@@ -175,7 +205,9 @@ def run_cells(cfg: StudyConfig, cells: Sequence[tuple[str, str, Sequence[int]]],
                 run = job.get()  # a failed run raises here, with its worker's traceback
                 run["summary"] = summarise_run(run)
                 runs.append(run)
-                bar.set_postfix_str(f"{run['condition']}/{run['arm']} seed {run['seed']}: AUC {run['summary'][PRIMARY_METRIC]:.2f}")
+                bar.set_postfix_str(
+                    f"{run['condition']}/{run['arm']} seed {run['seed']}: AUC {run['summary'][PRIMARY_METRIC]:.2f}"
+                )
         while not progress.empty():
             bar.update(progress.get())
     bar.close()
@@ -183,25 +215,50 @@ def run_cells(cfg: StudyConfig, cells: Sequence[tuple[str, str, Sequence[int]]],
     return runs
 
 
-def run_study(cfg: StudyConfig, *, primary_seeds: int = 8, secondary_seeds: int = 4, url: str | None = None,
-              env_spec: str | None = None, workers: int = 2, show_progress: bool = True, gate_only: bool = False,
-              on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_study(
+    cfg: StudyConfig,
+    *,
+    primary_seeds: int = 8,
+    secondary_seeds: int = 4,
+    url: str | None = None,
+    env_spec: str | None = None,
+    workers: int = 2,
+    show_progress: bool = True,
+    gate_only: bool = False,
+    on_stage: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """The gate, then (if it passes) the plan; returns what ``results.json`` holds."""
     say = on_stage or (lambda _: None)
     started = time.monotonic()
     say(f"gate: single vs uniform on H, seeds {list(GATE_SEEDS)}")
-    gate_runs = run_cells(cfg, [("H", "single", GATE_SEEDS), ("H", "uniform", GATE_SEEDS)], url=url, env_spec=env_spec,
-                          workers=workers, show_progress=show_progress, desc="gate")
-    result: dict[str, Any] = {"config": cfg.to_dict(), "env": env_spec or "built-in skill tracking", "store": url or "embedded",
-                              "date": datetime.date.today().isoformat(), "workers": workers,
-                              "gate": gate(gate_runs), "gate_runs": gate_runs, "runs": [], "analysis": None}
+    gate_runs = run_cells(
+        cfg,
+        [("H", "single", GATE_SEEDS), ("H", "uniform", GATE_SEEDS)],
+        url=url,
+        env_spec=env_spec,
+        workers=workers,
+        show_progress=show_progress,
+        desc="gate",
+    )
+    result: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "env": env_spec or "built-in skill tracking",
+        "store": url or "embedded",
+        "date": datetime.date.today().isoformat(),
+        "workers": workers,
+        "gate": gate(gate_runs),
+        "gate_runs": gate_runs,
+        "runs": [],
+        "analysis": None,
+    }
     if gate_only or not result["gate"]["passed"]:
         result["wall_s"] = time.monotonic() - started
         return result
     cells = plan(primary_seeds, secondary_seeds)
     say(f"study: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
-    result["runs"] = run_cells(cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress,
-                               desc="study")
+    result["runs"] = run_cells(
+        cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress, desc="study"
+    )
     result["analysis"] = analyse(result["runs"])
     result["wall_s"] = time.monotonic() - started
     return result

@@ -123,8 +123,12 @@ class SkillTracking:
         self.kind_of_frame = self.kinds[:, bin_of_frame]  # (profiles, frames)
         theta = math.radians(cfg.skill_angle_deg)
         gains = (1.0,) + (cfg.skill_gain,) * (KINDS - 1)
-        self.actuation = torch.tensor([[g * math.cos(a), -g * math.sin(a), g * math.sin(a), g * math.cos(a)]
-                                       for a, g in zip((0.0, theta, -theta, theta), gains)]).view(KINDS, 2, 2)
+        self.actuation = torch.tensor(
+            [
+                [g * math.cos(a), -g * math.sin(a), g * math.sin(a), g * math.cos(a)]
+                for a, g in zip((0.0, theta, -theta, theta), gains)
+            ]
+        ).view(KINDS, 2, 2)
         self.preview = int(cfg.preview_s * FPS)
         self.max_steps = int(cfg.episode_s * FPS)
         self.obs_dim = 12 + 2 * KINDS + cfg.num_profiles
@@ -156,8 +160,19 @@ class SkillTracking:
         kind_next = self.kind_of_frame[self.profiles, (f + self.preview).clamp(max=last)]
         eye = torch.eye(KINDS)
         profile = torch.eye(self.cfg.num_profiles)[self.profiles]
-        obs = torch.cat([self.ref_pos[f] - self.pos, self.ref_vel[f] - self.vel, self.vel, *ahead,
-                         torch.stack([phase.sin(), phase.cos()], 1), eye[kind_now], eye[kind_next], profile], dim=1)
+        obs = torch.cat(
+            [
+                self.ref_pos[f] - self.pos,
+                self.ref_vel[f] - self.vel,
+                self.vel,
+                *ahead,
+                torch.stack([phase.sin(), phase.cos()], 1),
+                eye[kind_now],
+                eye[kind_next],
+                profile,
+            ],
+            dim=1,
+        )
         return obs + self.offset
 
     def step(self, actions: torch.Tensor) -> Step:
@@ -169,7 +184,7 @@ class SkillTracking:
         self.frames = (self.frames + 1).clamp(max=self.num_frames - 1)
         self.age += 1
         err = (self.ref_pos[self.frames] - self.pos).norm(dim=1)
-        reward = torch.exp(-(err / cfg.sigma) ** 2)
+        reward = torch.exp(-((err / cfg.sigma) ** 2))
         terminated = err > cfg.tolerance
         truncated = ~terminated & ((self.age >= self.max_steps) | (self.frames >= self.num_frames - 1))
         return Step(self.observations(), reward, terminated, truncated)

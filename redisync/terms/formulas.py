@@ -110,8 +110,15 @@ class BinGeometry:
         columns = np.arange(max(counts))
         real = columns[None, :] < bins[:, None]
         last = offsets[:, None] + np.minimum(columns[None, :], bins[:, None] - 1)
-        return cls(counts, bins, offsets, real, (1.0 / bins.astype(np.float64))[:, None], last,
-                   np.where(real, last, sum(counts)))
+        return cls(
+            counts,
+            bins,
+            offsets,
+            real,
+            (1.0 / bins.astype(np.float64))[:, None],
+            last,
+            np.where(real, last, sum(counts)),
+        )
 
 
 def bin_counts_of(frame_counts: Sequence[int], step_dt: float) -> tuple[int, ...]:
@@ -143,8 +150,9 @@ def ema_step(ema: Any, current: Any, alpha: float) -> None:
     ema += alpha * current
 
 
-def grouped_probabilities(ema: Any, geometry: Any, uniform_ratio: float, kernel: Any, ops: ArrayOps,
-                          mix: UniformMix = "code") -> Any:
+def grouped_probabilities(
+    ema: Any, geometry: Any, uniform_ratio: float, kernel: Any, ops: ArrayOps, mix: UniformMix = "code"
+) -> Any:
     """Every group's start-bin distribution at once from the flat EMA: ``[G, width]``, each row a
     distribution over its group's bins, zero past them, in ``ema``'s dtype.
 
@@ -155,7 +163,9 @@ def grouped_probabilities(ema: Any, geometry: Any, uniform_ratio: float, kernel:
     """
     g = grid(ema, geometry, kernel.shape[0] - 1, ops)
     # ε/B: a Python number when every group has B bins (BeyondMimic's own arithmetic), else per row
-    per_bin = uniform_ratio / geometry.width if not geometry.ragged else uniform_ratio * ops.cast(geometry.inverse_bins, ema)
+    per_bin = (
+        uniform_ratio / geometry.width if not geometry.ragged else uniform_ratio * ops.cast(geometry.inverse_bins, ema)
+    )
     p = _unnormalised(g, per_bin, kernel, mix, ops)
     if not math.isfinite(float(p.sum())):
         wide = ops.wide(g)
@@ -201,8 +211,17 @@ def moments(count: Any, total: Any, squares: Any, ops: ArrayOps) -> tuple[Any, A
     return mean, ops.where(var > 0, var, 0.0)
 
 
-def check_sampler_arguments(modes: Sequence[str], mode: str, mix: str, frames: tuple[int, ...], step_dt: float, kernel_size: int, uniform_ratio: float,
-                            group_uniform_ratio: float, group_names: Sequence[str] | None) -> None:
+def check_sampler_arguments(
+    modes: Sequence[str],
+    mode: str,
+    mix: str,
+    frames: tuple[int, ...],
+    step_dt: float,
+    kernel_size: int,
+    uniform_ratio: float,
+    group_uniform_ratio: float,
+    group_names: Sequence[str] | None,
+) -> None:
     """The adaptive sampler's arguments, checked the same way for every kind of term."""
     if mode not in modes:
         raise InvalidSchema(f"sampler mode must be one of {tuple(modes)}, got {mode!r}")
@@ -211,6 +230,8 @@ def check_sampler_arguments(modes: Sequence[str], mode: str, mix: str, frames: t
     if not frames or min(frames) < 1 or step_dt <= 0 or kernel_size < 1:
         raise InvalidSchema("num_frames >= 1 (for every group), step_dt > 0 and kernel_size >= 1 are required")
     if uniform_ratio < 0 or (mix == "paper" and uniform_ratio > 1) or not 0 <= group_uniform_ratio <= 1:
-        raise InvalidSchema("uniform_ratio >= 0 (at most 1 with uniform_mix='paper') and group_uniform_ratio in [0, 1] are required")
+        raise InvalidSchema(
+            "uniform_ratio >= 0 (at most 1 with uniform_mix='paper') and group_uniform_ratio in [0, 1] are required"
+        )
     if group_names is not None and len(group_names) != len(frames):
         raise InvalidSchema(f"group_names has {len(group_names)} names for {len(frames)} groups")

@@ -83,8 +83,14 @@ class TrackingCommand:
         self._rebuild_cdf()
         n = ctx.env_ids.shape[0]
         out = np.empty(n, dtype=np.int64)
-        _draw_starts(*self._kernel_data[:1], self._kernel_data[1], self._kernel_data[2], self.rng.random(n),
-                     self.rng.random(n), out)
+        _draw_starts(
+            *self._kernel_data[:1],
+            self._kernel_data[1],
+            self._kernel_data[2],
+            self.rng.random(n),
+            self.rng.random(n),
+            out,
+        )
         self.time_steps[ctx.env_ids] = out
         self.draws += n
 
@@ -142,7 +148,9 @@ class TrackingEnv(ArrayEnv[TrackingCfg]):
     def __init__(self, cfg: TrackingCfg, num_envs: int = 1):
         super().__init__(cfg, num_envs)
         seed = int(os.environ.get("REDISYNC_TEST_SEED", "0")) + os.getpid()
-        self.command = TrackingCommand(num_envs, cfg.frames, alpha=cfg.alpha, uniform_ratio=cfg.uniform_ratio, seed=seed)
+        self.command = TrackingCommand(
+            num_envs, cfg.frames, alpha=cfg.alpha, uniform_ratio=cfg.uniform_ratio, seed=seed
+        )
         self.error = np.zeros(num_envs, dtype=np.float32)
         self.index = collector_index()
         self.hard = cfg.hard_segments[(self.index or 0) % len(cfg.hard_segments)]
@@ -215,8 +223,12 @@ class ExpiringTrackingEnv(SyncedTrackingEnv):
     redisync_stale_after_s = 2.0
 
 
-ENVS = {NAME: SyncedTrackingEnv, f"{NAME}-plain": TrackingEnv, f"{NAME}-broadcast": BroadcastTrackingEnv,
-        f"{NAME}-expiring": ExpiringTrackingEnv}
+ENVS = {
+    NAME: SyncedTrackingEnv,
+    f"{NAME}-plain": TrackingEnv,
+    f"{NAME}-broadcast": BroadcastTrackingEnv,
+    f"{NAME}-expiring": ExpiringTrackingEnv,
+}
 
 
 def register() -> None:

@@ -25,10 +25,18 @@ def train(env: str, runs_root: Path, *, collectors: int, iterations: int, num_en
     load_plugins()
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module="motrix_rl.configs", version_base=None):
-        cfg = compose("train", overrides=[
-            f"hydra.searchpath=[{CONFIGS.resolve().as_uri()}]", "task=redisync-tracking/motrix.fastsac", f"task.env={env}",
-            f"num_envs={num_envs}", f"seed={seed}", f"algo.trainer.num_learning_iterations={iterations}",
-            f"algo.trainer.async_options.num_collectors={collectors}", "logging.interval=50",
-        ])
+        cfg = compose(
+            "train",
+            overrides=[
+                f"hydra.searchpath=[{CONFIGS.resolve().as_uri()}]",
+                "task=redisync-tracking/motrix.fastsac",
+                f"task.env={env}",
+                f"num_envs={num_envs}",
+                f"seed={seed}",
+                f"algo.trainer.num_learning_iterations={iterations}",
+                f"algo.trainer.async_options.num_collectors={collectors}",
+                "logging.interval=50",
+            ],
+        )
     result = runner.train(runner.TrainRequest(config=to_typed_config(cfg, TrainConfig), runs_root=runs_root))
     return Path(getattr(result, "run_dir", runs_root))

@@ -55,7 +55,11 @@ class EmpiricalNormalizer:
     @property
     def count(self) -> int:
         """The samples behind ``mean`` and ``std``."""
-        return int(round(float((self.others + self.own)[0].flat[0]))) if self.mode == "pooled" else int(self.own[0].flat[0])
+        return (
+            int(round(float((self.others + self.own)[0].flat[0])))
+            if self.mode == "pooled"
+            else int(self.own[0].flat[0])
+        )
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
         return (x - self.mean) / (self.std + self.eps)

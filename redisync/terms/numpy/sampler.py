@@ -36,8 +36,17 @@ class FailureEma:
     the fleet's part as last applied. What a sampler — this package's, or an environment's own —
     builds its distribution from is :meth:`sampling_ema`, per mode."""
 
-    def __init__(self, own: np.ndarray, *, mode: Mode = "pooled", key: str = "motion/bin_failed", shard_id: int = 0,
-                 owner: int = 0, stale_after_s: float | None = None, lifecycle: Lifecycle = "state"):
+    def __init__(
+        self,
+        own: np.ndarray,
+        *,
+        mode: Mode = "pooled",
+        key: str = "motion/bin_failed",
+        shard_id: int = 0,
+        owner: int = 0,
+        stale_after_s: float | None = None,
+        lifecycle: Lifecycle = "state",
+    ):
         if mode not in MODES:
             raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
         self.own, self.mode, self.key, self.shard_id, self.owner = own, mode, key, shard_id, owner
@@ -128,8 +137,9 @@ class AdaptiveMotionSampler:
     ):
         self.grouped = not isinstance(num_frames, (int, np.integer))
         frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
-        formulas.check_sampler_arguments(MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio,
-                                         group_uniform_ratio, None)
+        formulas.check_sampler_arguments(
+            MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, None
+        )
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
         self.group_uniform_ratio = group_uniform_ratio
         self.frame_counts = np.asarray(frames, dtype=np.int64)
@@ -141,8 +151,15 @@ class AdaptiveMotionSampler:
         self.cdf = _caller_array(cdf, grid, dtype, "cdf")
         self.current = np.zeros(self.bin_count, dtype=dtype)  # this step's failures per bin
         self.kernel = formulas.smoothing_kernel(kernel_size, kernel_lambda, dtype)
-        self.state = FailureEma(self.ema, mode=mode, key=key, shard_id=shard_id, owner=owner, stale_after_s=stale_after_s,
-                                lifecycle=lifecycle)
+        self.state = FailureEma(
+            self.ema,
+            mode=mode,
+            key=key,
+            shard_id=shard_id,
+            owner=owner,
+            stale_after_s=stale_after_s,
+            lifecycle=lifecycle,
+        )
         self._built_from: np.ndarray | None = None
         self.rebuild()
 
@@ -178,8 +195,14 @@ class AdaptiveMotionSampler:
     def probabilities(self) -> np.ndarray:
         """The start-bin distributions, ``[G, width]`` (zero past a group's bins), or ``[bins]``."""
         ema = self.sampling_ema()
-        probs = formulas.grouped_probabilities(formulas.NUMPY.cast(ema, self.ema), self.geometry, self.uniform_ratio,
-                                               self.kernel, formulas.NUMPY, self.uniform_mix)
+        probs = formulas.grouped_probabilities(
+            formulas.NUMPY.cast(ema, self.ema),
+            self.geometry,
+            self.uniform_ratio,
+            self.kernel,
+            formulas.NUMPY,
+            self.uniform_mix,
+        )
         return probs if self.grouped else probs[0]
 
     def rebuild(self) -> None:
@@ -238,8 +261,10 @@ def _caller_array(array: np.ndarray | None, shape: tuple[int, ...], dtype: np.dt
     if array is None:
         return np.zeros(shape, dtype=dtype)
     if not isinstance(array, np.ndarray) or array.size != int(np.prod(shape)) or array.dtype != dtype:
-        raise InvalidSchema(f"{name} must be a numpy array of {int(np.prod(shape))} {dtype} values (written in place); "
-                            f"got {type(array).__name__} {getattr(array, 'shape', '')} {getattr(array, 'dtype', '')}")
+        raise InvalidSchema(
+            f"{name} must be a numpy array of {int(np.prod(shape))} {dtype} values (written in place); "
+            f"got {type(array).__name__} {getattr(array, 'shape', '')} {getattr(array, 'dtype', '')}"
+        )
     if not array.flags.writeable or not array.flags.c_contiguous:
         raise InvalidSchema(f"{name} must be a writeable, C-contiguous array: the sampler updates it in place")
     return array

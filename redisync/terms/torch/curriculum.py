@@ -94,8 +94,11 @@ class AverageEpisodeLength:
         return total / count if count > 0 else 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"average_episode_length": torch.tensor(self.own_average), "suppress_next_update": self._suppress_next_update,
-                "episodes": self.episodes}
+        return {
+            "average_episode_length": torch.tensor(self.own_average),
+            "suppress_next_update": self._suppress_next_update,
+            "episodes": self.episodes,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Loads this class's state or holosoma's tracker state (which does not count episodes: a
@@ -109,7 +112,9 @@ class AverageEpisodeLength:
         if self.mode == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
-        return {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")} if self.mode == "pooled" else {}
+        return (
+            {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")} if self.mode == "pooled" else {}
+        )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         if self.mode == "broadcast":
@@ -156,7 +161,11 @@ class PenaltyCurriculum:
         _check_mode(mode, ("local", "broadcast"))
         self.min_scale, self.max_scale = float(min_scale), float(max_scale)
         self.scale = self._clipped(float(initial_scale))
-        self.level_down, self.level_up, self.degree = float(level_down_threshold), float(level_up_threshold), float(degree)
+        self.level_down, self.level_up, self.degree = (
+            float(level_down_threshold),
+            float(level_up_threshold),
+            float(degree),
+        )
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
 
     def _clipped(self, scale: float) -> float:

@@ -65,7 +65,9 @@ class SyncedEmpiricalNormalization(nn.Module):
         self.register_buffer("_std", torch.ones(self.shape).unsqueeze(0))
         self.register_buffer("count", torch.tensor(0, dtype=torch.long))
         f64 = {"dtype": torch.float64}
-        self.register_buffer("_offset", torch.broadcast_to(torch.as_tensor(offset, **f64), self.shape).clone(), persistent=False)
+        self.register_buffer(
+            "_offset", torch.broadcast_to(torch.as_tensor(offset, **f64), self.shape).clone(), persistent=False
+        )
         self.register_buffer("_own", torch.zeros((3, *self.shape), **f64), persistent=False)  # count, Σ, Σ²
         self.register_buffer("_others", torch.zeros((3, *self.shape), **f64), persistent=False)
         self.register_buffer("_prior", torch.zeros((3, *self.shape), **f64), persistent=False)  # a loaded checkpoint's

@@ -59,8 +59,6 @@ def frames_for_bins(bins: int, fps: int = FPS) -> int:
     return bins * fps - 1
 
 
-
-
 class BinLayout(nn.Module):
     """A :class:`~redisync.terms.formulas.BinGeometry` as non-persistent buffers, so that it moves with
     its sampler (``.to(device)``) and adds nothing to a checkpoint."""
@@ -134,14 +132,22 @@ class AdaptiveMotionSampler(nn.Module):
         super().__init__()
         self.grouped = not isinstance(num_frames, int)
         frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
-        formulas.check_sampler_arguments(MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names)
+        formulas.check_sampler_arguments(
+            MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names
+        )
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.frame_counts = frames
         self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
-        self.group_uniform_ratio, self.worst_groups, self.stale_after_s = group_uniform_ratio, worst_groups, stale_after_s
+        self.group_uniform_ratio, self.worst_groups, self.stale_after_s = (
+            group_uniform_ratio,
+            worst_groups,
+            stale_after_s,
+        )
         self.lifecycle = lifecycle
-        self.group_names = tuple(group_names) if group_names is not None else tuple(f"group_{g}" for g in range(len(frames)))
+        self.group_names = (
+            tuple(group_names) if group_names is not None else tuple(f"group_{g}" for g in range(len(frames)))
+        )
         # local sampling must reproduce the unsynced algorithm exactly: rebuild on every change
         self.rebuild_tol = 0.0 if mode == "local" else rebuild_tol
         self.bin_counts = formulas.bin_counts_of(frames, step_dt)
@@ -154,7 +160,9 @@ class AdaptiveMotionSampler(nn.Module):
         self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, **kw))  # the OWN failure EMA
         self.register_buffer("_current_bin_failed", torch.zeros(self.bin_count, **kw), persistent=False)
         # the rest of the fleet as last applied (pooled), or the fleet value (broadcast)
-        self.register_buffer("_fleet", torch.zeros(self.bin_count, device=device, dtype=torch.float64), persistent=False)
+        self.register_buffer(
+            "_fleet", torch.zeros(self.bin_count, device=device, dtype=torch.float64), persistent=False
+        )
         self.register_buffer("_own_at_build", torch.full((self.bin_count,), float("nan"), **kw), persistent=False)
         self._fleet_view: Any = None  # the last fleet view applied, not yet read (see apply_shard_state)
         self._fleet_moved = True  # the fleet part changed since the last rebuild
@@ -181,7 +189,9 @@ class AdaptiveMotionSampler(nn.Module):
         g = self._checked_groups(group_ids, time_steps.shape[0])
         return formulas.bin_of(time_steps, self.layout.bins[g], self._frames[g].clamp(min=1), TORCH)
 
-    def record_failures(self, time_steps: torch.Tensor, failed: torch.Tensor, group_ids: torch.Tensor | None = None) -> None:
+    def record_failures(
+        self, time_steps: torch.Tensor, failed: torch.Tensor, group_ids: torch.Tensor | None = None
+    ) -> None:
         """At reset (once per env step, every env being reset at once): the bins in which the reset
         envs failed become this step's failure counts."""
         if torch.any(failed):
@@ -255,9 +265,13 @@ class AdaptiveMotionSampler(nn.Module):
 
     def _distributions(self, ema: torch.Tensor) -> torch.Tensor:
         """``[groups, max bins]`` distributions of a flat EMA, in the sampler's dtype."""
-        return grouped_probabilities(ema, self.layout, self.uniform_ratio, self.kernel, self.uniform_mix).to(self.bin_failed_count.dtype)
+        return grouped_probabilities(ema, self.layout, self.uniform_ratio, self.kernel, self.uniform_mix).to(
+            self.bin_failed_count.dtype
+        )
 
-    def sample(self, n: int, group_ids: torch.Tensor | None = None, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample(
+        self, n: int, group_ids: torch.Tensor | None = None, *, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Start time steps for ``n`` envs (of groups ``group_ids``): a bin from the group's
         distribution, then a uniform offset inside it."""
         bins = self.sample_bins(n, group_ids, generator=generator)
@@ -267,7 +281,9 @@ class AdaptiveMotionSampler(nn.Module):
         g = torch.as_tensor(group_ids, device=bins.device).long()
         return ((bins + offset) / self.layout.bins[g] * (self._frames[g] - 1)).long()
 
-    def sample_bins(self, n: int, group_ids: torch.Tensor | None = None, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample_bins(
+        self, n: int, group_ids: torch.Tensor | None = None, *, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Start bins for ``n`` envs, each inside its group (the first half of :meth:`sample`)."""
         probs = self.probabilities()
         if group_ids is None:
@@ -325,7 +341,13 @@ class AdaptiveMotionSampler(nn.Module):
         probs = self.fleet_probabilities(fleet)
         if probs is None:
             return {}
-        out = _summary(probs.view(self.groups, -1), self.layout.bins, None, self.group_names if self.grouped else None, self.worst_groups)
+        out = _summary(
+            probs.view(self.groups, -1),
+            self.layout.bins,
+            None,
+            self.group_names if self.grouped else None,
+            self.worst_groups,
+        )
         return {f"redisync/{self.key}/{name}": value for name, value in out.items()}
 
     def _single_group(self, what: str) -> None:
@@ -337,7 +359,9 @@ class AdaptiveMotionSampler(nn.Module):
         if g.shape != (n,):
             raise ValueError(f"group_ids must have shape ({n},), one group per env; got {tuple(g.shape)}")
         if n and bool(((g < 0) | (g >= self.groups)).any()):
-            raise ValueError(f"group_ids must lie in [0, {self.groups}); got values in [{int(g.min())}, {int(g.max())}]")
+            raise ValueError(
+                f"group_ids must lie in [0, {self.groups}); got values in [{int(g.min())}, {int(g.max())}]"
+            )
         return g
 
     # ------------------------------------------------------------------ the seam
@@ -423,8 +447,9 @@ class AdaptiveMotionSampler(nn.Module):
         return torch.as_tensor(np.asarray(array), dtype=torch.float64).to(self._fleet.device)
 
 
-def _summary(probs: torch.Tensor, bins: torch.Tensor, drift: torch.Tensor | None, names: Sequence[str] | None,
-             worst: int) -> dict[str, float]:
+def _summary(
+    probs: torch.Tensor, bins: torch.Tensor, drift: torch.Tensor | None, names: Sequence[str] | None, worst: int
+) -> dict[str, float]:
     """Entropy (normalised by each group's bin count), top bin and drift of ``[G, max bins]``
     distributions. Ungrouped (``names`` None): BeyondMimic's metric names. Grouped: the mean and
     the extreme over groups, and the ``worst`` groups by name — bounded whatever G is."""
@@ -433,13 +458,20 @@ def _summary(probs: torch.Tensor, bins: torch.Tensor, drift: torch.Tensor | None
     entropy = torch.where(logs > 0, -(p * (p + 1e-12).log()).sum(dim=1) / torch.where(logs > 0, logs, 1), 1.0)
     top_prob, top_bin = p.max(dim=1)
     if names is None:
-        out = {"sampling_entropy": float(entropy[0]), "sampling_top1_prob": float(top_prob[0]),
-               "sampling_top1_bin": float(top_bin[0]) / int(bins[0])}
+        out = {
+            "sampling_entropy": float(entropy[0]),
+            "sampling_top1_prob": float(top_prob[0]),
+            "sampling_top1_bin": float(top_bin[0]) / int(bins[0]),
+        }
         if drift is not None:
             out["drift_tv"] = float(drift[0])
         return out
-    out = {"sampling_entropy": float(entropy.mean()), "sampling_entropy_min": float(entropy.min()),
-           "sampling_top1_prob": float(top_prob.mean()), "sampling_top1_prob_max": float(top_prob.max())}
+    out = {
+        "sampling_entropy": float(entropy.mean()),
+        "sampling_entropy_min": float(entropy.min()),
+        "sampling_top1_prob": float(top_prob.mean()),
+        "sampling_top1_prob_max": float(top_prob.max()),
+    }
     k = min(worst, len(names))
     # the sharpest groups: where the curriculum concentrates the fleet's starts
     for g in torch.topk(-entropy, k).indices.tolist():
