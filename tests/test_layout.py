@@ -1,0 +1,48 @@
+"""The layout is checked, not prose: the import contracts in pyproject.toml (layers, no torch below
+the terms) hold, a violation is caught, and ruff's lint and format pass."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath else dict(os.environ)
+    return subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_import_contracts_hold():
+    out = lint_imports(ROOT)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "3 kept, 0 broken" in out.stdout
+
+
+def test_an_upward_import_breaks_a_contract(tmp_path):
+    """A copy of the package whose store imports the collector: lint-imports refuses it."""
+    shutil.copytree(ROOT / "redisync", tmp_path / "redisync", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    keys = tmp_path / "redisync" / "store" / "keys.py"
+    keys.write_text(keys.read_text() + "\nfrom ..collector import syncer  # noqa: E402  (the deliberate violation)\n")
+    out = lint_imports(tmp_path, pythonpath=tmp_path)
+    assert out.returncode != 0
+    assert "BROKEN" in out.stdout and "redisync.store.keys -> redisync.collector.syncer" in out.stdout, out.stdout[
+        -3000:
+    ]
+
+
+def test_ruff_lint_and_format_pass():
+    lint = subprocess.run([str(BIN / "ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert lint.returncode == 0, lint.stdout[-3000:]
+    fmt = subprocess.run(
+        [str(BIN / "ruff"), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert fmt.returncode == 0, fmt.stdout[-3000:]
