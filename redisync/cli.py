@@ -1,7 +1,8 @@
-"""The ``redisync`` command line: demo, bench and inspect.
+"""The ``redisync`` command line: demo, ab (the study), bench, and inspect, watch, snapshot, restore.
 
-Every command takes ``--url`` (default: ``REDISYNC_URL``, else the embedded store). A failure
-prints one line naming what went wrong and exits with status 1.
+Every command takes ``--url`` (default: ``REDISYNC_URL``, else the embedded store; the commands on
+a run refuse to start without one). A failure prints one line naming what went wrong and exits with
+status 1; a missing extra is named before any work.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Drop-ins for the frameworks collectors run in: mjlab's tracking task (:mod:`.mjlab`), rsl_rl's
-normaliser (:mod:`.rsl_rl`), holosoma's curriculum sync (:mod:`.holosoma`). Each module imports its
+normaliser (:mod:`.rsl_rl`), holosoma's curriculum sync (:mod:`.holosoma`) and whole-body tracking
+(:mod:`.holosoma_wbt`), MotrixLab's async FastSAC collectors (:mod:`.motrix`). Each module imports its
 framework, so import the one you use.
 
 A shard id is claimed once per process, so the terms of every integration in a process go through
