@@ -36,9 +36,9 @@ from holosoma.managers.command.terms.wbt import AdaptiveTimestepsSampler
 
 from ..errors import ConfigurationError
 from ..terms.torch.normalization import Mode as NormMode
-from ..terms.torch.normalization import SyncedEmpiricalNormalization
 from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, process_fleet
+from .normalizers import FleetNormalization
 
 SyncMode = Literal["local", "pooled", "broadcast"]
 KEY_PREFIX = "holosoma"
@@ -199,15 +199,8 @@ def sync_motion_command(
     return fleet
 
 
-class SyncedFastSacNormalization(SyncedEmpiricalNormalization):
+class SyncedFastSacNormalization(FleetNormalization):
     """redisync's normaliser called as holosoma's FastSAC calls its own: ``forward(x, center, update)``."""
-
-    fleet: ProcessFleet | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(super().__getstate__())
-        state.pop("fleet", None)  # a deep copy (an exported model) is not synced
-        return state
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, center: bool = True, update: bool = True) -> torch.Tensor:
@@ -218,13 +211,6 @@ class SyncedFastSacNormalization(SyncedEmpiricalNormalization):
         if center:
             return (x - self._mean) / (self._std + self.eps)
         return x / (self._std + self.eps)
-
-    @torch.jit.unused
-    def update(self, x: torch.Tensor) -> None:
-        super().update(x)
-        if self.fleet is not None and self.training:
-            self.fleet.on_step()
-            self.fleet.at_reset_boundary()
 
     def _running_update(self, x: torch.Tensor) -> None:
         # local mode is holosoma's own update, run on these buffers (the same names as holosoma's)
@@ -250,12 +236,10 @@ def sync_fastsac_normalizers(
     synced = []
     for name in names:
         module = getattr(agent, name)
-        replacement = SyncedFastSacNormalization(
-            tuple(module._mean.shape[1:]), module.eps, module.until, mode=mode, key=f"{KEY_PREFIX}/{name}"
+        # local: holosoma's update, without the collective and without the fleet
+        replacement = SyncedFastSacNormalization.replacing(
+            module, key=f"{KEY_PREFIX}/{name}", fleet=fleet if mode != "local" else None, mode=mode
         )
-        replacement.load_state_dict(module.state_dict())
-        replacement.to(module._mean.device).train(module.training)
-        replacement.fleet = fleet if mode != "local" else None  # local: holosoma's update without the collective
         setattr(agent, name, replacement)
         synced.append(replacement)
     if mode != "local":

@@ -19,35 +19,19 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-import torch
 from rsl_rl.modules import EmpiricalNormalization
 from torch import nn
 
 from ..errors import ConfigurationError
-from ..terms.torch.normalization import Mode, SyncedEmpiricalNormalization
+from ..terms.torch.normalization import Mode
 from . import ProcessFleet, process_fleet
+from .normalizers import FleetNormalization
 
 KEY_PREFIX = "rsl_rl"
 
 
-class SyncedNormalization(SyncedEmpiricalNormalization):
-    """The synced normaliser as rsl_rl's models hold it: after each ``update`` it meets the process's
-    fleet (a hand-over and a swap in memory, never the network)."""
-
-    fleet: ProcessFleet | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # rsl_rl deep-copies the normaliser into its exported (ONNX / JIT) models: the copy is not synced
-        state = dict(super().__getstate__())
-        state.pop("fleet", None)
-        return state
-
-    @torch.jit.unused
-    def update(self, x: torch.Tensor) -> None:
-        super().update(x)
-        if self.fleet is not None and self.training:
-            self.fleet.on_step()
-            self.fleet.at_reset_boundary()
+class SyncedNormalization(FleetNormalization):
+    """The synced normaliser as rsl_rl's models hold it."""
 
 
 def _owners(root: Any) -> Iterator[tuple[str, nn.Module]]:
@@ -112,18 +96,9 @@ def sync_normalizers(
     fleet = fleet if fleet is not None else process_fleet()
     synced = []
     for where, parent, attr, module in slots:
-        replacement = SyncedNormalization(
-            tuple(module._mean.shape[1:]),
-            module.eps,
-            module.until,
-            mode=mode,
-            key=f"{KEY_PREFIX}/{where}",
-            writer=writer,
-            owner=owner,
+        replacement = SyncedNormalization.replacing(
+            module, key=f"{KEY_PREFIX}/{where}", fleet=fleet, mode=mode, writer=writer, owner=owner
         )
-        replacement.load_state_dict(module.state_dict())
-        replacement.to(module._mean.device).train(module.training)
-        replacement.fleet = fleet
         setattr(parent, attr, replacement)
         synced.append(replacement)
     fleet.add(*synced)
