@@ -28,7 +28,7 @@ def test_the_wheel_and_the_sdist_carry_the_license(dist):
     (wheel,) = dist.glob("*.whl")
     (sdist,) = dist.glob("*.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "redisync-0.1.0.dist-info/licenses/LICENSE" in names and "redisync/lua/fold.lua" in names
+    assert "redisync-0.1.0.dist-info/licenses/LICENSE" in names and "redisync/store/lua/fold.lua" in names
     assert "License-Expression: MIT" in zipfile.ZipFile(wheel).read("redisync-0.1.0.dist-info/METADATA").decode()
     assert "redisync-0.1.0/LICENSE" in tarfile.open(sdist).getnames()
 
