@@ -181,6 +181,11 @@ def demo(
 )
 @click.option("--scale", is_flag=True, help="instead: cost against slots, keys, memory, connections; the largest fleet")
 @click.option(
+    "--instructions",
+    is_flag=True,
+    help="instead: the server's instructions per fold (a redis-server of its own under valgrind's callgrind)",
+)
+@click.option(
     "--all",
     "everything",
     is_flag=True,
@@ -195,11 +200,18 @@ def bench(
     peers: bool,
     steps: int,
     scale: bool,
+    instructions: bool,
     everything: bool,
 ) -> None:
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
     With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves."""
+    if instructions:
+        from .bench.instructions import format_table, run_instructions
+
+        result = run_instructions()
+        click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+        return
     if peers or everything:
         _needs("peers")
     from .bench.core import run_all

@@ -1,0 +1,27 @@
+"""``redisync bench --instructions``: a figure that does not move with the machine's load."""
+
+from __future__ import annotations
+
+import pytest
+
+from redisync.bench.instructions import CountingServer, floors, measure, run_instructions
+
+pytestmark = pytest.mark.integration  # starts a redis-server of its own, under valgrind
+
+
+def test_a_folds_instruction_count_repeats_whatever_the_load():
+    server = CountingServer()
+    try:
+        first, second = measure(server, 256, 4, folds=6), measure(server, 256, 4, folds=6)
+        floor = floors(server, 256, 2)
+    finally:
+        server.close()
+    # within 1 % seen over repeats (Lua's garbage collector and the stream's trimming move it a little)
+    assert abs(first - second) / first < 0.02, (first, second)
+    assert floor["ping"] < floor["hset"] < floor["decode_encode"] < first  # a fold costs more than its floors
+
+
+def test_the_table_has_every_size_and_slot_count_and_the_marginal_cost():
+    result = run_instructions(sizes=(64, 512), slots=(1, 4), folds=2)
+    assert {(r["values"], r["slots"]) for r in result["folds"]} == {(64, 1), (64, 4), (512, 1), (512, 4)}
+    assert 0 < result["marginal_per_value"][1] < result["marginal_per_value"][4]  # more slots, more per value
