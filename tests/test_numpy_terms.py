@@ -120,3 +120,17 @@ def test_write_sampling_ema_fills_a_kernels_array(make_store):
     out = np.zeros(11, dtype=np.float32)
     a.write_sampling_ema(out)
     np.testing.assert_allclose(out, a.ema + b.ema, rtol=1e-6)
+
+
+def test_a_grouped_ema_array_pools_bin_by_bin(make_store):
+    """A command that keeps one row of bins per motion ([G, B]) is pooled per bin, whatever mix of
+    motions each shard runs (the MotrixLab drop-in syncs such an array as it lies)."""
+    own = [np.zeros((3, 5), dtype=np.float32) for _ in range(2)]
+    own[0][0, 1], own[1][2, 4], own[1][0, 1] = 0.5, 0.25, 0.125
+    terms = [rnp.FailureEma(a, shard_id=i) for i, a in enumerate(own)]
+    store = make_store()
+    store.register(schema_of([terms[0]]))
+    assert store.schema.keys["motion/bin_failed"].shape == (3, 5)
+    sync(store, [store.shard(0), store.shard(1)], [[terms[0]], [terms[1]]])
+    for term in terms:
+        np.testing.assert_array_equal(term.sampling_ema(), (own[0] + own[1]).astype(np.float64))
