@@ -116,7 +116,7 @@ class CountingServer:
 
 def measure(server: CountingServer, n: int, slots: int, folds: int) -> float:
     """Instructions per fold of one merge key of ``n`` values with ``slots`` live slots."""
-    store = connect(server.url, run=f"cg-{uuid.uuid4().hex[:8]}")
+    store = connect(server.url, run=f"cg-{uuid.uuid4().hex[:8]}", socket_timeout=600)
     try:
         store.register(Schema.of({KEY: merge(n, lifecycle="history")}))
         rng = np.random.default_rng(n + slots)
@@ -132,7 +132,7 @@ def measure(server: CountingServer, n: int, slots: int, folds: int) -> float:
 
 def floors(server: CountingServer, n: int, times: int) -> dict[str, float]:
     """What a request of the same payload costs without the fold: PING, HSET, one decode and encode."""
-    r = connect(server.url, run="floors").redis
+    r = connect(server.url, run="floors", socket_timeout=600).redis
     payload = np.random.default_rng(n).random(n + 1).tobytes()
     fmt = "<" + "d" * (n + 1)
     sha = r.script_load(DECODE_ENCODE)
@@ -151,13 +151,13 @@ def run_instructions(sizes: tuple[int, ...] = SIZES, slots: tuple[int, ...] = SL
         floor_rows = [{"values": n, **floors(server, n, folds)} for n in sizes]
     finally:
         server.close()
-    marginal = {}
+    marginal = []
     if len(sizes) >= 2:
         small, large = sorted(sizes)[-2:]
         for s in slots:
             a = next(r["instructions"] for r in rows if r["values"] == small and r["slots"] == s)
             b = next(r["instructions"] for r in rows if r["values"] == large and r["slots"] == s)
-            marginal[s] = (b - a) / (large - small)
+            marginal.append({"slots": s, "per_value": (b - a) / (large - small)})
     return {
         "folds": rows,
         "floors": floor_rows,
@@ -182,7 +182,7 @@ def format_table(result: dict[str, Any]) -> str:
     if result["marginal_per_value"]:
         lines.append(
             "marginal"
-            + "".join(f"{result['marginal_per_value'][s]:>14,.0f}" for s in result["slots"])
+            + "".join(f"{m['per_value']:>14,.0f}" for m in result["marginal_per_value"])
             + "   per value, between the two largest sizes"
         )
     lines.append(
