@@ -429,10 +429,10 @@ def _bench_peers(url: str, steps: int, as_json: bool) -> None:
 @click.option(
     "--out",
     "out_dir",
-    default="docs/ab",
+    default="out/ab",
     show_default=True,
     type=click.Path(file_okay=False),
-    help="folder for results.json, the plots and report.md",
+    help="folder for results.json, the plots and report.md (the committed study: --out docs/ab)",
 )
 @click.option(
     "--seeds", default=8, show_default=True, type=click.IntRange(2, 1000), help="seeds per arm of the primary contrasts"
@@ -516,6 +516,10 @@ def ab(
         ]
         click.echo(_table(["primary contrast", "mean", "95% t-interval", "Holm p", "verdict"], rows))
     click.echo(f"report: {report}")
+    if not g["passed"]:  # a study whose gate failed answers nothing: say so in the exit status too
+        raise errors.RedisyncError(
+            f"the gate failed (single - uniform = {g['mean_difference']:+.3f}); report: {report}"
+        )
 
 
 def _num(x: float, digits: int) -> str:

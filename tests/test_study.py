@@ -349,10 +349,12 @@ def test_the_smoke_gate_runs_end_to_end_and_the_report_leads_with_it(tmp_path):
         text=True,
         timeout=1200,
     )
-    assert out.returncode == 0, out.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     g = results["gate"]
     assert g["seeds"] == 3 and g["passed"] == (g["mean_difference"] >= 0.2)
+    # the exit status says the gate's decision: 0 passed, 1 failed (one line naming it), never a traceback
+    assert out.returncode == (0 if g["passed"] else 1), out.stderr
+    assert g["passed"] or ("the gate failed" in out.stderr and "Traceback" not in out.stderr)
     assert all(0.0 <= v <= 1.0 for v in g["single"] + g["uniform"])
     assert {r["seed"] for r in results["gate_runs"]} == {100, 101, 102}
     report = (tmp_path / "report.md").read_text()
@@ -453,3 +455,24 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     assert f"{secondary['H: local-16-shards − pooled-16-shards']['mean']:+.2f}".replace("-", "−") in summary
     assert f"{secondary['X: per-profile − local']['mean']:+.2f}" in summary
     assert f"{results['gate']['mean_difference']:+.3f}" in readme
+
+
+def test_a_failed_gate_exits_nonzero_and_the_default_out_is_a_scratch_folder(monkeypatch, tmp_path):
+    """``redisync ab`` with a gate that fails: exit status 1, one line naming it; the report goes to
+    out/ab (not the committed docs/ab) unless --out says otherwise."""
+    import redisync.study.report as report_module
+    import redisync.study.study as study_module
+    from redisync import cli
+
+    gate = {"passed": False, "mean_difference": 0.05, "threshold": 0.2}
+    monkeypatch.setattr(study_module, "run_study", lambda *a, **k: {"gate": gate, "analysis": None})
+    written = []
+    monkeypatch.setattr(
+        report_module, "write_report", lambda results, out, command: written.append(out) or out / "report.md"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["redisync", "ab", "--smoke", "--gate-only", "--no-progress"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 1
+    assert written == [Path("out/ab")]
