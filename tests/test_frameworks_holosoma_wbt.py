@@ -99,6 +99,7 @@ def _rank(rank: int, url: str, run: str, steps: int, barrier, out: dict) -> None
     fleet.stop()
 
 
+@pytest.mark.slow  # two spawned processes
 def test_two_pooled_processes_draw_from_the_ema_of_one_sampler_fed_every_failure(real_url):
     run, steps = f"t-{uuid.uuid4().hex[:12]}", 150
     ctx = mp.get_context("spawn")

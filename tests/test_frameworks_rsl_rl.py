@@ -219,6 +219,7 @@ def _ppo_rank(rank: int, init: str, url: str, run: str, synced: bool, out: dict)
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned ranks, twice: ~16 s
 def test_data_parallel_ppo_keeps_its_gradient_collectives_so_a_straggler_still_costs_the_others(real_url, tmp_path):
     """What redisync removes under torchrun is the normaliser's collectives (and the curriculum's);
     the gradient all-reduce and the parameter broadcast stay rsl_rl's, and with them the wait."""

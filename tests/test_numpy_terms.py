@@ -70,6 +70,8 @@ def test_a_wrong_caller_array_is_refused_naming_it():
         frozen = np.zeros(13, dtype=np.float32)
         frozen.flags.writeable = False
         rnp.AdaptiveMotionSampler(600, 0.02, ema=frozen)
+    with pytest.raises(ValueError, match=r"time_steps and failed must be 1-D of one length.*\(3,\) and \(2,\)"):
+        rnp.AdaptiveMotionSampler(600, 0.02).record_failures(np.array([1, 2, 3]), np.array([True, False]))
     with pytest.raises(InvalidSchema, match="mode must be one of"):
         rnp.AdaptiveMotionSampler(600, 0.02, mode="weighted")
 

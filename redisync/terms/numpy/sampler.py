@@ -175,6 +175,11 @@ class AdaptiveMotionSampler:
         """At reset: add the bins in which the reset envs failed to this step's failure counts (a
         reset called more than once in a step adds up, as holosoma's does)."""
         failed = np.asarray(failed, dtype=bool)
+        if np.shape(time_steps) != failed.shape or failed.ndim != 1:
+            raise ValueError(
+                f"record_failures: time_steps and failed must be 1-D of one length (one per reset env); "
+                f"got shapes {np.shape(time_steps)} and {failed.shape}"
+            )
         if failed.any():
             g = self._groups_of(group_ids, failed.shape[0])
             flat = self.bin_of(time_steps, group_ids) + self.geometry.offsets[g]
