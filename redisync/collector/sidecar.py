@@ -378,7 +378,8 @@ class SidecarSyncer(Syncer):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(_import_path()))
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "redisync.collector.sidecar"],
+                # -c, not -m: the package imports this module, and -m would run a second copy as __main__
+                [sys.executable, "-c", "from redisync.collector.sidecar import main; main()"],
                 stdin=subprocess.PIPE,
                 close_fds=True,
                 pass_fds=(read_end,),
@@ -713,7 +714,3 @@ def main() -> None:
     config = pickle.load(sys.stdin.buffer)
     logging.basicConfig(level=logging.WARNING, format=f"redisync sidecar {os.getpid()}: %(levelname)s %(message)s")
     serve(config)
-
-
-if __name__ == "__main__":
-    main()
