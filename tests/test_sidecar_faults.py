@@ -456,3 +456,36 @@ def test_a_sidecar_that_cannot_start_shows_in_health_at_once(real_url, monkeypat
     finally:
         syncer.stop(flush=False, timeout=1.0)
         store.delete()
+
+
+def test_a_store_that_lost_the_run_gets_the_holders_lease_back_before_its_new_epoch_counts_as_seen(
+    real_url, monkeypatch
+):
+    """The store loses everything and another collector registers the run again first: the holder
+    sees the new epoch without a RunNotFound, so nothing re-registered it. Its lease must be back
+    by the time it has pulled the new epoch (it used to wait for the next renewal, up to a fifth of a
+    lease, while a second process with its shard id could take the shard). The thread worker, with
+    a long lease; the sidecar runs the same worker loop."""
+    monkeypatch.setattr("redisync.collector.syncer.LEASE_S", 60.0)  # renewed every 12 s
+    store = redisync.connect(real_url, run=f"faults-lease-lost-{os.getpid()}")
+    seen = Versions()
+    holder = new_syncer(store, 0, [seen], worker="thread", poll_every_s=0.05).start()
+    other = None
+
+    def applied() -> tuple[str, int] | None:
+        holder.at_reset_boundary()
+        return seen.applied[-1] if seen.applied else None
+
+    try:
+        assert wait_for(lambda: applied() is not None, timeout=10)
+        store.delete()  # the store lost the run (a restart without persistence, a FLUSHALL)
+        other = new_syncer(redisync.connect(real_url, run=store.run), 1, [Cumulative()], worker="thread").start()
+        epoch = store.fleet().epoch
+        assert wait_for(lambda: (applied() or ("", 0))[0] == epoch, timeout=10)
+        with pytest.raises(redisync.errors.ShardInUse, match="shard 0 is held"):
+            store.claim(0, take_over=False)
+    finally:
+        holder.stop(flush=False)
+        if other is not None:
+            other.stop(flush=False)
+        store.delete()

@@ -438,6 +438,11 @@ class Syncer:
     def _pull(self) -> bool:
         seen_before = self.shard.known is not None
         changed = self.shard.pull()
+        if changed is not None and changed.epoch_changed and self._registered and self._zombie is None:
+            # a new epoch: the store may have lost our lease with the rest (another process re-registered
+            # the run first); renewed before the new state counts as seen, so no second process started
+            # with our shard id finds it free meanwhile
+            self._attempt("lease", self._renew_lease)
         if changed is not None and ((changed.epoch_changed and seen_before) or changed.lost_writes):
             self._republish_latest()  # a new epoch, or lost writes: our slots may be missing or old
         if changed is not None and changed.lost_writes:
