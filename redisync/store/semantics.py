@@ -214,9 +214,13 @@ class ReferenceFold:
         old = state.slots.get(shard_id)
         if old is not None and old.incarnation != incarnation and not resumed and spec.lifecycle == "history":
             # a fresh restart of a history key: the previous life's counts are kept as retired history
-            retired = old.payload.copy() if retired is None else retired + old.payload
-            if not finite_moments(spec, retired):
-                return None
+            # (a slot alone is a payload checked when it was folded; a sum of two may overflow)
+            if retired is None:
+                retired = old.payload.copy()
+            else:
+                retired = retired + old.payload
+                if not finite_moments(spec, retired):
+                    return None
         slots = {}
         for other, slot in state.slots.items():
             stale = spec.stale_after_s is not None and now_us - slot.at_us > spec.stale_after_s * 1e6

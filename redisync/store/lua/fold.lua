@@ -228,6 +228,178 @@ local function sum_checked(name, vectors, width, count_size, size, sumsq)
   end)
 end
 
+-- The fused pass over one merge key's values ---------------------------------------------------------
+-- The new group sums and the aggregate in one pass, BLOCK values at a time held in local variables:
+-- each input decoded once per block (the payload serves both its checks and its slot), the sums
+-- added in the order semantics.py adds them (a group: 0 + its slots in ascending shard order; the
+-- aggregate: 0 + retired + the group sums in ascending group order), every check made on the same
+-- block. A block whose cheap look (the sum of its squares finite; the signs of its count and sumsq
+-- values) is not clean is checked element by element, in today's order, so replies stay bit for bit.
+local BLOCK = 16
+local FB = '<' .. string.rep('d', BLOCK)
+local mmin = math.min
+
+-- groups[i] = {members = {slot string, or true for the payload}} (re-summed) or {stored = its stored sum};
+-- returns (sums of the re-summed groups, aggregate) or (nil, rejection, it is the aggregate's)
+local function fold_values(name, payload, width, cs, size, sumsq, retired, groups)
+  local ngroups = #groups
+  local single = not retired and ngroups == 1 and groups[1].members ~= nil  -- its sum is the aggregate
+  local gout, aggs = {}, {}
+  for gi = 1, ngroups do if groups[gi].members then gout[gi] = {} end end
+  local counts, counts_ok = {}, true -- counts_ok: every count is 0 or >= 1 (moments then cannot overflow)
+
+  local function count(idx) -- the aggregate's count idx, from the blocks made so far
+    local n = counts[idx]
+    if n == nil then
+      n = sunpack('<d', aggs[math.floor((idx - 1) / BLOCK) + 1], ((idx - 1) % BLOCK) * 8 + 1)
+      counts[idx] = n
+    end
+    return n
+  end
+
+  -- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
+  local function check(base, len, p, c)
+    for j = 1, len do
+      local g, v, a = base + j, p[j], c[j]
+      if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
+      if v < 0 and (g <= cs or g > cs + size) then
+        return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
+          ' in a count or sumsq part (must be >= 0)'}
+      end
+      if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
+        true end
+      if g <= cs then
+        counts[g] = a
+        if a > 0 and a < 1 then counts_ok = false end
+      else
+        -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
+        local e = (g - cs - 1) % size
+        local n = count(cs == 1 and 1 or e + 1)
+        if n > 0 then
+          local m = a / n
+          if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
+            return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
+          end
+        end
+      end
+    end
+    return nil
+  end
+
+  local pos, base, blk = 1, 0, 0
+  while base + BLOCK <= width do
+    blk = blk + 1
+    local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16 =
+      sunpack(FB, payload, pos)
+    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
+      0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    if retired then
+      local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16 =
+        sunpack(FB, retired, pos)
+      c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
+        c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8,
+        c9 + b9, c10 + b10, c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16
+    end
+    for gi = 1, ngroups do
+      local grp = groups[gi]
+      local members = grp.members
+      if members then
+        local a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 =
+          0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        for mi = 1, #members do
+          local s = members[mi]
+          if s == true then
+            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 =
+              a1 + p1, a2 + p2, a3 + p3, a4 + p4, a5 + p5, a6 + p6, a7 + p7, a8 + p8,
+              a9 + p9, a10 + p10, a11 + p11, a12 + p12, a13 + p13, a14 + p14, a15 + p15, a16 + p16
+          else
+            local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16 =
+              sunpack(FB, s, pos)
+            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 =
+              a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8,
+              a9 + b9, a10 + b10, a11 + b11, a12 + b12, a13 + b13, a14 + b14, a15 + b15, a16 + b16
+          end
+        end
+        local packed = spack(FB, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16)
+        gout[gi][blk] = packed
+        if single then
+          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
+            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16
+          aggs[blk] = packed
+        else
+          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
+            c1 + a1, c2 + a2, c3 + a3, c4 + a4, c5 + a5, c6 + a6, c7 + a7, c8 + a8,
+            c9 + a9, c10 + a10, c11 + a11, c12 + a12, c13 + a13, c14 + a14, c15 + a15, c16 + a16
+        end
+      else
+        local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16 =
+          sunpack(FB, grp.stored, pos)
+        c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
+          c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8,
+          c9 + b9, c10 + b10, c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16
+      end
+    end
+    if not single then aggs[blk] = spack(FB, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16) end
+    -- the cheap look: finite squares mean finite values and, with counts of 0 or >= 1, finite moments
+    local sq = c1 * c1 + c2 * c2 + c3 * c3 + c4 * c4 + c5 * c5 + c6 * c6 + c7 * c7 + c8 * c8
+      + c9 * c9 + c10 * c10 + c11 * c11 + c12 * c12 + c13 * c13 + c14 * c14 + c15 * c15 + c16 * c16
+    local slow = sq - sq ~= 0
+    if not slow then
+      if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound
+        if base + BLOCK > cs or mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16) < 0 then
+          slow = true
+        elseif mmin(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16) < 1 then
+          for _, n in ipairs({c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16}) do
+            if n > 0 and n < 1 then counts_ok = false end
+          end
+        end
+      elseif not counts_ok then
+        slow = true -- counts that are fractions
+      elseif base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16) < 0 then
+        slow = true -- sumsq values that may be negative
+      end
+    end
+    if slow then
+      local why, of_agg = check(base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16},
+        {c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16})
+      if why then return nil, why, of_agg end
+    end
+    base, pos = base + BLOCK, pos + BLOCK * 8
+  end
+  if base < width then -- the last values, fewer than a block, in tables
+    local len = width - base
+    local fmt = '<' .. string.rep('d', len)
+    local p, c = {sunpack(fmt, payload, pos)}, {}
+    for k = 1, len do c[k] = 0.0 end
+    if retired then
+      local y = {sunpack(fmt, retired, pos)}
+      for k = 1, len do c[k] = c[k] + y[k] end
+    end
+    for gi = 1, ngroups do
+      local grp = groups[gi]
+      if grp.members then
+        local a = {}
+        for k = 1, len do a[k] = 0.0 end
+        for _, s in ipairs(grp.members) do
+          local y = s == true and p or {sunpack(fmt, s, pos)}
+          for k = 1, len do a[k] = a[k] + y[k] end
+        end
+        gout[gi][blk + 1] = spack(fmt, unpack(a, 1, len))
+        if single then c = a else for k = 1, len do c[k] = c[k] + a[k] end end
+      else
+        local y = {sunpack(fmt, grp.stored, pos)}
+        for k = 1, len do c[k] = c[k] + y[k] end
+      end
+    end
+    aggs[blk + 1] = single and gout[1][blk + 1] or spack(fmt, unpack(c, 1, len))
+    local why, of_agg = check(base, len, p, c)
+    if why then return nil, why, of_agg end
+  end
+  local sums = {}
+  for gi = 1, ngroups do if gout[gi] then sums[gi] = table.concat(gout[gi]) end end
+  return sums, table.concat(aggs)
+end
+
 -- validate and compute every key before writing anything (a report applies all or none) ------------
 local items, seen = {}, {}
 for i = 1, nkeys do
@@ -262,13 +434,17 @@ for i = 1, nkeys do
   elseif spec[1] == 'merge' then
     local count_size, size = tonumber(spec[3]), tonumber(spec[9])
     if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
-    local why = check_payload(name, payload, width, count_size, count_size + size)
-    if why then return reject(why[1], why[2], why[3]) end
+    -- the payload's values are checked in the fused pass; a refusal before it names their problem first
+    local function refuse(reason, key, detail)
+      local why = check_payload(name, payload, width, count_size, count_size + size)
+      if why then return reject(why[1], why[2], why[3]) end
+      return reject(reason, key, detail)
+    end
     local stale = tonumber(spec[5])
     -- the other live writers, in ascending order, and (stale keys) when each last wrote
     local ids, was_writer = {}, false
     for id in string.gmatch(spec[7] or '', '[^,]+') do
-      if not string.match(id, '^%d+$') then return reject('corrupt_state', name, 'writers holds ' .. string.format('%q', id)) end
+      if not string.match(id, '^%d+$') then return refuse('corrupt_state', name, 'writers holds ' .. string.format('%q', id)) end
       if id ~= shard then ids[#ids + 1] = id else was_writer = true end
     end
     table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
@@ -282,7 +458,7 @@ for i = 1, nkeys do
     local retired, old = data[1], data[2]
     for k, field in ipairs({'retired', 'slot:' .. shard}) do
       if data[k] and #data[k] ~= width * 8 then
-        return reject('corrupt_state', name, 'stored ' .. field .. ' is ' .. #data[k] .. ' bytes, the key needs ' .. (width * 8))
+        return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #data[k] .. ' bytes, the key needs ' .. (width * 8))
       end
     end
     if old and spec[8] ~= inc and not resumed then
@@ -290,7 +466,7 @@ for i = 1, nkeys do
       if spec[10] ~= 'state' then
         if retired then
           local sum, e = sum_checked(name, {retired, old}, width, count_size, size, spec[11] == '1')
-          if not sum then return reject(e[1], e[2], e[3]) end
+          if not sum then return refuse(e[1], e[2], e[3]) end
           retired = sum
         else
           retired = old
@@ -338,20 +514,16 @@ for i = 1, nkeys do
     local got = hmget(kd, fields)
     for k, id in ipairs(wanted) do
       local v = got[k]
-      if not v then return reject('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
+      if not v then return refuse('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
       if #v ~= width * 8 then
-        return reject('corrupt_state', name, 'stored slot:' .. id .. ' is ' .. #v .. ' bytes, the key needs ' .. (width * 8))
+        return refuse('corrupt_state', name, 'stored slot:' .. id .. ' is ' .. #v .. ' bytes, the key needs ' .. (width * 8))
       end
       slots[id] = v
     end
-    -- the aggregate: the retired history, then the group sums in ascending group order, each the
-    -- sum of its live slots in ascending shard order (semantics.py sums in the same order)
-    local vectors = {}
-    if retired then vectors[1] = retired end
-    item.groups, item.emptied = {}, {}
-    -- one group and no history (a fleet of up to 16 shards): 0 + sum = sum, so the group's checked
-    -- sum is the aggregate, and one pass does both
-    local single, agg = not retired and #order == 1, nil
+    -- the group sums to re-make and the aggregate, in one pass: the retired history, then the group
+    -- sums in ascending group order, each the sum of its live slots in ascending shard order
+    -- (semantics.py sums in the same order)
+    local groups, fresh = {}, {}
     for k, g in ipairs(order) do
       local sum = stored[k]
       if sum and touched[g] and #sum == width * 8 then
@@ -367,34 +539,32 @@ for i = 1, nkeys do
         if own then prior[#prior + 1] = old end
         -- summed over the first count_size values: the same operations, so the same bits
         if summed(prior, count_size) ~= string.sub(sum, 1, 8 * count_size) then
-          return reject('corrupt_state', name, 'stored ' .. gfields[k] .. ' disagrees with the sum of its slots')
+          return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' disagrees with the sum of its slots')
         end
       end
       if touched[g] or not sum then
         local vs = {}
-        for _, id in ipairs(members[g]) do vs[#vs + 1] = slots[id] end
-        if single then
-          local e
-          agg, e = sum_checked(name, vs, width, count_size, size, spec[11] == '1')
-          if not agg then return reject(e[1], e[2], e[3]) end
-          sum = agg
-        else
-          sum = summed(vs, width)
-        end
-        item.groups[#item.groups + 1] = gfields[k]
-        item.groups[#item.groups + 1] = sum
+        for _, id in ipairs(members[g]) do vs[#vs + 1] = id == shard or slots[id] end
+        groups[k], fresh[#fresh + 1] = {members = vs}, k
       elseif #sum ~= width * 8 then
-        return reject('corrupt_state', name, 'stored ' .. gfields[k] .. ' is ' .. #sum .. ' bytes, the key needs ' .. (width * 8))
+        return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' is ' .. #sum .. ' bytes, the key needs ' ..
+          (width * 8))
+      else
+        groups[k] = {stored = sum}
       end
-      vectors[#vectors + 1] = sum
+    end
+    local sums, agg, of_agg = fold_values(name, payload, width, count_size, size, spec[11] == '1', retired, groups)
+    if not sums then
+      if of_agg then return refuse(agg[1], agg[2], agg[3]) end
+      return reject(agg[1], agg[2], agg[3])
+    end
+    item.groups, item.emptied = {}, {}
+    for _, k in ipairs(fresh) do
+      item.groups[#item.groups + 1] = gfields[k]
+      item.groups[#item.groups + 1] = sums[k]
     end
     for g in pairs(touched) do
       if not members[g] then item.emptied[#item.emptied + 1] = 'group:' .. g end
-    end
-    if not agg then
-      local e
-      agg, e = sum_checked(name, vectors, width, count_size, size, spec[11] == '1')
-      if not agg then return reject(e[1], e[2], e[3]) end
     end
     item.agg = agg
   else
