@@ -96,3 +96,76 @@ def test_merge_needs_its_lifecycle_and_says_what_each_is_for():
         errors.InvalidSchema, match=r"lifecycle=.state. \(a current value.*lifecycle='history' \(counts"
     ):
         merge(4)
+
+
+_PLAIN_SCHEMA = Schema.of(
+    {
+        "motion/ema": merge(5, lifecycle="state"),
+        "obs/norm": merge((2, 3), sumsq=True, lifecycle="history"),
+        "bins/count": merge(4, elementwise_count=True, lifecycle="history"),
+        "level/value": broadcast(3),
+    }
+)
+
+
+def _by_models(name, raw):
+    """What the models' way makes of one report: its payload bytes, or its error."""
+    from redisync.store.codec import encode
+    from redisync.store.schema import coerce_report
+
+    spec = _PLAIN_SCHEMA.keys[name]
+    try:
+        return encode(coerce_report(name, spec, raw).vectors(name, spec))
+    except errors.InvalidReport as e:
+        return type(e), str(e)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # the float32 forms of values beyond it
+def test_the_plain_way_of_a_report_agrees_with_the_models_on_everything():
+    """Reports in the terms' own form take a numpy-only way (no model per report); for every value,
+    shape and form, valid or not, the payload or the typed error must be the models' own."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from redisync.store.codec import encode
+
+    special = st.sampled_from([0.0, -0.0, 1.0, -1.0, 1e-300, 3e153, 2e154, 1e300, -1e300, np.inf, -np.inf, np.nan])
+    number = st.one_of(st.floats(-1e6, 1e6), special)
+
+    def array(shape):
+        n = int(np.prod(shape))
+        return st.lists(number, min_size=n, max_size=n).map(lambda v: np.array(v, dtype=np.float64).reshape(shape))
+
+    def part(shape):  # mostly the right form; now and then a float32 array, a list, a wrong shape, an int
+        return st.one_of(
+            array(shape),
+            array(shape),
+            array(shape).map(lambda a: a.astype(np.float32)),
+            array(shape).map(lambda a: a.tolist()),
+            array((7,)),
+            st.integers(-3, 3),
+            number,
+        )
+
+    reports = st.one_of(
+        st.fixed_dictionaries({"count": number, "sum": part((5,))}).map(lambda r: ("motion/ema", r)),
+        st.fixed_dictionaries({"count": number, "sum": part((2, 3)), "sumsq": part((2, 3))}).map(
+            lambda r: ("obs/norm", r)
+        ),
+        st.fixed_dictionaries({"count": part((2, 3)), "sum": part((2, 3))}).map(lambda r: ("obs/norm", r)),
+        st.fixed_dictionaries({"count": part((4,)), "sum": part((4,))}).map(lambda r: ("bins/count", r)),
+        st.fixed_dictionaries({"value": part((3,))}).map(lambda r: ("level/value", r)),
+        st.fixed_dictionaries({"value": part((3,)), "extra": number}).map(lambda r: ("level/value", r)),
+    )
+
+    @settings(max_examples=600, deadline=None)
+    @given(reports)
+    def agree(named):
+        name, raw = named
+        try:
+            got = encode(validate_reports(_PLAIN_SCHEMA, {name: raw}, Limits())[name])
+        except errors.InvalidReport as e:
+            got = type(e), str(e)
+        assert got == _by_models(name, raw)
+
+    agree()
