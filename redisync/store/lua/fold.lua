@@ -235,7 +235,7 @@ end
 -- aggregate: 0 + retired + the group sums in ascending group order), every check made on the same
 -- block. A block whose cheap look (the sum of its squares finite; the signs of its count and sumsq
 -- values) is not clean is checked element by element, in today's order, so replies stay bit for bit.
-local BLOCK = 16
+local BLOCK = 32
 local FB = '<' .. string.rep('d', BLOCK)
 local mmin = math.min
 
@@ -289,79 +289,114 @@ local function fold_values(name, payload, width, cs, size, sumsq, retired, group
   local pos, base, blk = 1, 0, 0
   while base + BLOCK <= width do
     blk = blk + 1
-    local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16 =
+    local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21,
+      p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32 =
       sunpack(FB, payload, pos)
-    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
-      0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
+      c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+      0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     if retired then
-      local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16 =
+      local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
+        b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
         sunpack(FB, retired, pos)
-      c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
-        c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8,
-        c9 + b9, c10 + b10, c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16
+      c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22,
+        c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+        c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8, c9 + b9, c10 + b10,
+          c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16, c17 + b17, c18 + b18, c19 + b19,
+          c20 + b20, c21 + b21, c22 + b22, c23 + b23, c24 + b24, c25 + b25, c26 + b26, c27 + b27, c28 + b28,
+          c29 + b29, c30 + b30, c31 + b31, c32 + b32
     end
     for gi = 1, ngroups do
       local grp = groups[gi]
       local members = grp.members
       if members then
-        local a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 =
-          0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        local a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
+          a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
+          0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         for mi = 1, #members do
           local s = members[mi]
           if s == true then
-            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 =
-              a1 + p1, a2 + p2, a3 + p3, a4 + p4, a5 + p5, a6 + p6, a7 + p7, a8 + p8,
-              a9 + p9, a10 + p10, a11 + p11, a12 + p12, a13 + p13, a14 + p14, a15 + p15, a16 + p16
+            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
+              a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
+              a1 + p1, a2 + p2, a3 + p3, a4 + p4, a5 + p5, a6 + p6, a7 + p7, a8 + p8, a9 + p9, a10 + p10,
+                a11 + p11, a12 + p12, a13 + p13, a14 + p14, a15 + p15, a16 + p16, a17 + p17, a18 + p18,
+                a19 + p19, a20 + p20, a21 + p21, a22 + p22, a23 + p23, a24 + p24, a25 + p25, a26 + p26,
+                a27 + p27, a28 + p28, a29 + p29, a30 + p30, a31 + p31, a32 + p32
           else
-            local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16 =
+            local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20,
+              b21, b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
               sunpack(FB, s, pos)
-            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16 =
-              a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8,
-              a9 + b9, a10 + b10, a11 + b11, a12 + b12, a13 + b13, a14 + b14, a15 + b15, a16 + b16
+            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
+              a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
+              a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9, a10 + b10,
+                a11 + b11, a12 + b12, a13 + b13, a14 + b14, a15 + b15, a16 + b16, a17 + b17, a18 + b18,
+                a19 + b19, a20 + b20, a21 + b21, a22 + b22, a23 + b23, a24 + b24, a25 + b25, a26 + b26,
+                a27 + b27, a28 + b28, a29 + b29, a30 + b30, a31 + b31, a32 + b32
           end
         end
-        local packed = spack(FB, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16)
+        local packed = spack(FB, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,
+          a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32)
         gout[gi][blk] = packed
         if single then
-          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
-            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16
+          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
+            c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
+              a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32
           aggs[blk] = packed
         else
-          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
-            c1 + a1, c2 + a2, c3 + a3, c4 + a4, c5 + a5, c6 + a6, c7 + a7, c8 + a8,
-            c9 + a9, c10 + a10, c11 + a11, c12 + a12, c13 + a13, c14 + a14, c15 + a15, c16 + a16
+          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
+            c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+            c1 + a1, c2 + a2, c3 + a3, c4 + a4, c5 + a5, c6 + a6, c7 + a7, c8 + a8, c9 + a9, c10 + a10,
+              c11 + a11, c12 + a12, c13 + a13, c14 + a14, c15 + a15, c16 + a16, c17 + a17, c18 + a18,
+              c19 + a19, c20 + a20, c21 + a21, c22 + a22, c23 + a23, c24 + a24, c25 + a25, c26 + a26,
+              c27 + a27, c28 + a28, c29 + a29, c30 + a30, c31 + a31, c32 + a32
         end
       else
-        local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16 =
+        local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
+          b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
           sunpack(FB, grp.stored, pos)
-        c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 =
-          c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8,
-          c9 + b9, c10 + b10, c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16
+        c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22,
+          c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+          c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8, c9 + b9, c10 + b10,
+            c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16, c17 + b17, c18 + b18,
+            c19 + b19, c20 + b20, c21 + b21, c22 + b22, c23 + b23, c24 + b24, c25 + b25, c26 + b26,
+            c27 + b27, c28 + b28, c29 + b29, c30 + b30, c31 + b31, c32 + b32
       end
     end
-    if not single then aggs[blk] = spack(FB, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16) end
+    if not single then aggs[blk] = spack(FB, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14,
+      c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) end
     -- the cheap look: finite squares mean finite values and, with counts of 0 or >= 1, finite moments
-    local sq = c1 * c1 + c2 * c2 + c3 * c3 + c4 * c4 + c5 * c5 + c6 * c6 + c7 * c7 + c8 * c8
-      + c9 * c9 + c10 * c10 + c11 * c11 + c12 * c12 + c13 * c13 + c14 * c14 + c15 * c15 + c16 * c16
+    local sq = c1 * c1 + c2 * c2 + c3 * c3 + c4 * c4 + c5 * c5 + c6 * c6 + c7 * c7 + c8 * c8 + c9 * c9
+      + c10 * c10 + c11 * c11 + c12 * c12 + c13 * c13 + c14 * c14 + c15 * c15 + c16 * c16 + c17 * c17
+      + c18 * c18 + c19 * c19 + c20 * c20 + c21 * c21 + c22 * c22 + c23 * c23 + c24 * c24 + c25 * c25
+      + c26 * c26 + c27 * c27 + c28 * c28 + c29 * c29 + c30 * c30 + c31 * c31 + c32 * c32
     local slow = sq - sq ~= 0
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound
-        if base + BLOCK > cs or mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16) < 0 then
+        if base + BLOCK > cs or mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16,
+          p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
           slow = true
-        elseif mmin(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16) < 1 then
-          for _, n in ipairs({c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16}) do
+        elseif mmin(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
+          c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) < 1 then
+          for _, n in ipairs({c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17,
+            c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32}) do
             if n > 0 and n < 1 then counts_ok = false end
           end
         end
       elseif not counts_ok then
         slow = true -- counts that are fractions
-      elseif base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16) < 0 then
+      elseif base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
+        p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
         slow = true -- sumsq values that may be negative
       end
     end
     if slow then
-      local why, of_agg = check(base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16},
-        {c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16})
+      local why, of_agg = check(base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
+        p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32},
+        {c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22,
+          c23, c24, c25, c26, c27, c28, c29, c30, c31, c32})
       if why then return nil, why, of_agg end
     end
     base, pos = base + BLOCK, pos + BLOCK * 8
