@@ -247,22 +247,27 @@ def bench(
         rows.append(
             [
                 s["elements"],
+                s["slots"],
                 f"{s['publish_us']:.0f}",
                 f"{s['publish_over_ping']:.2f}",
                 f"{s['pull_unchanged_us']:.0f}",
                 f"{s['pull_unchanged_over_ping']:.2f}",
                 f"{s['pull_changed_us']:.0f}",
                 "-" if srv is None else f"{srv:.0f}",
-                "-" if srv is None else f"{s['server_ns_per_payload_value']:.0f}",
             ]
         )
     click.echo(
         _table(
-            ["N", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us", "ns/value"],
+            ["N", "slots", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us"],
             rows,
         )
     )
-    click.echo("(x PING: each call timed beside a PING issued right before it)")
+    marginal = res["server_fold_ns_per_value"]
+    click.echo(
+        "(x PING: over the median of back-to-back PING series run around each series; server fold: the "
+        "SLOWLOG median)"
+        + ("" if marginal is None else f"\nserver fold, marginal: {marginal:.0f} ns per value (N=1024 to 16384)")
+    )
     profile = res["fold_profile_us"]
     if profile.get(64):
         click.echo(
