@@ -1,9 +1,11 @@
 """One training run: N collector shards feeding one SAC learner, their curriculum synced per arm.
 
 Each shard is a collector as in a distributed trainer — its own envs, its own adaptive sampler and
-normaliser, its own store connection and :class:`~redisync.collector.syncer.Syncer` — stepped in lockstep in
-one process so that a 2-core machine can run the study; the data flow (reports, pulls at reset
-boundaries, one replay buffer, the policy republished every K learner steps) is the distributed one.
+normaliser, its own store connection and shard client — stepped in lockstep in one process so that a
+2-core machine can run the study; the data flow (reports folded in the store, the fleet state pulled
+back, one replay buffer, the policy republished every K learner steps) is the distributed one. The
+shards sync at fixed points of the step count (:class:`LockstepSync`), not on a worker's wall-clock
+timers, so an arm and a seed give the same numbers on a loaded and on an idle machine.
 
 Every shard also publishes a :class:`DriftProbe`: the EMA of its own raw failures and the
 distribution it actually samples from, which the learner reads back from the store to measure each
@@ -21,8 +23,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ..collector.syncer import Syncer
-from ..collector.workers import new_syncer
+from ..collector.seam import SyncedTerm, schema_of
 from ..inspection import slot_parts
 from ..store.client import Store, connect
 from ..store.schema import merge
@@ -160,6 +161,38 @@ def fleet_drift(store: Store, uniform_ratio: float) -> dict[str, Any]:
     return {"tv": tv, "buffer_tv": 0.5 * float(np.abs(np.mean(dists, 0) - pooled).sum())}
 
 
+class LockstepSync:
+    """One shard's sync in the study: its report published, then the fleet state pulled and handed
+    to its terms, when the run says so (every ``publish_every_steps`` fleet steps, every shard in
+    shard order), so that what each shard sees at each step depends on the seed alone. A trainer's
+    collectors use a :class:`~redisync.collector.syncer.Syncer`, which never waits; this one waits,
+    which a study may, for the sake of reproducible runs."""
+
+    def __init__(self, store: Store, shard: int, terms: list[SyncedTerm]):
+        store.register(schema_of(terms))
+        self.client, self.terms = store.shard(shard), terms
+
+    def publish(self) -> None:
+        reports: dict[str, Any] = {}
+        for term in self.terms:
+            reports.update(term.report_shard_state())
+        if reports:
+            self.client.publish(reports)
+
+    def apply(self) -> None:
+        if self.client.pull() is not None:
+            for term in self.terms:
+                term.apply_shard_state(self.client.known)
+
+
+def sync_round(collectors: list["Collector"]) -> None:
+    """Every shard publishes (in shard order), then every shard takes the fleet state."""
+    for c in collectors:
+        c.sync.publish()
+    for c in collectors:
+        c.sync.apply()
+
+
 @dataclass
 class Collector:
     """One shard: its envs, terms and syncer, acting with the last republished policy."""
@@ -168,11 +201,10 @@ class Collector:
     sampler: AdaptiveMotionSampler
     normalizer: SyncedEmpiricalNormalization
     probe: DriftProbe
-    syncer: Syncer
+    sync: LockstepSync
     generator: torch.Generator
     profiles: torch.Tensor
     arm: Arm
-    sync_s: float = 0.0
     env_steps: int = 0
     skill_steps: int = 0
 
@@ -200,15 +232,9 @@ class Collector:
         self.sampler.step()
         self.probe.record_failures(frames[done], out.terminated[done])
         self.probe.step()
-        t = time.perf_counter()
-        self.syncer.on_step()
         if bool(done.any()):
-            self.syncer.at_reset_boundary()
-            self.sync_s += time.perf_counter() - t
             ids = done.nonzero().squeeze(1)
             env.reset(ids, self.starts(ids))
-        else:
-            self.sync_s += time.perf_counter() - t
 
     def starts(self, ids: torch.Tensor) -> torch.Tensor:
         n = len(ids)
@@ -253,23 +279,13 @@ def make_collector(
         cfg.sampler_alpha,
         sampler.uniform_ratio,
     )
-    # threads: a study process steps up to 16 shards in lockstep, and a sidecar each would only add processes
-    syncer = new_syncer(
-        connect(url, run=run),
-        shard,
-        [sampler, normalizer, probe],
-        worker="thread",
-        publish_every_steps=cfg.publish_every_steps,
-        publish_every_s=0.5,
-        poll_every_s=0.5,
-        min_pull_interval_s=0.02,
-    ).start()
+    sync = LockstepSync(connect(url, run=run), shard, [sampler, normalizer, probe])
     collector = Collector(
         env,
         sampler,
         normalizer,
         probe,
-        syncer,
+        sync,
         torch.Generator().manual_seed(seed * 1_000 + 500 + shard),
         profiles,
         arm,
@@ -304,12 +320,15 @@ def run_arm(
     policy: Actor | None = None
     timing = {"collect_s": 0.0, "learn_s": 0.0, "eval_s": 0.0}
     fleet_envs = shards * per_shard
-    env_steps, t_start = 0, time.perf_counter()
+    env_steps, fleet_steps, t_start = 0, 0, time.perf_counter()
     try:
         while env_steps < cfg.env_steps:
             t = time.perf_counter()
             for c in collectors:
                 c.step(policy, learner)
+            fleet_steps += 1
+            if fleet_steps % cfg.publish_every_steps == 0:
+                sync_round(collectors)
             timing["collect_s"] += time.perf_counter() - t
             before, env_steps = env_steps, env_steps + fleet_envs
             if env_steps >= cfg.learning_starts:
@@ -330,8 +349,6 @@ def run_arm(
             if on_progress is not None:
                 on_progress(env_steps - before)
     finally:
-        for c in collectors:
-            c.syncer.stop()
         wall = time.perf_counter() - t_start
         monitor.delete()
     return {
@@ -344,5 +361,4 @@ def run_arm(
         "skill_share": sum(c.skill_steps for c in collectors) / max(sum(c.env_steps for c in collectors), 1),
         "wall_s": wall,
         **timing,
-        "sync_s": sum(c.sync_s for c in collectors),
     }
