@@ -516,10 +516,19 @@ def ab(
     )
     if results["analysis"]:
         rows = [
-            [c["name"], f"{c['mean']:+.3f}", f"[{c['lo']:+.3f}, {c['hi']:+.3f}]", f"{c['p_holm']:.3g}", c["verdict"]]
+            [
+                c["name"],
+                f"{c['mean']:+.3f}",
+                f"[{c['lo']:+.3f}, {c['hi']:+.3f}]",
+                f"{c['p_holm']:.3g}",
+                f"{c['p_equivalence_holm']:.3g}",
+                c["verdict"],
+            ]
             for c in results["analysis"]["primary"]
         ]
-        click.echo(_table(["primary contrast", "mean", "95% t-interval", "Holm p", "verdict"], rows))
+        click.echo(
+            _table(["primary contrast", "mean", "95% t-interval", "Holm p", "Holm p (equivalence)", "verdict"], rows)
+        )
     click.echo(f"report: {report}")
     if not g["passed"]:  # a study whose gate failed answers nothing: say so in the exit status too
         raise errors.RedisyncError(

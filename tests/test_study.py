@@ -57,6 +57,24 @@ def test_the_primary_family_is_holm_corrected():
     family = primary_family(cs)
     assert [c.p_holm for c in family] == pytest.approx(holm([c.p_sign_flip for c in cs]))
     assert family[0].verdict() == "higher" and family[1].p_holm >= family[1].p_sign_flip
+    # a claim of no difference is corrected over the family too
+    assert [c.p_equivalence_holm for c in family] == pytest.approx(holm([c.p_equivalence for c in cs]))
+
+
+def test_an_equivalence_on_a_knife_edge_does_not_survive_the_familys_correction():
+    """The committed study's H local − pooled: TOST p 0.0496 alone, not once Holm sees the family;
+    its 90 % interval is the one that decides, and the report says what the seeds could detect."""
+    rng = np.random.default_rng(5)
+    d = rng.normal(0.0, 1.0, 8)
+    d = (d - d.mean()) / d.std(ddof=1) * 0.076 - 0.049  # the committed contrast's mean and spread
+    edge = contrast("H: local − pooled", d, np.zeros(8), 0.1)
+    assert 0.04 < edge.p_equivalence < 0.06 and edge.equivalent()  # alone: "equivalent", barely
+    assert -0.1 < edge.lo90 and edge.hi90 < 0.1 and edge.lo < -0.1  # the 90 % interval inside, the 95 % not
+    clear = contrast("H: a − b", rng.normal(0.5, 0.05, 8), np.zeros(8), 0.1)
+    family = primary_family([clear, edge, contrast("X: c − d", rng.normal(0.0, 0.3, 8), np.zeros(8), 0.1)])
+    assert family[1].p_equivalence_holm > 0.05 and family[1].verdict() == "inconclusive"
+    # the power: a spread of 0.076 over 8 seeds detects about ±0.075 (t quantiles at 7 dof)
+    assert edge.detectable == pytest.approx((2.3646 + 0.8960) * 0.076 / 8**0.5, rel=1e-3)
 
 
 def test_contrasts_need_paired_finite_values():
@@ -442,17 +460,22 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     primary = {c["name"]: c for c in results["analysis"]["primary"]}
     secondary = {c["name"]: c for c in results["analysis"]["secondary"]}
     readme = (root / "README.md").read_text()
-    summary = readme[readme.index("## Does drift hurt training?") : readme.index("How it was asked.")]
+    summary = " ".join(readme[readme.index("## Does drift hurt training?") : readme.index("How it was asked.")].split())
 
     def interval(c):
         return f"{c['mean']:+.2f} [{c['lo']:+.2f}, {c['hi']:+.2f}]".replace("-", "−")
 
+    def interval90(c):
+        return f"{c['mean']:+.2f}, 90 % interval [{c['lo90']:+.2f}, {c['hi90']:+.2f}]".replace("-", "−")
+
     h, x = primary["H: local − pooled"], primary["X: local − pooled"]
-    assert h["verdict"] == "equivalent" and interval(h) in summary
+    assert h["verdict"] == "inconclusive" and h["p_equivalence"] < 0.05 < h["p_equivalence_holm"]
+    assert interval90(h) in summary
+    assert f"(p {h['p_equivalence_holm']:.2f})" in summary and f"±{h['detectable']:.2f}" in summary
+    assert interval90(secondary["X: per-profile − local"]) in summary
     assert x["verdict"] == "inconclusive" and interval(x) in summary and x["p_sign_flip"] < 0.05 < x["p_holm"]
     assert f"{primary['H: single − uniform']['mean']:+.2f}" in summary
     assert f"{secondary['H: local-16-shards − pooled-16-shards']['mean']:+.2f}".replace("-", "−") in summary
-    assert f"{secondary['X: per-profile − local']['mean']:+.2f}" in summary
     assert f"{results['gate']['mean_difference']:+.3f}" in readme
 
 

@@ -34,7 +34,7 @@ def _median_us(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(times) * 1e6
 
 
-class _SlowLog:
+class SlowLog:
     """Server time per command from SLOWLOG (every command logged while it is on): medians, which a
     preemption of the server on a shared machine moves far less than INFO commandstats' mean."""
 
@@ -85,7 +85,7 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
     server time of a fold (SLOWLOG), for one key of ``n`` elements with SHARDS live slots."""
     store = _new_run(url, n)
     ping = store.redis.ping
-    log = _SlowLog(store, calls)
+    log = SlowLog(store, calls)
     try:
         rng = np.random.default_rng(n)
         shards = [store.shard(i) for i in range(SHARDS)]

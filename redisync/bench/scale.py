@@ -24,7 +24,7 @@ import numpy as np
 
 from ..store.client import Store, connect
 from ..store.schema import Limits, Schema, merge
-from .core import _reset_stats, _run_processes
+from .core import SlowLog, _run_processes
 
 SLOTS = (8, 64, 256, 1024)
 KEYS_PER_REPORT = (1, 16, 64)
@@ -35,11 +35,6 @@ FLEET_SCHEMA = {
 }  # the stated report
 CORE_BUDGET = 0.5  # of one Redis core: the rest is headroom for pulls' bursts, CLI reads and persistence
 PULLS_PER_FOLD_CAP = 10  # a syncer pulls at most every min_pull_interval_s (0.1 s) whatever the fleet publishes
-
-
-def _commandstats(store: Store) -> dict[str, float]:
-    stats = store.redis.info("commandstats")
-    return {k: float(v["usec_per_call"]) for k, v in stats.items()}
 
 
 def _report(schema: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -65,24 +60,27 @@ def _populated(url: str, schema: dict[str, Any], slots: int) -> tuple[Store, lis
 
 
 def fold_and_pull(url: str, schema: dict[str, Any], slots: int, calls: int = 100) -> dict[str, float]:
-    """Server time per fold (from random shards) and per pull of a changed state, in microseconds."""
+    """Server time per fold (from random shards) and per pull of a changed state, in microseconds
+    (SLOWLOG medians)."""
     store, shards, report = _populated(url, schema, slots)
+    log = SlowLog(store, calls)
     try:
         rng = np.random.default_rng(0)
-        _reset_stats(store)
+        log.reset()
         for _ in range(calls):
             shards[int(rng.integers(slots))].publish(report)
-        fold = _commandstats(store).get("cmdstat_evalsha", float("nan"))
+        fold = log.median_us("EVALSHA")
         reader = shards[0]
         reader.pull()
         pulls = []
         for _ in range(calls):
             shards[int(rng.integers(1, slots))].publish(report)
-            _reset_stats(store)
+            log.reset()
             reader.pull()
-            pulls.append(_commandstats(store).get("cmdstat_evalsha", float("nan")))
+            pulls.append(log.median_us("EVALSHA"))
         return {"slots": slots, "fold_us": fold, "pull_us": statistics.median(pulls)}
     finally:
+        log.close()
         store.delete()
 
 

@@ -109,31 +109,38 @@ def _p(p: float | None) -> str:
 
 def contrast_rows(contrasts: list[dict[str, Any]]) -> list[str]:
     rows = [
-        "| contrast | seeds | mean difference [95% t-interval] | sign-flip p | Holm p | equivalence p (±{m}) | verdict |".format(
-            m=MARGIN
-        ),
-        "|---|---|---|---|---|---|---|",
+        "| contrast | seeds | mean difference [95% t-interval] | sign-flip p | Holm p | 90% interval | "
+        "equivalence p (±{m}) | Holm p (equivalence) | detectable (80% power) | verdict |".format(m=MARGIN),
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in contrasts:
         rows.append(
             f"| {c['name']} | {c['n']} | {c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] | {_p(c['p_sign_flip'])} | "
-            f"{_p(c['p_holm'])} | {_p(c['p_equivalence'])} | **{c['verdict']}** |"
+            f"{_p(c['p_holm'])} | [{c['lo90']:+.3f}, {c['hi90']:+.3f}] | {_p(c['p_equivalence'])} | "
+            f"{_p(c['p_equivalence_holm'])} | ±{c['detectable']:.3f} | **{c['verdict']}** |"
         )
     return rows
 
 
+def _equivalence_p(c: dict[str, Any]) -> float:
+    return c["p_equivalence_holm"] if c["p_equivalence_holm"] is not None else c["p_equivalence"]
+
+
 def answer(c: dict[str, Any]) -> str:
-    """One sentence for a contrast ``a − b``, from its verdict alone."""
+    """One sentence for a contrast ``a − b``, from its verdict alone; an equivalence is stated with
+    its 90 % interval (the one the equivalence test uses), a difference with its 95 % one."""
     condition, _, arms = c["name"].partition(": ")
     a, _, b = arms.partition(" − ")
-    ci = f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
-    small = f", a difference within the equivalence margin ±{c['margin']}" if c["p_equivalence"] < 0.05 else ""
+    ci = f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] (95 %)"
+    ci90 = f"{c['mean']:+.3f} [{c['lo90']:+.3f}, {c['hi90']:+.3f}] (90 %)"
+    small = f", a difference within the equivalence margin ±{c['margin']}" if _equivalence_p(c) < 0.05 else ""
     return {
         "higher": f"on {condition}, `{a}` completes more of the motion than `{b}`: {ci} in completion AUC{small}",
         "lower": f"on {condition}, `{a}` completes less of the motion than `{b}`: {ci} in completion AUC{small}",
-        "equivalent": f"on {condition}, `{a}` and `{b}` are equivalent within ±{c['margin']}: {ci}",
+        "equivalent": f"on {condition}, `{a}` and `{b}` are equivalent within ±{c['margin']}: {ci90}",
         "inconclusive": f"on {condition}, `{a}` vs `{b}` is inconclusive at {c['n']} seeds (neither a difference nor "
-        f"equivalence within ±{c['margin']}): {ci}",
+        f"equivalence within ±{c['margin']}; with this spread only a difference of ±{c['detectable']:.2f} would "
+        f"be found with 80 % power): {ci}",
     }[c["verdict"]]
 
 

@@ -2,9 +2,12 @@
 
 For a contrast ``a − b`` the per-seed differences ``d`` give: an exact two-sided sign-flip
 permutation test (every one of the 2ⁿ sign patterns; under "no difference" each is as likely), a
-t-interval for the mean difference, Holm's correction across the family of primary contrasts, and
-an equivalence test (two one-sided t-tests against ``±margin``): "no difference" is claimed only
-when the equivalence test says so, never from a non-significant test alone.
+95 % t-interval for the mean difference, an equivalence test (two one-sided t-tests against
+``±margin``) with its matching 90 % interval (equivalent at 5 % exactly when that interval lies
+inside ±margin), and the difference the contrast could detect (80 % power at 5 %, from the seeds'
+spread). Across the family of primary contrasts Holm's correction is applied to both kinds of claim:
+the sign-flip p-values and the equivalence p-values. "No difference" is claimed only when the
+(corrected) equivalence test says so, never from a non-significant test alone.
 """
 
 from __future__ import annotations
@@ -24,19 +27,24 @@ class Contrast:
     name: str
     n: int
     mean: float
-    lo: float  # the (1 − alpha) t-interval of the mean difference
+    lo: float  # the 95 % t-interval of the mean difference
     hi: float
     p_sign_flip: float
     p_holm: float | None  # None outside the primary family
     margin: float
     p_equivalence: float  # TOST: the larger of the two one-sided p-values
+    lo90: float  # the 90 % t-interval: TOST's own (equivalent at 5 % iff it lies inside ±margin)
+    hi90: float
+    p_equivalence_holm: float | None  # None outside the primary family
+    detectable: float  # the difference detected with 80 % power at 5 % (two-sided paired t), given the spread
 
     def significant(self, alpha: float = 0.05) -> bool:
         p = self.p_holm if self.p_holm is not None else self.p_sign_flip
         return p < alpha
 
     def equivalent(self, alpha: float = 0.05) -> bool:
-        return self.p_equivalence < alpha
+        p = self.p_equivalence_holm if self.p_equivalence_holm is not None else self.p_equivalence
+        return p < alpha
 
     def verdict(self, alpha: float = 0.05) -> str:
         if self.significant(alpha):
@@ -95,13 +103,40 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted.tolist()
 
 
-def contrast(name: str, a: Sequence[float], b: Sequence[float], margin: float, level: float = 0.95) -> Contrast:
+def detectable_difference(d: Sequence[float], power: float = 0.8, alpha: float = 0.05) -> float:
+    """The mean difference a two-sided paired t-test at ``alpha`` detects with ``power``, for the
+    spread and the number of seeds of ``d`` (the usual approximation by t quantiles)."""
+    d = np.asarray(d, dtype=np.float64)
+    dof = d.size - 1
+    return float((stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof)) * d.std(ddof=1) / math.sqrt(d.size))
+
+
+def contrast(name: str, a: Sequence[float], b: Sequence[float], margin: float) -> Contrast:
     d = differences(a, b)
-    lo, hi = t_interval(d, level)
-    return Contrast(name, int(d.size), float(d.mean()), lo, hi, sign_flip_p(d), None, margin, equivalence_p(d, margin))
+    lo, hi = t_interval(d, 0.95)
+    lo90, hi90 = t_interval(d, 0.90)
+    return Contrast(
+        name,
+        int(d.size),
+        float(d.mean()),
+        lo,
+        hi,
+        sign_flip_p(d),
+        None,
+        margin,
+        equivalence_p(d, margin),
+        lo90,
+        hi90,
+        None,
+        detectable_difference(d),
+    )
 
 
 def primary_family(contrasts: Sequence[Contrast]) -> list[Contrast]:
-    """The contrasts with Holm-adjusted sign-flip p-values (the pre-registered family)."""
-    adjusted = holm([c.p_sign_flip for c in contrasts])
-    return [Contrast(**{**c.to_dict(), "p_holm": p}) for c, p in zip(contrasts, adjusted)]
+    """The contrasts of the pre-registered family, their sign-flip and equivalence p-values each
+    Holm-adjusted over the family (a claim of a difference and a claim of none alike)."""
+    differ = holm([c.p_sign_flip for c in contrasts])
+    same = holm([c.p_equivalence for c in contrasts])
+    return [
+        Contrast(**{**c.to_dict(), "p_holm": p, "p_equivalence_holm": q}) for c, p, q in zip(contrasts, differ, same)
+    ]
