@@ -519,3 +519,28 @@ def test_seeds_are_different_motions():
     layouts = [seeded(StudyConfig(), seed).task.layout() for seed in range(4)]
     assert len({tuple(x.flatten().tolist()) for x in layouts}) == 4
     assert all(int((x > 0).sum()) == StudyConfig().task.skill_segments for x in layouts)  # the same kind of motion
+
+
+def test_the_drift_reference_uses_the_arms_own_mix():
+    """A shard sampling exactly its fleet's EMA under the paper's uniform mix has no drift; measured
+    against the code mix (as every arm used to be) it looked drifted."""
+    import uuid
+
+    import redisync
+    from redisync.collector.workers import new_syncer
+    from redisync.study.fleet import DriftProbe, fleet_drift
+    from redisync.terms.torch import AdaptiveMotionSampler
+
+    store = redisync.connect(None, run=f"t-mix-{uuid.uuid4().hex[:8]}")
+    try:
+        sampler = AdaptiveMotionSampler(4 * 50 - 1, 0.02, mode="local", alpha=0.5, uniform_mix="paper")
+        probe = DriftProbe(4, 4 * 50 - 1, 0.02, alpha=0.5, uniform_ratio=sampler.uniform_ratio)
+        for term in (sampler, probe):
+            term.record_failures(torch.full((10,), 2 * 50 + 5), torch.ones(10, dtype=torch.bool))
+            term.step()
+        probe.used = sampler.probabilities().double().numpy()
+        new_syncer(redisync.connect(None, run=store.run), 0, [sampler, probe]).start().stop()
+        assert fleet_drift(store, sampler.uniform_ratio, "paper")["tv"][0] < 1e-6
+        assert fleet_drift(store, sampler.uniform_ratio, "code")["tv"][0] > 0.05
+    finally:
+        store.delete()

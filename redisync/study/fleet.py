@@ -28,7 +28,7 @@ from ..inspection import slot_parts
 from ..store.client import Store, connect
 from ..store.schema import merge
 from ..terms.torch.normalization import SyncedEmpiricalNormalization
-from ..terms.torch.sampler import AdaptiveMotionSampler, sampling_probabilities
+from ..terms.torch.sampler import AdaptiveMotionSampler, UniformMix, sampling_probabilities
 from .evaluation import Evaluation
 from .learner import SAC, Actor, SACConfig
 from .task import SkillTracking, Step, TaskConfig, TrackingEnv
@@ -145,16 +145,17 @@ class DriftProbe:
         """Nothing to apply: the probe only reports."""
 
 
-def fleet_drift(store: Store, uniform_ratio: float) -> dict[str, Any]:
+def fleet_drift(store: Store, uniform_ratio: float, mix: UniformMix = "code") -> dict[str, Any]:
     """``tv``: per shard (by id), the TV distance between the distribution it samples from and the
-    pooled one; ``buffer_tv``: the same for the mixture of the shards' distributions — what the
-    replay buffer receives, since every shard feeds it equally."""
+    pooled one (the pooled EMA under the arm's own uniform mix, so that an arm with the paper's mix
+    is not called drifted for its mix); ``buffer_tv``: the same for the mixture of the shards'
+    distributions — what the replay buffer receives, since every shard feeds it equally."""
     own_agg, _ = slot_parts(store, DriftProbe.OWN)
     _, used = slot_parts(store, DriftProbe.USED)
     if own_agg is None or not used:
         return {"tv": [], "buffer_tv": None}
     pooled = sampling_probabilities(
-        torch.as_tensor(own_agg["sum"]), uniform_ratio, torch.ones(1, dtype=torch.float64)
+        torch.as_tensor(own_agg["sum"]), uniform_ratio, torch.ones(1, dtype=torch.float64), mix
     ).numpy()
     dists = [used[s]["sum"] / used[s]["sum"].sum() for s in sorted(used)]
     tv = [0.5 * float(np.abs(d - pooled).sum()) for d in dists]
@@ -339,7 +340,9 @@ def run_arm(
                         policy = learner.policy_copy()
                 timing["learn_s"] += time.perf_counter() - t
             if env_steps // cfg.drift_every > before // cfg.drift_every:
-                drift.append({"env_steps": env_steps, **fleet_drift(monitor, collectors[0].sampler.uniform_ratio)})
+                drift.append(
+                    {"env_steps": env_steps, **fleet_drift(monitor, collectors[0].sampler.uniform_ratio, arm.mix)}
+                )
             if env_steps // cfg.eval_every > before // cfg.eval_every or env_steps >= cfg.env_steps:
                 t = time.perf_counter()
                 actor = learner.actor
