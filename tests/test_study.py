@@ -544,3 +544,29 @@ def test_the_drift_reference_uses_the_arms_own_mix():
         assert fleet_drift(store, sampler.uniform_ratio, "code")["tv"][0] > 0.05
     finally:
         store.delete()
+
+
+def test_the_evaluation_normalises_each_profile_as_its_collectors_do():
+    """norm-local: each shard's normaliser sees only its own profile's observations (an offset per
+    profile); the evaluated policy must see them through those, not through the learner's."""
+    import uuid
+
+    from redisync.study.fleet import as_collectors_act, default_env, make_collector
+    from redisync.study.learner import SAC
+
+    cfg = replace(TINY, task=replace(TINY.task, condition="X", obs_offset=1.0))
+    arm, run = ARMS["norm-local"], f"t-eval-{uuid.uuid4().hex[:8]}"
+    make_env = default_env(cfg.task)
+    fleet = [make_collector(cfg, arm, s, cfg.shards, cfg.envs_per_shard, 0, None, run, make_env) for s in range(2)]
+    learner = SAC(fleet[0].env.obs_dim, fleet[0].env.act_dim, cfg.sac)
+    for _ in range(5):
+        for c in fleet:
+            c.step(None, learner)
+    profiles = torch.tensor([0, 1, 0, 1])
+    obs = torch.randn(4, fleet[0].env.obs_dim)
+    got = as_collectors_act(learner.actor, fleet, profiles)(obs)
+    for p, c in enumerate(fleet):  # shard p runs profile p
+        want = learner.actor(c.normalizer(obs[profiles == p]), deterministic=True)[0]
+        assert torch.equal(got[profiles == p], want)
+    mean0, mean1 = (c.normalizer.mean.clone() for c in fleet)
+    assert not torch.allclose(mean0, mean1)  # the shards' statistics do differ

@@ -295,6 +295,27 @@ def make_collector(
     return collector
 
 
+def as_collectors_act(
+    actor: Actor, collectors: list[Collector], profiles: torch.Tensor
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The deterministic policy as the fleet runs it: each profile's observations normalised by the
+    normaliser of the first shard that runs that profile (so a ``norm-local`` arm is evaluated with
+    the statistics its collectors act on, not with the learner's, which see all the data)."""
+    owner: dict[int, Collector] = {}
+    for c in collectors:
+        for p in c.profiles.unique().tolist():
+            owner.setdefault(int(p), c)
+    masks = [(profiles == p, c) for p, c in sorted(owner.items())]
+
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(obs.shape[0], collectors[0].env.act_dim)
+        for mask, c in masks:
+            out[mask] = actor(c.normalizer(obs[mask]), deterministic=True)[0]
+        return out
+
+    return act
+
+
 def run_arm(
     cfg: StudyConfig,
     arm_name: str,
@@ -345,8 +366,7 @@ def run_arm(
                 )
             if env_steps // cfg.eval_every > before // cfg.eval_every or env_steps >= cfg.env_steps:
                 t = time.perf_counter()
-                actor = learner.actor
-                row = evaluation.run(lambda obs: actor(learner.normalizer(obs), deterministic=True)[0])
+                row = evaluation.run(as_collectors_act(learner.actor, collectors, evaluation.profiles))
                 curve.append({"env_steps": env_steps, **row})
                 timing["eval_s"] += time.perf_counter() - t
             if on_progress is not None:
