@@ -453,6 +453,11 @@ def _bench_peers(url: str, steps: int, as_json: bool) -> None:
 @click.option("--smoke", is_flag=True, help="the small CI configuration (minutes, not an hour)")
 @click.option("--gate-only", is_flag=True, help="run the gate (single vs uniform on H) and stop")
 @click.option(
+    "--follow-up",
+    is_flag=True,
+    help="after the gate, the pre-registered follow-up (P1-P4, docs/ab/follow-up-plan.md) instead of the study",
+)
+@click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
 )
 @click.option(
@@ -468,6 +473,7 @@ def ab(
     workers: int,
     smoke: bool,
     gate_only: bool,
+    follow_up: bool,
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
@@ -505,6 +511,7 @@ def ab(
         workers=workers,
         show_progress=not no_progress,
         gate_only=gate_only,
+        follow_up=follow_up,
         on_stage=click.echo,
     )
     results["command"] = command
@@ -514,6 +521,10 @@ def ab(
         f"gate: single - uniform = {g['mean_difference']:+.3f} (needs >= {g['threshold']}): "
         f"{'passed' if g['passed'] else 'FAILED'}"
     )
+    for h in results.get("follow_up") or []:
+        verdict = ("rejected: " if h["rejected"] else "not rejected: ") if h["tested"] else "not tested (descriptive): "
+        click.echo(f"{h['name']} {h['contrast']}: {h['mean']:+.3f}, one-sided p {h['p_one_sided']:.3g}; {verdict}"
+                   f"{h['decision']}")  # fmt: skip
     if results["analysis"]:
         rows = [
             [

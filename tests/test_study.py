@@ -570,3 +570,69 @@ def test_the_evaluation_normalises_each_profile_as_its_collectors_do():
         assert torch.equal(got[profiles == p], want)
     mean0, mean1 = (c.normalizer.mean.clone() for c in fleet)
     assert not torch.allclose(mean0, mean1)  # the shards' statistics do differ
+
+
+def _fake_runs(means: dict[tuple[str, str], float], seeds, rng) -> list[dict]:
+    return [
+        {
+            "condition": c,
+            "arm": a,
+            "seed": s,
+            "summary": {"completion_auc": m + rng.normal(0, 0.01), "final_completion": m, "steps_to_complete": 1e6},
+        }
+        for (c, a), m in means.items()
+        for s in seeds
+    ]
+
+
+def test_the_follow_up_answers_in_its_fixed_sequence():
+    """P1..P4 in order, each tested only if every one before it was rejected; P4 on the difference
+    of two differences; each outcome names the product decision the plan fixed beforehand."""
+    from redisync.study import follow_up
+
+    rng = np.random.default_rng(0)
+    arms = {(h.condition, a) for h in follow_up.HYPOTHESES for a in h.arms()}
+    assert {(c, a) for c, a, _ in follow_up.cells()} == arms and all(a in ARMS for _, a in arms)
+    harm = {
+        ("H", "local-16-shards"): 0.3,
+        ("H", "pooled-16-shards"): 0.6,
+        ("H", "local-paper-16-shards"): 0.6,  # P2: no harm with the paper's mix
+        ("H", "local"): 0.6,
+        ("H", "pooled"): 0.6,
+        ("X", "per-profile"): 0.9,
+        ("X", "pooled"): 0.5,
+    }
+    answers = follow_up.analyse(_fake_runs(harm, follow_up.SEEDS, rng))
+    assert [h["name"] for h in answers] == ["P1", "P2", "P3", "P4"]
+    assert answers[0]["rejected"] and answers[0]["p_one_sided"] == pytest.approx(1 / 64)  # 6 seeds, all one way
+    assert answers[1]["tested"] and not answers[1]["rejected"]
+    assert not answers[2]["tested"] and not answers[2]["rejected"]  # stopped: P3 is descriptive only
+    assert answers[2]["mean"] == pytest.approx(0.4, abs=0.02) and len(answers[2]["seeds"]) == 8
+    assert answers[3]["mean"] == pytest.approx(-0.3, abs=0.02)  # (0.3 − 0.6) − (0.6 − 0.6)
+    assert answers[0]["decision"] == follow_up.DECISIONS["P1"][0]
+    assert answers[1]["decision"] == follow_up.DECISIONS["P2"][1]
+
+
+@pytest.mark.slow
+def test_the_follow_up_runs_in_miniature_and_its_report_leads_with_the_answers(tmp_path):
+    """Past the gate: every (condition, arm, seed) of the follow-up trains on the tiny configuration,
+    the hypotheses are answered in sequence, and the report leads with them."""
+    from redisync.study import follow_up
+    from redisync.study.report import write_report
+    from redisync.study.study import run_cells
+
+    runs = run_cells(TINY, follow_up.cells(), url=None, env_spec=None, workers=2, show_progress=False, desc="test")
+    answers = follow_up.analyse(runs)
+    assert [h["name"] for h in answers] == ["P1", "P2", "P3", "P4"] and answers[0]["tested"]
+    assert [len(h["seeds"]) for h in answers] == [h.seeds for h in follow_up.HYPOTHESES]
+    results = {
+        "config": TINY.to_dict(),
+        "env": "built-in",
+        "gate": {**gate(runs), "passed": True},
+        "gate_runs": [],
+        "runs": runs,
+        "analysis": None,
+        "follow_up": answers,
+    }
+    report = write_report(results, tmp_path, "redisync ab --follow-up (test)").read_text()
+    assert report.index("follow-up's pre-registered answers") < report.index("## Set-up")

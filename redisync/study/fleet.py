@@ -62,6 +62,7 @@ ARMS: dict[str, Arm] = {
     "pooled-paper": Arm("pooled", mix="paper"),
     "local-16-shards": Arm("local", shards=16),
     "pooled-16-shards": Arm("pooled", shards=16),
+    "local-paper-16-shards": Arm("local", mix="paper", shards=16),  # the follow-up's mechanism arm
     "norm-local": Arm("pooled", normalizer="local"),
 }
 

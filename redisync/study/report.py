@@ -157,6 +157,33 @@ def budget(results: dict[str, Any]) -> str:
     )
 
 
+def follow_up_section(hypotheses: list[dict[str, Any]] | None) -> list[str]:
+    """The pre-registered follow-up's answers, in their fixed sequence, each with its decision."""
+    if not hypotheses:
+        return []
+    lines = [
+        "## The follow-up's pre-registered answers (fixed sequence, α = 0.05)",
+        "The plan, its hypotheses and what each outcome changes were committed before the first run "
+        "(`docs/ab/follow-up-plan.md`, `redisync/study/follow_up.py`). A hypothesis is tested only if every one "
+        "before it was rejected; exact one-sided sign-flip tests on the per-seed differences in completion AUC.",
+        "",
+        "| | question | contrast | seeds | mean difference | one-sided p | answer | final completion | "
+        "steps to complete |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for h in hypotheses:
+        answer = ("**rejected**" if h["rejected"] else "not rejected") if h["tested"] else "not tested (descriptive)"
+        sec = h["secondary"]
+        lines.append(
+            f"| {h['name']} | {h['question']} | {h['contrast']} ({h['direction']}) | {len(h['seeds'])} | "
+            f"{h['mean']:+.3f} | {h['p_one_sided']:.3g} | {answer} | {sec['final_completion']:+.3f} | "
+            f"{sec['steps_to_complete']:+,.0f} |"
+        )
+    lines += ["", "What the product does, as the plan said it would:"]
+    lines += [f"- {h['name']}: {h['decision']}." for h in hypotheses if h["tested"]]
+    return lines + [""]
+
+
 def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> str:
     cfg, g = results["config"], results["gate"]
     task = cfg["task"]
@@ -180,6 +207,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         "",
         f"Mean difference **{g['mean_difference']:+.3f}**: the gate **{'passed' if g['passed'] else 'FAILED'}**.",
         "",
+        *follow_up_section(results.get("follow_up")),
         "## Set-up",
         f"- Task: {results['env']}. A {task['bins']} s reference motion at 50 Hz ({task['bins']} one-second bins) with "
         f"{task['skill_segments']} skill segments per profile in which the actuation is rotated (±{task['skill_angle_deg']:g}°, "

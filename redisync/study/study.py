@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import follow_up as follow_up_plan
 from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
 from .stats import contrast, primary_family
 
@@ -105,6 +106,10 @@ def summarise_run(run: dict[str, Any]) -> dict[str, float]:
         "skill_share": float(run["skill_share"]),
         "mean_drift_tv": float(np.mean(drift)) if drift else 0.0,
         "mean_buffer_tv": float(np.mean(buffer_drift)) if buffer_drift else 0.0,
+        # the env steps at the first evaluation that tracked the whole motion (the budget when none did)
+        "steps_to_complete": float(
+            next((row["env_steps"] for row in run["curve"] if row["completion"] >= 1.0), run["curve"][-1]["env_steps"])
+        ),
     }
 
 
@@ -229,9 +234,11 @@ def run_study(
     workers: int = 2,
     show_progress: bool = True,
     gate_only: bool = False,
+    follow_up: bool = False,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The gate, then (if it passes) the plan; returns what ``results.json`` holds."""
+    """The gate, then (if it passes) the plan, or with ``follow_up`` the pre-registered follow-up
+    (:mod:`redisync.study.follow_up`); returns what ``results.json`` holds."""
     say = on_stage or (lambda _: None)
     started = time.monotonic()
     say(f"gate: single vs uniform on H, seeds {list(GATE_SEEDS)}")
@@ -256,6 +263,15 @@ def run_study(
         "analysis": None,
     }
     if gate_only or not result["gate"]["passed"]:
+        result["wall_s"] = time.monotonic() - started
+        return result
+    if follow_up:
+        cells = follow_up_plan.cells()
+        say(f"follow-up: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
+        result["runs"] = run_cells(
+            cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress, desc="follow-up"
+        )
+        result["follow_up"] = follow_up_plan.analyse(result["runs"])
         result["wall_s"] = time.monotonic() - started
         return result
     cells = plan(primary_seeds, secondary_seeds)
