@@ -35,7 +35,7 @@ def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     plots = [plot_completion(results, out_dir)]
-    if results["runs"]:
+    if results["runs"] and results.get("analysis"):
         plots.append(plot_mechanism(results, out_dir))
     path = out_dir / "report.md"
     path.write_text(render_markdown(results, command, [p.name for p in plots]))
@@ -218,7 +218,9 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         f"{task['profiles']} profiles with skill segments of their own, shard s runs profile s mod {task['profiles']}, "
         "and a profile-specific observation offset.",
         f"- Fleet: {cfg['shards']} shards × {cfg['envs_per_shard']} envs (`single`: one collector with all of them; "
-        "`*-16-shards`: 16 shards sharing the same envs), each shard with its own store connection and `Syncer`; sampler EMA "
+        "`*-16-shards`: 16 shards sharing the same envs), each shard with its own store connection and "
+        + (results.get("sync") or "`Syncer`")
+        + "; sampler EMA "
         f'α = {cfg["sampler_alpha"]}, ε = 0.1, `uniform_mix="code"` unless the arm says `paper`.',
         f"- Learner: FastSAC-style SAC, hidden {cfg['sac']['hidden']}, batch {cfg['sac']['batch_size']}, "
         f"{cfg['updates_per_step']} updates per fleet step, a replay buffer of {cfg['sac']['buffer_size']:,} transitions; "
@@ -228,7 +230,8 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         "deterministic policy from frame 0 through the whole motion; completion = share tracked before the first fall.",
         f"- Primary metric `{PRIMARY_METRIC}`: the mean completion over the run's evaluations. Arms share seeds "
         "(same networks, env noise and generators), so contrasts are paired by seed: an exact sign-flip test, "
-        f"Holm's correction over the primary family, a 95% t-interval, and TOST equivalence within ±{MARGIN}.",
+        f"TOST equivalence within ±{MARGIN} with its 90% interval, Holm's correction over the primary family for "
+        "both, a 95% t-interval and the difference detectable with 80% power.",
         budget(results),
         "",
     ]
@@ -242,6 +245,9 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         lines += [f"![{p}]({p})" for p in plots]
         return "\n".join(lines) + "\n"
     analysis = results["analysis"]
+    if analysis is None:  # the gate alone, or the follow-up (its answers lead the report)
+        lines += [f"![{p}]({p})" for p in plots]
+        return "\n".join(lines) + "\n"
     primary = analysis["primary"]
     lines += ["## Primary contrasts (pre-registered)", "", *contrast_rows(primary), "", "## Answers", ""]
     for condition, title in (("H", "H — identical shards"), ("X", "X — different shards")):

@@ -259,6 +259,8 @@ def run_study(
         "workers": workers,
         "gate": gate(gate_runs),
         "gate_runs": gate_runs,
+        "sync": f"synced in lockstep every {cfg.publish_every_steps} fleet steps (every shard publishes, then every "
+        "shard takes the fleet state)",
         "runs": [],
         "analysis": None,
     }
