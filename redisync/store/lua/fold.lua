@@ -239,11 +239,12 @@ local BLOCK = 32
 local FB = '<' .. string.rep('d', BLOCK)
 local mmin = math.min
 
--- groups[i] = {members = {slot string, or true for the payload}} (re-summed) or {stored = its stored sum};
+-- groups[i], in the order the aggregate adds them (the retired history first, as a stored vector):
+-- {members = {slot string, or true for the payload}} (re-summed) or {stored = a stored vector};
 -- returns (sums of the re-summed groups, aggregate) or (nil, rejection, it is the aggregate's)
-local function fold_values(name, payload, width, cs, size, sumsq, retired, groups)
+local function fold_values(name, payload, width, cs, size, sumsq, groups)
   local ngroups = #groups
-  local single = not retired and ngroups == 1 and groups[1].members ~= nil  -- its sum is the aggregate
+  local single = ngroups == 1 and groups[1].members ~= nil -- its sum is the aggregate
   local gout, aggs = {}, {}
   for gi = 1, ngroups do if groups[gi].members then gout[gi] = {} end end
   local counts, counts_ok = {}, true -- counts_ok: every count is 0 or >= 1 (moments then cannot overflow)
@@ -296,17 +297,6 @@ local function fold_values(name, payload, width, cs, size, sumsq, retired, group
       c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
       0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
         0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    if retired then
-      local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
-        b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
-        sunpack(FB, retired, pos)
-      c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22,
-        c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-        c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8, c9 + b9, c10 + b10,
-          c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16, c17 + b17, c18 + b18, c19 + b19,
-          c20 + b20, c21 + b21, c22 + b22, c23 + b23, c24 + b24, c25 + b25, c26 + b26, c27 + b27, c28 + b28,
-          c29 + b29, c30 + b30, c31 + b31, c32 + b32
-    end
     for gi = 1, ngroups do
       local grp = groups[gi]
       local members = grp.members
@@ -406,10 +396,6 @@ local function fold_values(name, payload, width, cs, size, sumsq, retired, group
     local fmt = '<' .. string.rep('d', len)
     local p, c = {sunpack(fmt, payload, pos)}, {}
     for k = 1, len do c[k] = 0.0 end
-    if retired then
-      local y = {sunpack(fmt, retired, pos)}
-      for k = 1, len do c[k] = c[k] + y[k] end
-    end
     for gi = 1, ngroups do
       local grp = groups[gi]
       if grp.members then
@@ -559,6 +545,8 @@ for i = 1, nkeys do
     -- sums in ascending group order, each the sum of its live slots in ascending shard order
     -- (semantics.py sums in the same order)
     local groups, fresh = {}, {}
+    if retired then groups[1] = {stored = retired} end
+    local first = #groups -- groups[first + k] is the k-th group in order
     for k, g in ipairs(order) do
       local sum = stored[k]
       if sum and touched[g] and #sum == width * 8 then
@@ -580,15 +568,15 @@ for i = 1, nkeys do
       if touched[g] or not sum then
         local vs = {}
         for _, id in ipairs(members[g]) do vs[#vs + 1] = id == shard or slots[id] end
-        groups[k], fresh[#fresh + 1] = {members = vs}, k
+        groups[first + k], fresh[#fresh + 1] = {members = vs}, k
       elseif #sum ~= width * 8 then
         return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' is ' .. #sum .. ' bytes, the key needs ' ..
           (width * 8))
       else
-        groups[k] = {stored = sum}
+        groups[first + k] = {stored = sum}
       end
     end
-    local sums, agg, of_agg = fold_values(name, payload, width, count_size, size, spec[11] == '1', retired, groups)
+    local sums, agg, of_agg = fold_values(name, payload, width, count_size, size, spec[11] == '1', groups)
     if not sums then
       if of_agg then return refuse(agg[1], agg[2], agg[3]) end
       return reject(agg[1], agg[2], agg[3])
@@ -596,7 +584,7 @@ for i = 1, nkeys do
     item.groups, item.emptied = {}, {}
     for _, k in ipairs(fresh) do
       item.groups[#item.groups + 1] = gfields[k]
-      item.groups[#item.groups + 1] = sums[k]
+      item.groups[#item.groups + 1] = sums[first + k]
     end
     for g in pairs(touched) do
       if not members[g] then item.emptied[#item.emptied + 1] = 'group:' .. g end
