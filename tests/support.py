@@ -9,7 +9,7 @@ import numpy as np
 from redisync.store.client import Store
 from redisync.store.codec import decode
 from redisync.store.schema import MergeSpec
-from redisync.store.semantics import GROUP, ReferenceFold, summed
+from redisync.store.semantics import LAYOUT, ReferenceFold, layered_sums
 
 
 def _s(v) -> str:
@@ -37,13 +37,11 @@ def lua_state(store: Store) -> dict:
                 for f, v in data.items()
                 if f.startswith("slot:")
             }
-            # every stored group sum is the sum of its group's live slots (the fold re-reads only its own group)
-            ids = sorted(key["slots"])
-            expected = {
-                f"group:{g}": summed([key["slots"][i][2] for i in ids if i // GROUP == g], spec.width)
-                for g in {i // GROUP for i in ids}
-            }
-            stored = {f: decode(v, spec.width) for f, v in data.items() if f.startswith("group:")}
+            # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own)
+            subs, groups = layered_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width)
+            expected = {**{f"sub:{q}": v for q, v in subs.items()}, **{f"group:{g}": v for g, v in groups.items()}}
+            stored = {f: decode(v, spec.width) for f, v in data.items() if f.startswith(("sub:", "group:"))}
+            assert meta.get("sums_layout") == LAYOUT or not key["slots"], (name, meta.get("sums_layout"))
             assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
             for f, v in expected.items():
                 np.testing.assert_array_equal(stored[f], v, err_msg=f"{name} {f}")

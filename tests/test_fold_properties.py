@@ -35,8 +35,8 @@ SCHEMA = Schema.of(
     }
 )
 NAMES = list(SCHEMA.keys)
-SHARDS = 4
-SHARD_IDS = (0, 5, 9, 40)  # three in one group of the fold's sums (0-15: their order counts), one in another (32-47)
+SHARDS = 6
+SHARD_IDS = (0, 1, 5, 9, 17, 40)  # the fold's sums: sub-groups of 4 ids (0-1 share one), groups of 16 (0-9; 17; 40)
 
 KINDS = ["publish", "duplicate", "restart", "zombie", "rollback", "corrupt", "sleep"]
 WEIGHTS = np.array([10, 2, 3, 1, 1, 2, 1], dtype=float)

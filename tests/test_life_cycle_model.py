@@ -52,7 +52,7 @@ SCHEMA = Schema.of(
     }
 )
 NAMES = list(SCHEMA.keys)
-SHARD_IDS = (0, 5, 40)  # two in one group of the fold's sums (ids 0-15), one in another (32-47)
+SHARD_IDS = (0, 5, 40)  # the fold's sums: two sub-groups of one group (ids 0-15), and another group (32-47)
 MAGNITUDES = st.sampled_from([1e-3, 1.0, 1e3, 1e16, 1e300])
 
 

@@ -248,10 +248,10 @@ def test_the_reports_stream_keeps_payloads_only_when_the_run_asks(make_store):
     assert audited.limits().stream_payloads and not plain.limits().stream_payloads
 
 
-@pytest.mark.parametrize("field", ["group:0", "agg"])
+@pytest.mark.parametrize("field", ["sub:0", "group:0", "agg"])
 def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_store, field):
-    """The folds trust stored group sums (each re-sums its own group only): a snapshot whose group
-    sum or aggregate is not what its slots sum to would poison every later fold."""
+    """The folds trust stored sums (each re-sums its own sub-group and group only): a snapshot whose
+    sub-group or group sum or aggregate is not what its slots sum to would poison every later fold."""
     import base64
 
     store = make_store()
@@ -280,22 +280,78 @@ def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_stor
     store.restore(missing)  # a group sum left out is recomputed from the slots
     shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})  # re-sums group 0 only
     assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3
+    assert_matches_reference(store, {0: [4, 1, 2, 1, 4], 1: [3, 1, 2, 1, 4], 17: [3, 1, 2, 1, 4]})
 
 
-def test_a_fold_refuses_a_stored_group_sum_it_can_prove_wrong(make_store):
-    """A fold that re-sums its group checks that the stored sum was its slots' sum (on the counts,
-    which costs count_size values per slot): a damaged one is refused, and nothing is written."""
+def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
+    """The stored sums and aggregate of obs/norm are, bit for bit, the reference fold's for ``slots``."""
+    from redisync.store import semantics
+
+    data = {k.decode(): v for k, v in store.redis.hgetall(store.keys.key_data("obs/norm")).items()}
+    payloads = {shard: np.array(v, dtype=np.float64) for shard, v in slots.items()}
+    subs, groups = semantics.layered_sums(payloads, 5)
+    expected = {f"sub:{q}": v for q, v in subs.items()} | {f"group:{g}": v for g, v in groups.items()}
+    expected["agg"] = semantics.summed(list(groups.values()), 5)
+    assert sorted(f for f in data if not f.startswith("slot:")) == sorted(expected)
+    for field, value in expected.items():
+        np.testing.assert_array_equal(codec.decode(data[field]), value, err_msg=field)
+    assert store.redis.hget(store.keys.key_meta("obs/norm"), "sums_layout") == semantics.LAYOUT.encode()
+
+
+def test_a_run_folded_before_two_level_sums_has_them_remade_at_its_next_fold(make_store):
+    """A run whose sums an older redisync laid out as one level (group = its slots' sum, no
+    sums_layout) is not trusted: the next fold re-makes every sub-group and group sum from the
+    slots, so the state is the reference's bit for bit, and a snapshot of the older layout restores
+    with its sums re-made (they are derived data), whatever they held."""
+    from redisync.store import semantics
+
     store = make_store()
     store.register(SCHEMA)
-    shards = {shard: store.shard(shard) for shard in (0, 1, 2)}
+    values = {shard: [3.0, 0.1 * shard, 0.3, 0.7 * shard, 0.2] for shard in (0, 1, 5, 6, 9, 17)}
+    clients = {shard: store.shard(shard) for shard in values}
+    for shard, v in values.items():
+        clients[shard].publish({"obs/norm": {"count": v[0], "sum": v[1:3], "sumsq": v[3:]}})
+    meta, data = store.keys.key_meta("obs/norm"), store.keys.key_data("obs/norm")
+
+    def as_one_level() -> None:
+        store.redis.hdel(meta, "sums_layout")
+        store.redis.hdel(data, *[f for f in store.redis.hkeys(data) if f.startswith((b"sub:", b"group:"))])
+        for g, ids in {0: (0, 1, 5, 6, 9), 1: (17,)}.items():
+            flat = semantics.summed([np.array(values[i]) for i in ids], 5)
+            store.redis.hset(data, f"group:{g}", codec.encode([flat]))
+
+    as_one_level()
+    values[17] = [4.0, 1.0, 1.0, 1.0, 1.0]
+    clients[17].publish({"obs/norm": {"count": 4.0, "sum": [1.0, 1.0], "sumsq": [1.0, 1.0]}})
+    assert_matches_reference(store, values)
+
+    as_one_level()
+    snap = store.snapshot()
+    hashes = dict(snap.hashes)
+    garbage = codec.encode([np.full(5, 7.0)])
+    import base64
+
+    hashes["data:obs/norm"] = {**hashes["data:obs/norm"], "agg": base64.b64encode(garbage).decode()}
+    store.restore(snap.model_copy(update={"hashes": hashes}))
+    assert_matches_reference(store, values)
+
+
+@pytest.mark.parametrize(("field", "parts"), [("sub:0", "slots"), ("group:0", "sub-groups")])
+def test_a_fold_refuses_a_stored_sum_it_can_prove_wrong(make_store, field, parts):
+    """A fold that re-makes a sub-group or group sum checks that the stored one was its parts' sum
+    (on the counts, which costs count_size values per part): a damaged one is refused, and nothing
+    is written."""
+    store = make_store()
+    store.register(SCHEMA)
+    shards = {shard: store.shard(shard) for shard in (0, 1, 2, 5)}
     for client in shards.values():
         client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
     data = store.keys.key_data("obs/norm")
-    damaged = codec.decode(store.redis.hget(data, "group:0"))
+    damaged = codec.decode(store.redis.hget(data, field))
     damaged[0] += 1000.0
-    store.redis.hset(data, "group:0", codec.encode([damaged]))
+    store.redis.hset(data, field, codec.encode([damaged]))
     before = store.fleet()
-    with pytest.raises(errors.CorruptState, match="group:0 disagrees with the sum of its slots"):
+    with pytest.raises(errors.CorruptState, match=f"{field} disagrees with the sum of its {parts}"):
         shards[1].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})
     after = store.fleet()
     assert after.fleet_version == before.fleet_version

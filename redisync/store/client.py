@@ -289,7 +289,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
         raise bad("the hashes", f"unknown hashes {sorted(set(hashes) - expected)}")
     for name, spec in schema.keys.items():
         info = {k: _b(v) for k, v in hashes.get(f"key:{name}", {}).items()}
-        data = hashes.get(f"data:{name}", {})
+        data = hashes.setdefault(f"data:{name}", {})
         if (
             info.get("semantics") != spec.semantics
             or info.get("width") != str(spec.width)
@@ -297,7 +297,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
         ):
             raise bad(f"key {name!r}", "its metadata is missing or does not match the schema")
         for field, raw in data.items():
-            if field not in ("agg", "retired", "value") and not field.startswith(("slot:", "group:")):
+            if field not in ("agg", "retired", "value") and not field.startswith(("slot:", "sub:", "group:")):
                 raise bad(f"key {name!r}", f"unexpected data field {field!r}")
             if len(raw) != 8 * spec.width:
                 raise bad(f"key {name!r}", f"{field} is {len(raw)} bytes, the key needs {8 * spec.width}")
@@ -308,30 +308,42 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
             slots = sorted(f[len("slot:") :] for f in data if f.startswith("slot:"))
             if sorted(writers) != slots or any(f"slot:{w}:incarnation" not in info for w in writers):
                 raise bad(f"key {name!r}", f"writers {writers} do not match the stored slots {slots}")
-            _check_sums(name, spec.width, data, writers, bad)
+            _check_sums(name, spec.width, hashes[f"key:{name}"], data, writers, bad)
     return hashes, schema
 
 
-def _check_sums(name: str, width: int, data: dict[str, bytes], writers: list[str], bad: Any) -> None:
-    """The folds trust stored group sums (they re-sum only their own group): every group sum must be
-    its slots' sum and the aggregate the sum of the history and the groups, as the fold computes them;
-    a missing group sum is filled in."""
+def _check_sums(
+    name: str, width: int, info: dict[str, bytes], data: dict[str, bytes], writers: list[str], bad: Any
+) -> None:
+    """The folds trust stored sums (each re-sums its own sub-group and group only): every sub-group
+    and group sum must be its parts' sum and the aggregate the sum of the history and the groups, as
+    the fold computes them; a missing sum is filled in. A snapshot whose sums were laid out otherwise
+    (taken before they had two levels) has them all re-made from its slots: they are derived data."""
     if not all(w.isdigit() for w in writers):
         raise bad(f"key {name!r}", f"writers {writers} are not shard ids")
-    groups = semantics.grouped_sums({int(w): codec.decode(data[f"slot:{w}"]) for w in writers}, width)
-    for field in [f for f in data if f.startswith("group:")]:
-        g = field[len("group:") :]
-        if not g.isdigit() or int(g) not in groups:
-            raise bad(f"key {name!r}", f"{field} belongs to no stored slot")
-    for g, expected in groups.items():
-        raw = data.get(f"group:{g}")
-        if raw is not None and not np.array_equal(codec.decode(raw), expected):
-            raise bad(f"key {name!r}", f"group:{g} disagrees with the sum of its slots")
-        data[f"group:{g}"] = codec.encode([expected])
+    subs, groups = semantics.layered_sums({int(w): codec.decode(data[f"slot:{w}"]) for w in writers}, width)
     retired = data.get("retired")
     agg = semantics.summed(([] if retired is None else [codec.decode(retired)]) + list(groups.values()), width)
-    if "agg" in data and not np.array_equal(codec.decode(data["agg"]), agg):
-        raise bad(f"key {name!r}", "agg disagrees with the retired history and the slots")
+    derived = {f"sub:{q}": v for q, v in subs.items()} | {f"group:{g}": v for g, v in groups.items()} | {"agg": agg}
+    if _b(info.get("sums_layout", b"")) == semantics.LAYOUT:
+        for field in [f for f in data if f.startswith(("sub:", "group:"))]:
+            if field not in derived:
+                raise bad(f"key {name!r}", f"{field} belongs to no stored slot")
+        for field, expected in derived.items():
+            raw = data.get(field)
+            if raw is not None and not np.array_equal(codec.decode(raw), expected):
+                parts = (
+                    "its slots"
+                    if field.startswith("sub:")
+                    else "its sub-groups"
+                    if field.startswith("group:")
+                    else "the retired history and the slots"
+                )
+                raise bad(f"key {name!r}", f"{field} disagrees with the sum of {parts}")
+    for field in [f for f in data if f.startswith(("sub:", "group:"))]:
+        del data[field]
+    data.update({field: codec.encode([v]) for field, v in derived.items()})
+    info["sums_layout"] = semantics.LAYOUT.encode()
 
 
 class Store:

@@ -7,11 +7,13 @@ of reports. Payloads are flat float64 vectors: a broadcast value, or a merge key
 ``count ‖ sum [‖ sumsq]`` parts laid end to end.
 
 The merge aggregate is recomputed at every fold as the sum of the retired history and the live
-slots: the slots summed per group of 16 consecutive shard ids (ascending), then the retired history
-and the group sums (ascending groups). A fold re-sums only its own group's slots (and a group that
-lost a stale slot); the other groups' sums are stored. Its error is therefore bounded by the live values alone,
-``|agg − Σ live| ≤ (n − 1)·2⁻⁵³·Σ|live|`` for n summands — far inside ``1e-12·Σ|live|`` — however
-large the values that once passed through a slot. A fold that would make an aggregate or its
+slots, in two levels of stored sums: the slots summed per sub-group of 4 consecutive shard ids
+(ascending), the sub-group sums per group of 4 sub-groups (16 shard ids, ascending), then the retired
+history and the group sums (ascending groups). A fold re-sums its own sub-group's slots (and any that
+lost a stale slot) and their groups' sub-group sums; every other sum is stored. Its error is therefore
+bounded by the live values alone: each live value passes through at most 3 + 3 + G additions for G
+groups (and the history), so ``|agg − Σ live| ≤ (6 + G)·2⁻⁵³·Σ|live|`` to first order — far inside
+``1e-12·Σ|live|`` — however large the values that once passed through a slot. A fold that would make an aggregate or its
 moments non-finite is refused.
 """
 
@@ -87,21 +89,28 @@ def summed(vectors: list[np.ndarray], width: int) -> np.ndarray:
     return out
 
 
-GROUP = 16  # shard ids per group: the fold stores each group's sum and re-reads only its own group's slots
+SUB = 4  # shard ids per sub-group (stored as ``sub:<id // SUB>``)
+SUBS = 4  # sub-groups per group (stored as ``group:<id // (SUB * SUBS)>``)
+LAYOUT = "4/16"  # the fold's ``sums_layout``: a key whose sums were laid out otherwise has them all re-made
 
 
-def grouped_sums(payloads: Mapping[int, np.ndarray], width: int) -> dict[int, np.ndarray]:
-    """``{g: sum}`` per group ``g`` of :data:`GROUP` consecutive shard ids, in ascending order, each
-    the sum of its slots' payloads in ascending shard order: what the fold stores as ``group:<g>``."""
-    groups: dict[int, list[np.ndarray]] = {}
+def layered_sums(payloads: Mapping[int, np.ndarray], width: int) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """``({q: sum}, {g: sum})``: each sub-group's sum of its slots' payloads in ascending shard order,
+    each group's sum of its sub-groups' sums in ascending order, both in ascending order: what the
+    fold stores as ``sub:<q>`` and ``group:<g>``."""
+    members: dict[int, list[np.ndarray]] = {}
     for shard in sorted(payloads):
-        groups.setdefault(shard // GROUP, []).append(payloads[shard])
-    return {g: summed(groups[g], width) for g in sorted(groups)}
+        members.setdefault(shard // SUB, []).append(payloads[shard])
+    subs = {q: summed(members[q], width) for q in sorted(members)}
+    parts: dict[int, list[np.ndarray]] = {}
+    for q, sub in subs.items():
+        parts.setdefault(q // SUBS, []).append(sub)
+    return subs, {g: summed(parts[g], width) for g in sorted(parts)}
 
 
 def group_sums(slots: Mapping[int, "Slot"], width: int) -> list[np.ndarray]:
     """The group sums of live slots, in ascending group order, as the fold sums them into the aggregate."""
-    return list(grouped_sums({shard: slot.payload for shard, slot in slots.items()}, width).values())
+    return list(layered_sums({shard: slot.payload for shard, slot in slots.items()}, width)[1].values())
 
 
 def finite_moments(spec: MergeSpec, flat: np.ndarray) -> bool:

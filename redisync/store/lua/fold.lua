@@ -20,9 +20,10 @@
 --
 -- Every check, including those of the stored state the fold reads, runs before the first write.
 -- A merge aggregate is recomputed from the live slots (retired history first, then the sums of the
--- groups of 16 shard ids in ascending order, each over its slots in ascending order), so its rounding
--- error is bounded by the live values, never by what once passed through a slot; semantics.py sums in
--- the same order. Idempotent: a retried call returns 'duplicate'.
+-- groups of 16 shard ids in ascending order, each over its 4 sub-groups of 4 ids in ascending order,
+-- each over its slots in ascending order), so its rounding error is bounded by the live values, never
+-- by what once passed through a slot; semantics.py sums in the same order. Idempotent: a retried call
+-- returns 'duplicate'.
 
 local CHUNK = 128
 local FMT = '<' .. string.rep('d', CHUNK)
@@ -143,10 +144,40 @@ end
 
 local function g17(v) return string.format('%.17g', v) end
 
--- Shards are summed in groups of GROUP consecutive ids, whose sums are stored ('group:<g>'): a fold
--- re-reads its own group's slots and the other groups' sums, not every slot of the fleet.
-local GROUP = 16
-local function group_of(id) return math.floor(tonumber(id) / GROUP) end
+-- Live slots are summed in two levels of stored sums: a sub-group of SUB consecutive shard ids
+-- ('sub:<q>', q = id // SUB) and a group of SUBS sub-groups ('group:<g>', g = q // SUBS). A fold
+-- re-reads its own sub-group's slots, the other sub-groups' sums of its group and the other groups'
+-- sums: at 64 live slots 3 slots, 3 sub-group and 3 group sums, not 15 slots. A key whose sums were
+-- laid out otherwise (sums_layout, written by the fold) has every sum re-made from its slots.
+local SUB, SUBS = 4, 4
+local LAYOUT = '4/16'
+local mfloor = math.floor
+
+-- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string
+-- costs its length each time one is made: table.concat makes each byte several times over (its
+-- buffer merges pieces in steps), one `..` of many operands makes it once.
+local function join64(t, i)
+  return
+    (t[i] or '') .. (t[i + 1] or '') .. (t[i + 2] or '') .. (t[i + 3] or '') .. (t[i + 4] or '') ..
+    (t[i + 5] or '') .. (t[i + 6] or '') .. (t[i + 7] or '') .. (t[i + 8] or '') .. (t[i + 9] or '') ..
+    (t[i + 10] or '') .. (t[i + 11] or '') .. (t[i + 12] or '') .. (t[i + 13] or '') .. (t[i + 14] or '') ..
+    (t[i + 15] or '') .. (t[i + 16] or '') .. (t[i + 17] or '') .. (t[i + 18] or '') .. (t[i + 19] or '') ..
+    (t[i + 20] or '') .. (t[i + 21] or '') .. (t[i + 22] or '') .. (t[i + 23] or '') .. (t[i + 24] or '') ..
+    (t[i + 25] or '') .. (t[i + 26] or '') .. (t[i + 27] or '') .. (t[i + 28] or '') .. (t[i + 29] or '') ..
+    (t[i + 30] or '') .. (t[i + 31] or '') .. (t[i + 32] or '') .. (t[i + 33] or '') .. (t[i + 34] or '') ..
+    (t[i + 35] or '') .. (t[i + 36] or '') .. (t[i + 37] or '') .. (t[i + 38] or '') .. (t[i + 39] or '') ..
+    (t[i + 40] or '') .. (t[i + 41] or '') .. (t[i + 42] or '') .. (t[i + 43] or '') .. (t[i + 44] or '') ..
+    (t[i + 45] or '') .. (t[i + 46] or '') .. (t[i + 47] or '') .. (t[i + 48] or '') .. (t[i + 49] or '') ..
+    (t[i + 50] or '') .. (t[i + 51] or '') .. (t[i + 52] or '') .. (t[i + 53] or '') .. (t[i + 54] or '') ..
+    (t[i + 55] or '') .. (t[i + 56] or '') .. (t[i + 57] or '') .. (t[i + 58] or '') .. (t[i + 59] or '') ..
+    (t[i + 60] or '') .. (t[i + 61] or '') .. (t[i + 62] or '') .. (t[i + 63] or '')
+end
+local function join(t)
+  if #t <= 1 then return t[1] or '' end
+  local out = {}
+  for i = 1, #t, 64 do out[#out + 1] = join64(t, i) end
+  return join(out)
+end
 
 -- HMGET of any number of fields (unpack fails past ~8000 values)
 local function hmget(key, fields)
@@ -198,7 +229,7 @@ local function summed(vectors, width, check)
     base = base + len
     pos = pos + len * 8
   end
-  return table.concat(out)
+  return join(out)
 end
 
 -- The sum of ``vectors`` (in order), and the rejection if it or the moments it implies are not finite.
@@ -229,24 +260,36 @@ local function sum_checked(name, vectors, width, count_size, size, sumsq)
 end
 
 -- The fused pass over one merge key's values ---------------------------------------------------------
--- The new group sums and the aggregate in one pass, BLOCK values at a time held in local variables:
+-- The re-made sums and the aggregate in one pass, BLOCK values at a time held in local variables:
 -- each input decoded once per block (the payload serves both its checks and its slot), the sums
--- added in the order semantics.py adds them (a group: 0 + its slots in ascending shard order; the
--- aggregate: 0 + retired + the group sums in ascending group order), every check made on the same
--- block. A block whose cheap look (the sum of its squares finite; the signs of its count and sumsq
--- values) is not clean is checked element by element, in today's order, so replies stay bit for bit.
+-- added in the order semantics.py adds them (a sub-group: 0 + its slots in ascending shard order; a
+-- group: 0 + its sub-groups' sums in ascending order; the aggregate: 0 + retired + the group sums in
+-- ascending order), every check made on the same block. A block whose cheap look (the sum of its
+-- squares finite; the signs of its count and sumsq values) is not clean is checked element by
+-- element, in payload order, so replies stay bit for bit.
 local BLOCK = 32
 local FB = '<' .. string.rep('d', BLOCK)
 local mmin = math.min
 
--- groups[i], in the order the aggregate adds them (the retired history first, as a stored vector):
--- {members = {slot string, or true for the payload}} (re-summed) or {stored = a stored vector};
--- returns (sums of the re-summed groups, aggregate) or (nil, rejection, it is the aggregate's)
-local function fold_values(name, payload, width, cs, size, sumsq, groups)
-  local ngroups = #groups
-  local single = ngroups == 1 and groups[1].members ~= nil -- its sum is the aggregate
-  local gout, aggs = {}, {}
-  for gi = 1, ngroups do if groups[gi].members then gout[gi] = {} end end
+
+-- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
+-- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
+-- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
+-- and the sum itself to its field sum. Returns the aggregate, or (nil, rejection, whether it is the
+-- aggregate's).
+-- (0 + x is x for every sum made here, which starts at +0: a lone part is its group's sum, a lone
+-- group the aggregate.)
+local function fold_values(name, payload, width, cs, size, sumsq, tree)
+  local nterms = #tree
+  local single = nterms == 1 and tree[1].parts ~= nil -- its sum is the aggregate
+  for ti = 1, nterms do
+    local parts = tree[ti].parts
+    if parts then
+      tree[ti].lone = #parts == 1 and parts[1].members ~= nil
+      if tree[ti].lone then tree[ti].out = parts[1].out end -- the same blocks, made into one string once
+    end
+  end
+  local aggs = single and tree[1].out or {}
   local counts, counts_ok = {}, true -- counts_ok: every count is 0 or >= 1 (moments then cannot overflow)
 
   local function count(idx) -- the aggregate's count idx, from the blocks made so far
@@ -290,103 +333,148 @@ local function fold_values(name, payload, width, cs, size, sumsq, groups)
   local pos, base, blk = 1, 0, 0
   while base + BLOCK <= width do
     blk = blk + 1
-    local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21,
-      p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32 =
+    local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23,
+      p24, p25, p26, p27, p28, p29, p30, p31, p32 =
       sunpack(FB, payload, pos)
-    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
-      c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-      0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    for gi = 1, ngroups do
-      local grp = groups[gi]
-      local members = grp.members
-      if members then
-        local a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
-          a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
-          0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        for mi = 1, #members do
-          local s = members[mi]
-          if s == true then
-            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
+    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
+      c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+      0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    for ti = 1, nterms do
+      local term = tree[ti]
+      local parts = term.parts
+      if parts then
+        local r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
+          r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
+          0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        local packed
+        for pi = 1, #parts do
+          local part = parts[pi]
+          local members = part.members
+          if members then
+            local a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
               a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
-              a1 + p1, a2 + p2, a3 + p3, a4 + p4, a5 + p5, a6 + p6, a7 + p7, a8 + p8, a9 + p9, a10 + p10,
-                a11 + p11, a12 + p12, a13 + p13, a14 + p14, a15 + p15, a16 + p16, a17 + p17, a18 + p18,
-                a19 + p19, a20 + p20, a21 + p21, a22 + p22, a23 + p23, a24 + p24, a25 + p25, a26 + p26,
-                a27 + p27, a28 + p28, a29 + p29, a30 + p30, a31 + p31, a32 + p32
+              0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+            for mi = 1, #members do
+              local s = members[mi]
+              if s == true then
+                a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22,
+                  a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
+                  a1 + p1, a2 + p2, a3 + p3, a4 + p4, a5 + p5, a6 + p6, a7 + p7, a8 + p8, a9 + p9, a10 + p10,
+                    a11 + p11, a12 + p12, a13 + p13, a14 + p14, a15 + p15, a16 + p16, a17 + p17, a18 + p18,
+                    a19 + p19, a20 + p20, a21 + p21, a22 + p22, a23 + p23, a24 + p24, a25 + p25, a26 + p26,
+                    a27 + p27, a28 + p28, a29 + p29, a30 + p30, a31 + p31, a32 + p32
+              else
+                local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20,
+                  b21, b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
+                  sunpack(FB, s, pos)
+                a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22,
+                  a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
+                  a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9, a10 + b10,
+                    a11 + b11, a12 + b12, a13 + b13, a14 + b14, a15 + b15, a16 + b16, a17 + b17, a18 + b18,
+                    a19 + b19, a20 + b20, a21 + b21, a22 + b22, a23 + b23, a24 + b24, a25 + b25, a26 + b26,
+                    a27 + b27, a28 + b28, a29 + b29, a30 + b30, a31 + b31, a32 + b32
+              end
+            end
+            packed =
+              spack(FB, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20,
+                a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32)
+            part.out[blk] = packed
+            if term.lone then
+              r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
+                r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
+                a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22,
+                  a23, a24, a25, a26, a27, a28, a29, a30, a31, a32
+            else
+              r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
+                r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
+                r1 + a1, r2 + a2, r3 + a3, r4 + a4, r5 + a5, r6 + a6, r7 + a7, r8 + a8, r9 + a9, r10 + a10,
+                  r11 + a11, r12 + a12, r13 + a13, r14 + a14, r15 + a15, r16 + a16, r17 + a17, r18 + a18, r19 + a19,
+                  r20 + a20, r21 + a21, r22 + a22, r23 + a23, r24 + a24, r25 + a25, r26 + a26, r27 + a27, r28 + a28,
+                  r29 + a29, r30 + a30, r31 + a31, r32 + a32
+            end
           else
-            local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20,
-              b21, b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
-              sunpack(FB, s, pos)
-            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
-              a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
-              a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9, a10 + b10,
-                a11 + b11, a12 + b12, a13 + b13, a14 + b14, a15 + b15, a16 + b16, a17 + b17, a18 + b18,
-                a19 + b19, a20 + b20, a21 + b21, a22 + b22, a23 + b23, a24 + b24, a25 + b25, a26 + b26,
-                a27 + b27, a28 + b28, a29 + b29, a30 + b30, a31 + b31, a32 + b32
+            local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
+              b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
+              sunpack(FB, part.stored, pos)
+            r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
+              r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
+              r1 + b1, r2 + b2, r3 + b3, r4 + b4, r5 + b5, r6 + b6, r7 + b7, r8 + b8, r9 + b9, r10 + b10, r11 + b11,
+                r12 + b12, r13 + b13, r14 + b14, r15 + b15, r16 + b16, r17 + b17, r18 + b18, r19 + b19, r20 + b20,
+                r21 + b21, r22 + b22, r23 + b23, r24 + b24, r25 + b25, r26 + b26, r27 + b27, r28 + b28, r29 + b29,
+                r30 + b30, r31 + b31, r32 + b32
           end
         end
-        local packed = spack(FB, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,
-          a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32)
-        gout[gi][blk] = packed
+        if not term.lone then
+          packed =
+            spack(FB, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20,
+              r21, r22, r23, r24, r25, r26, r27, r28, r29, r30, r31, r32)
+        end
+        term.out[blk] = packed
         if single then
-          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
-            c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-            a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
-              a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32
+          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
+            c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+            r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
+              r23, r24, r25, r26, r27, r28, r29, r30, r31, r32
           aggs[blk] = packed
         else
-          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
-            c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-            c1 + a1, c2 + a2, c3 + a3, c4 + a4, c5 + a5, c6 + a6, c7 + a7, c8 + a8, c9 + a9, c10 + a10,
-              c11 + a11, c12 + a12, c13 + a13, c14 + a14, c15 + a15, c16 + a16, c17 + a17, c18 + a18,
-              c19 + a19, c20 + a20, c21 + a21, c22 + a22, c23 + a23, c24 + a24, c25 + a25, c26 + a26,
-              c27 + a27, c28 + a28, c29 + a29, c30 + a30, c31 + a31, c32 + a32
+          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
+            c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+            c1 + r1, c2 + r2, c3 + r3, c4 + r4, c5 + r5, c6 + r6, c7 + r7, c8 + r8, c9 + r9, c10 + r10, c11 + r11,
+              c12 + r12, c13 + r13, c14 + r14, c15 + r15, c16 + r16, c17 + r17, c18 + r18, c19 + r19, c20 + r20,
+              c21 + r21, c22 + r22, c23 + r23, c24 + r24, c25 + r25, c26 + r26, c27 + r27, c28 + r28, c29 + r29,
+              c30 + r30, c31 + r31, c32 + r32
         end
       else
-        local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
-          b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
-          sunpack(FB, grp.stored, pos)
-        c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22,
-          c23, c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-          c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8, c9 + b9, c10 + b10,
-            c11 + b11, c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16, c17 + b17, c18 + b18,
-            c19 + b19, c20 + b20, c21 + b21, c22 + b22, c23 + b23, c24 + b24, c25 + b25, c26 + b26,
-            c27 + b27, c28 + b28, c29 + b29, c30 + b30, c31 + b31, c32 + b32
+        local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21, b22,
+          b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
+          sunpack(FB, term.stored, pos)
+        c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
+          c24, c25, c26, c27, c28, c29, c30, c31, c32 =
+          c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8, c9 + b9, c10 + b10, c11 + b11,
+            c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16, c17 + b17, c18 + b18, c19 + b19, c20 + b20,
+            c21 + b21, c22 + b22, c23 + b23, c24 + b24, c25 + b25, c26 + b26, c27 + b27, c28 + b28, c29 + b29,
+            c30 + b30, c31 + b31, c32 + b32
       end
     end
-    if not single then aggs[blk] = spack(FB, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14,
-      c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) end
+    if not single then
+      aggs[blk] =
+        spack(FB, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
+          c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32)
+    end
     -- the cheap look: finite squares mean finite values and, with counts of 0 or >= 1, finite moments
-    local sq = c1 * c1 + c2 * c2 + c3 * c3 + c4 * c4 + c5 * c5 + c6 * c6 + c7 * c7 + c8 * c8 + c9 * c9
-      + c10 * c10 + c11 * c11 + c12 * c12 + c13 * c13 + c14 * c14 + c15 * c15 + c16 * c16 + c17 * c17
-      + c18 * c18 + c19 * c19 + c20 * c20 + c21 * c21 + c22 * c22 + c23 * c23 + c24 * c24 + c25 * c25
-      + c26 * c26 + c27 * c27 + c28 * c28 + c29 * c29 + c30 * c30 + c31 * c31 + c32 * c32
+    local sq =
+      c1 * c1 + c2 * c2 + c3 * c3 + c4 * c4 + c5 * c5 + c6 * c6 + c7 * c7 + c8 * c8 + c9 * c9 + c10 * c10
+        + c11 * c11 + c12 * c12 + c13 * c13 + c14 * c14 + c15 * c15 + c16 * c16 + c17 * c17 + c18 * c18 + c19 * c19
+        + c20 * c20 + c21 * c21 + c22 * c22 + c23 * c23 + c24 * c24 + c25 * c25 + c26 * c26 + c27 * c27 + c28 * c28
+        + c29 * c29 + c30 * c30 + c31 * c31 + c32 * c32
     local slow = sq - sq ~= 0
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound
-        if base + BLOCK > cs or mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16,
-          p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
+        if base + BLOCK > cs or mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17,
+          p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
           slow = true
-        elseif mmin(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
-          c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) < 1 then
-          for _, n in ipairs({c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17,
-            c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32}) do
+        elseif mmin(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
+          c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) < 1 then
+          for _, n in ipairs({c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
+            c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32}) do
             if n > 0 and n < 1 then counts_ok = false end
           end
         end
       elseif not counts_ok then
         slow = true -- counts that are fractions
-      elseif base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
-        p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
+      elseif base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
+        p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
         slow = true -- sumsq values that may be negative
       end
     end
     if slow then
-      local why, of_agg = check(base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
-        p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32},
-        {c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22,
-          c23, c24, c25, c26, c27, c28, c29, c30, c31, c32})
+      local why, of_agg = check(base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16,
+        p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2, c3, c4, c5, c6,
+        c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28,
+        c29, c30, c31, c32})
       if why then return nil, why, of_agg end
     end
     base, pos = base + BLOCK, pos + BLOCK * 8
@@ -394,31 +482,49 @@ local function fold_values(name, payload, width, cs, size, sumsq, groups)
   if base < width then -- the last values, fewer than a block, in tables
     local len = width - base
     local fmt = '<' .. string.rep('d', len)
-    local p, c = {sunpack(fmt, payload, pos)}, {}
-    for k = 1, len do c[k] = 0.0 end
-    for gi = 1, ngroups do
-      local grp = groups[gi]
-      if grp.members then
-        local a = {}
-        for k = 1, len do a[k] = 0.0 end
-        for _, s in ipairs(grp.members) do
-          local y = s == true and p or {sunpack(fmt, s, pos)}
-          for k = 1, len do a[k] = a[k] + y[k] end
+    local function zero() local z = {} for k = 1, len do z[k] = 0.0 end return z end
+    local function add(x, y) for k = 1, len do x[k] = x[k] + y[k] end end
+    local p, c = {sunpack(fmt, payload, pos)}, zero()
+    for ti = 1, nterms do
+      local term = tree[ti]
+      if term.parts then
+        local g, packed = zero(), nil
+        for _, part in ipairs(term.parts) do
+          if part.members then
+            local a = zero()
+            for _, s in ipairs(part.members) do add(a, s == true and p or {sunpack(fmt, s, pos)}) end
+            packed = spack(fmt, unpack(a, 1, len))
+            part.out[blk + 1] = packed
+            if term.lone then g = a else add(g, a) end
+          else
+            add(g, {sunpack(fmt, part.stored, pos)})
+          end
         end
-        gout[gi][blk + 1] = spack(fmt, unpack(a, 1, len))
-        if single then c = a else for k = 1, len do c[k] = c[k] + a[k] end end
+        if not term.lone then packed = spack(fmt, unpack(g, 1, len)) end
+        term.out[blk + 1] = packed
+        if single then c = g else add(c, g) end
       else
-        local y = {sunpack(fmt, grp.stored, pos)}
-        for k = 1, len do c[k] = c[k] + y[k] end
+        add(c, {sunpack(fmt, term.stored, pos)})
       end
     end
-    aggs[blk + 1] = single and gout[1][blk + 1] or spack(fmt, unpack(c, 1, len))
+    aggs[blk + 1] = single and tree[1].out[blk + 1] or spack(fmt, unpack(c, 1, len))
     local why, of_agg = check(base, len, p, c)
     if why then return nil, why, of_agg end
   end
-  local sums = {}
-  for gi = 1, ngroups do if gout[gi] then sums[gi] = table.concat(gout[gi]) end end
-  return sums, table.concat(aggs)
+  local made = {}
+  local function sum(blocks)
+    local s = made[blocks]
+    if not s then s = join(blocks); made[blocks] = s end
+    return s
+  end
+  for ti = 1, nterms do
+    local term = tree[ti]
+    if term.parts then
+      for _, part in ipairs(term.parts) do if part.members then part.sum = sum(part.out) end end
+      term.sum = sum(term.out)
+    end
+  end
+  return sum(aggs)
 end
 
 -- validate and compute every key before writing anything (a report applies all or none) ------------
@@ -437,7 +543,7 @@ for i = 1, nkeys do
     if kt ~= 'none' and kt ~= 'hash' then return reject('corrupt_state', name, k .. ' is a ' .. kt .. ', not a hash') end
   end
   local spec = redis.call('HMGET', km, 'semantics', 'width', 'count_size', 'owner', 'stale_after_s', 'version', 'writers',
-    'slot:' .. shard .. ':incarnation', 'size', 'lifecycle', 'sumsq')
+    'slot:' .. shard .. ':incarnation', 'size', 'lifecycle', 'sumsq', 'sums_layout')
   if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
   local width, version = tonumber(spec[2]), tonumber(spec[6])
   if not width or not version then return reject('corrupt_state', name, 'the key\'s width or version is missing') end
@@ -461,14 +567,18 @@ for i = 1, nkeys do
       if why then return reject(why[1], why[2], why[3]) end
       return reject(reason, key, detail)
     end
-    local stale = tonumber(spec[5])
-    -- the other live writers, in ascending order, and (stale keys) when each last wrote
-    local ids, was_writer = {}, false
-    for id in string.gmatch(spec[7] or '', '[^,]+') do
-      if not string.match(id, '^%d+$') then return refuse('corrupt_state', name, 'writers holds ' .. string.format('%q', id)) end
-      if id ~= shard then ids[#ids + 1] = id else was_writer = true end
+    local stale, me = tonumber(spec[5]), tonumber(shard)
+    -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
+    -- each last wrote
+    local ids, was_writer, last = {}, false, -1
+    for w in string.gmatch(spec[7] or '', '[^,]+') do
+      local id = string.match(w, '^%d+$') and tonumber(w)
+      if not id or id <= last then
+        return refuse('corrupt_state', name, 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
+      end
+      last = id
+      if id ~= me then ids[#ids + 1] = id else was_writer = true end
     end
-    table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
     local at = {}
     if stale and #ids > 0 then
       local atf = {}
@@ -496,42 +606,86 @@ for i = 1, nkeys do
       end
     end
     -- the live slots after this fold (a slot not refreshed for stale_after_s stops weighting the
-    -- fleet), by group of GROUP shard ids; the groups whose members change are recomputed
+    -- fleet); the sub-groups whose members change are re-made, and so are their groups
+    local rebuild = spec[12] ~= LAYOUT
+    item.rebuild = rebuild
     item.forget = {}
-    local live, touched = {}, {[group_of(shard)] = true}
+    local live, tsub = {}, {[mfloor(me / SUB)] = true}
     local mine_added = false
     for k, id in ipairs(ids) do
-      if not mine_added and tonumber(id) > tonumber(shard) then live[#live + 1] = shard; mine_added = true end
+      if not mine_added and id > me then live[#live + 1] = me; mine_added = true end
       if stale and now - (tonumber(at[k]) or 0) > stale * 1e6 then
         item.forget[#item.forget + 1] = id
-        touched[group_of(id)] = true
+        tsub[mfloor(id / SUB)] = true
       else
         live[#live + 1] = id
       end
     end
-    if not mine_added then live[#live + 1] = shard end
+    if not mine_added then live[#live + 1] = me end
     item.writers = table.concat(live, ',')
-    local members, order = {}, {}
+    -- subs[q]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder: the live groups
+    local subs, groups, gorder = {}, {}, {}
     for _, id in ipairs(live) do
-      local g = group_of(id)
-      if not members[g] then members[g] = {}; order[#order + 1] = g end
-      members[g][#members[g] + 1] = id
+      local q = mfloor(id / SUB)
+      local m = subs[q]
+      if not m then
+        m = {}
+        subs[q] = m
+        local g = mfloor(q / SUBS)
+        if not groups[g] then groups[g] = {}; gorder[#gorder + 1] = g end
+        groups[g][#groups[g] + 1] = q
+        if rebuild then tsub[q] = true end
+      end
+      m[#m + 1] = id
     end
+    local tgroup = {}
+    for q in pairs(tsub) do tgroup[mfloor(q / SUBS)] = true end
+    -- the stored sums: every live group's; the sub-groups' of a group that is re-made (touched, or
+    -- its sum missing: a run restored from a snapshot without it), and of the touched ones
     local gfields = {}
-    for k, g in ipairs(order) do gfields[k] = 'group:' .. g end
-    local stored = hmget(kd, gfields)
-    -- a group is recomputed from its slots when touched, or when its sum is missing (a run restored
-    -- from a snapshot taken before groups existed)
-    local wanted, fields = {}, {}
-    for k, g in ipairs(order) do
-      if touched[g] or not stored[k] then
-        for _, id in ipairs(members[g]) do
-          if id ~= shard then wanted[#wanted + 1] = id; fields[#fields + 1] = 'slot:' .. id end
+    for k, g in ipairs(gorder) do gfields[k] = 'group:' .. g end
+    local gstored = rebuild and {} or hmget(kd, gfields)
+    local redo, qlist, qfields = {}, {}, {}
+    for k, g in ipairs(gorder) do
+      if tgroup[g] or not gstored[k] then
+        redo[g] = true
+        for _, q in ipairs(groups[g]) do qlist[#qlist + 1] = q; qfields[#qfields + 1] = 'sub:' .. q end
+      end
+    end
+    for q in pairs(tsub) do
+      if not subs[q] then qlist[#qlist + 1] = q; qfields[#qfields + 1] = 'sub:' .. q end
+    end
+    local qgot, qstored = rebuild and {} or hmget(kd, qfields), {}
+    for k, q in ipairs(qlist) do qstored[q] = qgot[k] end
+    for k, field in ipairs(qfields) do
+      local sum = qgot[k]
+      if sum and #sum ~= width * 8 then
+        return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #sum .. ' bytes, the key needs ' .. (width * 8))
+      end
+    end
+    for k, field in ipairs(gfields) do
+      local sum = gstored[k]
+      if sum and #sum ~= width * 8 then
+        return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #sum .. ' bytes, the key needs ' .. (width * 8))
+      end
+    end
+    -- the slots to read: those of every sub-group re-made from its slots (touched, or its sum
+    -- missing), and the stale ones dropped (their sub-group's stored sum is checked against them)
+    local resum, wanted, fields = {}, {}, {}
+    for _, g in ipairs(gorder) do
+      if redo[g] then
+        for _, q in ipairs(groups[g]) do
+          if tsub[q] or not qstored[q] then
+            resum[q] = true
+            for _, id in ipairs(subs[q]) do
+              if id ~= me then wanted[#wanted + 1] = id; fields[#fields + 1] = 'slot:' .. id end
+            end
+          end
         end
       end
     end
     for _, id in ipairs(item.forget) do wanted[#wanted + 1] = id; fields[#fields + 1] = 'slot:' .. id end
-    local slots = {[shard] = payload}
+    local slots = {[me] = payload}
     local got = hmget(kd, fields)
     for k, id in ipairs(wanted) do
       local v = got[k]
@@ -541,53 +695,86 @@ for i = 1, nkeys do
       end
       slots[id] = v
     end
-    -- the group sums to re-make and the aggregate, in one pass: the retired history, then the group
-    -- sums in ascending group order, each the sum of its live slots in ascending shard order
-    -- (semantics.py sums in the same order)
-    local groups, fresh = {}, {}
-    if retired then groups[1] = {stored = retired} end
-    local first = #groups -- groups[first + k] is the k-th group in order
-    for k, g in ipairs(order) do
-      local sum = stored[k]
-      if sum and touched[g] and #sum == width * 8 then
-        -- the stored sum is re-made from this group's slots: it must have been their sum before this
-        -- fold (checked on the counts, which costs count_size values per slot)
-        local prior, own = {}, was_writer and old and group_of(shard) == g
-        for _, id in ipairs(ids) do
-          if group_of(id) == g then
-            if own and tonumber(id) > tonumber(shard) then prior[#prior + 1] = old; own = false end
-            prior[#prior + 1] = slots[id]
+    -- A stored sum about to be re-made must have been the sum of its parts before this fold: checked
+    -- on the counts (count_size values per part; the same operations, so the same bits).
+    local prior = {} -- the ids that wrote before this fold, ascending (this shard's old slot among them)
+    do
+      local own = was_writer and old -- (HMGET gives false for a missing field)
+      for _, id in ipairs(ids) do
+        if own and id > me then prior[#prior + 1] = me; own = false end
+        prior[#prior + 1] = id
+      end
+      if own then prior[#prior + 1] = me end
+    end
+    if not rebuild then
+      for q in pairs(tsub) do
+        local sum = qstored[q]
+        if sum then
+          local parts = {}
+          for _, id in ipairs(prior) do
+            if mfloor(id / SUB) == q then parts[#parts + 1] = id == me and old or slots[id] end
+          end
+          if summed(parts, count_size) ~= string.sub(sum, 1, 8 * count_size) then
+            return refuse('corrupt_state', name, 'stored sub:' .. q .. ' disagrees with the sum of its slots')
           end
         end
-        if own then prior[#prior + 1] = old end
-        -- summed over the first count_size values: the same operations, so the same bits
-        if summed(prior, count_size) ~= string.sub(sum, 1, 8 * count_size) then
-          return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' disagrees with the sum of its slots')
+      end
+      for k, g in ipairs(gorder) do
+        local sum = gstored[k]
+        if tgroup[g] and sum then
+          local parts, whole, prev = {}, true, nil
+          for _, id in ipairs(prior) do
+            local q = mfloor(id / SUB)
+            if mfloor(q / SUBS) == g and q ~= prev then
+              parts[#parts + 1] = qstored[q]
+              whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
+            end
+          end
+          if whole and summed(parts, count_size) ~= string.sub(sum, 1, 8 * count_size) then
+            return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' disagrees with the sum of its sub-groups')
+          end
         end
       end
-      if touched[g] or not sum then
-        local vs = {}
-        for _, id in ipairs(members[g]) do vs[#vs + 1] = id == shard or slots[id] end
-        groups[first + k], fresh[#fresh + 1] = {members = vs}, k
-      elseif #sum ~= width * 8 then
-        return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' is ' .. #sum .. ' bytes, the key needs ' ..
-          (width * 8))
+    end
+    -- the aggregate's terms in order: the retired history, then the groups in ascending order, each
+    -- re-made (from its sub-groups in ascending order, each stored or re-made from its slots in
+    -- ascending order) or stored (semantics.py sums in the same order)
+    local tree, made = {}, {}
+    if retired then tree[1] = {stored = retired} end
+    for k, g in ipairs(gorder) do
+      if redo[g] then
+        local parts = {}
+        for _, q in ipairs(groups[g]) do
+          if resum[q] then
+            local vs = {}
+            for _, id in ipairs(subs[q]) do vs[#vs + 1] = id == me or slots[id] end
+            parts[#parts + 1] = {members = vs, out = {}}
+            made[#made + 1] = {'sub:' .. q, parts[#parts]}
+          else
+            parts[#parts + 1] = {stored = qstored[q]}
+          end
+        end
+        tree[#tree + 1] = {parts = parts, out = {}}
+        made[#made + 1] = {gfields[k], tree[#tree]}
       else
-        groups[first + k] = {stored = sum}
+        tree[#tree + 1] = {stored = gstored[k]}
       end
     end
-    local sums, agg, of_agg = fold_values(name, payload, width, count_size, size, spec[11] == '1', groups)
-    if not sums then
-      if of_agg then return refuse(agg[1], agg[2], agg[3]) end
-      return reject(agg[1], agg[2], agg[3])
+    local agg, why, of_agg = fold_values(name, payload, width, count_size, size, spec[11] == '1', tree)
+    if not agg then
+      if of_agg then return refuse(why[1], why[2], why[3]) end
+      return reject(why[1], why[2], why[3])
     end
-    item.groups, item.emptied = {}, {}
-    for _, k in ipairs(fresh) do
-      item.groups[#item.groups + 1] = gfields[k]
-      item.groups[#item.groups + 1] = sums[first + k]
+    item.sums, item.emptied = {}, {}
+    for _, m in ipairs(made) do
+      item.sums[#item.sums + 1] = m[1]
+      item.sums[#item.sums + 1] = m[2].sum
     end
-    for g in pairs(touched) do
-      if not members[g] then item.emptied[#item.emptied + 1] = 'group:' .. g end
+    for q in pairs(tsub) do
+      if not subs[q] then item.emptied[#item.emptied + 1] = 'sub:' .. q end
+    end
+    for g in pairs(tgroup) do
+      if not groups[g] then item.emptied[#item.emptied + 1] = 'group:' .. g end
     end
     item.agg = agg
   else
@@ -612,7 +799,8 @@ for i = 1, nkeys do
       redis.call('HSET', item.meta, 'retired_count', g17((struct.unpack('<d', item.retired, 1))))
     end
     if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
-    redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.groups))
+    redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.sums))
+    if item.rebuild then redis.call('HSET', item.meta, 'sums_layout', LAYOUT) end
     redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writers', item.writers,
       'slot:' .. shard .. ':incarnation', inc, 'slot:' .. shard .. ':seq', seq, 'slot:' .. shard .. ':at_us', now_s,
       'slot:' .. shard .. ':count', g17((struct.unpack('<d', item.payload, 1))),
