@@ -1,0 +1,280 @@
+"""Writes the unrolled parts of ``redisync/store/lua/fold.lua``: ``join`` and the fused pass.
+
+The fused pass holds BLOCK (32) values of every input in local variables, so its Lua is written out
+in full rather than looped; this script is where that text comes from. ``--check`` (run by the
+tests) fails when fold.lua's copy differs from what this writes; without it, prints both sections.
+Edit here, then paste the output over the sections in fold.lua.
+"""
+
+import re
+
+B = 32
+
+
+def names(p):
+    return ", ".join(f"{p}{i}" for i in range(1, B + 1))
+
+
+def zeros():
+    return ", ".join("0.0" for _ in range(B))
+
+
+def add(a, b):
+    return ", ".join(f"{a}{i} + {b}{i}" for i in range(1, B + 1))
+
+
+def sq(c):
+    return " + ".join(f"{c}{i} * {c}{i}" for i in range(1, B + 1))
+
+
+def wrap(s, indent, width=116):
+    """Break only after ', ' or before ' + ' (never inside a term)."""
+    tokens = re.split(r"(?<=, )", s) if ", " in s else re.split(r"(?= \+ )", s)
+    lines, cur = [], indent
+    for t in tokens:
+        if len(cur) + len(t.rstrip()) > width and cur.strip():
+            lines.append(cur.rstrip())
+            cur = indent + "  " + t.lstrip()
+        else:
+            cur += t
+    lines.append(cur.rstrip())
+    return "\n".join(lines)
+
+
+def assign(lhs, rhs, ind, local=False):
+    head = ("local " if local else "") + lhs + " ="
+    return wrap(head, ind) + "\n" + wrap(rhs, ind + "  ")
+
+
+out = []
+w = out.append
+w("""-- The fused pass over one merge key's values ---------------------------------------------------------
+-- The re-made sums and the aggregate in one pass, BLOCK values at a time held in local variables:
+-- each input decoded once per block (the payload serves both its checks and its slot), the sums
+-- added in the order semantics.py adds them (a sub-group: 0 + its slots in ascending shard order; a
+-- group: 0 + its sub-groups' sums in ascending order; the aggregate: 0 + retired + the group sums in
+-- ascending order), every check made on the same block. A block whose cheap look (the sum of its
+-- squares finite; the signs of its count and sumsq values) is not clean is checked element by
+-- element, in payload order, so replies stay bit for bit.
+local BLOCK = 32
+local FB = '<' .. string.rep('d', BLOCK)
+local mmin = math.min
+
+-- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string
+-- costs its length each time one is made: table.concat makes each byte several times over (its
+-- buffer merges pieces in steps), one `..` of many operands makes it once.
+local function join64(t, i)
+  return
+__JOIN__
+end
+local function join(t)
+  if #t <= 1 then return t[1] or '' end
+  local out = {}
+  for i = 1, #t, 64 do out[#out + 1] = join64(t, i) end
+  return join(out)
+end
+
+-- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
+-- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
+-- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
+-- and the sum itself to its field sum. Returns the aggregate, or (nil, rejection, whether it is the
+-- aggregate's).
+-- (0 + x is x for every sum made here, which starts at +0: a lone part is its group's sum, a lone
+-- group the aggregate.)
+local function fold_values(name, payload, width, cs, size, sumsq, tree)
+  local nterms = #tree
+  local single = nterms == 1 and tree[1].parts ~= nil -- its sum is the aggregate
+  for ti = 1, nterms do
+    local parts = tree[ti].parts
+    if parts then
+      tree[ti].lone = #parts == 1 and parts[1].members ~= nil
+      if tree[ti].lone then tree[ti].out = parts[1].out end -- the same blocks, made into one string once
+    end
+  end
+  local aggs = single and tree[1].out or {}
+  local counts, counts_ok = {}, true -- counts_ok: every count is 0 or >= 1 (moments then cannot overflow)
+
+  local function count(idx) -- the aggregate's count idx, from the blocks made so far
+    local n = counts[idx]
+    if n == nil then
+      n = sunpack('<d', aggs[math.floor((idx - 1) / BLOCK) + 1], ((idx - 1) % BLOCK) * 8 + 1)
+      counts[idx] = n
+    end
+    return n
+  end
+
+  -- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
+  local function check(base, len, p, c)
+    for j = 1, len do
+      local g, v, a = base + j, p[j], c[j]
+      if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
+      if v < 0 and (g <= cs or g > cs + size) then
+        return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
+          ' in a count or sumsq part (must be >= 0)'}
+      end
+      if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
+        true end
+      if g <= cs then
+        counts[g] = a
+        if a > 0 and a < 1 then counts_ok = false end
+      else
+        -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
+        local e = (g - cs - 1) % size
+        local n = count(cs == 1 and 1 or e + 1)
+        if n > 0 then
+          local m = a / n
+          if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
+            return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
+          end
+        end
+      end
+    end
+    return nil
+  end
+
+  local pos, base, blk = 1, 0, 0
+  while base + BLOCK <= width do
+    blk = blk + 1""")
+IND = "    "
+w(assign(names("p"), "sunpack(FB, payload, pos)", IND, True))
+w(assign(names("c"), zeros(), IND, True))
+w(IND + "for ti = 1, nterms do")
+w(IND + "  local term = tree[ti]")
+w(IND + "  local parts = term.parts")
+w(IND + "  if parts then")
+J = IND + "    "
+w(assign(names("r"), zeros(), J, True))
+w(J + "local packed")
+w(J + "for pi = 1, #parts do")
+w(J + "  local part = parts[pi]")
+w(J + "  local members = part.members")
+w(J + "  if members then")
+K = J + "    "
+w(assign(names("a"), zeros(), K, True))
+w(K + "for mi = 1, #members do")
+w(K + "  local s = members[mi]")
+w(K + "  if s == true then")
+w(assign(names("a"), add("a", "p"), K + "    "))
+w(K + "  else")
+w(assign(names("b"), "sunpack(FB, s, pos)", K + "    ", True))
+w(assign(names("a"), add("a", "b"), K + "    "))
+w(K + "  end")
+w(K + "end")
+w(assign("packed", f"spack(FB, {names('a')})", K))
+w(K + "part.out[blk] = packed")
+w(K + "if term.lone then")
+w(assign(names("r"), names("a"), K + "  "))
+w(K + "else")
+w(assign(names("r"), add("r", "a"), K + "  "))
+w(K + "end")
+w(J + "  else")
+w(assign(names("b"), "sunpack(FB, part.stored, pos)", K, True))
+w(assign(names("r"), add("r", "b"), K))
+w(J + "  end")
+w(J + "end")
+w(J + "if not term.lone then")
+w(assign("packed", f"spack(FB, {names('r')})", J + "  "))
+w(J + "end")
+w(J + "term.out[blk] = packed")
+w(J + "if single then")
+w(assign(names("c"), names("r"), J + "  "))
+w(J + "  aggs[blk] = packed")
+w(J + "else")
+w(assign(names("c"), add("c", "r"), J + "  "))
+w(J + "end")
+w(IND + "  else")
+w(assign(names("b"), "sunpack(FB, term.stored, pos)", J, True))
+w(assign(names("c"), add("c", "b"), J))
+w(IND + "  end")
+w(IND + "end")
+w(IND + "if not single then")
+w(assign("aggs[blk]", f"spack(FB, {names('c')})", IND + "  "))
+w(IND + "end")
+w(IND + "-- the cheap look: finite squares mean finite values and, with counts of 0 or >= 1, finite moments")
+w(assign("sq", sq("c"), IND, True))
+w("""    local slow = sq - sq ~= 0
+    if not slow then
+      if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound""")
+w(wrap(f"if base + BLOCK > cs or mmin({names('p')}) < 0 then", IND + "    "))
+w(IND + "      slow = true")
+w(wrap(f"elseif mmin({names('c')}) < 1 then", IND + "    "))
+w(wrap(f"for _, n in ipairs({{{names('c')}}}) do", IND + "      "))
+w(IND + "        if n > 0 and n < 1 then counts_ok = false end")
+w(IND + "      end")
+w(IND + "    end")
+w(IND + "  elseif not counts_ok then")
+w(IND + "    slow = true -- counts that are fractions")
+w(wrap(f"elseif base + BLOCK > cs + size and mmin({names('p')}) < 0 then", IND + "  "))
+w(IND + "    slow = true -- sumsq values that may be negative")
+w(IND + "  end")
+w(IND + "end")
+w(IND + "if slow then")
+w(wrap(f"local why, of_agg = check(base, BLOCK, {{{names('p')}}}, {{{names('c')}}})", IND + "  "))
+w(IND + "  if why then return nil, why, of_agg end")
+w(IND + "end")
+w(IND + "base, pos = base + BLOCK, pos + BLOCK * 8")
+w("  end")
+w("""  if base < width then -- the last values, fewer than a block, in tables
+    local len = width - base
+    local fmt = '<' .. string.rep('d', len)
+    local function zero() local z = {} for k = 1, len do z[k] = 0.0 end return z end
+    local function add(x, y) for k = 1, len do x[k] = x[k] + y[k] end end
+    local p, c = {sunpack(fmt, payload, pos)}, zero()
+    for ti = 1, nterms do
+      local term = tree[ti]
+      if term.parts then
+        local g, packed = zero(), nil
+        for _, part in ipairs(term.parts) do
+          if part.members then
+            local a = zero()
+            for _, s in ipairs(part.members) do add(a, s == true and p or {sunpack(fmt, s, pos)}) end
+            packed = spack(fmt, unpack(a, 1, len))
+            part.out[blk + 1] = packed
+            if term.lone then g = a else add(g, a) end
+          else
+            add(g, {sunpack(fmt, part.stored, pos)})
+          end
+        end
+        if not term.lone then packed = spack(fmt, unpack(g, 1, len)) end
+        term.out[blk + 1] = packed
+        if single then c = g else add(c, g) end
+      else
+        add(c, {sunpack(fmt, term.stored, pos)})
+      end
+    end
+    aggs[blk + 1] = single and tree[1].out[blk + 1] or spack(fmt, unpack(c, 1, len))
+    local why, of_agg = check(base, len, p, c)
+    if why then return nil, why, of_agg end
+  end
+  local made = {}
+  local function sum(blocks)
+    local s = made[blocks]
+    if not s then s = join(blocks); made[blocks] = s end
+    return s
+  end
+  for ti = 1, nterms do
+    local term = tree[ti]
+    if term.parts then
+      for _, part in ipairs(term.parts) do if part.members then part.sum = sum(part.out) end end
+      term.sum = sum(term.out)
+    end
+  end
+  return sum(aggs)
+end""")
+ops = " ..\n".join(
+    "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
+).replace("(t[i + 0] or '')", "(t[i] or '')")
+text = "\n".join(out).replace("__JOIN__", ops)
+start = text.index("-- One string of many pieces.")
+end = text.index("  return join(out)\nend\n") + len("  return join(out)\nend\n")
+SECTIONS = {"join": text[start:end], "fused pass": (text[:start] + text[end:]).strip() + "\n"}
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    fold = (Path(__file__).resolve().parents[1] / "redisync/store/lua/fold.lua").read_text()
+    if "--check" in sys.argv:
+        stale = [name for name, section in SECTIONS.items() if section not in fold]
+        sys.exit(f"fold.lua's {' and '.join(stale)} differ from scripts/generate_fold_pass.py's" if stale else 0)
+    print("\n".join(SECTIONS.values()))
