@@ -41,6 +41,20 @@ def wrap(s, indent, width=116):
     return "\n".join(lines)
 
 
+def each(target, source, ind):
+    """``target_i = source_i`` for every i, one statement each: Lua compiles a statement into one
+    instruction, where a multiple assignment goes through temporaries (two)."""
+    stmts = [f"{target}{i} = {source.format(i=i)}" for i in range(1, B + 1)]
+    lines, cur = [], ind
+    for st in stmts:
+        if len(cur) + len(st) + 1 > 116 and cur.strip():
+            lines.append(cur.rstrip())
+            cur = ind
+        cur += st + " "
+    lines.append(cur.rstrip())
+    return "\n".join(lines)
+
+
 def assign(lhs, rhs, ind, local=False):
     head = ("local " if local else "") + lhs + " ="
     return wrap(head, ind) + "\n" + wrap(rhs, ind + "  ")
@@ -154,22 +168,22 @@ w(assign(names("a"), zeros(), K, True))
 w(K + "for mi = 1, #members do")
 w(K + "  local s = members[mi]")
 w(K + "  if s == true then")
-w(assign(names("a"), add("a", "p"), K + "    "))
+w(each("a", "a{i} + p{i}", K + "    "))
 w(K + "  else")
 w(assign(names("b"), "sunpack(FB, s, pos)", K + "    ", True))
-w(assign(names("a"), add("a", "b"), K + "    "))
+w(each("a", "a{i} + b{i}", K + "    "))
 w(K + "  end")
 w(K + "end")
 w(assign("packed", f"spack(FB, {names('a')})", K))
 w(K + "part.out[blk] = packed")
 w(K + "if term.lone then")
-w(assign(names("r"), names("a"), K + "  "))
+w(each("r", "a{i}", K + "  "))
 w(K + "else")
-w(assign(names("r"), add("r", "a"), K + "  "))
+w(each("r", "r{i} + a{i}", K + "  "))
 w(K + "end")
 w(J + "  else")
 w(assign(names("b"), "sunpack(FB, part.stored, pos)", K, True))
-w(assign(names("r"), add("r", "b"), K))
+w(each("r", "r{i} + b{i}", K))
 w(J + "  end")
 w(J + "end")
 w(J + "if not term.lone then")
@@ -177,14 +191,14 @@ w(assign("packed", f"spack(FB, {names('r')})", J + "  "))
 w(J + "end")
 w(J + "term.out[blk] = packed")
 w(J + "if single then")
-w(assign(names("c"), names("r"), J + "  "))
+w(each("c", "r{i}", J + "  "))
 w(J + "  aggs[blk] = packed")
 w(J + "else")
-w(assign(names("c"), add("c", "r"), J + "  "))
+w(each("c", "c{i} + r{i}", J + "  "))
 w(J + "end")
 w(IND + "  else")
 w(assign(names("b"), "sunpack(FB, term.stored, pos)", J, True))
-w(assign(names("c"), add("c", "b"), J))
+w(each("c", "c{i} + b{i}", J))
 w(IND + "  end")
 w(IND + "end")
 w(IND + "if not single then")

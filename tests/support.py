@@ -39,8 +39,15 @@ def lua_state(store: Store) -> dict:
             }
             # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own)
             subs, groups = layered_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width)
-            expected = {**{f"sub:{q}": v for q, v in subs.items()}, **{f"group:{g}": v for g, v in groups.items()}}
-            stored = {f: decode(v, spec.width) for f, v in data.items() if f.startswith(("sub:", "group:"))}
+            sums = {**{f"sub:{q}": v for q, v in subs.items()}, **{f"group:{g}": v for g, v in groups.items()}}
+            parts = {**sums, **{f"slot:{i}": slot[2] for i, slot in key["slots"].items()}}
+            # ... and every count record the count part of its vector
+            expected = {**sums, **{f"counts:{f}": v[: spec.count_size] for f, v in parts.items()}}
+            stored = {
+                f: decode(v, spec.count_size if f.startswith("counts:") else spec.width)
+                for f, v in data.items()
+                if f.startswith(("sub:", "group:", "counts:"))
+            }
             assert meta.get("sums_layout") == LAYOUT or not key["slots"], (name, meta.get("sums_layout"))
             assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
             for f, v in expected.items():

@@ -248,7 +248,7 @@ def test_the_reports_stream_keeps_payloads_only_when_the_run_asks(make_store):
     assert audited.limits().stream_payloads and not plain.limits().stream_payloads
 
 
-@pytest.mark.parametrize("field", ["sub:0", "group:0", "agg"])
+@pytest.mark.parametrize("field", ["sub:0", "group:0", "agg", "counts:slot:1"])
 def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_store, field):
     """The folds trust stored sums (each re-sums its own sub-group and group only): a snapshot whose
     sub-group or group sum or aggregate is not what its slots sum to would poison every later fold."""
@@ -291,8 +291,9 @@ def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
     payloads = {shard: np.array(v, dtype=np.float64) for shard, v in slots.items()}
     subs, groups = semantics.layered_sums(payloads, 5)
     expected = {f"sub:{q}": v for q, v in subs.items()} | {f"group:{g}": v for g, v in groups.items()}
+    expected |= {f"counts:{f}": v[:1] for f, v in (expected | {f"slot:{i}": v for i, v in payloads.items()}).items()}
     expected["agg"] = semantics.summed(list(groups.values()), 5)
-    assert sorted(f for f in data if not f.startswith("slot:")) == sorted(expected)
+    assert sorted(f for f in data if not f.startswith("slot:")) == sorted(expected)  # every stale field gone
     for field, value in expected.items():
         np.testing.assert_array_equal(codec.decode(data[field]), value, err_msg=field)
     assert store.redis.hget(store.keys.key_meta("obs/norm"), "sums_layout") == semantics.LAYOUT.encode()
@@ -315,7 +316,7 @@ def test_a_run_folded_before_two_level_sums_has_them_remade_at_its_next_fold(mak
 
     def as_one_level() -> None:
         store.redis.hdel(meta, "sums_layout")
-        store.redis.hdel(data, *[f for f in store.redis.hkeys(data) if f.startswith((b"sub:", b"group:"))])
+        store.redis.hdel(data, *[f for f in store.redis.hkeys(data) if f.startswith((b"sub:", b"group:", b"counts:"))])
         for g, ids in {0: (0, 1, 5, 6, 9), 1: (17,)}.items():
             flat = semantics.summed([np.array(values[i]) for i in ids], 5)
             store.redis.hset(data, f"group:{g}", codec.encode([flat]))
@@ -338,18 +339,18 @@ def test_a_run_folded_before_two_level_sums_has_them_remade_at_its_next_fold(mak
 
 @pytest.mark.parametrize(("field", "parts"), [("sub:0", "slots"), ("group:0", "sub-groups")])
 def test_a_fold_refuses_a_stored_sum_it_can_prove_wrong(make_store, field, parts):
-    """A fold that re-makes a sub-group or group sum checks that the stored one was its parts' sum
-    (on the counts, which costs count_size values per part): a damaged one is refused, and nothing
-    is written."""
+    """A fold that re-makes a sub-group or group sum checks that the stored one was its parts' sum,
+    on its count record (``counts:<field>``, count_size values, so the fold reads no whole vector for
+    it): a damaged one is refused, and nothing is written."""
     store = make_store()
     store.register(SCHEMA)
     shards = {shard: store.shard(shard) for shard in (0, 1, 2, 5)}
     for client in shards.values():
         client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
     data = store.keys.key_data("obs/norm")
-    damaged = codec.decode(store.redis.hget(data, field))
+    damaged = codec.decode(store.redis.hget(data, f"counts:{field}"))
     damaged[0] += 1000.0
-    store.redis.hset(data, field, codec.encode([damaged]))
+    store.redis.hset(data, f"counts:{field}", codec.encode([damaged]))
     before = store.fleet()
     with pytest.raises(errors.CorruptState, match=f"{field} disagrees with the sum of its {parts}"):
         shards[1].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})

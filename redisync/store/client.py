@@ -27,7 +27,7 @@ from redis.retry import Retry
 from .. import errors
 from . import codec, semantics
 from .keys import RunKeys
-from .schema import Limits, Schema, validate_reports
+from .schema import Limits, MergeSpec, Schema, validate_reports
 
 ENV_URL = "REDISYNC_URL"
 EMBEDDED = "embedded"
@@ -297,10 +297,14 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
         ):
             raise bad(f"key {name!r}", "its metadata is missing or does not match the schema")
         for field, raw in data.items():
-            if field not in ("agg", "retired", "value") and not field.startswith(("slot:", "sub:", "group:")):
+            record = field.startswith("counts:")  # the count part of a stored vector (see _check_sums)
+            if field not in ("agg", "retired", "value") and not field.removeprefix("counts:").startswith(
+                ("slot:", "sub:", "group:")
+            ):
                 raise bad(f"key {name!r}", f"unexpected data field {field!r}")
-            if len(raw) != 8 * spec.width:
-                raise bad(f"key {name!r}", f"{field} is {len(raw)} bytes, the key needs {8 * spec.width}")
+            need = 8 * (spec.count_size if record and isinstance(spec, MergeSpec) else spec.width)
+            if len(raw) != need:
+                raise bad(f"key {name!r}", f"{field} is {len(raw)} bytes, the key needs {need}")
             if not np.isfinite(codec.decode(raw)).all():
                 raise bad(f"key {name!r}", f"{field} holds a non-finite value")
         if spec.semantics == "merge":
@@ -308,39 +312,44 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
             slots = sorted(f[len("slot:") :] for f in data if f.startswith("slot:"))
             if sorted(writers) != slots or any(f"slot:{w}:incarnation" not in info for w in writers):
                 raise bad(f"key {name!r}", f"writers {writers} do not match the stored slots {slots}")
-            _check_sums(name, spec.width, hashes[f"key:{name}"], data, writers, bad)
+            _check_sums(name, spec, hashes[f"key:{name}"], data, writers, bad)
     return hashes, schema
 
 
 def _check_sums(
-    name: str, width: int, info: dict[str, bytes], data: dict[str, bytes], writers: list[str], bad: Any
+    name: str, spec: MergeSpec, info: dict[str, bytes], data: dict[str, bytes], writers: list[str], bad: Any
 ) -> None:
-    """The folds trust stored sums (each re-sums its own sub-group and group only): every sub-group
-    and group sum must be its parts' sum and the aggregate the sum of the history and the groups, as
-    the fold computes them; a missing sum is filled in. A snapshot whose sums were laid out otherwise
-    (taken before they had two levels) has them all re-made from its slots: they are derived data."""
+    """The folds trust stored sums (each re-makes its own sub-group and group only, checking their
+    count records): every sub-group and group sum must be its parts' sum, the aggregate the sum of the
+    history and the groups, and every count record (``counts:<field>``) the count part of its field,
+    as the fold computes them; a missing one is filled in. A snapshot whose sums were laid out
+    otherwise (taken before they had two levels) has them all re-made from its slots: they are derived
+    data."""
     if not all(w.isdigit() for w in writers):
         raise bad(f"key {name!r}", f"writers {writers} are not shard ids")
-    subs, groups = semantics.layered_sums({int(w): codec.decode(data[f"slot:{w}"]) for w in writers}, width)
+    width, cut = spec.width, spec.count_size
+    slots = {int(w): codec.decode(data[f"slot:{w}"]) for w in writers}
+    subs, groups = semantics.layered_sums(slots, width)
     retired = data.get("retired")
     agg = semantics.summed(([] if retired is None else [codec.decode(retired)]) + list(groups.values()), width)
-    derived = {f"sub:{q}": v for q, v in subs.items()} | {f"group:{g}": v for g, v in groups.items()} | {"agg": agg}
+    sums = {f"sub:{q}": v for q, v in subs.items()} | {f"group:{g}": v for g, v in groups.items()}
+    counts = {f"counts:{f}": v[:cut] for f, v in (sums | {f"slot:{w}": v for w, v in slots.items()}).items()}
+    derived = sums | {"agg": agg} | counts
+    parts = {"sub": "its slots", "group": "its sub-groups", "agg": "the retired history and the slots"}
     if _b(info.get("sums_layout", b"")) == semantics.LAYOUT:
-        for field in [f for f in data if f.startswith(("sub:", "group:"))]:
+        for field in [f for f in data if f.startswith(("sub:", "group:", "counts:"))]:
             if field not in derived:
                 raise bad(f"key {name!r}", f"{field} belongs to no stored slot")
         for field, expected in derived.items():
             raw = data.get(field)
             if raw is not None and not np.array_equal(codec.decode(raw), expected):
-                parts = (
-                    "its slots"
-                    if field.startswith("sub:")
-                    else "its sub-groups"
-                    if field.startswith("group:")
-                    else "the retired history and the slots"
+                what = (
+                    "the count part of " + field[len("counts:") :]
+                    if field.startswith("counts:")
+                    else ("the sum of " + parts[field.split(":")[0]])
                 )
-                raise bad(f"key {name!r}", f"{field} disagrees with the sum of {parts}")
-    for field in [f for f in data if f.startswith(("sub:", "group:"))]:
+                raise bad(f"key {name!r}", f"{field} disagrees with {what}")
+    for field in [f for f in data if f.startswith(("sub:", "group:", "counts:"))]:
         del data[field]
     data.update({field: codec.encode([v]) for field, v in derived.items()})
     info["sums_layout"] = semantics.LAYOUT.encode()

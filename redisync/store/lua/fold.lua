@@ -360,22 +360,22 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
             for mi = 1, #members do
               local s = members[mi]
               if s == true then
-                a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22,
-                  a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
-                  a1 + p1, a2 + p2, a3 + p3, a4 + p4, a5 + p5, a6 + p6, a7 + p7, a8 + p8, a9 + p9, a10 + p10,
-                    a11 + p11, a12 + p12, a13 + p13, a14 + p14, a15 + p15, a16 + p16, a17 + p17, a18 + p18,
-                    a19 + p19, a20 + p20, a21 + p21, a22 + p22, a23 + p23, a24 + p24, a25 + p25, a26 + p26,
-                    a27 + p27, a28 + p28, a29 + p29, a30 + p30, a31 + p31, a32 + p32
+                a1 = a1 + p1 a2 = a2 + p2 a3 = a3 + p3 a4 = a4 + p4 a5 = a5 + p5 a6 = a6 + p6 a7 = a7 + p7
+                a8 = a8 + p8 a9 = a9 + p9 a10 = a10 + p10 a11 = a11 + p11 a12 = a12 + p12 a13 = a13 + p13
+                a14 = a14 + p14 a15 = a15 + p15 a16 = a16 + p16 a17 = a17 + p17 a18 = a18 + p18 a19 = a19 + p19
+                a20 = a20 + p20 a21 = a21 + p21 a22 = a22 + p22 a23 = a23 + p23 a24 = a24 + p24 a25 = a25 + p25
+                a26 = a26 + p26 a27 = a27 + p27 a28 = a28 + p28 a29 = a29 + p29 a30 = a30 + p30 a31 = a31 + p31
+                a32 = a32 + p32
               else
                 local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20,
                   b21, b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
                   sunpack(FB, s, pos)
-                a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22,
-                  a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
-                  a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5, a6 + b6, a7 + b7, a8 + b8, a9 + b9, a10 + b10,
-                    a11 + b11, a12 + b12, a13 + b13, a14 + b14, a15 + b15, a16 + b16, a17 + b17, a18 + b18,
-                    a19 + b19, a20 + b20, a21 + b21, a22 + b22, a23 + b23, a24 + b24, a25 + b25, a26 + b26,
-                    a27 + b27, a28 + b28, a29 + b29, a30 + b30, a31 + b31, a32 + b32
+                a1 = a1 + b1 a2 = a2 + b2 a3 = a3 + b3 a4 = a4 + b4 a5 = a5 + b5 a6 = a6 + b6 a7 = a7 + b7
+                a8 = a8 + b8 a9 = a9 + b9 a10 = a10 + b10 a11 = a11 + b11 a12 = a12 + b12 a13 = a13 + b13
+                a14 = a14 + b14 a15 = a15 + b15 a16 = a16 + b16 a17 = a17 + b17 a18 = a18 + b18 a19 = a19 + b19
+                a20 = a20 + b20 a21 = a21 + b21 a22 = a22 + b22 a23 = a23 + b23 a24 = a24 + b24 a25 = a25 + b25
+                a26 = a26 + b26 a27 = a27 + b27 a28 = a28 + b28 a29 = a29 + b29 a30 = a30 + b30 a31 = a31 + b31
+                a32 = a32 + b32
               end
             end
             packed =
@@ -383,28 +383,26 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
                 a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32)
             part.out[blk] = packed
             if term.lone then
-              r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
-                r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
-                a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22,
-                  a23, a24, a25, a26, a27, a28, a29, a30, a31, a32
+              r1 = a1 r2 = a2 r3 = a3 r4 = a4 r5 = a5 r6 = a6 r7 = a7 r8 = a8 r9 = a9 r10 = a10 r11 = a11 r12 = a12
+              r13 = a13 r14 = a14 r15 = a15 r16 = a16 r17 = a17 r18 = a18 r19 = a19 r20 = a20 r21 = a21 r22 = a22
+              r23 = a23 r24 = a24 r25 = a25 r26 = a26 r27 = a27 r28 = a28 r29 = a29 r30 = a30 r31 = a31 r32 = a32
             else
-              r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
-                r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
-                r1 + a1, r2 + a2, r3 + a3, r4 + a4, r5 + a5, r6 + a6, r7 + a7, r8 + a8, r9 + a9, r10 + a10,
-                  r11 + a11, r12 + a12, r13 + a13, r14 + a14, r15 + a15, r16 + a16, r17 + a17, r18 + a18, r19 + a19,
-                  r20 + a20, r21 + a21, r22 + a22, r23 + a23, r24 + a24, r25 + a25, r26 + a26, r27 + a27, r28 + a28,
-                  r29 + a29, r30 + a30, r31 + a31, r32 + a32
+              r1 = r1 + a1 r2 = r2 + a2 r3 = r3 + a3 r4 = r4 + a4 r5 = r5 + a5 r6 = r6 + a6 r7 = r7 + a7
+              r8 = r8 + a8 r9 = r9 + a9 r10 = r10 + a10 r11 = r11 + a11 r12 = r12 + a12 r13 = r13 + a13
+              r14 = r14 + a14 r15 = r15 + a15 r16 = r16 + a16 r17 = r17 + a17 r18 = r18 + a18 r19 = r19 + a19
+              r20 = r20 + a20 r21 = r21 + a21 r22 = r22 + a22 r23 = r23 + a23 r24 = r24 + a24 r25 = r25 + a25
+              r26 = r26 + a26 r27 = r27 + a27 r28 = r28 + a28 r29 = r29 + a29 r30 = r30 + a30 r31 = r31 + a31
+              r32 = r32 + a32
             end
           else
             local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
               b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
               sunpack(FB, part.stored, pos)
-            r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
-              r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
-              r1 + b1, r2 + b2, r3 + b3, r4 + b4, r5 + b5, r6 + b6, r7 + b7, r8 + b8, r9 + b9, r10 + b10, r11 + b11,
-                r12 + b12, r13 + b13, r14 + b14, r15 + b15, r16 + b16, r17 + b17, r18 + b18, r19 + b19, r20 + b20,
-                r21 + b21, r22 + b22, r23 + b23, r24 + b24, r25 + b25, r26 + b26, r27 + b27, r28 + b28, r29 + b29,
-                r30 + b30, r31 + b31, r32 + b32
+            r1 = r1 + b1 r2 = r2 + b2 r3 = r3 + b3 r4 = r4 + b4 r5 = r5 + b5 r6 = r6 + b6 r7 = r7 + b7 r8 = r8 + b8
+            r9 = r9 + b9 r10 = r10 + b10 r11 = r11 + b11 r12 = r12 + b12 r13 = r13 + b13 r14 = r14 + b14
+            r15 = r15 + b15 r16 = r16 + b16 r17 = r17 + b17 r18 = r18 + b18 r19 = r19 + b19 r20 = r20 + b20
+            r21 = r21 + b21 r22 = r22 + b22 r23 = r23 + b23 r24 = r24 + b24 r25 = r25 + b25 r26 = r26 + b26
+            r27 = r27 + b27 r28 = r28 + b28 r29 = r29 + b29 r30 = r30 + b30 r31 = r31 + b31 r32 = r32 + b32
           end
         end
         if not term.lone then
@@ -414,29 +412,26 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
         end
         term.out[blk] = packed
         if single then
-          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
-            c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-            r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
-              r23, r24, r25, r26, r27, r28, r29, r30, r31, r32
+          c1 = r1 c2 = r2 c3 = r3 c4 = r4 c5 = r5 c6 = r6 c7 = r7 c8 = r8 c9 = r9 c10 = r10 c11 = r11 c12 = r12
+          c13 = r13 c14 = r14 c15 = r15 c16 = r16 c17 = r17 c18 = r18 c19 = r19 c20 = r20 c21 = r21 c22 = r22
+          c23 = r23 c24 = r24 c25 = r25 c26 = r26 c27 = r27 c28 = r28 c29 = r29 c30 = r30 c31 = r31 c32 = r32
           aggs[blk] = packed
         else
-          c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
-            c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-            c1 + r1, c2 + r2, c3 + r3, c4 + r4, c5 + r5, c6 + r6, c7 + r7, c8 + r8, c9 + r9, c10 + r10, c11 + r11,
-              c12 + r12, c13 + r13, c14 + r14, c15 + r15, c16 + r16, c17 + r17, c18 + r18, c19 + r19, c20 + r20,
-              c21 + r21, c22 + r22, c23 + r23, c24 + r24, c25 + r25, c26 + r26, c27 + r27, c28 + r28, c29 + r29,
-              c30 + r30, c31 + r31, c32 + r32
+          c1 = c1 + r1 c2 = c2 + r2 c3 = c3 + r3 c4 = c4 + r4 c5 = c5 + r5 c6 = c6 + r6 c7 = c7 + r7 c8 = c8 + r8
+          c9 = c9 + r9 c10 = c10 + r10 c11 = c11 + r11 c12 = c12 + r12 c13 = c13 + r13 c14 = c14 + r14
+          c15 = c15 + r15 c16 = c16 + r16 c17 = c17 + r17 c18 = c18 + r18 c19 = c19 + r19 c20 = c20 + r20
+          c21 = c21 + r21 c22 = c22 + r22 c23 = c23 + r23 c24 = c24 + r24 c25 = c25 + r25 c26 = c26 + r26
+          c27 = c27 + r27 c28 = c28 + r28 c29 = c29 + r29 c30 = c30 + r30 c31 = c31 + r31 c32 = c32 + r32
         end
       else
         local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21, b22,
           b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
           sunpack(FB, term.stored, pos)
-        c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
-          c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-          c1 + b1, c2 + b2, c3 + b3, c4 + b4, c5 + b5, c6 + b6, c7 + b7, c8 + b8, c9 + b9, c10 + b10, c11 + b11,
-            c12 + b12, c13 + b13, c14 + b14, c15 + b15, c16 + b16, c17 + b17, c18 + b18, c19 + b19, c20 + b20,
-            c21 + b21, c22 + b22, c23 + b23, c24 + b24, c25 + b25, c26 + b26, c27 + b27, c28 + b28, c29 + b29,
-            c30 + b30, c31 + b31, c32 + b32
+        c1 = c1 + b1 c2 = c2 + b2 c3 = c3 + b3 c4 = c4 + b4 c5 = c5 + b5 c6 = c6 + b6 c7 = c7 + b7 c8 = c8 + b8
+        c9 = c9 + b9 c10 = c10 + b10 c11 = c11 + b11 c12 = c12 + b12 c13 = c13 + b13 c14 = c14 + b14
+        c15 = c15 + b15 c16 = c16 + b16 c17 = c17 + b17 c18 = c18 + b18 c19 = c19 + b19 c20 = c20 + b20
+        c21 = c21 + b21 c22 = c22 + b22 c23 = c23 + b23 c24 = c24 + b24 c25 = c25 + b25 c26 = c26 + b26
+        c27 = c27 + b27 c28 = c28 + b28 c29 = c29 + b29 c30 = c30 + b30 c31 = c31 + b31 c32 = c32 + b32
       end
     end
     if not single then
@@ -585,16 +580,22 @@ for i = 1, nkeys do
       for k, id in ipairs(ids) do atf[k] = 'slot:' .. id .. ':at_us' end
       at = hmget(km, atf)
     end
-    local data = redis.call('HMGET', kd, 'retired', 'slot:' .. shard)
-    local retired, old = data[1], data[2]
-    for k, field in ipairs({'retired', 'slot:' .. shard}) do
-      if data[k] and #data[k] ~= width * 8 then
-        return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #data[k] .. ' bytes, the key needs ' .. (width * 8))
-      end
+    -- the history, and this shard's previous slot: its counts (every stored sum has a record of its
+    -- count part, 'counts:<field>', so that the checks below need not read whole vectors), and the
+    -- whole slot only when a new incarnation retires it
+    local data = redis.call('HMGET', kd, 'retired', 'counts:slot:' .. shard)
+    local retired, own_counts = data[1], data[2]
+    if retired and #retired ~= width * 8 then
+      return refuse('corrupt_state', name, 'stored retired is ' .. #retired .. ' bytes, the key needs ' .. (width * 8))
     end
-    if old and spec[8] ~= inc and not resumed then
+    local old
+    if spec[8] and spec[8] ~= inc and not resumed and spec[10] ~= 'state' then
       -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
-      if spec[10] ~= 'state' then
+      old = redis.call('HGET', kd, 'slot:' .. shard)
+      if old and #old ~= width * 8 then
+        return refuse('corrupt_state', name, 'stored slot:' .. shard .. ' is ' .. #old .. ' bytes, the key needs ' .. (width * 8))
+      end
+      if old then
         if retired then
           local sum, e = sum_checked(name, {retired, old}, width, count_size, size, spec[11] == '1')
           if not sum then return refuse(e[1], e[2], e[3]) end
@@ -642,33 +643,39 @@ for i = 1, nkeys do
     for q in pairs(tsub) do tgroup[mfloor(q / SUBS)] = true end
     -- the stored sums: every live group's; the sub-groups' of a group that is re-made (touched, or
     -- its sum missing: a run restored from a snapshot without it), and of the touched ones
-    local gfields = {}
-    for k, g in ipairs(gorder) do gfields[k] = 'group:' .. g end
-    local gstored = rebuild and {} or hmget(kd, gfields)
+    -- (a touched sum is re-made: only its count record is read, for the check below)
+    local gfields, gread = {}, {}
+    for k, g in ipairs(gorder) do
+      gfields[k] = 'group:' .. g
+      gread[k] = (tgroup[g] and 'counts:group:' or 'group:') .. g
+    end
+    local gstored = rebuild and {} or hmget(kd, gread)
     local redo, qlist, qfields = {}, {}, {}
     for k, g in ipairs(gorder) do
       if tgroup[g] or not gstored[k] then
         redo[g] = true
-        for _, q in ipairs(groups[g]) do qlist[#qlist + 1] = q; qfields[#qfields + 1] = 'sub:' .. q end
+        for _, q in ipairs(groups[g]) do
+          qlist[#qlist + 1] = q
+          qfields[#qfields + 1] = (tsub[q] and 'counts:sub:' or 'sub:') .. q
+        end
       end
     end
     for q in pairs(tsub) do
-      if not subs[q] then qlist[#qlist + 1] = q; qfields[#qfields + 1] = 'sub:' .. q end
+      if not subs[q] then qlist[#qlist + 1] = q; qfields[#qfields + 1] = 'counts:sub:' .. q end
     end
     local qgot, qstored = rebuild and {} or hmget(kd, qfields), {}
     for k, q in ipairs(qlist) do qstored[q] = qgot[k] end
-    for k, field in ipairs(qfields) do
-      local sum = qgot[k]
-      if sum and #sum ~= width * 8 then
-        return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #sum .. ' bytes, the key needs ' .. (width * 8))
+    local function sized(fields, got)
+      for k, field in ipairs(fields) do
+        local v, want = got[k], (string.sub(field, 1, 7) == 'counts:' and count_size or width) * 8
+        if v and #v ~= want then
+          return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #v .. ' bytes, the key needs ' .. want)
+        end
       end
     end
-    for k, field in ipairs(gfields) do
-      local sum = gstored[k]
-      if sum and #sum ~= width * 8 then
-        return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #sum .. ' bytes, the key needs ' .. (width * 8))
-      end
-    end
+    local bad = sized(qfields, qgot) or sized(gread, gstored) or
+      sized({'counts:slot:' .. shard}, {own_counts or nil})
+    if bad then return bad end
     -- the slots to read: those of every sub-group re-made from its slots (touched, or its sum
     -- missing), and the stale ones dropped (their sub-group's stored sum is checked against them)
     local resum, wanted, fields = {}, {}, {}
@@ -696,10 +703,10 @@ for i = 1, nkeys do
       slots[id] = v
     end
     -- A stored sum about to be re-made must have been the sum of its parts before this fold: checked
-    -- on the counts (count_size values per part; the same operations, so the same bits).
+    -- on the count records (count_size values per part; the same operations, so the same bits).
     local prior = {} -- the ids that wrote before this fold, ascending (this shard's old slot among them)
     do
-      local own = was_writer and old -- (HMGET gives false for a missing field)
+      local own = was_writer
       for _, id in ipairs(ids) do
         if own and id > me then prior[#prior + 1] = me; own = false end
         prior[#prior + 1] = id
@@ -709,12 +716,13 @@ for i = 1, nkeys do
     if not rebuild then
       for q in pairs(tsub) do
         local sum = qstored[q]
-        if sum then
+        -- (without this shard's own count record, its part is unknown: nothing to prove)
+        if sum and (own_counts or not was_writer or mfloor(me / SUB) ~= q) then
           local parts = {}
           for _, id in ipairs(prior) do
-            if mfloor(id / SUB) == q then parts[#parts + 1] = id == me and old or slots[id] end
+            if mfloor(id / SUB) == q then parts[#parts + 1] = id == me and own_counts or slots[id] end
           end
-          if summed(parts, count_size) ~= string.sub(sum, 1, 8 * count_size) then
+          if summed(parts, count_size) ~= sum then
             return refuse('corrupt_state', name, 'stored sub:' .. q .. ' disagrees with the sum of its slots')
           end
         end
@@ -730,7 +738,7 @@ for i = 1, nkeys do
               whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
             end
           end
-          if whole and summed(parts, count_size) ~= string.sub(sum, 1, 8 * count_size) then
+          if whole and summed(parts, count_size) ~= sum then
             return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' disagrees with the sum of its sub-groups')
           end
         end
@@ -765,16 +773,30 @@ for i = 1, nkeys do
       if of_agg then return refuse(why[1], why[2], why[3]) end
       return reject(why[1], why[2], why[3])
     end
-    item.sums, item.emptied = {}, {}
-    for _, m in ipairs(made) do
-      item.sums[#item.sums + 1] = m[1]
-      item.sums[#item.sums + 1] = m[2].sum
+    local cut = 8 * count_size
+    item.sums, item.emptied = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}, {}
+    local function record(field, sum)
+      local n = #item.sums
+      item.sums[n + 1], item.sums[n + 2], item.sums[n + 3], item.sums[n + 4] =
+        field, sum, 'counts:' .. field, string.sub(sum, 1, cut)
+    end
+    for _, m in ipairs(made) do record(m[1], m[2].sum) end
+    if rebuild then -- every live slot's count record
+      for _, id in ipairs(live) do
+        if id ~= me then
+          item.sums[#item.sums + 1] = 'counts:slot:' .. id
+          item.sums[#item.sums + 1] = string.sub(slots[id], 1, cut)
+        end
+      end
     end
     for q in pairs(tsub) do
-      if not subs[q] then item.emptied[#item.emptied + 1] = 'sub:' .. q end
+      if not subs[q] then item.emptied[#item.emptied + 1] = 'sub:' .. q; item.emptied[#item.emptied + 1] = 'counts:sub:' .. q end
     end
     for g in pairs(tgroup) do
-      if not groups[g] then item.emptied[#item.emptied + 1] = 'group:' .. g end
+      if not groups[g] then
+        item.emptied[#item.emptied + 1] = 'group:' .. g
+        item.emptied[#item.emptied + 1] = 'counts:group:' .. g
+      end
     end
     item.agg = agg
   else
@@ -791,7 +813,7 @@ for i = 1, nkeys do
     for _, id in ipairs(item.forget) do
       redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
         'slot:' .. id .. ':at_us', 'slot:' .. id .. ':count')
-      redis.call('HDEL', item.data, 'slot:' .. id)
+      redis.call('HDEL', item.data, 'slot:' .. id, 'counts:slot:' .. id)
     end
     if #item.forget > 0 then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget) end
     if item.retired then
