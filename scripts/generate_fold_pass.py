@@ -209,7 +209,11 @@ w(assign("sq", sq("c"), IND, True))
 w("""    local slow = sq - sq ~= 0
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound""")
-w(wrap(f"if base + BLOCK > cs or mmin({names('p')}) < 0 then", IND + "    "))
+w(IND + "    if base + BLOCK > cs then -- counts, then sums: the counts alone element by element")
+w(wrap(f"local why, of_agg = check(base, cs - base, {{{names('p')}}}, {{{names('c')}}})", IND + "      "))
+w(IND + "      if why then return nil, why, of_agg end")
+w(wrap(f"slow = not counts_ok or base + BLOCK > cs + size and mmin({names('p')}) < 0", IND + "      "))
+w(wrap(f"elseif mmin({names('p')}) < 0 then", IND + "    "))
 w(IND + "      slow = true")
 w(wrap(f"elseif mmin({names('c')}) < 1 then", IND + "    "))
 w(wrap(f"for _, n in ipairs({{{names('c')}}}) do", IND + "      "))

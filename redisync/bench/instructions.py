@@ -143,12 +143,24 @@ def floors(server: CountingServer, n: int, times: int) -> dict[str, float]:
     return out
 
 
-def run_instructions(sizes: tuple[int, ...] = SIZES, slots: tuple[int, ...] = SLOTS, folds: int = 3) -> dict[str, Any]:
+def folds_for(n: int) -> int:
+    """Folds to average at ``n`` values: Redis steps Lua's garbage collector once every 50 scripts,
+    a step that lands on one fold of a few would move a small fold's count by a tenth."""
+    return max(3, 6400 // n)
+
+
+def run_instructions(
+    sizes: tuple[int, ...] = SIZES, slots: tuple[int, ...] = SLOTS, folds: int | None = None
+) -> dict[str, Any]:
     """The instruction table: per fold, per size and slot count; the floors; the marginal cost per value."""
     server = CountingServer()
     try:
-        rows = [{"values": n, "slots": s, "instructions": measure(server, n, s, folds)} for n in sizes for s in slots]
-        floor_rows = [{"values": n, **floors(server, n, folds)} for n in sizes]
+        rows = [
+            {"values": n, "slots": s, "instructions": measure(server, n, s, folds or folds_for(n))}
+            for n in sizes
+            for s in slots
+        ]
+        floor_rows = [{"values": n, **floors(server, n, folds or folds_for(n))} for n in sizes]
     finally:
         server.close()
     marginal = []

@@ -448,8 +448,17 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     local slow = sq - sq ~= 0
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound
-        if base + BLOCK > cs or mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17,
-          p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
+        if base + BLOCK > cs then -- counts, then sums: the counts alone element by element
+          local why, of_agg = check(base, cs - base, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
+            p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2, c3,
+            c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25,
+            c26, c27, c28, c29, c30, c31, c32})
+          if why then return nil, why, of_agg end
+          slow = not counts_ok or base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11,
+            p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31,
+            p32) < 0
+        elseif mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21,
+          p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
           slow = true
         elseif mmin(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
           c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) < 1 then
