@@ -86,7 +86,7 @@ def test_a_retried_report_is_folded_once(make_store):
 def test_restarted_shard_retires_history_and_drops_state_slots(make_store):
     store = make_store()
     schema = Schema.of(
-        {"obs/norm": merge(1, lifecycle="history"), "motion/ema": merge(1, stale_after_s=0.05, lifecycle="state")}
+        {"obs/norm": merge(1, lifecycle="history"), "motion/ema": merge(1, stale_after_s=0.5, lifecycle="state")}
     )
     store.register(schema)
     old = store.shard(0, incarnation=10)
@@ -102,7 +102,7 @@ def test_restarted_shard_retires_history_and_drops_state_slots(make_store):
 
     other = store.shard(1)
     other.publish({"motion/ema": {"count": 1, "sum": 100}})
-    time.sleep(0.08)
+    time.sleep(0.6)  # (stale_after_s 0.5: on a loaded machine a shorter one let shard 0's slot go stale too)
     new.publish({"motion/ema": {"count": 1, "sum": 5}})  # shard 1 went silent: its slot drops out
     assert store.fleet().keys["motion/ema"].parts()["sum"][0] == 5
     info = store.key_info("motion/ema")

@@ -80,6 +80,33 @@ def _report(rng: np.random.Generator, n: int, k: int) -> dict[str, Any]:
 SHARDS = 4  # live slots of the benchmark's key, all in one group of the fold's sums
 
 
+def client_publish_us(url: str | None, n: int = 64, calls: int = 1000) -> float:
+    """What ``publish()`` costs on the client outside the round trip: the median of publishes of a
+    report in the terms' form (N float64 sums and a float count) whose EVALSHA returns at once with
+    the reply the server gave (checks, encoding, the arguments, the reply's parsing; not redis-py's
+    own path, which a raw EVALSHA costs too)."""
+    store = _new_run(url, n)
+    try:
+        client, rng = store.shard(0), np.random.default_rng(n)
+        reply = None
+
+        def call(script: Any, keys: list[str], args: list[Any]) -> Any:
+            nonlocal reply
+            if script is not store.scripts.fold:  # the claim of an incarnation
+                return type(store)._call(store, script, keys, args)
+            if reply is None:
+                reply = type(store)._call(store, script, keys, args)
+            return reply
+
+        store._call = call  # type: ignore[method-assign]
+        report = _report(rng, n, 1)
+        client.publish(report)
+        return _median_us(lambda: client.publish(report), calls)
+    finally:
+        del store._call
+        store.delete()
+
+
 def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
     """Median publish and pull latencies, a back-to-back PING series around each, and the median
     server time of a fold (SLOWLOG), for one key of ``n`` elements with SHARDS live slots."""
@@ -309,13 +336,16 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
             * 1e3
             / (large["payload_values"] - small["payload_values"])
         )
+    client_us = client_publish_us(url, 64, calls)
     limits = {
+        "client_publish_us_at_64<=10": 10.0,
         "publish_64_over_ping<=3": 3.0,
         "publish_1024_over_ping<=5": 5.0,
         "pull_unchanged_over_ping<=1.3": 1.3,
         f"server_fold_ns_per_value_at_{SHARDS}_slots<=200": 200.0,
     }
     measured = [
+        client_us,
         by_n[64]["publish_over_ping"],
         by_n[1024]["publish_over_ping"],
         max(s["pull_unchanged_over_ping"] for s in sizes),
@@ -328,6 +358,7 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
         "ping_us": ping,
         "sizes": sizes,
         "server_fold_ns_per_value": marginal,
+        "client_publish_us": client_us,
         "concurrency": conc,
         "fold_profile_us": {n: fold_profile(url, n) for n in (64, 1024)},
     }

@@ -643,6 +643,7 @@ class ShardClient:
         )
         self.take_over = True  # claim even while another live process holds the shard (a Syncer asks first)
         self._limits: Limits | None = None
+        self._fold_keys: dict[tuple[str, ...], list[str]] = {}  # KEYS of the fold, per set of reported keys
         self._lock = threading.RLock()
 
     @property
@@ -689,7 +690,13 @@ class ShardClient:
     def publish_payloads(self, payloads: Mapping[str, bytes], seq: int) -> codec.PublishResult:
         """Fold already-encoded payloads with an explicit ``seq`` (no client-side checks)."""
         store = self.store
-        keys = [store.keys.meta, store.keys.shards, store.keys.reports, store.keys.dead_letters]
+        names = tuple(payloads)
+        keys = self._fold_keys.get(names)
+        if keys is None:
+            keys = [store.keys.meta, store.keys.shards, store.keys.reports, store.keys.dead_letters]
+            for name in names:
+                keys += [store.keys.key_meta(name), store.keys.key_data(name)]
+            self._fold_keys[names] = keys
         with self._lock:
             args: list[Any] = [
                 store.schema.digest,
@@ -697,17 +704,16 @@ class ShardClient:
                 self.incarnation,
                 seq,
                 self.highest_version,
-                "".join("1" if self.resumes(n) else "0" for n in payloads),
+                "".join("1" if self.resumes(n) else "0" for n in names),
             ]
             for name, payload in payloads.items():
-                keys += [store.keys.key_meta(name), store.keys.key_data(name)]
                 args += [name, payload]
             if not store.wait_replicas:
-                result = codec.parse_publish(store._call(store.scripts.fold, keys, args), list(payloads))
+                result = codec.parse_publish(store._call(store.scripts.fold, keys, args), names)
                 self.highest_version = max(self.highest_version, result.fleet_version)
                 return result
             reply, acked = store._call_replicated(store.scripts.fold, keys, args)
-            result = codec.parse_publish(reply, list(payloads))
+            result = codec.parse_publish(reply, names)
             self.highest_version = max(self.highest_version, result.fleet_version)
         if result.applied and acked < store.wait_replicas:
             raise errors.NotReplicated(

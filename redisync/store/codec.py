@@ -58,10 +58,11 @@ class PublishResult:
 
 def parse_publish(reply: Sequence[Any], names: Sequence[str]) -> PublishResult:
     """The typed result of ``fold.lua``; a rejection raises its typed error."""
-    status = _text(reply[0])
-    if status == "applied":
+    status = reply[0]
+    if status == b"applied" or status == "applied":
         versions = {n: int(v) for n, v in zip(names, reply[4:])}
-        return PublishResult("applied", int(reply[1]), versions, int(_text(reply[2])), _text(reply[3]))
+        return PublishResult("applied", int(reply[1]), versions, int(reply[2]), _text(reply[3]))
+    status = _text(status)
     if status == "duplicate":
         return PublishResult("duplicate", int(reply[1]))
     if status == "rejected":

@@ -6,6 +6,7 @@ slot and every script touches one slot.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ class RunKeys:
                 f"run name {self.run!r} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'"
             )
 
-    @property
+    @functools.cached_property
     def prefix(self) -> str:
         return f"{ROOT}:{{{self.run}}}:"
 

@@ -311,36 +311,48 @@ def coerce_report(name: str, spec: BroadcastSpec | MergeSpec, raw: Any) -> Repor
         raise errors.MalformedReport(name, str(e)) from None
 
 
+_LAYOUTS: dict[int, tuple[Any, tuple[int, tuple[tuple[str, tuple[int, ...], int, bool], ...]]]] = {}
+
+
+def _layout(spec: BroadcastSpec | MergeSpec) -> tuple[int, tuple[tuple[str, tuple[int, ...], int, bool], ...]]:
+    """``(width, ((part, shape, size, non-negative), ...))`` of a key's payload, worked out once per spec
+    (the spec is kept beside it, so an id reused by another spec is not mistaken for it)."""
+    entry = _LAYOUTS.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        if isinstance(spec, BroadcastSpec):
+            parts: tuple[tuple[str, tuple[int, ...], int, bool], ...] = (("value", spec.shape, spec.size, False),)
+        else:
+            parts = tuple(
+                (part, spec.count_shape if part == "count" else spec.shape,
+                 spec.count_size if part == "count" else spec.size, part != "sum")
+                for part in spec.parts
+            )  # fmt: skip
+        entry = _LAYOUTS[id(spec)] = (spec, (spec.width, parts))
+    return entry[1]
+
+
 def _plain(spec: BroadcastSpec | MergeSpec, raw: Any) -> list[np.ndarray] | None:
     """The payload of a report in the form the terms publish (a dict of float64 arrays of the key's
     shape and a float count), checked with one finiteness look and the signs: a few microseconds,
     where a model per report costs tens. None for any other form, or any value it would refuse."""
     if type(raw) is not dict:
         return None
-    if isinstance(spec, BroadcastSpec):
-        value = raw.get("value")
-        if len(raw) != 1 or type(value) is not np.ndarray or value.dtype != np.float64 or value.shape != spec.shape:
-            return None
-        flat = value.ravel().copy()
-    else:
-        parts = ("count", "sum", "sumsq") if spec.sumsq else ("count", "sum")
-        if len(raw) != len(parts):
-            return None
-        flat = np.empty(spec.width)
-        at = 0
-        for part in parts:
-            v = raw.get(part)
-            shape = spec.count_shape if part == "count" else spec.shape
-            if type(v) is np.ndarray and v.dtype == np.float64 and v.shape == shape:
-                if part != "sum" and v.size and v.min() < 0:
-                    return None
-                flat[at : at + v.size] = v.ravel()
-                at += v.size
-            elif part == "count" and shape == () and type(v) in (float, int) and v >= 0:
-                flat[at] = v
-                at += 1
-            else:
+    width, parts = _layout(spec)
+    if len(raw) != len(parts):
+        return None
+    flat = np.empty(width)
+    at = 0
+    for part, shape, size, non_negative in parts:
+        v = raw.get(part)
+        if type(v) is np.ndarray and v.dtype == np.float64 and v.shape == shape:
+            if non_negative and size and v.min() < 0:
                 return None
+            flat[at : at + size] = v.reshape(-1)
+        elif part == "count" and shape == () and type(v) in (float, int) and v >= 0:
+            flat[at] = v
+        else:
+            return None
+        at += size
     return [flat] if np.isfinite(flat).all() else None
 
 
@@ -352,7 +364,7 @@ def validate_reports(
     With ``shard``, a broadcast key owned by another shard is refused too. Raises a typed
     :class:`~redisync.errors.InvalidReport` naming the first bad key.
     """
-    if not isinstance(reports, Mapping) or not reports:
+    if not (type(reports) is dict or isinstance(reports, Mapping)) or not reports:
         raise errors.MalformedReport(None, "a report must be a non-empty mapping of key name to report")
     out: dict[str, list[np.ndarray]] = {}
     total = 0
@@ -362,7 +374,7 @@ def validate_reports(
         spec = schema.keys.get(name)
         if spec is None:
             raise errors.UnknownKey(name, "not declared in the run's schema")
-        owner = getattr(spec, "owner", None)
+        owner = spec.owner if isinstance(spec, BroadcastSpec) else None
         if shard is not None and owner is not None and owner != shard:
             raise errors.NotOwner(name, f"owned by shard {owner}; this is shard {shard} (refused before sending)")
         vectors = _plain(spec, raw)
