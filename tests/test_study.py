@@ -450,13 +450,16 @@ def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
 
 
 def test_the_committed_report_and_the_readme_follow_the_committed_results():
-    """docs/ab/report.md is what its results.json renders to, and the README's summary quotes it."""
-    from redisync.study.report import render_markdown
+    """docs/ab/report.md is what its results.json renders to (led by the follow-up's answers once
+    docs/ab/follow-up holds them), and the README's summary quotes it."""
+    from redisync.study.report import follow_up_lead, render_markdown
 
     root = Path(__file__).resolve().parents[1]
     results = json.loads((root / "docs" / "ab" / "results.json").read_text())
     report = (root / "docs" / "ab" / "report.md").read_text()
-    assert render_markdown(results, results["command"], ["completion.png", "mechanism.png"]) == report
+    follow = root / "docs" / "ab" / "follow-up" / "results.json"
+    lead = follow_up_lead(json.loads(follow.read_text())) if follow.is_file() else []
+    assert render_markdown(results, results["command"], ["completion.png", "mechanism.png"], lead) == report
     primary = {c["name"]: c for c in results["analysis"]["primary"]}
     secondary = {c["name"]: c for c in results["analysis"]["secondary"]}
     readme = (root / "README.md").read_text()
@@ -634,5 +637,8 @@ def test_the_follow_up_runs_in_miniature_and_its_report_leads_with_the_answers(t
         "analysis": None,
         "follow_up": answers,
     }
-    report = write_report(results, tmp_path, "redisync ab --follow-up (test)").read_text()
+    report = write_report(results, tmp_path / "follow-up", "redisync ab --follow-up (test)").read_text()
     assert report.index("follow-up's pre-registered answers") < report.index("## Set-up")
+    study = {**results, "follow_up": None, "analysis": None}  # the study of record beside it: led by the answers
+    led = write_report(study, tmp_path, "redisync ab (test)").read_text()
+    assert led.index("the pre-registered follow-up's answers") < led.index("## The gate") and "16d6584" in led

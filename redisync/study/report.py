@@ -31,15 +31,37 @@ COLORS = {
 }
 
 
+PLAN_COMMIT = "16d6584"  # the commit of docs/ab/follow-up-plan.md, made before the follow-up's first run
+
+
 def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
+    """results.json, the plots and report.md in ``out_dir``; a study whose folder holds the follow-up's
+    results (``follow-up/results.json``) is led by the follow-up's answers."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     plots = [plot_completion(results, out_dir)]
     if results["runs"] and results.get("analysis"):
         plots.append(plot_mechanism(results, out_dir))
+    follow = out_dir / "follow-up" / "results.json"
+    lead = follow_up_lead(json.loads(follow.read_text())) if follow.is_file() and not results.get("follow_up") else []
     path = out_dir / "report.md"
-    path.write_text(render_markdown(results, command, [p.name for p in plots]))
+    path.write_text(render_markdown(results, command, [p.name for p in plots], lead))
     return path
+
+
+def follow_up_lead(follow: dict[str, Any]) -> list[str]:
+    """What the pre-registered follow-up answered, ahead of the study of record it followed."""
+    if not follow.get("follow_up"):
+        return []
+    return [
+        "## First: the pre-registered follow-up's answers",
+        f"The follow-up asked when not syncing hurts; its plan and decision rules were committed in {PLAN_COMMIT} "
+        f"([follow-up-plan.md](follow-up-plan.md)) before its first run, and its report is "
+        f"[follow-up/report.md](follow-up/report.md){' (' + follow['date'] + ')' if follow.get('date') else ''}. "
+        "These answers come first; the study of record below is what it followed.",
+        "",
+        *follow_up_section(follow["follow_up"])[3:],
+    ]
 
 
 def _pyplot() -> Any:
@@ -184,7 +206,7 @@ def follow_up_section(hypotheses: list[dict[str, Any]] | None) -> list[str]:
     return lines + [""]
 
 
-def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> str:
+def render_markdown(results: dict[str, Any], command: str, plots: list[str], lead: list[str] | None = None) -> str:
     cfg, g = results["config"], results["gate"]
     task = cfg["task"]
     lines = [
@@ -193,6 +215,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str]) -> 
         f"Produced by `{command}`{' on ' + results['date'] if results.get('date') else ''}; every figure below comes "
         "from `results.json` next to this file.",
         "",
+        *(lead or []),
         "## The gate (fixed before the study)",
         f"On H, one unsharded adaptive collector (`single`) must beat uniform start frames (`uniform`) by at least "
         f"{g['threshold']} in the primary metric (completion AUC) over the gate's seeds {list(GATE_SEEDS)}; otherwise "
