@@ -136,3 +136,25 @@ def test_a_grouped_ema_array_pools_bin_by_bin(make_store):
     sync(store, [store.shard(0), store.shard(1)], [[terms[0]], [terms[1]]])
     for term in terms:
         np.testing.assert_array_equal(term.sampling_ema(), (own[0] + own[1]).astype(np.float64))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_an_unsynced_sampler_on_a_small_shard_warns_as_the_follow_up_decided(kind):
+    """The pre-registered follow-up's P1 (docs/ab/follow-up-plan.md): unsynced shards of 64 envs with
+    the code's mix did worse than pooled ones, so such a sampler says so once, at construction."""
+    import warnings
+
+    from redisync.terms.formulas import SmallUnsyncedShardWarning
+
+    if kind == "torch":
+        from redisync.terms.torch.sampler import AdaptiveMotionSampler as Sampler
+    else:
+        from redisync.terms.numpy.sampler import AdaptiveMotionSampler as Sampler
+    with pytest.warns(SmallUnsyncedShardWarning, match="64 envs per shard"):
+        Sampler(500, 0.02, mode="local", num_envs=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Sampler(500, 0.02, mode="local", num_envs=256)  # the size where no harm was shown
+        Sampler(500, 0.02, mode="pooled", num_envs=64)  # synced
+        Sampler(500, 0.02, mode="local", uniform_mix="paper", num_envs=64)  # the mix that does not flatten
+        Sampler(500, 0.02, mode="local")  # the shard's size unknown

@@ -478,7 +478,12 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     assert interval90(secondary["X: per-profile − local"]) in summary
     assert x["verdict"] == "inconclusive" and interval(x) in summary and x["p_sign_flip"] < 0.05 < x["p_holm"]
     assert f"{primary['H: single − uniform']['mean']:+.2f}" in summary
-    assert f"{secondary['H: local-16-shards − pooled-16-shards']['mean']:+.2f}".replace("-", "−") in summary
+    # the follow-up's answers lead the summary, each with its estimate and p, all rejected as quoted
+    follow = json.loads((root / "docs" / "ab" / "follow-up" / "results.json").read_text())["follow_up"]
+    for h in follow:
+        assert h["rejected"] and f"{h['mean']:+.2f}".replace("-", "−") in summary, h["name"]
+        assert f"p {h['p_one_sided']:.3f}" in summary, h["name"]
+    assert summary.index("pre-registered follow-up") < summary.index("The study of record")
     assert f"{results['gate']['mean_difference']:+.3f}" in readme
 
 

@@ -100,6 +100,7 @@ class SyncedMotionCommand(MotionCommand):
             kernel_lambda=cfg.adaptive_lambda,
             stale_after_s=cfg.sync_stale_after_s,
             lifecycle=cfg.sync_lifecycle,
+            num_envs=env.num_envs,
             device=self.device,
         )
         assert self.sampler.bin_count == self.bin_count, (self.sampler.bin_count, self.bin_count)

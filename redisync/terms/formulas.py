@@ -11,6 +11,7 @@ that both spell the same way, so a change to a formula is one change for both ki
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Sequence
 
@@ -209,6 +210,26 @@ def moments(count: Any, total: Any, squares: Any, ops: ArrayOps) -> tuple[Any, A
     mean = total / count
     var = squares / count - mean * mean
     return mean, ops.where(var > 0, var, 0.0)
+
+
+SMALL_SHARD_ENVS = 256  # the follow-up's P1: unsynced shards of 64 envs (code mix) did worse than pooled ones
+
+
+class SmallUnsyncedShardWarning(UserWarning):
+    """A ``local`` sampler with the code's uniform mix on a shard of fewer than 256 envs."""
+
+
+def warn_if_small_unsynced_shard(mode: str, mix: str, num_envs: int | None) -> None:
+    """Warn (once per call site) where the pre-registered follow-up found that not syncing hurt: a
+    ``local`` sampler with ``uniform_mix="code"`` on fewer than :data:`SMALL_SHARD_ENVS` envs."""
+    if mode == "local" and mix == "code" and num_envs is not None and num_envs < SMALL_SHARD_ENVS:
+        warnings.warn(
+            f"AdaptiveMotionSampler(mode='local', uniform_mix='code') on {num_envs} envs per shard: in redisync's "
+            f"pre-registered follow-up (docs/ab/follow-up/report.md) unsynced shards of 64 envs tracked less of the "
+            f"motion than pooled ones; below {SMALL_SHARD_ENVS} envs per shard, sync the sampler (mode='pooled')",
+            SmallUnsyncedShardWarning,
+            stacklevel=3,
+        )
 
 
 def check_sampler_arguments(

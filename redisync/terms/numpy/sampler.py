@@ -111,7 +111,8 @@ class AdaptiveMotionSampler:
     Per env step: :meth:`record_failures` (at reset, the envs that failed) and :meth:`step` (the EMA
     fold); before drawing: :meth:`rebuild` (or :meth:`sample`, which rebuilds when the EMA it uses
     moved). With a sequence of ``num_frames`` (groups: motions of a library, env profiles), pass
-    each env's group.
+    each env's group. ``num_envs`` (the envs this shard runs), if given, lets a ``local`` sampler with
+    the code's mix warn below 256 envs.
     """
 
     def __init__(
@@ -134,12 +135,14 @@ class AdaptiveMotionSampler:
         dtype: Any = np.float32,
         ema: np.ndarray | None = None,
         cdf: np.ndarray | None = None,
+        num_envs: int | None = None,
     ):
         self.grouped = not isinstance(num_frames, (int, np.integer))
         frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
         formulas.check_sampler_arguments(
             MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, None
         )
+        formulas.warn_if_small_unsynced_shard(mode, uniform_mix, num_envs)
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
         self.group_uniform_ratio = group_uniform_ratio
         self.frame_counts = np.asarray(frames, dtype=np.int64)

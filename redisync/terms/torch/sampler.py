@@ -103,7 +103,8 @@ class AdaptiveMotionSampler(nn.Module):
 
     Call :meth:`record_failures` once per env step with the time steps and failure flags of the
     envs being reset, :meth:`step` once per env step, and :meth:`sample` for the new start frames.
-    With a sequence of ``num_frames`` (groups), pass each env's group to both.
+    With a sequence of ``num_frames`` (groups), pass each env's group to both. ``num_envs`` (the envs
+    this shard runs), if given, lets a ``local`` sampler with the code's mix warn below 256 envs.
     """
 
     def __init__(
@@ -128,6 +129,7 @@ class AdaptiveMotionSampler(nn.Module):
         rebuild_tol: float = 1e-4,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
+        num_envs: int | None = None,
     ):
         super().__init__()
         self.grouped = not isinstance(num_frames, int)
@@ -135,6 +137,7 @@ class AdaptiveMotionSampler(nn.Module):
         formulas.check_sampler_arguments(
             MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names
         )
+        formulas.warn_if_small_unsynced_shard(mode, uniform_mix, num_envs)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.frame_counts = frames
         self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
