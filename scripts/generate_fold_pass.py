@@ -70,8 +70,8 @@ w("""-- The fused pass over one merge key's values -----------------------------
 -- ascending order), every check made on the same block. A block whose cheap look (the sum of its
 -- squares finite; the signs of its count and sumsq values) is not clean is checked element by
 -- element, in payload order, so replies stay bit for bit.
-local BLOCK = 32
-local FB = '<' .. string.rep('d', BLOCK)
+local BLOCK = CHUNK
+local FB = FMT
 local mmin = math.min
 
 -- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string

@@ -252,6 +252,26 @@ def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
     assert dead is not None and {k: v for k, v in before.items() if k != store.keys.dead_letters.encode()} == after
 
 
+@pytest.mark.parametrize("which", ["reports", "key meta"])
+def test_a_fold_into_a_key_of_the_wrong_type_is_refused_with_nothing_written(make_store, which):
+    """The fold reads and writes without TYPE calls: a key of another type must still be refused
+    before the first write (the reports stream's XADD is that first write)."""
+    store = make_store()
+    store.register({"a/first": merge(2, lifecycle="history")})
+    store.shard(1).publish({"a/first": {"count": 1, "sum": [1.0, 1.0]}})
+    target = store.keys.reports if which == "reports" else store.keys.key_meta("a/first")
+    store.redis.delete(target)
+    store.redis.rpush(target, "not a stream or hash")
+    shard = store.shard(0, incarnation=store.claim(0))
+    before = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    with pytest.raises(errors.CorruptState, match="is a list, not a"):
+        shard.publish({"a/first": {"count": 1, "sum": [2.0, 2.0]}})
+    after = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    after.pop(store.keys.dead_letters.encode(), None)
+    before.pop(store.keys.dead_letters.encode(), None)
+    assert before == after
+
+
 # 6. restore -------------------------------------------------------------------------------------
 
 

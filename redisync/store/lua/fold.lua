@@ -25,8 +25,9 @@
 -- by what once passed through a slot; semantics.py sums in the same order. Idempotent: a retried call
 -- returns 'duplicate'.
 
-local CHUNK = 128
-local FMT = '<' .. string.rep('d', CHUNK)
+-- (string constants are made once, when the script is loaded; a string made at run time costs its length)
+local CHUNK = 32
+local FMT = '<dddddddddddddddddddddddddddddddd'
 local sunpack, spack = struct.unpack, struct.pack
 
 local run = string.match(KEYS[1] or '', '^redisync:{([%w_%.:%-]+)}:meta$')
@@ -88,12 +89,6 @@ end
 if #resume ~= nkeys or string.find(resume, '[^01]') then
   return reject('malformed', '', 'ARGV[6] must hold one resume flag (0 or 1) per reported key')
 end
-for _, k in ipairs({KEYS[3], KEYS[4]}) do
-  local t = redis.call('TYPE', k)['ok']
-  if t ~= 'none' and t ~= 'stream' then
-    return {'rejected', 'corrupt_state', '', k .. ' is a ' .. t .. ', not a stream'}
-  end
-end
 local fleet_version = tonumber(meta[6])
 if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
 
@@ -132,7 +127,9 @@ local now_s = string.format('%.0f', now)
 -- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
 -- denies INFO leaves the field as it is)
 local info = redis.pcall('INFO', 'server')
-local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
+-- (run_id is 40 characters; a plain search for it, where a pattern would be tried at every position)
+local rid = type(info) == 'string' and string.find(info, 'run_id:', 1, true)
+local server = rid and string.sub(info, rid + 7, rid + 46) or
   (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
 local epoch = meta[1]
 if server and meta[7] and meta[7] ~= '' and meta[7] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
@@ -179,15 +176,22 @@ local function join(t)
   return join(out)
 end
 
--- HMGET of any number of fields (unpack fails past ~8000 values)
+-- HMGET of any number of fields (unpack fails past ~8000 values); nil if the key is not a hash
 local function hmget(key, fields)
+  if #fields <= 4096 then
+    local got = redis.pcall('HMGET', key, unpack(fields))
+    return not got['err'] and got or nil
+  end
   local out = {}
   for first = 1, #fields, 4096 do
-    local got = redis.call('HMGET', key, unpack(fields, first, math.min(first + 4095, #fields)))
+    local got = redis.pcall('HMGET', key, unpack(fields, first, math.min(first + 4095, #fields)))
+    if got['err'] then return nil end
     for k = 1, #got do out[first + k - 1] = got[k] end
   end
   return out
 end
+
+local function not_hash(key) return key .. ' is a ' .. redis.call('TYPE', key)['ok'] .. ', not a hash' end
 
 -- Checks a new payload: finite everywhere, non-negative outside the signed part (signed_from, signed_to].
 local function check_payload(name, payload, width, signed_from, signed_to)
@@ -232,6 +236,14 @@ local function summed(vectors, width, check)
   return join(out)
 end
 
+-- ``0 + v1 + v2 + ...`` over the first count_size values of each vector, packed (the count parts)
+local function count_sum(vectors, count_size)
+  if count_size ~= 1 then return summed(vectors, count_size) end
+  local s = 0.0
+  for k = 1, #vectors do s = s + sunpack('<d', vectors[k]) end
+  return spack('<d', s)
+end
+
 -- The sum of ``vectors`` (in order), and the rejection if it or the moments it implies are not finite.
 -- count_size values of count, then size values of sum, then (sumsq) size values of sum of squares.
 -- (A group's sum needs no check: a non-finite one makes the aggregate non-finite, which this refuses.)
@@ -267,8 +279,8 @@ end
 -- ascending order), every check made on the same block. A block whose cheap look (the sum of its
 -- squares finite; the signs of its count and sumsq values) is not clean is checked element by
 -- element, in payload order, so replies stay bit for bit.
-local BLOCK = 32
-local FB = '<' .. string.rep('d', BLOCK)
+local BLOCK = CHUNK
+local FB = FMT
 local mmin = math.min
 
 
@@ -542,12 +554,10 @@ for i = 1, nkeys do
   if km ~= prefix .. 'key:' .. name or kd ~= prefix .. 'data:' .. name then
     return reject('malformed', name, 'KEYS do not match the reported key names')
   end
-  for _, k in ipairs({km, kd}) do
-    local kt = redis.call('TYPE', k)['ok']
-    if kt ~= 'none' and kt ~= 'hash' then return reject('corrupt_state', name, k .. ' is a ' .. kt .. ', not a hash') end
-  end
-  local spec = redis.call('HMGET', km, 'semantics', 'width', 'count_size', 'owner', 'stale_after_s', 'version', 'writers',
-    'slot:' .. shard .. ':incarnation', 'size', 'lifecycle', 'sumsq', 'sums_layout')
+  -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
+  local spec = redis.pcall('HMGET', km, 'semantics', 'width', 'count_size', 'owner', 'stale_after_s', 'version',
+    'writers', 'slot:' .. shard .. ':incarnation', 'size', 'lifecycle', 'sumsq', 'sums_layout')
+  if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
   if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
   local width, version = tonumber(spec[2]), tonumber(spec[6])
   if not width or not version then return reject('corrupt_state', name, 'the key\'s width or version is missing') end
@@ -560,6 +570,8 @@ for i = 1, nkeys do
     if spec[4] ~= '' and spec[4] ~= shard then
       return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. tostring(spec[4]))
     end
+    local kt = redis.call('TYPE', kd)['ok']
+    if kt ~= 'none' and kt ~= 'hash' then return reject('corrupt_state', name, not_hash(kd)) end
     local why = check_payload(name, payload, width, 0, width)
     if why then return reject(why[1], why[2], why[3]) end
   elseif spec[1] == 'merge' then
@@ -576,8 +588,8 @@ for i = 1, nkeys do
     -- each last wrote
     local ids, was_writer, last = {}, false, -1
     for w in string.gmatch(spec[7] or '', '[^,]+') do
-      local id = string.match(w, '^%d+$') and tonumber(w)
-      if not id or id <= last then
+      local id = tonumber(w)
+      if not id or id <= last or string.find(w, '%D') then
         return refuse('corrupt_state', name, 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
       end
       last = id
@@ -587,33 +599,7 @@ for i = 1, nkeys do
     if stale and #ids > 0 then
       local atf = {}
       for k, id in ipairs(ids) do atf[k] = 'slot:' .. id .. ':at_us' end
-      at = hmget(km, atf)
-    end
-    -- the history, and this shard's previous slot: its counts (every stored sum has a record of its
-    -- count part, 'counts:<field>', so that the checks below need not read whole vectors), and the
-    -- whole slot only when a new incarnation retires it
-    local data = redis.call('HMGET', kd, 'retired', 'counts:slot:' .. shard)
-    local retired, own_counts = data[1], data[2]
-    if retired and #retired ~= width * 8 then
-      return refuse('corrupt_state', name, 'stored retired is ' .. #retired .. ' bytes, the key needs ' .. (width * 8))
-    end
-    local old
-    if spec[8] and spec[8] ~= inc and not resumed and spec[10] ~= 'state' then
-      -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
-      old = redis.call('HGET', kd, 'slot:' .. shard)
-      if old and #old ~= width * 8 then
-        return refuse('corrupt_state', name, 'stored slot:' .. shard .. ' is ' .. #old .. ' bytes, the key needs ' .. (width * 8))
-      end
-      if old then
-        if retired then
-          local sum, e = sum_checked(name, {retired, old}, width, count_size, size, spec[11] == '1')
-          if not sum then return refuse(e[1], e[2], e[3]) end
-          retired = sum
-        else
-          retired = old
-        end
-        item.retired = retired
-      end
+      at = hmget(km, atf) or {}
     end
     -- the live slots after this fold (a slot not refreshed for stale_after_s stops weighting the
     -- fleet); the sub-groups whose members change are re-made, and so are their groups
@@ -650,66 +636,92 @@ for i = 1, nkeys do
     end
     local tgroup = {}
     for q in pairs(tsub) do tgroup[mfloor(q / SUBS)] = true end
-    -- the stored sums: every live group's; the sub-groups' of a group that is re-made (touched, or
-    -- its sum missing: a run restored from a snapshot without it), and of the touched ones
-    -- (a touched sum is re-made: only its count record is read, for the check below)
-    local gfields, gread = {}, {}
-    for k, g in ipairs(gorder) do
-      gfields[k] = 'group:' .. g
-      gread[k] = (tgroup[g] and 'counts:group:' or 'group:') .. g
-    end
-    local gstored = rebuild and {} or hmget(kd, gread)
-    local redo, qlist, qfields = {}, {}, {}
-    for k, g in ipairs(gorder) do
-      if tgroup[g] or not gstored[k] then
-        redo[g] = true
-        for _, q in ipairs(groups[g]) do
-          qlist[#qlist + 1] = q
-          qfields[#qfields + 1] = (tsub[q] and 'counts:sub:' or 'sub:') .. q
-        end
-      end
-    end
-    for q in pairs(tsub) do
-      if not subs[q] then qlist[#qlist + 1] = q; qfields[#qfields + 1] = 'counts:sub:' .. q end
-    end
-    local qgot, qstored = rebuild and {} or hmget(kd, qfields), {}
-    for k, q in ipairs(qlist) do qstored[q] = qgot[k] end
-    local function sized(fields, got)
+
+    -- What the fold reads of the data hash, in as few HMGETs as the stored sums allow (one, unless a
+    -- sum is missing): the history; this shard's count record (and its previous slot, when a new
+    -- incarnation retires it); every live group's sum, or of a touched group (re-made) its count
+    -- record; of a group re-made, its sub-groups' sums, or of a touched one (re-made) its count
+    -- record; the slots of every sub-group re-made, and the stale ones dropped. A group or sub-group
+    -- whose sum is missing (a run restored from a snapshot without it) is re-made from its parts.
+    local got, fetched = {}, {}
+    local function fetch(fields)
+      local values = hmget(kd, fields)
+      if not values then return refuse('corrupt_state', name, not_hash(kd)) end
       for k, field in ipairs(fields) do
-        local v, want = got[k], (string.sub(field, 1, 7) == 'counts:' and count_size or width) * 8
+        local v = values[k]
+        got[field] = v
+        fetched[#fetched + 1] = field
+        local want = (string.sub(field, 1, 7) == 'counts:' and count_size or width) * 8
         if v and #v ~= want then
           return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #v .. ' bytes, the key needs ' .. want)
         end
       end
     end
-    local bad = sized(qfields, qgot) or sized(gread, gstored) or
-      sized({'counts:slot:' .. shard}, {own_counts or nil})
-    if bad then return bad end
-    -- the slots to read: those of every sub-group re-made from its slots (touched, or its sum
-    -- missing), and the stale ones dropped (their sub-group's stored sum is checked against them)
-    local resum, wanted, fields = {}, {}, {}
-    for _, g in ipairs(gorder) do
-      if redo[g] then
+    local retiring = spec[8] and spec[8] ~= inc and not resumed and spec[10] ~= 'state'
+    local own_field = 'slot:' .. shard
+    local fields = {'retired', 'counts:' .. own_field, retiring and own_field or nil}
+    local function slots_of(q)
+      for _, id in ipairs(subs[q]) do if id ~= me then fields[#fields + 1] = 'slot:' .. id end end
+    end
+    local gread = {}
+    for k, g in ipairs(gorder) do
+      gread[k] = (tgroup[g] and 'counts:group:' or 'group:') .. g
+      if not rebuild then fields[#fields + 1] = gread[k] end
+      if tgroup[g] then
         for _, q in ipairs(groups[g]) do
-          if tsub[q] or not qstored[q] then
-            resum[q] = true
-            for _, id in ipairs(subs[q]) do
-              if id ~= me then wanted[#wanted + 1] = id; fields[#fields + 1] = 'slot:' .. id end
-            end
-          end
+          if not rebuild then fields[#fields + 1] = (tsub[q] and 'counts:sub:' or 'sub:') .. q end
+          if tsub[q] then slots_of(q) end
         end
       end
     end
-    for _, id in ipairs(item.forget) do wanted[#wanted + 1] = id; fields[#fields + 1] = 'slot:' .. id end
-    local slots = {[me] = payload}
-    local got = hmget(kd, fields)
-    for k, id in ipairs(wanted) do
-      local v = got[k]
-      if not v then return refuse('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
-      if #v ~= width * 8 then
-        return refuse('corrupt_state', name, 'stored slot:' .. id .. ' is ' .. #v .. ' bytes, the key needs ' .. (width * 8))
+    for q in pairs(tsub) do
+      if not subs[q] and not rebuild then fields[#fields + 1] = 'counts:sub:' .. q end
+    end
+    for _, id in ipairs(item.forget) do fields[#fields + 1] = 'slot:' .. id end
+    local bad = fetch(fields)
+    if bad then return bad end
+    local redo, resum = {}, {}
+    fields = {}
+    for k, g in ipairs(gorder) do
+      redo[g] = tgroup[g] or not got[gread[k]]
+      if redo[g] and not tgroup[g] then
+        for _, q in ipairs(groups[g]) do fields[#fields + 1] = 'sub:' .. q end
       end
-      slots[id] = v
+    end
+    if #fields > 0 then bad = fetch(fields); if bad then return bad end end
+    fields = {}
+    local qstored = {} -- per sub-group: its stored sum, or (touched) its count record
+    for _, g in ipairs(gorder) do
+      if redo[g] then
+        for _, q in ipairs(groups[g]) do
+          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. q]
+          resum[q] = tsub[q] or not qstored[q]
+          if resum[q] and not tsub[q] then slots_of(q) end
+        end
+      end
+    end
+    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. q] end end
+    if #fields > 0 then bad = fetch(fields); if bad then return bad end end
+    local slots = {[me] = payload}
+    for _, field in ipairs(fetched) do
+      local id = string.sub(field, 1, 5) == 'slot:' and tonumber(string.sub(field, 6))
+      if id and id ~= me then
+        if not got[field] then return refuse('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
+        slots[id] = got[field]
+      end
+    end
+    local retired, own_counts = got['retired'], got['counts:' .. own_field]
+    local old = retiring and got[own_field]
+    if old then
+      -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
+      if retired then
+        local sum, e = sum_checked(name, {retired, old}, width, count_size, size, spec[11] == '1')
+        if not sum then return refuse(e[1], e[2], e[3]) end
+        retired = sum
+      else
+        retired = old
+      end
+      item.retired = retired
     end
     -- A stored sum about to be re-made must have been the sum of its parts before this fold: checked
     -- on the count records (count_size values per part; the same operations, so the same bits).
@@ -731,13 +743,13 @@ for i = 1, nkeys do
           for _, id in ipairs(prior) do
             if mfloor(id / SUB) == q then parts[#parts + 1] = id == me and own_counts or slots[id] end
           end
-          if summed(parts, count_size) ~= sum then
+          if count_sum(parts, count_size) ~= sum then
             return refuse('corrupt_state', name, 'stored sub:' .. q .. ' disagrees with the sum of its slots')
           end
         end
       end
       for k, g in ipairs(gorder) do
-        local sum = gstored[k]
+        local sum = got[gread[k]]
         if tgroup[g] and sum then
           local parts, whole, prev = {}, true, nil
           for _, id in ipairs(prior) do
@@ -747,8 +759,8 @@ for i = 1, nkeys do
               whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
             end
           end
-          if whole and summed(parts, count_size) ~= sum then
-            return refuse('corrupt_state', name, 'stored ' .. gfields[k] .. ' disagrees with the sum of its sub-groups')
+          if whole and count_sum(parts, count_size) ~= sum then
+            return refuse('corrupt_state', name, 'stored group:' .. g .. ' disagrees with the sum of its sub-groups')
           end
         end
       end
@@ -772,9 +784,9 @@ for i = 1, nkeys do
           end
         end
         tree[#tree + 1] = {parts = parts, out = {}}
-        made[#made + 1] = {gfields[k], tree[#tree]}
+        made[#made + 1] = {'group:' .. g, tree[#tree]}
       else
-        tree[#tree + 1] = {stored = gstored[k]}
+        tree[#tree + 1] = {stored = got['group:' .. g]}
       end
     end
     local agg, why, of_agg = fold_values(name, payload, width, count_size, size, spec[11] == '1', tree)
@@ -815,6 +827,21 @@ for i = 1, nkeys do
 end
 
 -- apply ------------------------------------------------------------------------------------------
+-- The stream entry is the first write: a reports key that is not a stream fails it, and the fold
+-- then stops with nothing written. (A rejection checks the dead-letter key's type itself.)
+fleet_version = math.max(fleet_version, tonumber(floor)) + 1
+local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
+  'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fleet_version}
+for i = 1, nkeys do
+  -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
+  entry[#entry + 1] = 'report:' .. items[i].name
+  entry[#entry + 1] = meta[8] == '1' and items[i].payload or #items[i].payload .. ' bytes'
+end
+local added = redis.pcall(unpack(entry))
+if type(added) == 'table' and added['err'] then
+  return {'rejected', 'corrupt_state', '', KEYS[3] .. ' is a ' .. redis.call('TYPE', KEYS[3])['ok'] .. ', not a stream'}
+end
+
 local versions = {}
 for i = 1, nkeys do
   local item = items[i]
@@ -844,19 +871,10 @@ for i = 1, nkeys do
   versions[i] = item.version
 end
 
-fleet_version = math.max(fleet_version, tonumber(floor)) + 1
 redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s, 'epoch', epoch,
   'server', server or meta[7] or '')
 redis.call('HSET', KEYS[2], shard .. ':incarnation', inc, shard .. ':seq', seq, shard .. ':at_us', now_s)
 
-local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
-  'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fleet_version}
-for i = 1, nkeys do
-  -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
-  entry[#entry + 1] = 'report:' .. items[i].name
-  entry[#entry + 1] = meta[8] == '1' and items[i].payload or #items[i].payload .. ' bytes'
-end
-redis.call(unpack(entry))
 redis.call('PUBLISH', prefix .. 'versions', fleet_version)
 
 local reply = {'applied', fleet_version, now_s, epoch}
