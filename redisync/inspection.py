@@ -61,14 +61,16 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
             "updated_age_s": _age(now, meta.get("updated_at_us")),
         }
         if isinstance(spec, MergeSpec):
+            writers = list(filter(None, meta.get("writers", "").split(",")))
+            first = _first_counts(r, store.keys.key_data(name), ["agg", "retired"] + [f"slot:{w}" for w in writers])
             row.update(
-                count=float(meta.get("count", 0)),
+                count=first[0],
                 stale_after_s=spec.stale_after_s,
-                retired_count=float(meta.get("retired_count", 0)),
+                retired_count=first[1],
                 dropped_stale=int(meta.get("dropped_stale", 0)),
             )
             row["slots"] = []
-            for shard in filter(None, meta.get("writers", "").split(",")):
+            for shard, count in zip(writers, first[2:]):
                 age = _age(now, meta[f"slot:{shard}:at_us"])
                 row["slots"].append(
                     {
@@ -76,7 +78,7 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
                         "incarnation": meta[f"slot:{shard}:incarnation"],
                         "seq": int(meta[f"slot:{shard}:seq"]),
                         "age_s": age,
-                        "count": float(meta[f"slot:{shard}:count"]),
+                        "count": count,
                         # a stale slot still counts until the next fold of the key drops it
                         "stale": spec.stale_after_s is not None and age is not None and age > spec.stale_after_s,
                     }
@@ -99,6 +101,13 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
         "shards": shard_ages(store, now),
         "keys": keys,
     }
+
+
+def _first_counts(r: redis.Redis, data_key: str, fields: list[str]) -> list[float]:
+    """The first count of each stored vector (0 for one not stored): the fold keeps counts in the
+    vectors only, so that it formats no number for display on every report."""
+    raw = r.hmget(data_key, fields) if fields else []
+    return [float(np.frombuffer(v[:8], "<f8")[0]) if v and len(v) >= 8 else 0.0 for v in raw]
 
 
 def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:

@@ -166,8 +166,8 @@ PHASES = (
     ("duplicate check, size, clock", "-- duplicates, retries and zombies"),
     ("restart check (INFO server)", "local info = redis.pcall('INFO', 'server')"),
     ("validate and compute", "-- validate and compute every key"),
-    ("write the state", "-- apply ---"),
-    ("stream entry and PUBLISH", "redis.call(unpack(entry))"),
+    ("stream entry (the first write)", "-- apply ---"),
+    ("write the state, PUBLISH", "local versions = {}"),
 )
 
 

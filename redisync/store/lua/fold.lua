@@ -36,15 +36,14 @@ if not run or #run > 128 then
 end
 local prefix = 'redisync:{' .. run .. '}:'
 
-local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'dead_letter_maxlen',
-  'fleet_version', 'server', 'stream_payloads')
+local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'fleet_version',
+  'server', 'stream_payloads')
 local shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
 -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
 if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
-local dead_maxlen = tonumber(meta[5]) or 10000
 
 local function reject(reason, key, detail)
-  local entry = {'XADD', prefix .. 'dead', 'MAXLEN', '~', dead_maxlen, '*',
+  local entry = {'XADD', prefix .. 'dead', 'MAXLEN', '~', tonumber(redis.call('HGET', KEYS[1], 'dead_letter_maxlen')) or 10000, '*',
     'reason', reason, 'key', key, 'detail', detail, 'shard', shard, 'incarnation', inc, 'seq', seq}
   local budget = tonumber(meta[3]) or 1048576
   for i = 7, #ARGV, 2 do
@@ -89,7 +88,7 @@ end
 if #resume ~= nkeys or string.find(resume, '[^01]') then
   return reject('malformed', '', 'ARGV[6] must hold one resume flag (0 or 1) per reported key')
 end
-local fleet_version = tonumber(meta[6])
+local fleet_version = tonumber(meta[5])
 if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
 
 -- duplicates, retries and zombies --------------------------------------------------------------
@@ -118,8 +117,8 @@ if total > (tonumber(meta[3]) or 0) then
 end
 
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_s = string.format('%.0f', now)
+local now_s = t[1] .. string.sub('00000' .. t[2], -6) -- (microseconds, without a float format)
+local now = t[1] * 1000000 + t[2]
 
 -- The server process: a fold by another process than the previous fold's (a restart, a failover)
 -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
@@ -132,7 +131,7 @@ local rid = type(info) == 'string' and string.find(info, 'run_id:', 1, true)
 local server = rid and string.sub(info, rid + 7, rid + 46) or
   (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
 local epoch = meta[1]
-if server and meta[7] and meta[7] ~= '' and meta[7] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
+if server and meta[6] and meta[6] ~= '' and meta[6] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
 
 -- vector helpers: vectors are decoded CHUNK values at a time ----------------------------------------
 local function fmt_of(len)
@@ -555,11 +554,12 @@ for i = 1, nkeys do
     return reject('malformed', name, 'KEYS do not match the reported key names')
   end
   -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
-  local spec = redis.pcall('HMGET', km, 'semantics', 'width', 'count_size', 'owner', 'stale_after_s', 'version',
-    'writers', 'slot:' .. shard .. ':incarnation', 'size', 'lifecycle', 'sumsq', 'sums_layout')
+  -- (what every fold needs; what only some need (owner, lifecycle) is read where they are)
+  local spec = redis.pcall('HMGET', km, 'semantics', 'width', 'count_size', 'size', 'version', 'writers',
+    'slot:' .. shard .. ':incarnation', 'stale_after_s', 'sums_layout')
   if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
   if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
-  local width, version = tonumber(spec[2]), tonumber(spec[6])
+  local width, version = tonumber(spec[2]), tonumber(spec[5])
   if not width or not version then return reject('corrupt_state', name, 'the key\'s width or version is missing') end
   if #payload ~= width * 8 then
     return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
@@ -567,15 +567,16 @@ for i = 1, nkeys do
   end
   local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1}
   if spec[1] == 'broadcast' then
-    if spec[4] ~= '' and spec[4] ~= shard then
-      return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. tostring(spec[4]))
+    local owner = redis.call('HGET', km, 'owner')
+    if owner ~= '' and owner ~= shard then
+      return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. tostring(owner))
     end
     local kt = redis.call('TYPE', kd)['ok']
     if kt ~= 'none' and kt ~= 'hash' then return reject('corrupt_state', name, not_hash(kd)) end
     local why = check_payload(name, payload, width, 0, width)
     if why then return reject(why[1], why[2], why[3]) end
   elseif spec[1] == 'merge' then
-    local count_size, size = tonumber(spec[3]), tonumber(spec[9])
+    local count_size, size = tonumber(spec[3]), tonumber(spec[4])
     if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
     -- the payload's values are checked in the fused pass; a refusal before it names their problem first
     local function refuse(reason, key, detail)
@@ -583,11 +584,12 @@ for i = 1, nkeys do
       if why then return reject(why[1], why[2], why[3]) end
       return reject(reason, key, detail)
     end
-    local stale, me = tonumber(spec[5]), tonumber(shard)
+    local stale, me = tonumber(spec[8]), tonumber(shard)
+    local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
     -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
     -- each last wrote
     local ids, was_writer, last = {}, false, -1
-    for w in string.gmatch(spec[7] or '', '[^,]+') do
+    for w in string.gmatch(spec[6] or '', '[^,]+') do
       local id = tonumber(w)
       if not id or id <= last or string.find(w, '%D') then
         return refuse('corrupt_state', name, 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
@@ -603,7 +605,7 @@ for i = 1, nkeys do
     end
     -- the live slots after this fold (a slot not refreshed for stale_after_s stops weighting the
     -- fleet); the sub-groups whose members change are re-made, and so are their groups
-    local rebuild = spec[12] ~= LAYOUT
+    local rebuild = spec[9] ~= LAYOUT
     item.rebuild = rebuild
     item.forget = {}
     local live, tsub = {}, {[mfloor(me / SUB)] = true}
@@ -618,7 +620,7 @@ for i = 1, nkeys do
       end
     end
     if not mine_added then live[#live + 1] = me end
-    item.writers = table.concat(live, ',')
+    item.writers, item.was, item.incarnation = table.concat(live, ','), spec[6], spec[7]
     -- subs[q]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder: the live groups
     local subs, groups, gorder = {}, {}, {}
     for _, id in ipairs(live) do
@@ -657,7 +659,7 @@ for i = 1, nkeys do
         end
       end
     end
-    local retiring = spec[8] and spec[8] ~= inc and not resumed and spec[10] ~= 'state'
+    local retiring = spec[7] and spec[7] ~= inc and not resumed and redis.call('HGET', km, 'lifecycle') ~= 'state'
     local own_field = 'slot:' .. shard
     local fields = {'retired', 'counts:' .. own_field, retiring and own_field or nil}
     local function slots_of(q)
@@ -715,7 +717,7 @@ for i = 1, nkeys do
     if old then
       -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
       if retired then
-        local sum, e = sum_checked(name, {retired, old}, width, count_size, size, spec[11] == '1')
+        local sum, e = sum_checked(name, {retired, old}, width, count_size, size, sumsq)
         if not sum then return refuse(e[1], e[2], e[3]) end
         retired = sum
       else
@@ -789,7 +791,7 @@ for i = 1, nkeys do
         tree[#tree + 1] = {stored = got['group:' .. g]}
       end
     end
-    local agg, why, of_agg = fold_values(name, payload, width, count_size, size, spec[11] == '1', tree)
+    local agg, why, of_agg = fold_values(name, payload, width, count_size, size, sumsq, tree)
     if not agg then
       if of_agg then return refuse(why[1], why[2], why[3]) end
       return reject(why[1], why[2], why[3])
@@ -835,7 +837,7 @@ local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
 for i = 1, nkeys do
   -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
   entry[#entry + 1] = 'report:' .. items[i].name
-  entry[#entry + 1] = meta[8] == '1' and items[i].payload or #items[i].payload .. ' bytes'
+  entry[#entry + 1] = meta[7] == '1' and items[i].payload or #items[i].payload .. ' bytes'
 end
 local added = redis.pcall(unpack(entry))
 if type(added) == 'table' and added['err'] then
@@ -848,21 +850,18 @@ for i = 1, nkeys do
   if item.semantics == 'merge' then
     for _, id in ipairs(item.forget) do
       redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
-        'slot:' .. id .. ':at_us', 'slot:' .. id .. ':count')
+        'slot:' .. id .. ':at_us')
       redis.call('HDEL', item.data, 'slot:' .. id, 'counts:slot:' .. id)
     end
     if #item.forget > 0 then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget) end
-    if item.retired then
-      redis.call('HSET', item.data, 'retired', item.retired)
-      redis.call('HSET', item.meta, 'retired_count', g17((struct.unpack('<d', item.retired, 1))))
-    end
+    if item.retired then redis.call('HSET', item.data, 'retired', item.retired) end
     if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
     redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.sums))
     if item.rebuild then redis.call('HSET', item.meta, 'sums_layout', LAYOUT) end
-    redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writers', item.writers,
-      'slot:' .. shard .. ':incarnation', inc, 'slot:' .. shard .. ':seq', seq, 'slot:' .. shard .. ':at_us', now_s,
-      'slot:' .. shard .. ':count', g17((struct.unpack('<d', item.payload, 1))),
-      'count', g17((struct.unpack('<d', item.agg, 1))))
+    if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
+    if item.incarnation ~= inc then redis.call('HSET', item.meta, 'slot:' .. shard .. ':incarnation', inc) end
+    redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'slot:' .. shard .. ':seq', seq,
+      'slot:' .. shard .. ':at_us', now_s)
   else
     redis.call('HSET', item.data, 'value', item.payload)
     redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writer', shard,
@@ -871,9 +870,14 @@ for i = 1, nkeys do
   versions[i] = item.version
 end
 
-redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s, 'epoch', epoch,
-  'server', server or meta[7] or '')
-redis.call('HSET', KEYS[2], shard .. ':incarnation', inc, shard .. ':seq', seq, shard .. ':at_us', now_s)
+-- (what has not changed is not written again: the epoch and the server change with the server,
+-- an incarnation with the process)
+if epoch ~= meta[1] or (server and server ~= meta[6]) then
+  redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[6] or '')
+end
+redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
+if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end
+redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s)
 
 redis.call('PUBLISH', prefix .. 'versions', fleet_version)
 

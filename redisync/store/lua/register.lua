@@ -37,7 +37,7 @@ for i = 1, nkeys do
   redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
     'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
   if semantics == 'merge' then
-    redis.call('HSET', KEYS[2 * i], 'writers', '', 'count', '0', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8],
+    redis.call('HSET', KEYS[2 * i], 'writers', '', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8],
       'lifecycle', ARGV[a + 9])
     redis.call('HSET', KEYS[2 * i + 1], 'agg', string.rep('\0', 8 * tonumber(width)))
   end
