@@ -82,7 +82,10 @@ local function join64(t, i)
 __JOIN__
 end
 local function join(t)
-  if #t <= 1 then return t[1] or '' end
+  local n = #t
+  if n <= 1 then return t[1] or '' end
+  if n == 2 then return t[1] .. t[2] end
+  if n == 3 then return t[1] .. t[2] .. t[3] end
   local out = {}
   for i = 1, #t, 64 do out[#out + 1] = join64(t, i) end
   return join(out)
@@ -146,8 +149,14 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     return nil
   end
 
-  local pos, base, blk = 1, 0, 0
-  while base + BLOCK <= width do
+  -- (the last block ends at the last value: it makes again, the same way, the values of the block
+  -- before it that it holds, which are cut off its results at the end)
+  local pos, base, blk, trim = 1, 0, 0, 0
+  while base < width and width >= BLOCK do
+    if base + BLOCK > width then
+      trim = base + BLOCK - width
+      base, pos = width - BLOCK, (width - BLOCK) * 8 + 1
+    end
     blk = blk + 1""")
 IND = "    "
 w(assign(names("p"), "sunpack(FB, payload, pos)", IND, True))
@@ -210,9 +219,17 @@ w("""    local slow = sq - sq ~= 0
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound""")
 w(IND + "    if base + BLOCK > cs then -- counts, then sums: the counts alone element by element")
-w(wrap(f"local why, of_agg = check(base, cs - base, {{{names('p')}}}, {{{names('c')}}})", IND + "      "))
-w(IND + "      if why then return nil, why, of_agg end")
-w(wrap(f"slow = not counts_ok or base + BLOCK > cs + size and mmin({names('p')}) < 0", IND + "      "))
+w(IND + "      if cs == 1 then -- one count, the first value (a problem with it: the element-by-element check names it)")
+w(IND + "        slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0")
+w(IND + "        if not slow then")
+w(IND + "          counts[1] = c1")
+w(IND + "          if c1 > 0 and c1 < 1 then counts_ok = false end")
+w(IND + "        end")
+w(IND + "      else")
+w(wrap(f"local why, of_agg = check(base, cs - base, {{{names('p')}}}, {{{names('c')}}})", IND + "        "))
+w(IND + "        if why then return nil, why, of_agg end")
+w(IND + "      end")
+w(wrap(f"slow = slow or not counts_ok or base + BLOCK > cs + size and mmin({names('p')}) < 0", IND + "      "))
 w(wrap(f"elseif mmin({names('p')}) < 0 then", IND + "    "))
 w(IND + "      slow = true")
 w(wrap(f"elseif mmin({names('c')}) < 1 then", IND + "    "))
@@ -232,7 +249,21 @@ w(IND + "  if why then return nil, why, of_agg end")
 w(IND + "end")
 w(IND + "base, pos = base + BLOCK, pos + BLOCK * 8")
 w("  end")
-w("""  if base < width then -- the last values, fewer than a block, in tables
+w("""  if trim > 0 then
+    local cut, skip = {}, trim * 8 + 1
+    local function cut_last(t) -- (a block shared by two sums is cut once)
+      if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
+    end
+    for ti = 1, nterms do
+      local term = tree[ti]
+      if term.parts then
+        for _, part in ipairs(term.parts) do if part.members then cut_last(part.out) end end
+        cut_last(term.out)
+      end
+    end
+    cut_last(aggs)
+  end
+  if base < width then -- a vector shorter than a block, in tables
     local len = width - base
     local fmt = '<' .. string.rep('d', len)
     local function zero() local z = {} for k = 1, len do z[k] = 0.0 end return z end

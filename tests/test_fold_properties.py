@@ -26,7 +26,8 @@ SCHEMA = Schema.of(
     {
         "motion/ema": merge(3, lifecycle="history"),  # history key: a restarted shard's slot is retired
         "obs/norm": merge(2, stale_after_s=0.003, sumsq=True, lifecycle="history"),  # stale key: dead slots drop out
-        # wider than the fold's blocks of 16 values, with a tail: the unrolled pass, the count/sum boundary
+        # wider than the fold's blocks of 32 values, not a multiple of them: the unrolled pass, its last block
+        # (which overlaps the one before), the count/sum boundary
         # inside a block, per-element counts, and a sumsq part
         "motion/bins": merge(37, elementwise_count=True, lifecycle="state"),
         "obs/wide": merge(20, sumsq=True, lifecycle="history"),

@@ -169,7 +169,10 @@ local function join64(t, i)
     (t[i + 60] or '') .. (t[i + 61] or '') .. (t[i + 62] or '') .. (t[i + 63] or '')
 end
 local function join(t)
-  if #t <= 1 then return t[1] or '' end
+  local n = #t
+  if n <= 1 then return t[1] or '' end
+  if n == 2 then return t[1] .. t[2] end
+  if n == 3 then return t[1] .. t[2] .. t[3] end
   local out = {}
   for i = 1, #t, 64 do out[#out + 1] = join64(t, i) end
   return join(out)
@@ -341,8 +344,14 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     return nil
   end
 
-  local pos, base, blk = 1, 0, 0
-  while base + BLOCK <= width do
+  -- (the last block ends at the last value: it makes again, the same way, the values of the block
+  -- before it that it holds, which are cut off its results at the end)
+  local pos, base, blk, trim = 1, 0, 0, 0
+  while base < width and width >= BLOCK do
+    if base + BLOCK > width then
+      trim = base + BLOCK - width
+      base, pos = width - BLOCK, (width - BLOCK) * 8 + 1
+    end
     blk = blk + 1
     local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23,
       p24, p25, p26, p27, p28, p29, p30, p31, p32 =
@@ -460,13 +469,21 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound
         if base + BLOCK > cs then -- counts, then sums: the counts alone element by element
-          local why, of_agg = check(base, cs - base, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
-            p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2, c3,
-            c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25,
-            c26, c27, c28, c29, c30, c31, c32})
-          if why then return nil, why, of_agg end
-          slow = not counts_ok or base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11,
-            p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31,
+          if cs == 1 then -- one count, the first value (a problem with it: the element-by-element check names it)
+            slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0
+            if not slow then
+              counts[1] = c1
+              if c1 > 0 and c1 < 1 then counts_ok = false end
+            end
+          else
+            local why, of_agg = check(base, cs - base, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
+              p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2,
+              c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24,
+              c25, c26, c27, c28, c29, c30, c31, c32})
+            if why then return nil, why, of_agg end
+          end
+          slow = slow or not counts_ok or base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10,
+            p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31,
             p32) < 0
         elseif mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21,
           p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
@@ -494,7 +511,21 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     end
     base, pos = base + BLOCK, pos + BLOCK * 8
   end
-  if base < width then -- the last values, fewer than a block, in tables
+  if trim > 0 then
+    local cut, skip = {}, trim * 8 + 1
+    local function cut_last(t) -- (a block shared by two sums is cut once)
+      if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
+    end
+    for ti = 1, nterms do
+      local term = tree[ti]
+      if term.parts then
+        for _, part in ipairs(term.parts) do if part.members then cut_last(part.out) end end
+        cut_last(term.out)
+      end
+    end
+    cut_last(aggs)
+  end
+  if base < width then -- a vector shorter than a block, in tables
     local len = width - base
     local fmt = '<' .. string.rep('d', len)
     local function zero() local z = {} for k = 1, len do z[k] = 0.0 end return z end
