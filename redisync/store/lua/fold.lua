@@ -617,6 +617,11 @@ for i = 1, nkeys do
     end
     local stale, me = tonumber(spec[8]), tonumber(shard)
     local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
+    -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
+    -- sub-groups and groups are made once each, and loops over lists count)
+    local idname, qname, gname = {[me] = shard}, {}, {}
+    local function qn(q) local s = qname[q] if not s then s = tostring(q); qname[q] = s end return s end
+    local function gn(g) local s = gname[g] if not s then s = tostring(g); gname[g] = s end return s end
     -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
     -- each last wrote
     local ids, was_writer, last = {}, false, -1
@@ -626,12 +631,13 @@ for i = 1, nkeys do
         return refuse('corrupt_state', name, 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
       end
       last = id
-      if id ~= me then ids[#ids + 1] = id else was_writer = true end
+      if id ~= me then ids[#ids + 1] = id; idname[id] = w else was_writer = true end
     end
+    local nids = #ids
     local at = {}
-    if stale and #ids > 0 then
+    if stale and nids > 0 then
       local atf = {}
-      for k, id in ipairs(ids) do atf[k] = 'slot:' .. id .. ':at_us' end
+      for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
       at = hmget(km, atf) or {}
     end
     -- the live slots after this fold (a slot not refreshed for stale_after_s stops weighting the
@@ -639,22 +645,27 @@ for i = 1, nkeys do
     local rebuild = spec[9] ~= LAYOUT
     item.rebuild = rebuild
     item.forget = {}
-    local live, tsub = {}, {[mfloor(me / SUB)] = true}
+    local myq = mfloor(me / SUB)
+    local live, names, tsub = {}, {}, {[myq] = true}
     local mine_added = false
-    for k, id in ipairs(ids) do
-      if not mine_added and id > me then live[#live + 1] = me; mine_added = true end
+    for k = 1, nids do
+      local id = ids[k]
+      if not mine_added and id > me then live[#live + 1] = me; names[#names + 1] = shard; mine_added = true end
       if stale and now - (tonumber(at[k]) or 0) > stale * 1e6 then
         item.forget[#item.forget + 1] = id
         tsub[mfloor(id / SUB)] = true
       else
         live[#live + 1] = id
+        names[#names + 1] = idname[id]
       end
     end
-    if not mine_added then live[#live + 1] = me end
-    item.writers, item.was, item.incarnation = table.concat(live, ','), spec[6], spec[7]
+    if not mine_added then live[#live + 1] = me; names[#names + 1] = shard end
+    item.writers, item.was, item.incarnation = table.concat(names, ','), spec[6], spec[7]
+    item.idname = idname
     -- subs[q]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder: the live groups
     local subs, groups, gorder = {}, {}, {}
-    for _, id in ipairs(live) do
+    for k = 1, #live do
+      local id = live[k]
       local q = mfloor(id / SUB)
       local m = subs[q]
       if not m then
@@ -676,73 +687,89 @@ for i = 1, nkeys do
     -- record; of a group re-made, its sub-groups' sums, or of a touched one (re-made) its count
     -- record; the slots of every sub-group re-made, and the stale ones dropped. A group or sub-group
     -- whose sum is missing (a run restored from a snapshot without it) is re-made from its parts.
-    local got, fetched = {}, {}
-    local function fetch(fields)
+    local whole, part = width * 8, count_size * 8
+    local got, slots = {}, {[me] = payload}
+    local fields, sizes, owners = {}, {}, {} -- a field, its length, the writer whose slot it is
+    local function ask(field, len, id)
+      local n = #fields + 1
+      fields[n], sizes[n], owners[n] = field, len, id or false
+    end
+    local function fetch()
       local values = hmget(kd, fields)
       if not values then return refuse('corrupt_state', name, not_hash(kd)) end
-      for k, field in ipairs(fields) do
-        local v = values[k]
+      for k = 1, #fields do
+        local v, field = values[k], fields[k]
         got[field] = v
-        fetched[#fetched + 1] = field
-        local want = (string.sub(field, 1, 7) == 'counts:' and count_size or width) * 8
-        if v and #v ~= want then
-          return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #v .. ' bytes, the key needs ' .. want)
+        if v and #v ~= sizes[k] then
+          return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #v .. ' bytes, the key needs ' .. sizes[k])
+        end
+        local id = owners[k]
+        if id then
+          if not v then return refuse('corrupt_state', name, 'writer ' .. idname[id] .. ' has no stored slot') end
+          slots[id] = v
         end
       end
+      fields, sizes, owners = {}, {}, {}
     end
     local retiring = spec[7] and spec[7] ~= inc and not resumed and redis.call('HGET', km, 'lifecycle') ~= 'state'
     local own_field = 'slot:' .. shard
-    local fields = {'retired', 'counts:' .. own_field, retiring and own_field or nil}
+    ask('retired', whole)
+    ask('counts:' .. own_field, part)
+    if retiring then ask(own_field, whole) end
     local function slots_of(q)
-      for _, id in ipairs(subs[q]) do if id ~= me then fields[#fields + 1] = 'slot:' .. id end end
+      local m = subs[q]
+      for k = 1, #m do local id = m[k] if id ~= me then ask('slot:' .. idname[id], whole, id) end end
     end
     local gread = {}
-    for k, g in ipairs(gorder) do
-      gread[k] = (tgroup[g] and 'counts:group:' or 'group:') .. g
-      if not rebuild then fields[#fields + 1] = gread[k] end
+    for k = 1, #gorder do
+      local g = gorder[k]
       if tgroup[g] then
-        for _, q in ipairs(groups[g]) do
-          if not rebuild then fields[#fields + 1] = (tsub[q] and 'counts:sub:' or 'sub:') .. q end
+        gread[k] = 'counts:group:' .. gn(g)
+        if not rebuild then ask(gread[k], part) end
+        local qs = groups[g]
+        for j = 1, #qs do
+          local q = qs[j]
+          if not rebuild then
+            if tsub[q] then ask('counts:sub:' .. qn(q), part) else ask('sub:' .. qn(q), whole) end
+          end
           if tsub[q] then slots_of(q) end
         end
+      else
+        gread[k] = 'group:' .. gn(g)
+        if not rebuild then ask(gread[k], whole) end
       end
     end
     for q in pairs(tsub) do
-      if not subs[q] and not rebuild then fields[#fields + 1] = 'counts:sub:' .. q end
+      if not subs[q] and not rebuild then ask('counts:sub:' .. qn(q), part) end
     end
-    for _, id in ipairs(item.forget) do fields[#fields + 1] = 'slot:' .. id end
-    local bad = fetch(fields)
+    for k = 1, #item.forget do local id = item.forget[k] ask('slot:' .. idname[id], whole, id) end
+    local bad = fetch()
     if bad then return bad end
     local redo, resum = {}, {}
-    fields = {}
-    for k, g in ipairs(gorder) do
+    for k = 1, #gorder do
+      local g = gorder[k]
       redo[g] = tgroup[g] or not got[gread[k]]
       if redo[g] and not tgroup[g] then
-        for _, q in ipairs(groups[g]) do fields[#fields + 1] = 'sub:' .. q end
+        local qs = groups[g]
+        for j = 1, #qs do ask('sub:' .. qn(qs[j]), whole) end
       end
     end
-    if #fields > 0 then bad = fetch(fields); if bad then return bad end end
-    fields = {}
+    if #fields > 0 then bad = fetch(); if bad then return bad end end
     local qstored = {} -- per sub-group: its stored sum, or (touched) its count record
-    for _, g in ipairs(gorder) do
+    for k = 1, #gorder do
+      local g = gorder[k]
       if redo[g] then
-        for _, q in ipairs(groups[g]) do
-          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. q]
+        local qs = groups[g]
+        for j = 1, #qs do
+          local q = qs[j]
+          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. qn(q)]
           resum[q] = tsub[q] or not qstored[q]
           if resum[q] and not tsub[q] then slots_of(q) end
         end
       end
     end
-    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. q] end end
-    if #fields > 0 then bad = fetch(fields); if bad then return bad end end
-    local slots = {[me] = payload}
-    for _, field in ipairs(fetched) do
-      local id = string.sub(field, 1, 5) == 'slot:' and tonumber(string.sub(field, 6))
-      if id and id ~= me then
-        if not got[field] then return refuse('corrupt_state', name, 'writer ' .. id .. ' has no stored slot') end
-        slots[id] = got[field]
-      end
-    end
+    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. qn(q)] end end
+    if #fields > 0 then bad = fetch(); if bad then return bad end end
     local retired, own_counts = got['retired'], got['counts:' .. own_field]
     local old = retiring and got[own_field]
     if old then
@@ -761,7 +788,8 @@ for i = 1, nkeys do
     local prior = {} -- the ids that wrote before this fold, ascending (this shard's old slot among them)
     do
       local own = was_writer
-      for _, id in ipairs(ids) do
+      for k = 1, nids do
+        local id = ids[k]
         if own and id > me then prior[#prior + 1] = me; own = false end
         prior[#prior + 1] = id
       end
@@ -771,9 +799,10 @@ for i = 1, nkeys do
       for q in pairs(tsub) do
         local sum = qstored[q]
         -- (without this shard's own count record, its part is unknown: nothing to prove)
-        if sum and (own_counts or not was_writer or mfloor(me / SUB) ~= q) then
+        if sum and (own_counts or not was_writer or myq ~= q) then
           local parts = {}
-          for _, id in ipairs(prior) do
+          for k = 1, #prior do
+            local id = prior[k]
             if mfloor(id / SUB) == q then parts[#parts + 1] = id == me and own_counts or slots[id] end
           end
           if count_sum(parts, count_size) ~= sum then
@@ -781,12 +810,12 @@ for i = 1, nkeys do
           end
         end
       end
-      for k, g in ipairs(gorder) do
-        local sum = got[gread[k]]
+      for k = 1, #gorder do
+        local g, sum = gorder[k], got[gread[k]]
         if tgroup[g] and sum then
           local parts, whole, prev = {}, true, nil
-          for _, id in ipairs(prior) do
-            local q = mfloor(id / SUB)
+          for j = 1, #prior do
+            local q = mfloor(prior[j] / SUB)
             if mfloor(q / SUBS) == g and q ~= prev then
               parts[#parts + 1] = qstored[q]
               whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
@@ -803,23 +832,25 @@ for i = 1, nkeys do
     -- ascending order) or stored (semantics.py sums in the same order)
     local tree, made = {}, {}
     if retired then tree[1] = {stored = retired} end
-    for k, g in ipairs(gorder) do
+    for k = 1, #gorder do
+      local g = gorder[k]
       if redo[g] then
-        local parts = {}
-        for _, q in ipairs(groups[g]) do
+        local parts, qs = {}, groups[g]
+        for j = 1, #qs do
+          local q = qs[j]
           if resum[q] then
-            local vs = {}
-            for _, id in ipairs(subs[q]) do vs[#vs + 1] = id == me or slots[id] end
-            parts[#parts + 1] = {members = vs, out = {}}
-            made[#made + 1] = {'sub:' .. q, parts[#parts]}
+            local vs, m = {}, subs[q]
+            for x = 1, #m do vs[x] = m[x] == me or slots[m[x]] end
+            parts[j] = {members = vs, out = {}}
+            made[#made + 1] = {'sub:' .. qn(q), parts[j]}
           else
-            parts[#parts + 1] = {stored = qstored[q]}
+            parts[j] = {stored = qstored[q]}
           end
         end
         tree[#tree + 1] = {parts = parts, out = {}}
-        made[#made + 1] = {'group:' .. g, tree[#tree]}
+        made[#made + 1] = {'group:' .. gn(g), tree[#tree]}
       else
-        tree[#tree + 1] = {stored = got['group:' .. g]}
+        tree[#tree + 1] = {stored = got[gread[k]]}
       end
     end
     local agg, why, of_agg = fold_values(name, payload, width, count_size, size, sumsq, tree)
@@ -834,22 +865,26 @@ for i = 1, nkeys do
       item.sums[n + 1], item.sums[n + 2], item.sums[n + 3], item.sums[n + 4] =
         field, sum, 'counts:' .. field, string.sub(sum, 1, cut)
     end
-    for _, m in ipairs(made) do record(m[1], m[2].sum) end
+    for k = 1, #made do record(made[k][1], made[k][2].sum) end
     if rebuild then -- every live slot's count record
-      for _, id in ipairs(live) do
+      for k = 1, #live do
+        local id = live[k]
         if id ~= me then
-          item.sums[#item.sums + 1] = 'counts:slot:' .. id
+          item.sums[#item.sums + 1] = 'counts:slot:' .. idname[id]
           item.sums[#item.sums + 1] = string.sub(slots[id], 1, cut)
         end
       end
     end
     for q in pairs(tsub) do
-      if not subs[q] then item.emptied[#item.emptied + 1] = 'sub:' .. q; item.emptied[#item.emptied + 1] = 'counts:sub:' .. q end
+      if not subs[q] then
+        item.emptied[#item.emptied + 1] = 'sub:' .. qn(q)
+        item.emptied[#item.emptied + 1] = 'counts:sub:' .. qn(q)
+      end
     end
     for g in pairs(tgroup) do
       if not groups[g] then
-        item.emptied[#item.emptied + 1] = 'group:' .. g
-        item.emptied[#item.emptied + 1] = 'counts:group:' .. g
+        item.emptied[#item.emptied + 1] = 'group:' .. gn(g)
+        item.emptied[#item.emptied + 1] = 'counts:group:' .. gn(g)
       end
     end
     item.agg = agg
