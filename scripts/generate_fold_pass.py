@@ -91,6 +91,61 @@ local function join(t)
   return join(out)
 end
 
+-- The checks of the elements of one stretch of values, for a block whose cheap look is not clean:
+-- st holds the key (name, cs, size, sumsq), the aggregate's blocks made so far (aggs), the counts seen
+-- (counts) and whether every count is 0 or >= 1 (ok: the moments then cannot overflow). (Functions
+-- made once, at the top: a closure costs about 500 instructions per variable it captures.)
+local function agg_count(st, idx) -- the aggregate's count idx, from the blocks made so far
+  local n = st.counts[idx]
+  if n == nil then
+    n = sunpack('<d', st.aggs[mfloor((idx - 1) / BLOCK) + 1], ((idx - 1) % BLOCK) * 8 + 1)
+    st.counts[idx] = n
+  end
+  return n
+end
+
+-- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
+local function check(st, base, len, p, c)
+  local name, cs, size, sumsq, counts = st.name, st.cs, st.size, st.sumsq, st.counts
+  for j = 1, len do
+    local g, v, a = base + j, p[j], c[j]
+    if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
+    if v < 0 and (g <= cs or g > cs + size) then
+      return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
+        ' in a count or sumsq part (must be >= 0)'}
+    end
+    if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
+      true end
+    if g <= cs then
+      counts[g] = a
+      if a > 0 and a < 1 then st.ok = false end
+    else
+      -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
+      local e = (g - cs - 1) % size
+      local n = agg_count(st, cs == 1 and 1 or e + 1)
+      if n > 0 then
+        local m = a / n
+        if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
+          return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- the last block's results without the values the block before made (a block shared by two sums: once)
+local function cut_last(cut, t, blk, skip)
+  if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
+end
+
+-- a sum's string, made once however many sums share its blocks
+local function made_once(made, blocks)
+  local s = made[blocks]
+  if not s then s = join(blocks); made[blocks] = s end
+  return s
+end
+
 -- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
 -- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
 -- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
@@ -109,45 +164,8 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     end
   end
   local aggs = single and tree[1].out or {}
-  local counts, counts_ok = {}, true -- counts_ok: every count is 0 or >= 1 (moments then cannot overflow)
-
-  local function count(idx) -- the aggregate's count idx, from the blocks made so far
-    local n = counts[idx]
-    if n == nil then
-      n = sunpack('<d', aggs[math.floor((idx - 1) / BLOCK) + 1], ((idx - 1) % BLOCK) * 8 + 1)
-      counts[idx] = n
-    end
-    return n
-  end
-
-  -- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
-  local function check(base, len, p, c)
-    for j = 1, len do
-      local g, v, a = base + j, p[j], c[j]
-      if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
-      if v < 0 and (g <= cs or g > cs + size) then
-        return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
-          ' in a count or sumsq part (must be >= 0)'}
-      end
-      if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
-        true end
-      if g <= cs then
-        counts[g] = a
-        if a > 0 and a < 1 then counts_ok = false end
-      else
-        -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
-        local e = (g - cs - 1) % size
-        local n = count(cs == 1 and 1 or e + 1)
-        if n > 0 then
-          local m = a / n
-          if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
-            return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
-          end
-        end
-      end
-    end
-    return nil
-  end
+  local counts = {}
+  local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true}
 
   -- (the last block ends at the last value: it makes again, the same way, the values of the block
   -- before it that it holds, which are cut off its results at the end)
@@ -223,45 +241,43 @@ w(IND + "      if cs == 1 then -- one count, the first value (a problem with it:
 w(IND + "        slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0")
 w(IND + "        if not slow then")
 w(IND + "          counts[1] = c1")
-w(IND + "          if c1 > 0 and c1 < 1 then counts_ok = false end")
+w(IND + "          if c1 > 0 and c1 < 1 then st.ok = false end")
 w(IND + "        end")
 w(IND + "      else")
-w(wrap(f"local why, of_agg = check(base, cs - base, {{{names('p')}}}, {{{names('c')}}})", IND + "        "))
+w(wrap(f"local why, of_agg = check(st, base, cs - base, {{{names('p')}}}, {{{names('c')}}})", IND + "        "))
 w(IND + "        if why then return nil, why, of_agg end")
 w(IND + "      end")
-w(wrap(f"slow = slow or not counts_ok or base + BLOCK > cs + size and mmin({names('p')}) < 0", IND + "      "))
+w(wrap(f"slow = slow or not st.ok or base + BLOCK > cs + size and mmin({names('p')}) < 0", IND + "      "))
 w(wrap(f"elseif mmin({names('p')}) < 0 then", IND + "    "))
 w(IND + "      slow = true")
 w(wrap(f"elseif mmin({names('c')}) < 1 then", IND + "    "))
 w(wrap(f"for _, n in ipairs({{{names('c')}}}) do", IND + "      "))
-w(IND + "        if n > 0 and n < 1 then counts_ok = false end")
+w(IND + "        if n > 0 and n < 1 then st.ok = false end")
 w(IND + "      end")
 w(IND + "    end")
-w(IND + "  elseif not counts_ok then")
+w(IND + "  elseif not st.ok then")
 w(IND + "    slow = true -- counts that are fractions")
 w(wrap(f"elseif base + BLOCK > cs + size and mmin({names('p')}) < 0 then", IND + "  "))
 w(IND + "    slow = true -- sumsq values that may be negative")
 w(IND + "  end")
 w(IND + "end")
 w(IND + "if slow then")
-w(wrap(f"local why, of_agg = check(base, BLOCK, {{{names('p')}}}, {{{names('c')}}})", IND + "  "))
+w(wrap(f"local why, of_agg = check(st, base, BLOCK, {{{names('p')}}}, {{{names('c')}}})", IND + "  "))
 w(IND + "  if why then return nil, why, of_agg end")
 w(IND + "end")
 w(IND + "base, pos = base + BLOCK, pos + BLOCK * 8")
 w("  end")
 w("""  if trim > 0 then
     local cut, skip = {}, trim * 8 + 1
-    local function cut_last(t) -- (a block shared by two sums is cut once)
-      if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
-    end
     for ti = 1, nterms do
       local term = tree[ti]
-      if term.parts then
-        for _, part in ipairs(term.parts) do if part.members then cut_last(part.out) end end
-        cut_last(term.out)
+      local parts = term.parts
+      if parts then
+        for pi = 1, #parts do if parts[pi].members then cut_last(cut, parts[pi].out, blk, skip) end end
+        cut_last(cut, term.out, blk, skip)
       end
     end
-    cut_last(aggs)
+    cut_last(cut, aggs, blk, skip)
   end
   if base < width then -- a vector shorter than a block, in tables
     local len = width - base
@@ -292,23 +308,19 @@ w("""  if trim > 0 then
       end
     end
     aggs[blk + 1] = single and tree[1].out[blk + 1] or spack(fmt, unpack(c, 1, len))
-    local why, of_agg = check(base, len, p, c)
+    local why, of_agg = check(st, base, len, p, c)
     if why then return nil, why, of_agg end
   end
   local made = {}
-  local function sum(blocks)
-    local s = made[blocks]
-    if not s then s = join(blocks); made[blocks] = s end
-    return s
-  end
   for ti = 1, nterms do
     local term = tree[ti]
-    if term.parts then
-      for _, part in ipairs(term.parts) do if part.members then part.sum = sum(part.out) end end
-      term.sum = sum(term.out)
+    local parts = term.parts
+    if parts then
+      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = made_once(made, parts[pi].out) end end
+      term.sum = made_once(made, term.out)
     end
   end
-  return sum(aggs)
+  return made_once(made, aggs)
 end""")
 ops = " ..\n".join(
     "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)

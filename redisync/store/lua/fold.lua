@@ -214,6 +214,57 @@ local function check_payload(name, payload, width, signed_from, signed_to)
   return nil
 end
 
+-- A refusal of a merge key before its fused pass: the payload's own problem, if it has one, first.
+-- (key: the key's item, with its name, payload, width, count_size and size. The fold's helpers take
+-- what they use as arguments, made once here: a closure costs ~500 instructions per variable it
+-- captures, each time it is made.)
+local function refuse(key, reason, detail)
+  local why = check_payload(key.name, key.payload, key.width, key.count_size, key.count_size + key.size)
+  if why then return reject(why[1], why[2], why[3]) end
+  return reject(reason, key.name, detail)
+end
+
+-- the decimal name of a number, made once per fold (Lua makes a string of a number with a printf)
+local function name_of(cache, n)
+  local s = cache[n]
+  if not s then s = tostring(n); cache[n] = s end
+  return s
+end
+
+-- What a fold reads of a data hash: plan.n fields, with the length each must have and the writer
+-- whose slot it is; fetch reads them into plan.got (and the slots into plan.slots), checked.
+local function ask(plan, field, len, id)
+  local n = plan.n + 1
+  plan.n = n
+  plan.fields[n], plan.sizes[n], plan.owners[n] = field, len, id or false
+end
+
+local function ask_slots(plan, members, me, idname, len)
+  for k = 1, #members do
+    local id = members[k]
+    if id ~= me then ask(plan, 'slot:' .. idname[id], len, id) end
+  end
+end
+
+local function fetch(plan, key, idname) -- nil, or the rejection
+  local fields, sizes, owners, got, slots = plan.fields, plan.sizes, plan.owners, plan.got, plan.slots
+  local values = hmget(key.data, fields)
+  if not values then return refuse(key, 'corrupt_state', not_hash(key.data)) end
+  for k = 1, plan.n do
+    local v, field = values[k], fields[k]
+    got[field] = v
+    if v and #v ~= sizes[k] then
+      return refuse(key, 'corrupt_state', 'stored ' .. field .. ' is ' .. #v .. ' bytes, the key needs ' .. sizes[k])
+    end
+    local id = owners[k]
+    if id then
+      if not v then return refuse(key, 'corrupt_state', 'writer ' .. idname[id] .. ' has no stored slot') end
+      slots[id] = v
+    end
+  end
+  plan.n, plan.fields, plan.sizes, plan.owners = 0, {}, {}, {}
+end
+
 -- ``0 + v1 + v2 + ...`` of payload strings, in order; ``check(a, base, len)``, if given, sees each
 -- chunk of sums and may return a rejection, which ends the sum: returns (sum) or (nil, rejection).
 local function summed(vectors, width, check)
@@ -286,6 +337,61 @@ local FB = FMT
 local mmin = math.min
 
 
+-- The checks of the elements of one stretch of values, for a block whose cheap look is not clean:
+-- st holds the key (name, cs, size, sumsq), the aggregate's blocks made so far (aggs), the counts seen
+-- (counts) and whether every count is 0 or >= 1 (ok: the moments then cannot overflow). (Functions
+-- made once, at the top: a closure costs about 500 instructions per variable it captures.)
+local function agg_count(st, idx) -- the aggregate's count idx, from the blocks made so far
+  local n = st.counts[idx]
+  if n == nil then
+    n = sunpack('<d', st.aggs[mfloor((idx - 1) / BLOCK) + 1], ((idx - 1) % BLOCK) * 8 + 1)
+    st.counts[idx] = n
+  end
+  return n
+end
+
+-- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
+local function check(st, base, len, p, c)
+  local name, cs, size, sumsq, counts = st.name, st.cs, st.size, st.sumsq, st.counts
+  for j = 1, len do
+    local g, v, a = base + j, p[j], c[j]
+    if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
+    if v < 0 and (g <= cs or g > cs + size) then
+      return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
+        ' in a count or sumsq part (must be >= 0)'}
+    end
+    if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
+      true end
+    if g <= cs then
+      counts[g] = a
+      if a > 0 and a < 1 then st.ok = false end
+    else
+      -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
+      local e = (g - cs - 1) % size
+      local n = agg_count(st, cs == 1 and 1 or e + 1)
+      if n > 0 then
+        local m = a / n
+        if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
+          return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- the last block's results without the values the block before made (a block shared by two sums: once)
+local function cut_last(cut, t, blk, skip)
+  if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
+end
+
+-- a sum's string, made once however many sums share its blocks
+local function made_once(made, blocks)
+  local s = made[blocks]
+  if not s then s = join(blocks); made[blocks] = s end
+  return s
+end
+
 -- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
 -- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
 -- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
@@ -304,45 +410,8 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     end
   end
   local aggs = single and tree[1].out or {}
-  local counts, counts_ok = {}, true -- counts_ok: every count is 0 or >= 1 (moments then cannot overflow)
-
-  local function count(idx) -- the aggregate's count idx, from the blocks made so far
-    local n = counts[idx]
-    if n == nil then
-      n = sunpack('<d', aggs[math.floor((idx - 1) / BLOCK) + 1], ((idx - 1) % BLOCK) * 8 + 1)
-      counts[idx] = n
-    end
-    return n
-  end
-
-  -- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
-  local function check(base, len, p, c)
-    for j = 1, len do
-      local g, v, a = base + j, p[j], c[j]
-      if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
-      if v < 0 and (g <= cs or g > cs + size) then
-        return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
-          ' in a count or sumsq part (must be >= 0)'}
-      end
-      if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
-        true end
-      if g <= cs then
-        counts[g] = a
-        if a > 0 and a < 1 then counts_ok = false end
-      else
-        -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
-        local e = (g - cs - 1) % size
-        local n = count(cs == 1 and 1 or e + 1)
-        if n > 0 then
-          local m = a / n
-          if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
-            return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
-          end
-        end
-      end
-    end
-    return nil
-  end
+  local counts = {}
+  local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true}
 
   -- (the last block ends at the last value: it makes again, the same way, the values of the block
   -- before it that it holds, which are cut off its results at the end)
@@ -473,16 +542,16 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
             slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0
             if not slow then
               counts[1] = c1
-              if c1 > 0 and c1 < 1 then counts_ok = false end
+              if c1 > 0 and c1 < 1 then st.ok = false end
             end
           else
-            local why, of_agg = check(base, cs - base, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14,
-              p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2,
-              c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24,
-              c25, c26, c27, c28, c29, c30, c31, c32})
+            local why, of_agg = check(st, base, cs - base, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13,
+              p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1,
+              c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
+              c24, c25, c26, c27, c28, c29, c30, c31, c32})
             if why then return nil, why, of_agg end
           end
-          slow = slow or not counts_ok or base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10,
+          slow = slow or not st.ok or base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10,
             p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31,
             p32) < 0
         elseif mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21,
@@ -492,10 +561,10 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
           c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) < 1 then
           for _, n in ipairs({c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
             c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32}) do
-            if n > 0 and n < 1 then counts_ok = false end
+            if n > 0 and n < 1 then st.ok = false end
           end
         end
-      elseif not counts_ok then
+      elseif not st.ok then
         slow = true -- counts that are fractions
       elseif base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
         p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
@@ -503,27 +572,25 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
       end
     end
     if slow then
-      local why, of_agg = check(base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16,
-        p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2, c3, c4, c5, c6,
-        c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27, c28,
-        c29, c30, c31, c32})
+      local why, of_agg = check(st, base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
+        p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2, c3, c4, c5,
+        c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27,
+        c28, c29, c30, c31, c32})
       if why then return nil, why, of_agg end
     end
     base, pos = base + BLOCK, pos + BLOCK * 8
   end
   if trim > 0 then
     local cut, skip = {}, trim * 8 + 1
-    local function cut_last(t) -- (a block shared by two sums is cut once)
-      if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
-    end
     for ti = 1, nterms do
       local term = tree[ti]
-      if term.parts then
-        for _, part in ipairs(term.parts) do if part.members then cut_last(part.out) end end
-        cut_last(term.out)
+      local parts = term.parts
+      if parts then
+        for pi = 1, #parts do if parts[pi].members then cut_last(cut, parts[pi].out, blk, skip) end end
+        cut_last(cut, term.out, blk, skip)
       end
     end
-    cut_last(aggs)
+    cut_last(cut, aggs, blk, skip)
   end
   if base < width then -- a vector shorter than a block, in tables
     local len = width - base
@@ -554,23 +621,19 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
       end
     end
     aggs[blk + 1] = single and tree[1].out[blk + 1] or spack(fmt, unpack(c, 1, len))
-    local why, of_agg = check(base, len, p, c)
+    local why, of_agg = check(st, base, len, p, c)
     if why then return nil, why, of_agg end
   end
   local made = {}
-  local function sum(blocks)
-    local s = made[blocks]
-    if not s then s = join(blocks); made[blocks] = s end
-    return s
-  end
   for ti = 1, nterms do
     local term = tree[ti]
-    if term.parts then
-      for _, part in ipairs(term.parts) do if part.members then part.sum = sum(part.out) end end
-      term.sum = sum(term.out)
+    local parts = term.parts
+    if parts then
+      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = made_once(made, parts[pi].out) end end
+      term.sum = made_once(made, term.out)
     end
   end
-  return sum(aggs)
+  return made_once(made, aggs)
 end
 
 -- validate and compute every key before writing anything (a report applies all or none) ------------
@@ -609,26 +672,19 @@ for i = 1, nkeys do
   elseif spec[1] == 'merge' then
     local count_size, size = tonumber(spec[3]), tonumber(spec[4])
     if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
-    -- the payload's values are checked in the fused pass; a refusal before it names their problem first
-    local function refuse(reason, key, detail)
-      local why = check_payload(name, payload, width, count_size, count_size + size)
-      if why then return reject(why[1], why[2], why[3]) end
-      return reject(reason, key, detail)
-    end
+    item.width, item.count_size, item.size = width, count_size, size
     local stale, me = tonumber(spec[8]), tonumber(shard)
     local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
     -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
     -- sub-groups and groups are made once each, and loops over lists count)
     local idname, qname, gname = {[me] = shard}, {}, {}
-    local function qn(q) local s = qname[q] if not s then s = tostring(q); qname[q] = s end return s end
-    local function gn(g) local s = gname[g] if not s then s = tostring(g); gname[g] = s end return s end
     -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
     -- each last wrote
     local ids, was_writer, last = {}, false, -1
     for w in string.gmatch(spec[6] or '', '[^,]+') do
       local id = tonumber(w)
       if not id or id <= last or string.find(w, '%D') then
-        return refuse('corrupt_state', name, 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
+        return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
       end
       last = id
       if id ~= me then ids[#ids + 1] = id; idname[id] = w else was_writer = true end
@@ -688,62 +744,37 @@ for i = 1, nkeys do
     -- record; the slots of every sub-group re-made, and the stale ones dropped. A group or sub-group
     -- whose sum is missing (a run restored from a snapshot without it) is re-made from its parts.
     local whole, part = width * 8, count_size * 8
-    local got, slots = {}, {[me] = payload}
-    local fields, sizes, owners = {}, {}, {} -- a field, its length, the writer whose slot it is
-    local function ask(field, len, id)
-      local n = #fields + 1
-      fields[n], sizes[n], owners[n] = field, len, id or false
-    end
-    local function fetch()
-      local values = hmget(kd, fields)
-      if not values then return refuse('corrupt_state', name, not_hash(kd)) end
-      for k = 1, #fields do
-        local v, field = values[k], fields[k]
-        got[field] = v
-        if v and #v ~= sizes[k] then
-          return refuse('corrupt_state', name, 'stored ' .. field .. ' is ' .. #v .. ' bytes, the key needs ' .. sizes[k])
-        end
-        local id = owners[k]
-        if id then
-          if not v then return refuse('corrupt_state', name, 'writer ' .. idname[id] .. ' has no stored slot') end
-          slots[id] = v
-        end
-      end
-      fields, sizes, owners = {}, {}, {}
-    end
+    local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {[me] = payload}}
+    local got, slots = plan.got, plan.slots
     local retiring = spec[7] and spec[7] ~= inc and not resumed and redis.call('HGET', km, 'lifecycle') ~= 'state'
     local own_field = 'slot:' .. shard
-    ask('retired', whole)
-    ask('counts:' .. own_field, part)
-    if retiring then ask(own_field, whole) end
-    local function slots_of(q)
-      local m = subs[q]
-      for k = 1, #m do local id = m[k] if id ~= me then ask('slot:' .. idname[id], whole, id) end end
-    end
+    ask(plan, 'retired', whole)
+    ask(plan, 'counts:' .. own_field, part)
+    if retiring then ask(plan, own_field, whole) end
     local gread = {}
     for k = 1, #gorder do
       local g = gorder[k]
       if tgroup[g] then
-        gread[k] = 'counts:group:' .. gn(g)
-        if not rebuild then ask(gread[k], part) end
+        gread[k] = 'counts:group:' .. name_of(gname, g)
+        if not rebuild then ask(plan, gread[k], part) end
         local qs = groups[g]
         for j = 1, #qs do
           local q = qs[j]
           if not rebuild then
-            if tsub[q] then ask('counts:sub:' .. qn(q), part) else ask('sub:' .. qn(q), whole) end
+            if tsub[q] then ask(plan, 'counts:sub:' .. name_of(qname, q), part) else ask(plan, 'sub:' .. name_of(qname, q), whole) end
           end
-          if tsub[q] then slots_of(q) end
+          if tsub[q] then ask_slots(plan, subs[q], me, idname, whole) end
         end
       else
-        gread[k] = 'group:' .. gn(g)
-        if not rebuild then ask(gread[k], whole) end
+        gread[k] = 'group:' .. name_of(gname, g)
+        if not rebuild then ask(plan, gread[k], whole) end
       end
     end
     for q in pairs(tsub) do
-      if not subs[q] and not rebuild then ask('counts:sub:' .. qn(q), part) end
+      if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. name_of(qname, q), part) end
     end
-    for k = 1, #item.forget do local id = item.forget[k] ask('slot:' .. idname[id], whole, id) end
-    local bad = fetch()
+    for k = 1, #item.forget do local id = item.forget[k] ask(plan, 'slot:' .. idname[id], whole, id) end
+    local bad = fetch(plan, item, idname)
     if bad then return bad end
     local redo, resum = {}, {}
     for k = 1, #gorder do
@@ -751,10 +782,10 @@ for i = 1, nkeys do
       redo[g] = tgroup[g] or not got[gread[k]]
       if redo[g] and not tgroup[g] then
         local qs = groups[g]
-        for j = 1, #qs do ask('sub:' .. qn(qs[j]), whole) end
+        for j = 1, #qs do ask(plan, 'sub:' .. name_of(qname, qs[j]), whole) end
       end
     end
-    if #fields > 0 then bad = fetch(); if bad then return bad end end
+    if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
     local qstored = {} -- per sub-group: its stored sum, or (touched) its count record
     for k = 1, #gorder do
       local g = gorder[k]
@@ -762,21 +793,21 @@ for i = 1, nkeys do
         local qs = groups[g]
         for j = 1, #qs do
           local q = qs[j]
-          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. qn(q)]
+          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. name_of(qname, q)]
           resum[q] = tsub[q] or not qstored[q]
-          if resum[q] and not tsub[q] then slots_of(q) end
+          if resum[q] and not tsub[q] then ask_slots(plan, subs[q], me, idname, whole) end
         end
       end
     end
-    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. qn(q)] end end
-    if #fields > 0 then bad = fetch(); if bad then return bad end end
+    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. name_of(qname, q)] end end
+    if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
     local retired, own_counts = got['retired'], got['counts:' .. own_field]
     local old = retiring and got[own_field]
     if old then
       -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
       if retired then
         local sum, e = sum_checked(name, {retired, old}, width, count_size, size, sumsq)
-        if not sum then return refuse(e[1], e[2], e[3]) end
+        if not sum then return refuse(item, e[1], e[3]) end
         retired = sum
       else
         retired = old
@@ -806,7 +837,7 @@ for i = 1, nkeys do
             if mfloor(id / SUB) == q then parts[#parts + 1] = id == me and own_counts or slots[id] end
           end
           if count_sum(parts, count_size) ~= sum then
-            return refuse('corrupt_state', name, 'stored sub:' .. q .. ' disagrees with the sum of its slots')
+            return refuse(item, 'corrupt_state', 'stored sub:' .. q .. ' disagrees with the sum of its slots')
           end
         end
       end
@@ -822,7 +853,7 @@ for i = 1, nkeys do
             end
           end
           if whole and count_sum(parts, count_size) ~= sum then
-            return refuse('corrupt_state', name, 'stored group:' .. g .. ' disagrees with the sum of its sub-groups')
+            return refuse(item, 'corrupt_state', 'stored group:' .. g .. ' disagrees with the sum of its sub-groups')
           end
         end
       end
@@ -842,30 +873,29 @@ for i = 1, nkeys do
             local vs, m = {}, subs[q]
             for x = 1, #m do vs[x] = m[x] == me or slots[m[x]] end
             parts[j] = {members = vs, out = {}}
-            made[#made + 1] = {'sub:' .. qn(q), parts[j]}
+            made[#made + 1] = {'sub:' .. name_of(qname, q), parts[j]}
           else
             parts[j] = {stored = qstored[q]}
           end
         end
         tree[#tree + 1] = {parts = parts, out = {}}
-        made[#made + 1] = {'group:' .. gn(g), tree[#tree]}
+        made[#made + 1] = {'group:' .. name_of(gname, g), tree[#tree]}
       else
         tree[#tree + 1] = {stored = got[gread[k]]}
       end
     end
     local agg, why, of_agg = fold_values(name, payload, width, count_size, size, sumsq, tree)
     if not agg then
-      if of_agg then return refuse(why[1], why[2], why[3]) end
+      if of_agg then return refuse(item, why[1], why[3]) end
       return reject(why[1], why[2], why[3])
     end
     local cut = 8 * count_size
     item.sums, item.emptied = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}, {}
-    local function record(field, sum)
-      local n = #item.sums
-      item.sums[n + 1], item.sums[n + 2], item.sums[n + 3], item.sums[n + 4] =
-        field, sum, 'counts:' .. field, string.sub(sum, 1, cut)
+    local sums = item.sums
+    for k = 1, #made do
+      local field, sum, n = made[k][1], made[k][2].sum, #sums
+      sums[n + 1], sums[n + 2], sums[n + 3], sums[n + 4] = field, sum, 'counts:' .. field, string.sub(sum, 1, cut)
     end
-    for k = 1, #made do record(made[k][1], made[k][2].sum) end
     if rebuild then -- every live slot's count record
       for k = 1, #live do
         local id = live[k]
@@ -877,14 +907,14 @@ for i = 1, nkeys do
     end
     for q in pairs(tsub) do
       if not subs[q] then
-        item.emptied[#item.emptied + 1] = 'sub:' .. qn(q)
-        item.emptied[#item.emptied + 1] = 'counts:sub:' .. qn(q)
+        item.emptied[#item.emptied + 1] = 'sub:' .. name_of(qname, q)
+        item.emptied[#item.emptied + 1] = 'counts:sub:' .. name_of(qname, q)
       end
     end
     for g in pairs(tgroup) do
       if not groups[g] then
-        item.emptied[#item.emptied + 1] = 'group:' .. gn(g)
-        item.emptied[#item.emptied + 1] = 'counts:group:' .. gn(g)
+        item.emptied[#item.emptied + 1] = 'group:' .. name_of(gname, g)
+        item.emptied[#item.emptied + 1] = 'counts:group:' .. name_of(gname, g)
       end
     end
     item.agg = agg
