@@ -237,7 +237,7 @@ w("""    local slow = sq - sq ~= 0
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound""")
 w(IND + "    if base + BLOCK > cs then -- counts, then sums: the counts alone element by element")
-w(IND + "      if cs == 1 then -- one count, the first value (a problem with it: the element-by-element check names it)")
+w(IND + "      if cs == 1 then -- one count, the first value (its problem: the checks element by element name it)")
 w(IND + "        slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0")
 w(IND + "        if not slow then")
 w(IND + "          counts[1] = c1")

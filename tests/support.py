@@ -9,7 +9,7 @@ import numpy as np
 from redisync.store.client import Store
 from redisync.store.codec import decode
 from redisync.store.schema import MergeSpec
-from redisync.store.semantics import LAYOUT, ReferenceFold, layered_sums
+from redisync.store.semantics import LAYOUT, ReferenceFold, stored_sums
 
 
 def _s(v) -> str:
@@ -37,9 +37,9 @@ def lua_state(store: Store) -> dict:
                 for f, v in data.items()
                 if f.startswith("slot:")
             }
-            # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own)
-            subs, groups = layered_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width)
-            sums = {**{f"sub:{q}": v for q, v in subs.items()}, **{f"group:{g}": v for g, v in groups.items()}}
+            # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own),
+            # and a lone one is not stored
+            sums = stored_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width, "retired" in data)
             parts = {**sums, **{f"slot:{i}": slot[2] for i, slot in key["slots"].items()}}
             # ... and every count record the count part of its vector
             expected = {**sums, **{f"counts:{f}": v[: spec.count_size] for f, v in parts.items()}}

@@ -22,7 +22,10 @@ def test_a_folds_instruction_count_repeats_whatever_the_load():
 
 
 def test_the_table_has_every_size_and_slot_count_and_the_marginal_cost():
-    result = run_instructions(sizes=(64, 512), slots=(1, 4), folds=2)
+    result = run_instructions(sizes=(64, 512), slots=(1, 4), folds=2, client_publishes=200)
     assert {(r["values"], r["slots"]) for r in result["folds"]} == {(64, 1), (64, 4), (512, 1), (512, 4)}
     one, four = (m["per_value"] for m in result["marginal_per_value"])
     assert 0 < one < four  # more slots, more per value
+    # the client's publish, counted apart from its probe's start: tens of thousands (84k before the
+    # payload was encoded in the check), never the probe's whole run (tens of millions)
+    assert 10_000 < result["client_publish_instructions_at_64"] < 150_000

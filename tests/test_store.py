@@ -252,10 +252,11 @@ def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_stor
 
     store = make_store()
     store.register(SCHEMA)
-    shards = {shard: store.shard(shard) for shard in (0, 1, 17)}
+    shards = {shard: store.shard(shard) for shard in (0, 1, 5, 17)}  # sub-groups 0, 1 of group 0; group 1
     for client in shards.values():
         client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
     snap = store.snapshot()
+    assert "sub:4" not in snap.hashes["data:obs/norm"]  # group 1's lone sub-group: its sum is the group's
     data = dict(snap.hashes["data:obs/norm"])
     tampered = codec.decode(base64.b64decode(data[field]))
     tampered[0] += 1000.0
@@ -275,8 +276,10 @@ def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_stor
     )
     store.restore(missing)  # a group sum left out is recomputed from the slots
     shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})  # re-sums group 0 only
-    assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3
-    assert_matches_reference(store, {0: [4, 1, 2, 1, 4], 1: [3, 1, 2, 1, 4], 17: [3, 1, 2, 1, 4]})
+    assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3 + 3
+    assert_matches_reference(
+        store, {0: [4, 1, 2, 1, 4], 1: [3, 1, 2, 1, 4], 5: [3, 1, 2, 1, 4], 17: [3, 1, 2, 1, 4]}
+    )
 
 
 def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
@@ -285,8 +288,8 @@ def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
 
     data = {k.decode(): v for k, v in store.redis.hgetall(store.keys.key_data("obs/norm")).items()}
     payloads = {shard: np.array(v, dtype=np.float64) for shard, v in slots.items()}
-    subs, groups = semantics.layered_sums(payloads, 5)
-    expected = {f"sub:{q}": v for q, v in subs.items()} | {f"group:{g}": v for g, v in groups.items()}
+    groups = semantics.layered_sums(payloads, 5)[1]
+    expected = semantics.stored_sums(payloads, 5, retired=False)
     expected |= {f"counts:{f}": v[:1] for f, v in (expected | {f"slot:{i}": v for i, v in payloads.items()}).items()}
     expected["agg"] = semantics.summed(list(groups.values()), 5)
     assert sorted(f for f in data if not f.startswith("slot:")) == sorted(expected)  # every stale field gone
@@ -340,7 +343,7 @@ def test_a_fold_refuses_a_stored_sum_it_can_prove_wrong(make_store, field, parts
     it): a damaged one is refused, and nothing is written."""
     store = make_store()
     store.register(SCHEMA)
-    shards = {shard: store.shard(shard) for shard in (0, 1, 2, 5)}
+    shards = {shard: store.shard(shard) for shard in (0, 1, 2, 5, 17)}  # (17: group 0 is not the only group)
     for client in shards.values():
         client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
     data = store.keys.key_data("obs/norm")

@@ -80,31 +80,43 @@ def _report(rng: np.random.Generator, n: int, k: int) -> dict[str, Any]:
 SHARDS = 4  # live slots of the benchmark's key, all in one group of the fold's sums
 
 
-def client_publish_us(url: str | None, n: int = 64, calls: int = 1000) -> float:
-    """What ``publish()`` costs on the client outside the round trip: the median of publishes of a
-    report in the terms' form (N float64 sums and a float count) whose EVALSHA returns at once with
-    the reply the server gave (checks, encoding, the arguments, the reply's parsing; not redis-py's
-    own path, which a raw EVALSHA costs too)."""
+def stubbed_publisher(url: str | None, n: int = 64) -> tuple[Callable[[], Any], Callable[[], None]]:
+    """``(publish, close)``: a publish of a report in the terms' form (N float64 sums and a float
+    count) whose EVALSHA returns at once with the reply the server gave to the first one, so that it
+    costs the client alone (checks, encoding, the arguments, the reply's parsing; not redis-py's own
+    path, which a raw EVALSHA costs too)."""
     store = _new_run(url, n)
-    try:
-        client, rng = store.shard(0), np.random.default_rng(n)
-        reply = None
+    client, rng = store.shard(0), np.random.default_rng(n)
+    reply = None
 
-        def call(script: Any, keys: list[str], args: list[Any]) -> Any:
-            nonlocal reply
-            if script is not store.scripts.fold:  # the claim of an incarnation
-                return type(store)._call(store, script, keys, args)
-            if reply is None:
-                reply = type(store)._call(store, script, keys, args)
-            return reply
+    def call(script: Any, keys: list[str], args: list[Any]) -> Any:
+        nonlocal reply
+        if script is not store.scripts.fold:  # the claim of an incarnation
+            return type(store)._call(store, script, keys, args)
+        if reply is None:
+            reply = type(store)._call(store, script, keys, args)
+        return reply
 
-        store._call = call  # type: ignore[method-assign]
-        report = _report(rng, n, 1)
-        client.publish(report)
-        return _median_us(lambda: client.publish(report), calls)
-    finally:
+    store._call = call  # type: ignore[method-assign]
+    report = _report(rng, n, 1)
+    client.publish(report)
+
+    def close() -> None:
         del store._call
         store.delete()
+
+    return (lambda: client.publish(report)), close
+
+
+def client_publish_us(url: str | None, n: int = 64, calls: int = 1000) -> float:
+    """What ``publish()`` costs on the client outside the round trip (see ``stubbed_publisher``):
+    the lowest median of five batches (this host's speed moves by up to 2x for seconds at a time; as
+    timeit takes the best of its repeats). ``redisync bench --instructions`` counts it in instructions."""
+    publish, close = stubbed_publisher(url, n)
+    try:
+        return min(_median_us(publish, max(1, calls // 5)) for _ in range(5))
+    finally:
+        close()
 
 
 def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -143,6 +144,29 @@ def floors(server: CountingServer, n: int, times: int) -> dict[str, float]:
     return out
 
 
+def client_instructions(publishes: int = 1000) -> float:
+    """Instructions per ``publish()`` on the client outside the round trip, at 64 values: the
+    difference between ``client_probe`` runs of ``publishes`` and of 0 publishes under callgrind
+    (each counts from its zero to its dump, the dump's own start included in both)."""
+    out = Path(tempfile.mkdtemp(prefix="redisync-callgrind-client-"))
+    try:
+        totals = []
+        for count in (publishes, 0):
+            subprocess.run(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.{count}.%p", sys.executable,
+                 "-m", "redisync.bench.client_probe", str(count)],
+                check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"},
+            )  # fmt: skip
+            dumps = sorted(glob.glob(f"{out}/cg.{count}.*.1"))
+            if not dumps:
+                raise RedisyncError("callgrind wrote no dump of the client probe")
+            found = re.search(r"^(?:summary|totals): (\d+)", Path(dumps[0]).read_text(), re.M)
+            totals.append(int(found.group(1)) if found else 0)
+        return (totals[0] - totals[1]) / publishes
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def folds_for(n: int) -> int:
     """Folds to average at ``n`` values: Redis steps Lua's garbage collector once every 50 scripts,
     a step that lands on one fold of a few would move a small fold's count by a tenth."""
@@ -150,9 +174,13 @@ def folds_for(n: int) -> int:
 
 
 def run_instructions(
-    sizes: tuple[int, ...] = SIZES, slots: tuple[int, ...] = SLOTS, folds: int | None = None
+    sizes: tuple[int, ...] = SIZES,
+    slots: tuple[int, ...] = SLOTS,
+    folds: int | None = None,
+    client_publishes: int = 1000,
 ) -> dict[str, Any]:
-    """The instruction table: per fold, per size and slot count; the floors; the marginal cost per value."""
+    """The instruction table: per fold, per size and slot count; the floors; the marginal cost per
+    value; the client's instructions per publish at 64 values."""
     server = CountingServer()
     try:
         rows = [
@@ -163,6 +191,7 @@ def run_instructions(
         floor_rows = [{"values": n, **floors(server, n, folds or folds_for(n))} for n in sizes]
     finally:
         server.close()
+    client = client_instructions(client_publishes)
     marginal = []
     if len(sizes) >= 2:
         small, large = sorted(sizes)[-2:]
@@ -176,6 +205,7 @@ def run_instructions(
         "marginal_per_value": marginal,
         "sizes": list(sizes),
         "slots": list(slots),
+        "client_publish_instructions_at_64": client,
     }
 
 
@@ -197,6 +227,9 @@ def format_table(result: dict[str, Any]) -> str:
             + "".join(f"{m['per_value']:>14,.0f}" for m in result["marginal_per_value"])
             + "   per value, between the two largest sizes"
         )
+    lines.append(
+        f"client: {result['client_publish_instructions_at_64']:,.0f} per publish() at 64 values, outside the round trip"
+    )
     lines.append(
         "floors: "
         + "; ".join(

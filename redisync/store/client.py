@@ -27,7 +27,7 @@ from redis.retry import Retry
 from .. import errors
 from . import codec, semantics
 from .keys import RunKeys
-from .schema import Limits, MergeSpec, Schema, validate_reports
+from .schema import Limits, MergeSpec, Schema, encode_reports
 
 ENV_URL = "REDISYNC_URL"
 EMBEDDED = "embedded"
@@ -320,19 +320,19 @@ def _check_sums(
     name: str, spec: MergeSpec, info: dict[str, bytes], data: dict[str, bytes], writers: list[str], bad: Any
 ) -> None:
     """The folds trust stored sums (each re-makes its own sub-group and group only, checking their
-    count records): every sub-group and group sum must be its parts' sum, the aggregate the sum of the
-    history and the groups, and every count record (``counts:<field>``) the count part of its field,
-    as the fold computes them; a missing one is filled in. A snapshot whose sums were laid out
-    otherwise (taken before they had two levels) has them all re-made from its slots: they are derived
-    data."""
+    count records): every stored sub-group and group sum must be its parts' sum (a lone one is not
+    stored: ``semantics.stored_sums``), the aggregate the sum of the history and the groups, and every
+    count record (``counts:<field>``) the count part of its field, as the fold computes them; a
+    missing one is filled in. A snapshot whose sums were laid out otherwise (by an older redisync) has
+    them all re-made from its slots: they are derived data."""
     if not all(w.isdigit() for w in writers):
         raise bad(f"key {name!r}", f"writers {writers} are not shard ids")
     width, cut = spec.width, spec.count_size
     slots = {int(w): codec.decode(data[f"slot:{w}"]) for w in writers}
-    subs, groups = semantics.layered_sums(slots, width)
+    groups = semantics.layered_sums(slots, width)[1]
     retired = data.get("retired")
     agg = semantics.summed(([] if retired is None else [codec.decode(retired)]) + list(groups.values()), width)
-    sums = {f"sub:{q}": v for q, v in subs.items()} | {f"group:{g}": v for g, v in groups.items()}
+    sums = semantics.stored_sums(slots, width, retired is not None)
     counts = {f"counts:{f}": v[:cut] for f, v in (sums | {f"slot:{w}": v for w, v in slots.items()}).items()}
     derived = sums | {"agg": agg} | counts
     parts = {"sub": "its slots", "group": "its sub-groups", "agg": "the retired history and the slots"}
@@ -644,6 +644,7 @@ class ShardClient:
         self.take_over = True  # claim even while another live process holds the shard (a Syncer asks first)
         self._limits: Limits | None = None
         self._fold_keys: dict[tuple[str, ...], list[str]] = {}  # KEYS of the fold, per set of reported keys
+        self._resume_flags: dict[tuple[str, ...], tuple[Any, str]] = {}  # (resume, its flags), per set of keys
         self._lock = threading.RLock()
 
     @property
@@ -679,8 +680,7 @@ class ShardClient:
         store = self.store
         if self._limits is None:
             self._limits = store.limits()
-        vectors = validate_reports(store.schema, reports, self._limits, self.shard_id)
-        payloads = {n: codec.encode(v) for n, v in vectors.items()}
+        payloads = encode_reports(store._schema or store.schema, reports, self._limits, self.shard_id)
         with self._lock:
             self.seq += 1
             if self.reserve is not None:
@@ -697,15 +697,12 @@ class ShardClient:
             for name in names:
                 keys += [store.keys.key_meta(name), store.keys.key_data(name)]
             self._fold_keys[names] = keys
+        flags = self._resume_flags.get(names)
+        if flags is None or flags[0] is not self.resume:  # (a Syncer may set resume after a restore)
+            flags = self._resume_flags[names] = (self.resume, "".join("1" if self.resumes(n) else "0" for n in names))
         with self._lock:
-            args: list[Any] = [
-                store.schema.digest,
-                self.shard_id,
-                self.incarnation,
-                seq,
-                self.highest_version,
-                "".join("1" if self.resumes(n) else "0" for n in names),
-            ]
+            digest = (store._schema or store.schema).digest
+            args: list[Any] = [digest, self.shard_id, self.incarnation, seq, self.highest_version, flags[1]]
             for name, payload in payloads.items():
                 args += [name, payload]
             if not store.wait_replicas:

@@ -60,8 +60,11 @@ def parse_publish(reply: Sequence[Any], names: Sequence[str]) -> PublishResult:
     """The typed result of ``fold.lua``; a rejection raises its typed error."""
     status = reply[0]
     if status == b"applied" or status == "applied":
-        versions = {n: int(v) for n, v in zip(names, reply[4:])}
-        return PublishResult("applied", int(reply[1]), versions, int(reply[2]), _text(reply[3]))
+        versions = {names[0]: int(reply[4])} if len(names) == 1 else dict(zip(names, map(int, reply[4:])))
+        epoch = reply[3]
+        return PublishResult(
+            "applied", int(reply[1]), versions, int(reply[2]), epoch.decode() if type(epoch) is bytes else str(epoch)
+        )
     status = _text(status)
     if status == "duplicate":
         return PublishResult("duplicate", int(reply[1]))

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import re
+import struct
 from typing import Annotated, Any, Literal, Mapping, Union
 
 import numpy as np
@@ -331,42 +332,49 @@ def _layout(spec: BroadcastSpec | MergeSpec) -> tuple[int, tuple[tuple[str, tupl
     return entry[1]
 
 
-def _plain(spec: BroadcastSpec | MergeSpec, raw: Any) -> list[np.ndarray] | None:
-    """The payload of a report in the form the terms publish (a dict of float64 arrays of the key's
-    shape and a float count), checked with one finiteness look and the signs: a few microseconds,
-    where a model per report costs tens. None for any other form, or any value it would refuse."""
+_F64 = struct.Struct("<d")
+_LE_F64 = np.dtype("<f8")
+_MIN, _VDOT = np.minimum.reduce, np.vdot
+
+
+def _plain_payload(spec: BroadcastSpec | MergeSpec, raw: Any) -> bytes | None:
+    """The payload bytes of a report in the form the terms publish (a dict of little-endian float64
+    arrays of the key's shape and a float count), checked by the sum of their squares (finite only if
+    every value is; values beyond 1e154 overflow it and take the models' way) and the signs: a few
+    microseconds, where a model per report costs tens. None for any other form, or any value it would
+    refuse (the models' way then names the problem)."""
     if type(raw) is not dict:
         return None
     width, parts = _layout(spec)
     if len(raw) != len(parts):
         return None
-    flat = np.empty(width)
-    at = 0
+    pieces, total = [], 0.0
     for part, shape, size, non_negative in parts:
         v = raw.get(part)
-        if type(v) is np.ndarray and v.dtype == np.float64 and v.shape == shape:
-            if non_negative and size and v.min() < 0:
+        if type(v) is np.ndarray and v.dtype == _LE_F64 and v.shape == shape:
+            if non_negative and size and _MIN(v, None) < 0:  # (the ufunc's own: .min() wraps it in Python)
                 return None
-            flat[at : at + size] = v.reshape(-1)
-        elif part == "count" and shape == () and type(v) in (float, int) and v >= 0:
-            flat[at] = v
+            total += _VDOT(v, v)  # (flattened; a third of a reduction's time)
+            pieces.append(v.tobytes())
+        elif part == "count" and shape == () and type(v) in (float, int) and 0 <= v < 1e308:
+            total += v
+            pieces.append(_F64.pack(v))
         else:
             return None
-        at += size
-    return [flat] if np.isfinite(flat).all() else None
+    return b"".join(pieces) if math.isfinite(total) else None
 
 
-def validate_reports(
+def encode_reports(
     schema: Schema, reports: Mapping[str, Any], limits: Limits, shard: int | None = None
-) -> dict[str, list[np.ndarray]]:
-    """Check a whole shard report against the schema; returns per key its float64 vectors.
+) -> dict[str, bytes]:
+    """Check a whole shard report against the schema; returns per key its payload (float64 LE bytes).
 
     With ``shard``, a broadcast key owned by another shard is refused too. Raises a typed
     :class:`~redisync.errors.InvalidReport` naming the first bad key.
     """
     if not (type(reports) is dict or isinstance(reports, Mapping)) or not reports:
         raise errors.MalformedReport(None, "a report must be a non-empty mapping of key name to report")
-    out: dict[str, list[np.ndarray]] = {}
+    out: dict[str, bytes] = {}
     total = 0
     for name, raw in reports.items():
         if not isinstance(name, str):
@@ -377,13 +385,14 @@ def validate_reports(
         owner = spec.owner if isinstance(spec, BroadcastSpec) else None
         if shard is not None and owner is not None and owner != shard:
             raise errors.NotOwner(name, f"owned by shard {owner}; this is shard {shard} (refused before sending)")
-        vectors = _plain(spec, raw)
-        if vectors is None:  # anything else, and every error, takes the models' way, which names it
+        payload = _plain_payload(spec, raw)
+        if payload is None:  # anything else, and every error, takes the models' way, which names it
             vectors = coerce_report(name, spec, raw).vectors(name, spec)
-        total += sum(v.nbytes for v in vectors)
+            payload = b"".join(np.ascontiguousarray(v, dtype=_LE_F64).tobytes() for v in vectors)
+        total += len(payload)
         if total > limits.max_report_bytes:
             raise errors.PayloadTooLarge(name, f"report exceeds max_report_bytes={limits.max_report_bytes}")
-        out[name] = vectors
+        out[name] = payload
     return out
 
 

@@ -91,7 +91,9 @@ def summed(vectors: list[np.ndarray], width: int) -> np.ndarray:
 
 SUB = 4  # shard ids per sub-group (stored as ``sub:<id // SUB>``)
 SUBS = 4  # sub-groups per group (stored as ``group:<id // (SUB * SUBS)>``)
-LAYOUT = "4/16"  # the fold's ``sums_layout``: a key whose sums were laid out otherwise has them all re-made
+# the fold's ``sums_layout`` (sub-groups of 4 ids, groups of 16, a lone sum not stored): a key whose
+# sums were laid out otherwise has them all re-made
+LAYOUT = "4/16/lone"
 
 
 def layered_sums(payloads: Mapping[int, np.ndarray], width: int) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
@@ -106,6 +108,21 @@ def layered_sums(payloads: Mapping[int, np.ndarray], width: int) -> tuple[dict[i
     for q, sub in subs.items():
         parts.setdefault(q // SUBS, []).append(sub)
     return subs, {g: summed(parts[g], width) for g in sorted(parts)}
+
+
+def stored_sums(payloads: Mapping[int, np.ndarray], width: int, retired: bool) -> dict[str, np.ndarray]:
+    """The sums the fold stores, by field: ``sub:<q>`` of a group of two sub-groups or more, and
+    ``group:<g>`` of an aggregate of two terms or more (groups, and the retired history). A lone sum
+    equals the sum it is the only part of (0 + x is x), so it is not stored; a fold that finds one
+    missing re-makes it from its parts."""
+    subs, groups = layered_sums(payloads, width)
+    per_group: dict[int, int] = {}
+    for q in subs:
+        per_group[q // SUBS] = per_group.get(q // SUBS, 0) + 1
+    out = {f"sub:{q}": v for q, v in subs.items() if per_group[q // SUBS] > 1}
+    if len(groups) + int(retired) > 1:
+        out |= {f"group:{g}": v for g, v in groups.items()}
+    return out
 
 
 def group_sums(slots: Mapping[int, "Slot"], width: int) -> list[np.ndarray]:

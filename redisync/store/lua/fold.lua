@@ -143,10 +143,12 @@ local function g17(v) return string.format('%.17g', v) end
 -- Live slots are summed in two levels of stored sums: a sub-group of SUB consecutive shard ids
 -- ('sub:<q>', q = id // SUB) and a group of SUBS sub-groups ('group:<g>', g = q // SUBS). A fold
 -- re-reads its own sub-group's slots, the other sub-groups' sums of its group and the other groups'
--- sums: at 64 live slots 3 slots, 3 sub-group and 3 group sums, not 15 slots. A key whose sums were
--- laid out otherwise (sums_layout, written by the fold) has every sum re-made from its slots.
+-- sums: at 64 live slots 3 slots, 3 sub-group and 3 group sums, not 15 slots. A lone sum (the only
+-- sub-group of its group, the only term of the aggregate) equals the sum it is part of and is not
+-- stored; one found missing is re-made from its parts. A key whose sums were laid out otherwise
+-- (sums_layout, written by the fold) has every sum re-made from its slots.
 local SUB, SUBS = 4, 4
-local LAYOUT = '4/16'
+local LAYOUT = '4/16/lone'
 local mfloor = math.floor
 
 -- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string
@@ -538,7 +540,7 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     if not slow then
       if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound
         if base + BLOCK > cs then -- counts, then sums: the counts alone element by element
-          if cs == 1 then -- one count, the first value (a problem with it: the element-by-element check names it)
+          if cs == 1 then -- one count, the first value (its problem: the checks element by element name it)
             slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0
             if not slow then
               counts[1] = c1
@@ -870,16 +872,17 @@ for i = 1, nkeys do
         for j = 1, #qs do
           local q = qs[j]
           if resum[q] then
-            local vs, m = {}, subs[q]
+            local vs, m, field = {}, subs[q], 'sub:' .. name_of(qname, q)
             for x = 1, #m do vs[x] = m[x] == me or slots[m[x]] end
             parts[j] = {members = vs, out = {}}
-            made[#made + 1] = {'sub:' .. name_of(qname, q), parts[j]}
+            made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
           else
             parts[j] = {stored = qstored[q]}
           end
         end
         tree[#tree + 1] = {parts = parts, out = {}}
-        made[#made + 1] = {'group:' .. name_of(gname, g), tree[#tree]}
+        local field = 'group:' .. name_of(gname, g)
+        made[#made + 1] = {field, tree[#tree], false, rebuild or got['counts:' .. field] or got[field]}
       else
         tree[#tree + 1] = {stored = got[gread[k]]}
       end
@@ -891,10 +894,20 @@ for i = 1, nkeys do
     end
     local cut = 8 * count_size
     item.sums, item.emptied = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}, {}
-    local sums = item.sums
+    -- (made: {field, its node, whether it is lone, whether it may be stored}; a group is lone when
+    -- the aggregate has it alone, which is known once the tree is complete)
+    local sums, emptied = item.sums, item.emptied
     for k = 1, #made do
-      local field, sum, n = made[k][1], made[k][2].sum, #sums
-      sums[n + 1], sums[n + 2], sums[n + 3], sums[n + 4] = field, sum, 'counts:' .. field, string.sub(sum, 1, cut)
+      local field, node, lone, stored = made[k][1], made[k][2], made[k][3], made[k][4]
+      if node.parts then lone = #tree == 1 end
+      if not lone then
+        local n = #sums
+        sums[n + 1], sums[n + 2], sums[n + 3], sums[n + 4] =
+          field, node.sum, 'counts:' .. field, string.sub(node.sum, 1, cut)
+      elseif stored then -- stored when it was not lone: gone, or it would go out of date
+        emptied[#emptied + 1] = field
+        emptied[#emptied + 1] = 'counts:' .. field
+      end
     end
     if rebuild then -- every live slot's count record
       for k = 1, #live do
