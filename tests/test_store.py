@@ -277,9 +277,7 @@ def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_stor
     store.restore(missing)  # a group sum left out is recomputed from the slots
     shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})  # re-sums group 0 only
     assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3 + 3
-    assert_matches_reference(
-        store, {0: [4, 1, 2, 1, 4], 1: [3, 1, 2, 1, 4], 5: [3, 1, 2, 1, 4], 17: [3, 1, 2, 1, 4]}
-    )
+    assert_matches_reference(store, {0: [4, 1, 2, 1, 4], 1: [3, 1, 2, 1, 4], 5: [3, 1, 2, 1, 4], 17: [3, 1, 2, 1, 4]})
 
 
 def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
