@@ -103,8 +103,8 @@ if cur[1] then
   end
   if cur[1] == inc then
     local last = tonumber(cur[2]) or 0
-    if tonumber(seq) == last then return {'duplicate', fleet_version} end
-    if tonumber(seq) < last then
+    if seq + 0 == last then return {'duplicate', fleet_version} end -- (checked decimals: + 0, not a C call)
+    if seq + 0 < last then
       return reject('seq_rollback', '', 'seq ' .. seq .. ' is below the last folded seq ' .. tostring(cur[2]))
     end
   end
@@ -675,7 +675,7 @@ for i = 1, nkeys do
     local count_size, size = tonumber(spec[3]), tonumber(spec[4])
     if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
     item.width, item.count_size, item.size = width, count_size, size
-    local stale, me = tonumber(spec[8]), tonumber(shard)
+    local stale, me = tonumber(spec[8]), shard + 0
     local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
     -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
     -- sub-groups and groups are made once each, and loops over lists count)
@@ -940,7 +940,7 @@ end
 -- apply ------------------------------------------------------------------------------------------
 -- The stream entry is the first write: a reports key that is not a stream fails it, and the fold
 -- then stops with nothing written. (A rejection checks the dead-letter key's type itself.)
-fleet_version = math.max(fleet_version, tonumber(floor)) + 1
+fleet_version = math.max(fleet_version, floor + 0) + 1
 local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
   'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fleet_version}
 for i = 1, nkeys do
