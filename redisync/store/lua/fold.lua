@@ -864,6 +864,7 @@ for i = 1, nkeys do
     -- re-made (from its sub-groups in ascending order, each stored or re-made from its slots in
     -- ascending order) or stored (semantics.py sums in the same order)
     local tree, made = {}, {}
+    item.emptied = {}
     if retired then tree[1] = {stored = retired} end
     for k = 1, #gorder do
       local g = gorder[k]
@@ -878,6 +879,10 @@ for i = 1, nkeys do
             made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
           else
             parts[j] = {stored = qstored[q]}
+            if #qs == 1 then -- the sub-group left alone in its group (the others emptied): its sum is the group's
+              item.emptied[#item.emptied + 1] = 'sub:' .. name_of(qname, q)
+              item.emptied[#item.emptied + 1] = 'counts:sub:' .. name_of(qname, q)
+            end
           end
         end
         tree[#tree + 1] = {parts = parts, out = {}}
@@ -893,7 +898,7 @@ for i = 1, nkeys do
       return reject(why[1], why[2], why[3])
     end
     local cut = 8 * count_size
-    item.sums, item.emptied = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}, {}
+    item.sums = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}
     -- (made: {field, its node, whether it is lone, whether it may be stored}; a group is lone when
     -- the aggregate has it alone, which is known once the tree is complete)
     local sums, emptied = item.sums, item.emptied
