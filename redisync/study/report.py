@@ -248,7 +248,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str], lea
         f"- Learner: FastSAC-style SAC, hidden {cfg['sac']['hidden']}, batch {cfg['sac']['batch_size']}, "
         f"{cfg['updates_per_step']} updates per fleet step, a replay buffer of {cfg['sac']['buffer_size']:,} transitions; "
         f"{cfg['env_steps']:,} env steps per run. How the task and budget were tuned until the gate passed: "
-        "[pilots.md](pilots.md).",
+        f"[pilots.md]({'../' if results.get('follow_up') else ''}pilots.md).",  # (a follow-up's report: one folder down)
         f"- Evaluation every {cfg['eval_every']:,} env steps: {cfg['eval_rollouts']} rollouts per profile of the "
         "deterministic policy from frame 0 through the whole motion; completion = share tracked before the first fall.",
         f"- Primary metric `{PRIMARY_METRIC}`: the mean completion over the run's evaluations. Arms share seeds "
