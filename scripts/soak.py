@@ -231,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         faulter.join()
 
     fleet = store.fleet().keys[KEY].parts()
-    meta = store.key_info(KEY)
+    slots = store.redis.hgetall(store.keys.key_data(KEY))
     lost = 0
-    for r in results:  # each collector's final report must be its slot
-        if float(meta.get(f"slot:{r['shard']}:count", -1)) != r["count"]:
+    for r in results:  # each collector's final report must be its slot (whose first value is its count)
+        slot = slots.get(f"slot:{r['shard']}".encode())
+        if slot is None or float(np.frombuffer(slot[:8], "<f8")[0]) != r["count"]:
             lost += 1
     total_count = sum(r["count"] for r in results)
     lat = sorted(x for r in results for x in r["latencies"])
