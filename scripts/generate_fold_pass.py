@@ -139,13 +139,6 @@ local function cut_last(cut, t, blk, skip)
   if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
 end
 
--- a sum's string, made once however many sums share its blocks
-local function made_once(made, blocks)
-  local s = made[blocks]
-  if not s then s = join(blocks); made[blocks] = s end
-  return s
-end
-
 -- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
 -- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
 -- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
@@ -316,11 +309,11 @@ w("""  if trim > 0 then
     local term = tree[ti]
     local parts = term.parts
     if parts then
-      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = made_once(made, parts[pi].out) end end
-      term.sum = made_once(made, term.out)
+      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = once(made, parts[pi].out, join) end end
+      term.sum = once(made, term.out, join) -- (a sum's string made once, however many share its blocks)
     end
   end
-  return made_once(made, aggs)
+  return once(made, aggs, join)
 end""")
 ops = " ..\n".join(
     "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)

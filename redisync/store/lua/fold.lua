@@ -226,10 +226,11 @@ local function refuse(key, reason, detail)
   return reject(reason, key.name, detail)
 end
 
--- the decimal name of a number, made once per fold (Lua makes a string of a number with a printf)
-local function name_of(cache, n)
-  local s = cache[n]
-  if not s then s = tostring(n); cache[n] = s end
+-- cache[key], made by make(key) the first time: the decimal names of numbers (Lua makes a string of
+-- a number with a printf), the joined string of blocks that several sums share
+local function once(cache, key, make)
+  local s = cache[key]
+  if not s then s = make(key); cache[key] = s end
   return s
 end
 
@@ -385,13 +386,6 @@ end
 -- the last block's results without the values the block before made (a block shared by two sums: once)
 local function cut_last(cut, t, blk, skip)
   if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
-end
-
--- a sum's string, made once however many sums share its blocks
-local function made_once(made, blocks)
-  local s = made[blocks]
-  if not s then s = join(blocks); made[blocks] = s end
-  return s
 end
 
 -- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
@@ -631,11 +625,11 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
     local term = tree[ti]
     local parts = term.parts
     if parts then
-      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = made_once(made, parts[pi].out) end end
-      term.sum = made_once(made, term.out)
+      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = once(made, parts[pi].out, join) end end
+      term.sum = once(made, term.out, join) -- (a sum's string made once, however many share its blocks)
     end
   end
-  return made_once(made, aggs)
+  return once(made, aggs, join)
 end
 
 -- validate and compute every key before writing anything (a report applies all or none) ------------
@@ -757,23 +751,24 @@ for i = 1, nkeys do
     for k = 1, #gorder do
       local g = gorder[k]
       if tgroup[g] then
-        gread[k] = 'counts:group:' .. name_of(gname, g)
+        gread[k] = 'counts:group:' .. once(gname, g, tostring)
         if not rebuild then ask(plan, gread[k], part) end
         local qs = groups[g]
         for j = 1, #qs do
           local q = qs[j]
           if not rebuild then
-            if tsub[q] then ask(plan, 'counts:sub:' .. name_of(qname, q), part) else ask(plan, 'sub:' .. name_of(qname, q), whole) end
+            local qs_name = once(qname, q, tostring)
+            if tsub[q] then ask(plan, 'counts:sub:' .. qs_name, part) else ask(plan, 'sub:' .. qs_name, whole) end
           end
           if tsub[q] then ask_slots(plan, subs[q], me, idname, whole) end
         end
       else
-        gread[k] = 'group:' .. name_of(gname, g)
+        gread[k] = 'group:' .. once(gname, g, tostring)
         if not rebuild then ask(plan, gread[k], whole) end
       end
     end
     for q in pairs(tsub) do
-      if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. name_of(qname, q), part) end
+      if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. once(qname, q, tostring), part) end
     end
     for k = 1, #item.forget do local id = item.forget[k] ask(plan, 'slot:' .. idname[id], whole, id) end
     local bad = fetch(plan, item, idname)
@@ -784,7 +779,7 @@ for i = 1, nkeys do
       redo[g] = tgroup[g] or not got[gread[k]]
       if redo[g] and not tgroup[g] then
         local qs = groups[g]
-        for j = 1, #qs do ask(plan, 'sub:' .. name_of(qname, qs[j]), whole) end
+        for j = 1, #qs do ask(plan, 'sub:' .. once(qname, qs[j], tostring), whole) end
       end
     end
     if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
@@ -795,13 +790,13 @@ for i = 1, nkeys do
         local qs = groups[g]
         for j = 1, #qs do
           local q = qs[j]
-          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. name_of(qname, q)]
+          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. once(qname, q, tostring)]
           resum[q] = tsub[q] or not qstored[q]
           if resum[q] and not tsub[q] then ask_slots(plan, subs[q], me, idname, whole) end
         end
       end
     end
-    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. name_of(qname, q)] end end
+    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. once(qname, q, tostring)] end end
     if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
     local retired, own_counts = got['retired'], got['counts:' .. own_field]
     local old = retiring and got[own_field]
@@ -873,20 +868,20 @@ for i = 1, nkeys do
         for j = 1, #qs do
           local q = qs[j]
           if resum[q] then
-            local vs, m, field = {}, subs[q], 'sub:' .. name_of(qname, q)
+            local vs, m, field = {}, subs[q], 'sub:' .. once(qname, q, tostring)
             for x = 1, #m do vs[x] = m[x] == me or slots[m[x]] end
             parts[j] = {members = vs, out = {}}
             made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
           else
             parts[j] = {stored = qstored[q]}
             if #qs == 1 then -- the sub-group left alone in its group (the others emptied): its sum is the group's
-              item.emptied[#item.emptied + 1] = 'sub:' .. name_of(qname, q)
-              item.emptied[#item.emptied + 1] = 'counts:sub:' .. name_of(qname, q)
+              item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
+              item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
             end
           end
         end
         tree[#tree + 1] = {parts = parts, out = {}}
-        local field = 'group:' .. name_of(gname, g)
+        local field = 'group:' .. once(gname, g, tostring)
         made[#made + 1] = {field, tree[#tree], false, rebuild or got['counts:' .. field] or got[field]}
       else
         tree[#tree + 1] = {stored = got[gread[k]]}
@@ -925,14 +920,14 @@ for i = 1, nkeys do
     end
     for q in pairs(tsub) do
       if not subs[q] then
-        item.emptied[#item.emptied + 1] = 'sub:' .. name_of(qname, q)
-        item.emptied[#item.emptied + 1] = 'counts:sub:' .. name_of(qname, q)
+        item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
+        item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
       end
     end
     for g in pairs(tgroup) do
       if not groups[g] then
-        item.emptied[#item.emptied + 1] = 'group:' .. name_of(gname, g)
-        item.emptied[#item.emptied + 1] = 'counts:group:' .. name_of(gname, g)
+        item.emptied[#item.emptied + 1] = 'group:' .. once(gname, g, tostring)
+        item.emptied[#item.emptied + 1] = 'counts:group:' .. once(gname, g, tostring)
       end
     end
     item.agg = agg
