@@ -26,10 +26,11 @@ SCHEMA = Schema.of(
     {
         "motion/ema": merge(3, lifecycle="history"),  # history key: a restarted shard's slot is retired
         "obs/norm": merge(2, stale_after_s=0.003, sumsq=True, lifecycle="history"),  # stale key: dead slots drop out
-        # wider than the fold's blocks of 32 values, not a multiple of them: the unrolled pass, its last block
-        # (which overlaps the one before), the count/sum boundary
-        # inside a block, per-element counts, and a sumsq part
-        "motion/bins": merge(37, elementwise_count=True, lifecycle="state"),
+        # wider than the fold's blocks of 32 values, not a multiple of them: the unrolled pass after its head
+        # (the first width % 32 values), a block of counts alone after the head (whose counts a later block's
+        # checks read back from the aggregate), the count/sum boundary inside a block, per-element counts, and
+        # a sumsq part
+        "motion/bins": merge(50, elementwise_count=True, lifecycle="state"),
         "obs/wide": merge(20, sumsq=True, lifecycle="history"),
         "curriculum/stage": broadcast(2),
         "curriculum/scale": broadcast((), owner=0),

@@ -346,8 +346,9 @@ local mmin = math.min
 -- made once, at the top: a closure costs about 500 instructions per variable it captures.)
 local function agg_count(st, idx) -- the aggregate's count idx, from the blocks made so far
   local n = st.counts[idx]
-  if n == nil then
-    n = sunpack('<d', st.aggs[mfloor((idx - 1) / BLOCK) + 1], ((idx - 1) % BLOCK) * 8 + 1)
+  if n == nil then -- (the head's counts are all in st.counts: it is checked element by element)
+    local k = idx - st.head - 1
+    n = sunpack('<d', st.aggs[mfloor(k / BLOCK) + (st.head > 0 and 2 or 1)], (k % BLOCK) * 8 + 1)
     st.counts[idx] = n
   end
   return n
@@ -383,9 +384,38 @@ local function check(st, base, len, p, c)
   return nil
 end
 
--- the last block's results without the values the block before made (a block shared by two sums: once)
-local function cut_last(cut, t, blk, skip)
-  if not cut[t] then cut[t] = true; t[blk] = string.sub(t[blk], skip) end
+-- The head: the first len values (fewer than a block) in tables, made piece 1 of every sum; nil or
+-- the rejection. (The stretch that is not a whole number of blocks comes first, where a merge key's
+-- single count sits: a width of 1 + 32k then makes k whole blocks.)
+local function zeros(len) local z = {} for k = 1, len do z[k] = 0.0 end return z end
+local function add_to(x, y, len) for k = 1, len do x[k] = x[k] + y[k] end end
+local function fold_head(st, payload, tree, single, len)
+  local fmt = '<' .. string.rep('d', len)
+  local p, c = {sunpack(fmt, payload, 1)}, zeros(len)
+  for ti = 1, #tree do
+    local term = tree[ti]
+    if term.parts then
+      local g, packed = zeros(len), nil
+      for _, part in ipairs(term.parts) do
+        if part.members then
+          local a = zeros(len)
+          for _, s in ipairs(part.members) do add_to(a, s == true and p or {sunpack(fmt, s, 1)}, len) end
+          packed = spack(fmt, unpack(a, 1, len))
+          part.out[1] = packed
+          if term.lone then g = a else add_to(g, a, len) end
+        else
+          add_to(g, {sunpack(fmt, part.stored, 1)}, len)
+        end
+      end
+      if not term.lone then packed = spack(fmt, unpack(g, 1, len)) end
+      term.out[1] = packed
+      if single then c = g else add_to(c, g, len) end
+    else
+      add_to(c, {sunpack(fmt, term.stored, 1)}, len)
+    end
+  end
+  st.aggs[1] = single and tree[1].out[1] or spack(fmt, unpack(c, 1, len))
+  return check(st, 0, len, p, c)
 end
 
 -- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
@@ -407,16 +437,14 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
   end
   local aggs = single and tree[1].out or {}
   local counts = {}
-  local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true}
-
-  -- (the last block ends at the last value: it makes again, the same way, the values of the block
-  -- before it that it holds, which are cut off its results at the end)
-  local pos, base, blk, trim = 1, 0, 0, 0
-  while base < width and width >= BLOCK do
-    if base + BLOCK > width then
-      trim = base + BLOCK - width
-      base, pos = width - BLOCK, (width - BLOCK) * 8 + 1
-    end
+  local head = width % BLOCK
+  local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true, head = head}
+  if head > 0 then
+    local why, of_agg = fold_head(st, payload, tree, single, head)
+    if why then return nil, why, of_agg end
+  end
+  local pos, base, blk = head * 8 + 1, head, head > 0 and 1 or 0
+  while base < width do
     blk = blk + 1
     local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23,
       p24, p25, p26, p27, p28, p29, p30, p31, p32 =
@@ -575,50 +603,6 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
       if why then return nil, why, of_agg end
     end
     base, pos = base + BLOCK, pos + BLOCK * 8
-  end
-  if trim > 0 then
-    local cut, skip = {}, trim * 8 + 1
-    for ti = 1, nterms do
-      local term = tree[ti]
-      local parts = term.parts
-      if parts then
-        for pi = 1, #parts do if parts[pi].members then cut_last(cut, parts[pi].out, blk, skip) end end
-        cut_last(cut, term.out, blk, skip)
-      end
-    end
-    cut_last(cut, aggs, blk, skip)
-  end
-  if base < width then -- a vector shorter than a block, in tables
-    local len = width - base
-    local fmt = '<' .. string.rep('d', len)
-    local function zero() local z = {} for k = 1, len do z[k] = 0.0 end return z end
-    local function add(x, y) for k = 1, len do x[k] = x[k] + y[k] end end
-    local p, c = {sunpack(fmt, payload, pos)}, zero()
-    for ti = 1, nterms do
-      local term = tree[ti]
-      if term.parts then
-        local g, packed = zero(), nil
-        for _, part in ipairs(term.parts) do
-          if part.members then
-            local a = zero()
-            for _, s in ipairs(part.members) do add(a, s == true and p or {sunpack(fmt, s, pos)}) end
-            packed = spack(fmt, unpack(a, 1, len))
-            part.out[blk + 1] = packed
-            if term.lone then g = a else add(g, a) end
-          else
-            add(g, {sunpack(fmt, part.stored, pos)})
-          end
-        end
-        if not term.lone then packed = spack(fmt, unpack(g, 1, len)) end
-        term.out[blk + 1] = packed
-        if single then c = g else add(c, g) end
-      else
-        add(c, {sunpack(fmt, term.stored, pos)})
-      end
-    end
-    aggs[blk + 1] = single and tree[1].out[blk + 1] or spack(fmt, unpack(c, 1, len))
-    local why, of_agg = check(st, base, len, p, c)
-    if why then return nil, why, of_agg end
   end
   local made = {}
   for ti = 1, nterms do
