@@ -226,7 +226,14 @@ def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store
 
 @pytest.mark.parametrize(
     "damage",
-    ["slot of the wrong length", "missing data hash", "retired of the wrong length", "data hash of the wrong type"],
+    [
+        "slot of the wrong length",
+        "missing data hash",
+        "retired of the wrong length",
+        "data hash of the wrong type",
+        "writers not ascending",
+        "writers with a non-id",
+    ],
 )
 def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
     store = make_store()
@@ -240,13 +247,19 @@ def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
         store.redis.delete(data)
     elif damage == "retired of the wrong length":
         store.redis.hset(data, "retired", b"\0" * 8)
+    elif damage == "writers not ascending":
+        store.redis.hset(store.keys.key_meta("b/second"), "writers", "1,0")
+    elif damage == "writers with a non-id":
+        store.redis.hset(store.keys.key_meta("b/second"), "writers", "1,2x")
     else:
         store.redis.delete(data)
         store.redis.set(data, "not a hash")
     shard = store.shard(0, incarnation=7)
     before = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
-    with pytest.raises(errors.CorruptState, match="b/second"):
+    with pytest.raises(errors.CorruptState, match="b/second") as refused:
         shard.publish({"a/first": {"count": 1, "sum": [2.0, 2.0]}, "b/second": {"count": 1, "sum": [2.0, 2.0]}})
+    if damage.startswith("writers"):
+        assert "writers holds" in str(refused.value)
     after = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
     dead = after.pop(store.keys.dead_letters.encode())
     assert dead is not None and {k: v for k, v in before.items() if k != store.keys.dead_letters.encode()} == after

@@ -660,10 +660,13 @@ for i = 1, nkeys do
     local idname, qname, gname = {[me] = shard}, {}, {}
     -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
     -- each last wrote
+    -- (ids made numbers by coercion once one search has found nothing but digits and commas: a C call
+    -- per writer is what made a fold cost more with every live slot)
     local ids, was_writer, last = {}, false, -1
+    local odd = string.find(spec[6] or '', '[^%d,]')
     for w in string.gmatch(spec[6] or '', '[^,]+') do
-      local id = tonumber(w)
-      if not id or id <= last or string.find(w, '%D') then
+      local id = (not odd and w + 0) or tonumber(w)
+      if not id or id <= last or (odd and string.find(w, '%D')) then
         return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
       end
       last = id
@@ -681,7 +684,8 @@ for i = 1, nkeys do
     local rebuild = spec[9] ~= LAYOUT
     item.rebuild = rebuild
     item.forget = {}
-    local myq = mfloor(me / SUB)
+    -- (sub-groups and groups by integer arithmetic: math.floor is a C call)
+    local myq = (me - me % SUB) / SUB
     local live, names, tsub = {}, {}, {[myq] = true}
     local mine_added = false
     for k = 1, nids do
@@ -689,7 +693,7 @@ for i = 1, nkeys do
       if not mine_added and id > me then live[#live + 1] = me; names[#names + 1] = shard; mine_added = true end
       if stale and now - (tonumber(at[k]) or 0) > stale * 1e6 then
         item.forget[#item.forget + 1] = id
-        tsub[mfloor(id / SUB)] = true
+        tsub[(id - id % SUB) / SUB] = true
       else
         live[#live + 1] = id
         names[#names + 1] = idname[id]
@@ -702,12 +706,12 @@ for i = 1, nkeys do
     local subs, groups, gorder = {}, {}, {}
     for k = 1, #live do
       local id = live[k]
-      local q = mfloor(id / SUB)
+      local q = (id - id % SUB) / SUB
       local m = subs[q]
       if not m then
         m = {}
         subs[q] = m
-        local g = mfloor(q / SUBS)
+        local g = (q - q % SUBS) / SUBS
         if not groups[g] then groups[g] = {}; gorder[#gorder + 1] = g end
         groups[g][#groups[g] + 1] = q
         if rebuild then tsub[q] = true end
@@ -715,7 +719,7 @@ for i = 1, nkeys do
       m[#m + 1] = id
     end
     local tgroup = {}
-    for q in pairs(tsub) do tgroup[mfloor(q / SUBS)] = true end
+    for q in pairs(tsub) do tgroup[(q - q % SUBS) / SUBS] = true end
 
     -- What the fold reads of the data hash, in as few HMGETs as the stored sums allow (one, unless a
     -- sum is missing): the history; this shard's count record (and its previous slot, when a new
@@ -815,7 +819,7 @@ for i = 1, nkeys do
           local parts = {}
           for k = 1, #prior do
             local id = prior[k]
-            if mfloor(id / SUB) == q then parts[#parts + 1] = id == me and own_counts or slots[id] end
+            if (id - id % SUB) / SUB == q then parts[#parts + 1] = id == me and own_counts or slots[id] end
           end
           if count_sum(parts, count_size) ~= sum then
             return refuse(item, 'corrupt_state', 'stored sub:' .. q .. ' disagrees with the sum of its slots')
@@ -827,8 +831,9 @@ for i = 1, nkeys do
         if tgroup[g] and sum then
           local parts, whole, prev = {}, true, nil
           for j = 1, #prior do
-            local q = mfloor(prior[j] / SUB)
-            if mfloor(q / SUBS) == g and q ~= prev then
+            local id = prior[j]
+            local q = (id - id % SUB) / SUB
+            if (q - q % SUBS) / SUBS == g and q ~= prev then
               parts[#parts + 1] = qstored[q]
               whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
             end
