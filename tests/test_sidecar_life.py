@@ -130,13 +130,19 @@ class Collector:
         }
 
 
-def _kill_sidecar(c: Collector) -> int:
-    """SIGKILL the collector's sidecar once one serves (the last one killed may not be replaced yet)."""
+def _serving_sidecar(c: Collector) -> int:
+    """The pid of the collector's sidecar once one serves: the last one killed (by a rule that does
+    not wait for its successor) may not be replaced yet, and its monitor waits a growing pause."""
     syncer = c.syncer
     assert wait_for(
         lambda: syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid and syncer._process.poll() is None, timeout=15
     )
-    pid = syncer.sidecar_pid
+    return syncer.sidecar_pid
+
+
+def _kill_sidecar(c: Collector) -> int:
+    """SIGKILL the collector's sidecar once one serves."""
+    pid = _serving_sidecar(c)
     os.kill(pid, signal.SIGKILL)
     return pid
 
@@ -232,7 +238,8 @@ class SidecarLife(RuleBasedStateMachine):
     def fork_a_child_that_exits(self, shard: int, steps: int) -> None:
         """The child trains its copies and stops its inherited syncer: nothing of it reaches the parent."""
         c = self.collectors[shard]
-        own, sidecar = c.sampler.bin_failed_count.clone(), c.syncer.sidecar_pid
+        # (from a serving sidecar: one killed by the rule before may be between its death and its successor)
+        own, sidecar = c.sampler.bin_failed_count.clone(), _serving_sidecar(c)
         pid = os.fork()
         if pid == 0:
             try:
