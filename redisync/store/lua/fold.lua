@@ -242,9 +242,9 @@ local function ask(plan, field, len, id)
   plan.fields[n], plan.sizes[n], plan.owners[n] = field, len, id or false
 end
 
-local function ask_slots(plan, members, me, idname, len)
-  for k = 1, #members do
-    local id = members[k]
+local function ask_slots(plan, live, from, to, me, idname, len) -- the slots of live[from .. to]
+  for k = from, to do
+    local id = live[k]
     if id ~= me then ask(plan, 'slot:' .. idname[id], len, id) end
   end
 end
@@ -663,6 +663,7 @@ for i = 1, nkeys do
     -- (ids made numbers by coercion once one search has found nothing but digits and commas: a C call
     -- per writer is what made a fold cost more with every live slot)
     local ids, was_writer, last = {}, false, -1
+    local nids, prior = 0, {} -- prior: the ids that wrote before this fold, ascending (this shard among them)
     local odd = string.find(spec[6] or '', '[^%d,]')
     for w in string.gmatch(spec[6] or '', '[^,]+') do
       local id = (not odd and w + 0) or tonumber(w)
@@ -670,9 +671,9 @@ for i = 1, nkeys do
         return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
       end
       last = id
-      if id ~= me then ids[#ids + 1] = id; idname[id] = w else was_writer = true end
+      prior[#prior + 1] = id
+      if id ~= me then nids = nids + 1; ids[nids] = id; idname[id] = w else was_writer = true end
     end
-    local nids = #ids
     local at = {}
     if stale and nids > 0 then
       local atf = {}
@@ -686,37 +687,45 @@ for i = 1, nkeys do
     item.forget = {}
     -- (sub-groups and groups by integer arithmetic: math.floor is a C call)
     local myq = (me - me % SUB) / SUB
-    local live, names, tsub = {}, {}, {[myq] = true}
+    local live, nlive, tsub = {}, 0, {[myq] = true}
     local mine_added = false
     for k = 1, nids do
       local id = ids[k]
-      if not mine_added and id > me then live[#live + 1] = me; names[#names + 1] = shard; mine_added = true end
+      if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
       if stale and now - (tonumber(at[k]) or 0) > stale * 1e6 then
         item.forget[#item.forget + 1] = id
         tsub[(id - id % SUB) / SUB] = true
       else
-        live[#live + 1] = id
-        names[#names + 1] = idname[id]
+        nlive = nlive + 1
+        live[nlive] = id
       end
     end
-    if not mine_added then live[#live + 1] = me; names[#names + 1] = shard end
-    item.writers, item.was, item.incarnation = table.concat(names, ','), spec[6], spec[7]
+    if not mine_added then nlive = nlive + 1; live[nlive] = me end
+    -- (the writers as stored when they did not change: this shard among them, none dropped)
+    item.was, item.incarnation, item.writers = spec[6], spec[7], spec[6]
+    if not was_writer or #item.forget > 0 then
+      local names = {}
+      for k = 1, nlive do names[k] = idname[live[k]] end
+      item.writers = table.concat(names, ',')
+    end
     item.idname = idname
-    -- subs[q]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder: the live groups
-    local subs, groups, gorder = {}, {}, {}
-    for k = 1, #live do
+    -- live[subs[q] .. ends[q]]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder:
+    -- the live groups (live is ascending: a sub-group's members and a group's sub-groups come one after
+    -- another, so a sub-group is a stretch of live, not a table of its own)
+    local subs, ends, groups, gorder = {}, {}, {}, {}
+    local q0, gs, ng = -1, nil, 0
+    for k = 1, nlive do
       local id = live[k]
       local q = (id - id % SUB) / SUB
-      local m = subs[q]
-      if not m then
-        m = {}
-        subs[q] = m
+      if q ~= q0 then
+        q0 = q
+        subs[q] = k
         local g = (q - q % SUBS) / SUBS
-        if not groups[g] then groups[g] = {}; gorder[#gorder + 1] = g end
-        groups[g][#groups[g] + 1] = q
+        if ng == 0 or gorder[ng] ~= g then gs = {}; groups[g] = gs; ng = ng + 1; gorder[ng] = g end
+        gs[#gs + 1] = q
         if rebuild then tsub[q] = true end
       end
-      m[#m + 1] = id
+      ends[q] = k
     end
     local tgroup = {}
     for q in pairs(tsub) do tgroup[(q - q % SUBS) / SUBS] = true end
@@ -748,7 +757,7 @@ for i = 1, nkeys do
             local qs_name = once(qname, q, tostring)
             if tsub[q] then ask(plan, 'counts:sub:' .. qs_name, part) else ask(plan, 'sub:' .. qs_name, whole) end
           end
-          if tsub[q] then ask_slots(plan, subs[q], me, idname, whole) end
+          if tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
         end
       else
         gread[k] = 'group:' .. once(gname, g, tostring)
@@ -780,7 +789,7 @@ for i = 1, nkeys do
           local q = qs[j]
           qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. once(qname, q, tostring)]
           resum[q] = tsub[q] or not qstored[q]
-          if resum[q] and not tsub[q] then ask_slots(plan, subs[q], me, idname, whole) end
+          if resum[q] and not tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
         end
       end
     end
@@ -801,16 +810,6 @@ for i = 1, nkeys do
     end
     -- A stored sum about to be re-made must have been the sum of its parts before this fold: checked
     -- on the count records (count_size values per part; the same operations, so the same bits).
-    local prior = {} -- the ids that wrote before this fold, ascending (this shard's old slot among them)
-    do
-      local own = was_writer
-      for k = 1, nids do
-        local id = ids[k]
-        if own and id > me then prior[#prior + 1] = me; own = false end
-        prior[#prior + 1] = id
-      end
-      if own then prior[#prior + 1] = me end
-    end
     if not rebuild then
       for q in pairs(tsub) do
         local sum = qstored[q]
@@ -857,8 +856,8 @@ for i = 1, nkeys do
         for j = 1, #qs do
           local q = qs[j]
           if resum[q] then
-            local vs, m, field = {}, subs[q], 'sub:' .. once(qname, q, tostring)
-            for x = 1, #m do vs[x] = m[x] == me or slots[m[x]] end
+            local vs, field = {}, 'sub:' .. once(qname, q, tostring)
+            for x = subs[q], ends[q] do local id = live[x] vs[#vs + 1] = id == me or slots[id] end
             parts[j] = {members = vs, out = {}}
             made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
           else
