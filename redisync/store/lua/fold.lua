@@ -816,9 +816,10 @@ for i = 1, nkeys do
         -- (without this shard's own count record, its part is unknown: nothing to prove)
         if sum and (own_counts or not was_writer or myq ~= q) then
           local parts = {}
-          for k = 1, #prior do
+          for k = 1, #prior do -- (ascending: past the sub-group's ids, nothing more of it)
             local id = prior[k]
-            if (id - id % SUB) / SUB == q then parts[#parts + 1] = id == me and own_counts or slots[id] end
+            if id >= (q + 1) * SUB then break end
+            if id >= q * SUB then parts[#parts + 1] = id == me and own_counts or slots[id] end
           end
           if count_sum(parts, count_size) ~= sum then
             return refuse(item, 'corrupt_state', 'stored sub:' .. q .. ' disagrees with the sum of its slots')
@@ -831,6 +832,7 @@ for i = 1, nkeys do
           local parts, whole, prev = {}, true, nil
           for j = 1, #prior do
             local id = prior[j]
+            if id >= (g + 1) * SUB * SUBS then break end
             local q = (id - id % SUB) / SUB
             if (q - q % SUBS) / SUBS == g and q ~= prev then
               parts[#parts + 1] = qstored[q]
