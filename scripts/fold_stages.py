@@ -1,0 +1,113 @@
+"""Where a fold's instructions go: the server's count of a fold cut short at each stage of fold.lua.
+
+Each stage is a copy of fold.lua that returns just before one of its landmarks (a line found by its
+text, so the script follows fold.lua as it changes); a stage's cost is the difference between two
+consecutive cuts. Counted as ``redisync bench --instructions`` counts (a redis-server of its own under
+callgrind, request handling only), on the same workload: one merge key of N values, every slot live,
+folds by shard 0, averaged over enough folds to include Lua's garbage-collector steps (four times the
+benchmark's: where a collection step lands moves a stage by a few thousand). The EVALSHA
+is sent directly (the client would read a cut reply as an error), with the arguments ``publish()``
+sends.
+
+    python scripts/fold_stages.py [--values 64] [--slots 1] [--folds N] [--fold path/to/fold.lua] [--whole]
+
+(``--fold``: another version of the script, e.g. ``git show <commit>:redisync/store/lua/fold.lua``, to
+set a change beside the one before it; ``--whole``: the whole fold only, no stages.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+
+import numpy as np
+
+from redisync.bench.instructions import KEY, CountingServer, folds_for
+from redisync.store import client as store_client
+from redisync.store.client import connect
+from redisync.store.schema import Schema, merge
+
+# (the line a cut comes before, what the stage that ends there does)
+LANDMARKS = (
+    ("local run = string.match(KEYS[1]", "EVALSHA envelope: arguments, KEYS and ARGV tables, the call"),
+    ("-- the envelope ---", "the run's meta (HMGET of 7 fields), reject()"),
+    ("-- duplicates, retries and zombies", "envelope checks (KEYS, schema digest, ids and seq)"),
+    ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),
+    ("local t = redis.call('TIME')", "payload size"),
+    ("local epoch = meta[1]", "TIME and the restart check (INFO server)"),
+    ("-- validate and compute every key before writing anything", "the helper functions made (closures)"),
+    ("    local agg, why, of_agg = fold_values(", "the key: spec (HMGET), writers, plan, reads, sum checks"),
+    ("    local cut = 8 * count_size", "the fused pass over the values"),
+    ("-- apply ---", "the sums to write, the rest of the key"),
+    ("local versions = {}", "the stream entry (XADD)"),
+    ("redis.call('PUBLISH'", "the writes (HSETs of data, key meta, run meta, shards)"),
+    (None, "PUBLISH and the reply"),
+)
+
+
+def cut_before(source: str, landmark: str | None) -> str:
+    if landmark is None:
+        return source
+    lines = source.split("\n")
+    at = [i for i, line in enumerate(lines) if line.startswith(landmark)]
+    if len(at) != 1:
+        raise SystemExit(f"fold.lua has {len(at)} lines starting with {landmark!r}: update LANDMARKS")
+    return "\n".join(lines[: at[0]] + ["do return {'cut'} end"] + lines[at[0] :])
+
+
+def stage_costs(
+    values: int, slots: int, folds: int, source: str, landmarks: tuple = LANDMARKS
+) -> list[tuple[str, float]]:
+    server = CountingServer()
+    out, before = [], 0.0
+    try:
+        for landmark, what in landmarks:
+            store = connect(server.url, run=f"stages-{uuid.uuid4().hex[:8]}", socket_timeout=600)
+            store.register(Schema.of({KEY: merge(values, lifecycle="history")}))
+            rng = np.random.default_rng(values + slots)
+            shards = [store.shard(i) for i in range(slots)]
+            for shard in shards:
+                shard.publish({KEY: {"count": 1.0, "sum": rng.random(values)}})
+            sent = {}
+            call = store._call
+            store._call = lambda script, keys, args: sent.update(keys=keys, args=list(args)) or call(script, keys, args)
+            shards[0].publish({KEY: {"count": 2.0, "sum": rng.random(values)}})
+            store._call = call
+            script = store.redis.register_script(cut_before(source, landmark))
+            keys, args = sent["keys"], sent["args"]
+            seq = int(args[3])
+            script(keys=keys, args=args[:3] + [seq + 1] + args[4:])  # loaded before counting
+
+            def fold(state={"seq": seq + 1}):
+                state["seq"] += 1
+                script(keys=keys, args=args[:3] + [state["seq"]] + args[4:])
+
+            total = server.count(fold, folds)
+            out.append((what, total - before))
+            before = total
+            store.delete()
+    finally:
+        server.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--values", type=int, default=64)
+    parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--folds", type=int, default=None, help="folds averaged per stage (4 x the benchmark's)")
+    parser.add_argument("--fold", default=None, help="the fold.lua to cut (the package's by default)")
+    parser.add_argument("--whole", action="store_true", help="the whole fold only, no stages")
+    a = parser.parse_args()
+    source = open(a.fold).read() if a.fold else store_client._LUA.joinpath("fold.lua").read_text()
+    landmarks = ((None, "the whole fold"),) if a.whole else LANDMARKS
+    costs = stage_costs(a.values, a.slots, a.folds or 4 * folds_for(a.values), source, landmarks)
+    print(f"instructions per fold by stage of fold.lua, {a.values} values, {a.slots} slot(s) live, shard 0 folding")
+    for what, n in costs:
+        print(f"{n:>10,.0f}  {what}")
+    if len(costs) > 1:
+        print(f"{sum(n for _, n in costs):>10,.0f}  the whole fold")
+
+
+if __name__ == "__main__":
+    main()
