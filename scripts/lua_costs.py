@@ -8,6 +8,7 @@ fold's fixed cost is made of. Prints a table; ``--json`` prints the figures.
 from __future__ import annotations
 
 import json
+import struct
 import sys
 
 import numpy as np
@@ -32,8 +33,13 @@ ONCE = {  # name: a script body run once
     "HMGET of 9 fields": "redis.call('HMGET', 'h', 'f1', 'f2', 'f3', 'f4', 'f5', 'f6', 'f7', 'f8', 'f9')",
     "HSET of 1 pair": "redis.call('HSET', 'h2', 'a', '1')",
     "HSET of 5 pairs": "redis.call('HSET', 'h2', 'a', '1', 'b', '2', 'c', '3', 'd', '4', 'e', '5')",
-    "struct.pack of 32 float64": "struct.pack('<' .. string.rep('d', 32), " + ", ".join(map(str, range(32))) + ")",
-    "struct.unpack of 32 float64": "struct.unpack('<' .. string.rep('d', 32), ARGV[8], 1)",
+    # (the format a constant, as in the fold)
+    "struct.pack of 32 float64": "struct.pack('<" + "d" * 32 + "', " + ", ".join(f"{k}.5" for k in range(32)) + ")",
+    "struct.unpack of 32 float64": "struct.unpack('<" + "d" * 32 + "', ARGV[8], 1)",
+    # the other decoder in this Lua: 32 msgpack float64s (a constant, made when the script is loaded)
+    "cmsgpack.unpack_limit of 32 float64": "cmsgpack.unpack_limit('"
+    + "".join(f"\\{b}" for b in b"".join(b"\xcb" + struct.pack(">d", 0.5 + k) for k in range(32)))
+    + "', 32, 0)",
 }
 
 
