@@ -127,6 +127,69 @@ def test_a_restarted_pooled_sampler_is_counted_once(backend, resume, frames):
 # 2. clock skew ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("folder", [0, 2])
+def test_a_shard_whose_lease_lapsed_leaves_a_state_key_whichever_shard_folds(make_store, folder):
+    """Liveness from the leases: a shard that stopped renewing leaves a state key's pool once its
+    lease has lapsed for the grace period; the history key keeps it; the fold that notices it may
+    be any live shard's, with the same result."""
+    store = make_store()
+    store.register(
+        {"motion/ema": merge(2, lifecycle="state", lease_grace_s=0.2), "obs/norm": merge(2, lifecycle="history")}
+    )
+    shards = {i: store.shard(i) for i in range(3)}
+    for i, client in shards.items():
+        assert store.lease(i, client.incarnation, 60_000)
+        client.publish({"motion/ema": {"count": 1, "sum": [i + 1.0, 1.0]}, "obs/norm": {"count": 2, "sum": [1.0, i]}})
+    assert store.lease(1, shards[1].incarnation, 1)  # shard 1 died: its lease runs out in 1 ms
+    time.sleep(0.1)  # within the grace: still counted
+    shards[folder].publish({"motion/ema": {"count": 1, "sum": [folder + 1.0, 1.0]}})
+    assert store.fleet().keys["motion/ema"].parts()["count"] == 3
+    time.sleep(0.2)  # past the grace
+    shards[folder].publish(
+        {"motion/ema": {"count": 1, "sum": [folder + 1.0, 1.0]}, "obs/norm": {"count": 2, "sum": [1.0, folder]}}
+    )
+    fleet = store.fleet().keys
+    np.testing.assert_array_equal(fleet["motion/ema"].parts()["sum"], [1.0 + 3.0, 2.0])  # shards 0 and 2
+    assert fleet["motion/ema"].parts()["count"] == 2
+    assert fleet["obs/norm"].parts()["count"] == 6  # history: the dead shard's samples stay counted
+    meta = store.redis.hgetall(store.keys.key_meta("motion/ema"))
+    assert meta[b"writers"] == b"0,2" and meta[b"dropped_lapsed"] == b"1"
+    # a shard that never leased (the low-level API, no Syncer) is not judged by leases
+    store.shard(7).publish({"motion/ema": {"count": 1, "sum": [0.0, 0.0]}})
+    time.sleep(0.25)
+    shards[0].publish({"motion/ema": {"count": 1, "sum": [1.0, 1.0]}})
+    assert store.fleet().keys["motion/ema"].parts()["count"] == 3
+    # the dead shard comes back (a new life): counted again
+    back = store.shard(1)
+    assert store.lease(1, back.incarnation, 60_000)
+    back.publish({"motion/ema": {"count": 1, "sum": [5.0, 5.0]}})
+    assert store.fleet().keys["motion/ema"].parts()["count"] == 4
+
+
+def test_a_syncer_keeps_its_shard_alive_and_the_default_grace_is_a_few_leases(make_store):
+    from redisync.collector.syncer import LEASE_S
+    from redisync.store.schema import DEFAULT_LEASE_GRACE_S
+    from redisync.terms.numpy import FailureEma
+
+    assert merge(2, lifecycle="state").lease_grace_s == DEFAULT_LEASE_GRACE_S >= 2 * LEASE_S
+    store = make_store()
+    emas = [np.zeros(2, dtype=np.float32) + i + 1 for i in range(2)]
+    terms = [FailureEma(emas[i], key="motion/ema", shard_id=i, lease_grace_s=0.3) for i in range(2)]
+    syncers = [new_syncer(store, i, [terms[i]], worker="thread").start() for i in range(2)]
+    try:
+        for s in syncers:
+            s.flush()
+        time.sleep(LEASE_S + 0.5)  # past the first lease and the grace: renewed, it never lapses
+        for s in syncers:
+            s.on_step()
+            s.flush()
+        assert wait_for(lambda: store.fleet().keys["motion/ema"].parts()["count"] == 2)  # both live shards
+        assert b"dropped_lapsed" not in store.redis.hgetall(store.keys.key_meta("motion/ema"))
+    finally:
+        for s in syncers:
+            s.stop()
+
+
 def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkeypatch):
     store = make_store()
     store.register({"obs/norm": merge(1, lifecycle="history")})

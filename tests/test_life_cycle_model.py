@@ -1,7 +1,7 @@
 """A model-based test of a fleet's life: hypothesis drives the events a real fleet lives through.
 
 Rules: publish, duplicate, crash, fresh restart, resume from a checkpoint, restart on a host whose
-clock is behind, a zombie of an earlier life, stale slots, a store restart without persistence, a
+clock is behind, a zombie of an earlier life, leases renewed, run out and given up, stale slots, a store restart without persistence, a
 crash that loses the tail of the append-only file, restores into the same and into another run, and a
 fold racing a restore. The model is the reference fold (``redisync.store.semantics``) plus, per shard, the
 process that lives there and the cumulative statistics it would report. After every step, on fakeredis
@@ -43,7 +43,8 @@ from .support import assert_same_state, lua_state, reference_state
 
 SCHEMA = Schema.of(
     {
-        "motion/ema": merge(3, lifecycle="state"),  # a failure EMA: a fresh restart drops the old slot
+        # a failure EMA: a fresh restart drops the old slot, a shard whose lease lapsed leaves the pool
+        "motion/ema": merge(3, lifecycle="state", lease_grace_s=0.05),
         "obs/norm": merge(
             2, sumsq=True, lifecycle="history"
         ),  # normaliser moments: history, retired on a fresh restart
@@ -125,8 +126,8 @@ class FleetLife(RuleBasedStateMachine):
         spec = SCHEMA.keys[name]
         rng = np.random.default_rng(seed)
         if isinstance(spec, MergeSpec):
-            if spec.stale_after_s is not None:
-                scale = min(scale, 1e16)  # a stale key's refusal would depend on the fold's server time
+            if spec.stale_after_s is not None or spec.lease_grace_s is not None:
+                scale = min(scale, 1e16)  # a refusal would depend on the fold's server time (which slots are live)
             parts = [rng.uniform(0, scale, spec.count_size), rng.normal(0, scale, spec.size)]
             grow = np.concatenate(parts + ([rng.uniform(0, scale, spec.size)] if spec.sumsq else []))
             if spec.lifecycle == "state":  # a current state moves freely (an EMA decays)
@@ -222,6 +223,20 @@ class FleetLife(RuleBasedStateMachine):
     def restart(self, shard, resume, clock_behind):
         self._spawn(shard, resume=resume, clock_behind=clock_behind)
 
+    @rule(shard=st.sampled_from(SHARD_IDS), lease_ms=st.sampled_from([0, 1, 60_000]), zombie=st.booleans())
+    def lease(self, shard, lease_ms, zombie):
+        """A live Syncer renews its shard's lease (60 s), lets it run out (1 ms: it died just after)
+        or gives it up at stop (0); a zombie's renewal is refused. The folds after a lease has lapsed
+        for longer than motion/ema's grace (see ``stale``) leave that shard's slot out."""
+        proc = self.zombies.get(shard) if zombie else self.procs[shard]
+        if proc is None or not proc.alive:
+            return
+        inc = proc.client.incarnation
+        got = self.store.lease(shard, inc, lease_ms)
+        until = self.store.redis.hget(self.store.keys.shards, f"{shard}:lease_until_us")
+        want = self.ref.lease(shard, inc, int(until) if got else 0)
+        assert got == want
+
     @rule(shard=st.sampled_from(SHARD_IDS), seed=st.integers(0, 2**16))
     def zombie(self, shard, seed):
         """The previous process of a restarted shard is still running and publishes."""
@@ -237,7 +252,9 @@ class FleetLife(RuleBasedStateMachine):
 
     @rule()
     def stale(self):
-        time.sleep(0.06)  # terrain/hist slots not refreshed since drop out at the next fold of that key
+        # terrain/hist slots not refreshed since, and motion/ema slots of shards whose lease lapsed
+        # before, drop out at the next fold of that key
+        time.sleep(0.06)
 
     @rule()
     def save_moment(self):

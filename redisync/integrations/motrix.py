@@ -1,52 +1,66 @@
-"""MotrixLab's asynchronous FastSAC: the collectors' adaptive start-frame samplers, synced.
+"""MotrixLab's asynchronous FastSAC: the whole-body-tracking command's adaptive sampler, synced
+across the collectors.
 
 MotrixLab's async FastSAC (``motrix-rl-builtin``) runs one learner and N spawned collector
-processes, ``fastsac-async-collector-{i}``, each building its own environment. A whole-body-
-tracking command keeps its failure EMA per collector, so N collectors sample start frames from N
-different distributions, each fed 1/N of the failures. The trainer has no collector callback; the
-seam is the environment class, so the drop-in is a mixin::
+processes, ``fastsac-async-collector-{i}``, each building its own environment. Its WBT tasks have
+no env class of their own: they register the generic ``ManagerEnv``, which keeps its command terms
+in ``command_terms`` — frozen, slotted ``@kernel_data`` dataclasses whose numpy arrays compiled
+kernels read. The WBT command keeps a failure EMA per collector (``adaptive_bin_failed_count``),
+so N collectors sample start frames from N distributions, each fed 1/N of the failures.
 
-    class MyTrackingEnv(SyncedAdaptiveSampling, MyTrackingEnvBase):   # MyTrackingEnvBase: an ArrayEnv
-        redisync_mode = "pooled"                                      # or "broadcast", "local"
+The drop-in is one line where the task is registered::
 
-and each collector's command then builds its CDF from the fleet's summed EMA. What the mixin
-relies on is the layout of MotrixLab's ``WbtMotionCommand`` (from its published source; that
-package is not installable, so the parity is with its formula, not tested against it): the command
-holds its failure EMA as a numpy array ``adaptive_bin_failed_count`` that compiled kernels read
-(updated in place, never rebound), folds it in ``on_transition()``, and rebuilds its sampling CDF
-from it inside ``reset(ctx)``. So the mixin never computes the distribution itself:
+    registry.env("g1-wbt-dance")(SyncedManagerEnv)        # in place of ManagerEnv
+    registry.env("my-task")(synced(MyManagerEnv, mode="broadcast"))   # a ManagerEnv subclass
 
-- ``on_transition()``: the command's own, then the process's fleet counts a step (a publish every
-  ``publish_every_steps`` steps, handed to the sidecar: no network on the step);
-- ``reset(ctx)``: the newest fleet state is swapped in (a reset boundary); for the duration of the
-  command's own reset the EMA array holds the EMA the mode samples from (the fleet's sum, or the
-  owner's), written in place, and the shard's own EMA is written back right after — so the
-  command's formula, kernel smoothing and cuts included, run on the fleet's EMA, and what the shard
-  reports stays its own. A grouped EMA (motions end to end, or ``[G, bins]``) pools bin by bin.
+It hooks where ``ManagerEnv`` drives its command terms and touches nothing else:
 
-The shard id is the collector's index (from its process name; ``REDISYNC_SHARD_OFFSET`` adds to it
-when several trainers share a run). An environment built anywhere else — the parent's 1-env probe,
-the synchronous trainer's single process, an evaluation — joins no fleet and samples locally. The
-fleet starts when the collector's environment is built and publishes its last report at exit.
+- ``compute_transition`` (which calls every term's ``on_transition()``, the EMA fold): then the
+  process's fleet counts a step (a publish every ``publish_every_steps``, handed to the worker);
+- ``reset(env_ids, ...)`` (which calls every term's ``reset(ResetContext)``, where the command
+  records failures and rebuilds its CDF, then runs the reset kernels that draw from it): first the
+  newest fleet state is swapped in; for the duration of the reset the command's own EMA array
+  holds the EMA the mode samples from (the fleet's sum, or the owner's), written in place; the
+  shard's own EMA is written back right after. So the command's own formula — smoothing and the
+  cut past the last startable frame included — runs on the fleet's EMA, the arrays keep their
+  identity, dtype and data pointer (the kernels hold them), and what the shard reports stays its own.
+
+The state stays in the command term. The shard id is the collector's index (from its process
+name; ``REDISYNC_SHARD_OFFSET`` adds to it when several trainers share a run). The parent's 1-env
+probe, an evaluation or ``mxlab play`` join no fleet and sample locally. A collector's fleet
+starts when its environment is built and publishes its last report at exit. Settings are class
+attributes (``synced(..., mode=, key=, command=, owner=, stale_after_s=, lease_grace_s=)``), and
+the environment overrides them for a run: ``REDISYNC_MODE``, ``REDISYNC_KEY``, ``REDISYNC_COMMAND``.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import multiprocessing
 import os
 import re
+from importlib import import_module
 from typing import Any, Literal
 
 import numpy as np
+from motrix_env_core.manager import ManagerEnv
 
 from ..errors import ConfigurationError
+from ..store.schema import DEFAULT_LEASE_GRACE_S
 from ..terms.numpy import FailureEma
 from . import ProcessFleet, process_fleet
 
 SyncMode = Literal["local", "pooled", "broadcast"]
+MODES = ("pooled", "broadcast", "local")
 COLLECTOR = re.compile(r"^fastsac-async-collector-(\d+)$")
-ENV_OFFSET = "REDISYNC_SHARD_OFFSET"
-_EMA, _RESET, _TRANSITION = "adaptive_bin_failed_count", "reset", "on_transition"
+ENV_OFFSET, ENV_MODE, ENV_KEY, ENV_COMMAND = (
+    "REDISYNC_SHARD_OFFSET",
+    "REDISYNC_MODE",
+    "REDISYNC_KEY",
+    "REDISYNC_COMMAND",
+)
+EMA = "adaptive_bin_failed_count"  # the WBT command's failure EMA (float32, read by its kernels)
 
 
 def collector_index(name: str | None = None) -> int | None:
@@ -55,84 +69,150 @@ def collector_index(name: str | None = None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class SyncedAdaptiveSampling:
-    """Mixin for a motrix ``ArrayEnv`` whose command keeps a WBT-style adaptive sampler.
-
-    Class attributes configure it: ``redisync_mode`` (``pooled``, ``broadcast`` or ``local``),
-    ``redisync_key`` (the store key), ``redisync_owner`` (the broadcast's owner shard),
-    ``redisync_stale_after_s`` (drop a collector's EMA from the pool once it has not published for
-    that long: a dead collector that never comes back). :meth:`redisync_command` finds the command.
-    """
+class SyncedCommands:
+    """The sync hooks over a ``ManagerEnv`` (list it before the env class, or use :func:`synced`)."""
 
     redisync_mode: SyncMode = "pooled"
     redisync_key: str = "motion/bin_failed"
+    redisync_command: str | None = None  # None: the one command term that holds an adaptive_bin_failed_count
     redisync_owner: int = 0
     redisync_stale_after_s: float | None = None
+    redisync_lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        index = collector_index()
         self.redisync_fleet: ProcessFleet | None = None
         self.redisync_ema: FailureEma | None = None
-        if index is None or self.redisync_mode == "local":
-            return  # the parent's probe env, a synchronous trainer, an evaluation: local sampling
-        command = self.redisync_command()
-        own = getattr(command, _EMA)
+        mode = os.environ.get(ENV_MODE) or self.redisync_mode
+        if mode not in MODES:
+            raise ConfigurationError(
+                f"{type(self).__name__}: unknown redisync mode {mode!r} (from {_source(ENV_MODE, 'redisync_mode')}); "
+                f"set one of {', '.join(MODES)}"
+            )
+        if mode == "local":
+            return
+        name, command = self._synced_command()
+        index = collector_index()
+        if index is None:
+            return  # the parent's probe env, an evaluation, a synchronous trainer: local sampling
         shard = index + int(os.environ.get(ENV_OFFSET, "0"))
         self.redisync_ema = FailureEma(
-            own,
-            mode=self.redisync_mode,
-            key=self.redisync_key,
+            getattr(command, EMA),  # the command's own array: read where it lies, written in place
+            mode=mode,  # type: ignore[arg-type]
+            key=os.environ.get(ENV_KEY) or self.redisync_key,
             shard_id=shard,
             owner=self.redisync_owner,
             stale_after_s=self.redisync_stale_after_s,
+            lease_grace_s=self.redisync_lease_grace_s,
         )
         fleet = process_fleet()
         if fleet.syncer is None:
             fleet.configure(shard_id=shard)
         fleet.add(self.redisync_ema)
-        _wrap(command, self.redisync_ema, fleet)
-        fleet.start()  # register, claim the shard and start the sidecar now, not inside the first step
+        fleet.start()  # register, claim the shard and start the worker now, not inside the first step
         self.redisync_fleet = fleet
+        self.redisync_command_name = name
 
-    def redisync_command(self) -> Any:
-        """The command whose sampler is synced: the one attribute of the env that holds an
-        ``adaptive_bin_failed_count`` array and ``reset``/``on_transition`` methods (override this
-        when there are several or it lives deeper)."""
-        found = [value for value in vars(self).values() if _is_command(value)]
-        if len(found) != 1:
+    def _synced_command(self) -> tuple[str, Any]:
+        """The command term to sync, by name or as the one term holding a failure EMA."""
+        terms: dict[str, Any] = dict(getattr(self, "command_terms", {}))
+        seen = ", ".join(f"{n} ({type(t).__name__})" for n, t in terms.items()) or "none"
+        env = type(self).__name__
+        name = os.environ.get(ENV_COMMAND) or self.redisync_command
+        if name is not None:
+            if name not in terms:
+                raise ConfigurationError(
+                    f"{env}: no command term {name!r} (from {_source(ENV_COMMAND, 'redisync_command')}); "
+                    f"its command terms: {seen}"
+                )
+            found = [name]
+        else:
+            found = [n for n, t in terms.items() if hasattr(t, EMA)]
+            if len(found) != 1:
+                what = "no command term holds" if not found else f"{len(found)} command terms hold"
+                raise ConfigurationError(
+                    f"{env}: {what} an {EMA} array (its command terms: {seen}); set redisync_command "
+                    f"(synced(..., command=...)) or {ENV_COMMAND} to the name of the adaptive command"
+                )
+        command = terms[found[0]]
+        ema = getattr(command, EMA, None)
+        if not isinstance(ema, np.ndarray) or ema.dtype.kind != "f" or ema.ndim not in (1, 2):
             raise ConfigurationError(
-                f"{type(self).__name__}: found {len(found)} commands with an {_EMA} numpy array and reset()/"
-                f"{_TRANSITION}() among the env's attributes; override redisync_command() to return the one to sync"
+                f"{env}: command term {found[0]!r} ({type(command).__name__}) has an {EMA} that is not a 1-D or 2-D "
+                f"float numpy array (got {type(ema).__name__} {getattr(ema, 'dtype', '')} "
+                f"{getattr(ema, 'shape', '')}); redisync writes the fleet's EMA into that array in place"
             )
-        return found[0]
+        return found[0], command
 
+    def compute_transition(self, state: Any) -> Any:
+        state = super().compute_transition(state)  # type: ignore[misc]  # the terms' on_transition(): the EMA fold
+        if self.redisync_fleet is not None:
+            self.redisync_fleet.on_step()
+        return state
 
-def _is_command(value: Any) -> bool:
-    return isinstance(getattr(value, _EMA, None), np.ndarray) and all(
-        callable(getattr(value, name, None)) for name in (_RESET, _TRANSITION)
-    )
-
-
-def _wrap(command: Any, ema: FailureEma, fleet: ProcessFleet) -> None:
-    """Wrap the command's two methods on the instance (its class and every other instance unchanged)."""
-    transition, reset = getattr(command, _TRANSITION), getattr(command, _RESET)
-    own = ema.own
-    saved = np.empty_like(own)
-
-    def on_transition(*args: Any, **kwargs: Any) -> Any:
-        result = transition(*args, **kwargs)
-        fleet.on_step()
-        return result
-
-    def synced_reset(*args: Any, **kwargs: Any) -> Any:
-        fleet.at_reset_boundary()
-        np.copyto(saved, own)
+    def reset(self, env_ids: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        ema = self.redisync_ema
+        if ema is None or self.redisync_fleet is None or not np.size(env_ids):
+            return super().reset(env_ids, *args, **kwargs)  # type: ignore[misc]
+        self.redisync_fleet.at_reset_boundary()
+        own = ema.own
+        saved = own.copy()
         ema.write_sampling_ema(own)  # in place: the command's kernels hold this very array
         try:
-            return reset(*args, **kwargs)
+            return super().reset(env_ids, *args, **kwargs)  # type: ignore[misc]  # the command's reset: CDF from it
         finally:
             np.copyto(own, saved)
 
-    setattr(command, _TRANSITION, on_transition)
-    setattr(command, _RESET, synced_reset)
+
+def _source(variable: str, attribute: str) -> str:
+    return f"${variable}" if os.environ.get(variable) else f"the class attribute {attribute}"
+
+
+class SyncedManagerEnv(SyncedCommands, ManagerEnv):
+    """MotrixLab's ``ManagerEnv`` with its WBT command's sampler synced: register it in place of ``ManagerEnv``."""
+
+
+_SETTINGS = ("mode", "key", "command", "owner", "stale_after_s", "lease_grace_s")
+
+
+def synced(env_cls: type = ManagerEnv, **settings: Any) -> type:
+    """``env_cls`` (``ManagerEnv`` or a subclass) with its adaptive command synced, for the line that
+    registers the task; ``settings``: ``mode``, ``key``, ``command``, ``owner``, ``stale_after_s``,
+    ``lease_grace_s``. The class pickles by name, so MotrixLab's spawned collectors rebuild it."""
+    if not (isinstance(env_cls, type) and issubclass(env_cls, ManagerEnv)):
+        raise ConfigurationError(f"synced(): {env_cls!r} is not a ManagerEnv class (MotrixLab's manager-based env)")
+    unknown = set(settings) - set(_SETTINGS)
+    if unknown:
+        raise ConfigurationError(f"synced(): unknown settings {sorted(unknown)}; known: {', '.join(_SETTINGS)}")
+    if settings.get("mode", "pooled") not in MODES:
+        raise ConfigurationError(f"synced(): unknown mode {settings['mode']!r}; set one of {', '.join(MODES)}")
+    spec = json.dumps([env_cls.__module__, env_cls.__qualname__, settings], sort_keys=True)
+    return _synced_class(_name_of(spec))
+
+
+_made: dict[str, type] = {}
+
+
+def _name_of(spec: str) -> str:
+    return "Synced_" + base64.b32encode(spec.encode()).decode().rstrip("=")
+
+
+def _synced_class(name: str) -> type:
+    """The class a name made by :func:`synced` stands for (made once per process)."""
+    if name not in _made:
+        encoded = name.removeprefix("Synced_")
+        module, qualname, settings = json.loads(base64.b32decode(encoded + "=" * (-len(encoded) % 8)))
+        base: Any = import_module(module)
+        for part in qualname.split("."):
+            base = getattr(base, part)
+        attrs = {f"redisync_{k}": v for k, v in settings.items()}
+        cls = type(name, (SyncedCommands, base), {**attrs, "__module__": __name__, "__doc__": SyncedManagerEnv.__doc__})
+        cls.__qualname__ = name  # pickled by this name: a spawned collector rebuilds it through __getattr__
+        _made[name] = cls
+    return _made[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("Synced_"):
+        return _synced_class(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

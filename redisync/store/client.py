@@ -450,6 +450,7 @@ class Store:
                 getattr(spec, "count_size", 0),
                 int(getattr(spec, "sumsq", False)),
                 getattr(spec, "lifecycle", ""),
+                "" if getattr(spec, "lease_grace_s", None) is None else repr(float(spec.lease_grace_s)),
             ]
         reply = self._call(self.scripts.register, self._key_hashes(schema), args)
         if _b(reply[0]) == "no_info":

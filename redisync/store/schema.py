@@ -64,6 +64,9 @@ class BroadcastSpec(_Spec):
 
 
 Lifecycle = Literal["history", "state"]
+# a few lease periods (a Syncer leases its shard id for 5 s and renews every second): a collector
+# stalled by a long checkpoint write or a swap storm is not dropped, a dead one leaves within ~20 s
+DEFAULT_LEASE_GRACE_S = 15.0
 
 
 class MergeSpec(_Spec):
@@ -76,10 +79,18 @@ class MergeSpec(_Spec):
     ``history`` (counts that accumulate over a run, e.g. normaliser moments) keeps it as retired
     history; ``state`` (a current value, e.g. a failure EMA or a histogram of env levels) drops it.
     A restart that *resumes* the key from a checkpoint takes the slot over in both cases.
+
+    Liveness (``state`` keys): a live process renews a lease on its shard id; once that lease has
+    lapsed for longer than ``lease_grace_s``, the shard's slot leaves the aggregate at the next fold
+    (a collector that died for good, a run resumed with fewer collectors). ``None``: a slot counts
+    until its shard's next life replaces it. A shard that never took a lease (the low-level API
+    without a Syncer) is not judged by it. ``stale_after_s`` drops a slot not refreshed for that
+    long: what a lease cannot see (a process alive but silent).
     """
 
     semantics: Literal["merge"] = "merge"
     stale_after_s: float | None = Field(default=None, gt=0)
+    lease_grace_s: float | None = Field(default=DEFAULT_LEASE_GRACE_S, gt=0)
     sumsq: bool = False
     elementwise_count: bool = False
     lifecycle: Lifecycle = "history"
@@ -117,13 +128,16 @@ def merge(
     elementwise_count: bool = False,
     *,
     lifecycle: Lifecycle | None = None,
+    lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
 ) -> MergeSpec:
     """A pooled-statistics key (failure EMA, normaliser moments, histograms).
 
     ``lifecycle`` has no default, because either default is wrong for half the keys: ``"state"``
     for a current value (a failure EMA: a fresh restart replaces the previous life's slot, which
     ``"history"`` would count twice), ``"history"`` for counts that accumulate over the run
-    (normaliser moments: the previous life's slot stays counted, which ``"state"`` would drop)."""
+    (normaliser moments: the previous life's slot stays counted, which ``"state"`` would drop).
+    ``lease_grace_s`` (``state`` keys): how long a shard's lease may have lapsed before its slot
+    leaves the aggregate (``None``: never by the lease)."""
     if lifecycle is None:
         raise errors.InvalidSchema(
             "merge(): say lifecycle='state' (a current value, e.g. a failure EMA: a fresh restart replaces the "
@@ -137,6 +151,7 @@ def merge(
         sumsq=sumsq,
         elementwise_count=elementwise_count,
         lifecycle=lifecycle,
+        lease_grace_s=lease_grace_s,
     )
 
 

@@ -155,6 +155,15 @@ class ReferenceFold:
         self.keys = {name: KeyState(spec) for name, spec in schema.keys.items()}
         self.shards: dict[int, ShardState] = {}
         self.claimed: dict[int, int] = {}
+        self.leases: dict[int, int] = {}  # per shard id: when its lease runs out (server µs)
+
+    def lease(self, shard_id: int, incarnation: int, until_us: int) -> bool:
+        """Renew a lease, as ``lua/lease.lua`` does: refused when a later life holds the shard."""
+        cur = self.shards.get(shard_id)
+        if cur is not None and cur.incarnation != incarnation:
+            return False
+        self.leases[shard_id] = until_us
+        return True
 
     def claim(self, shard_id: int, now_us: int) -> int:
         """A new incarnation, as ``lua/claim.lua`` issues it: the server's time, or one above the
@@ -173,8 +182,11 @@ class ReferenceFold:
             mine = self.keys[name]
             self.keys[name] = copy.deepcopy(key)
             self.keys[name].version = max(mine.version, key.version) + 1
-        self.shards = {**copy.deepcopy(snap.shards), **self.shards}
-        self.claimed = {**snap.claimed, **self.claimed}
+        # the ids this run knows (any entry in its shards hash) keep every entry of theirs
+        known = set(self.shards) | set(self.claimed) | set(self.leases)
+        self.shards = {**{i: copy.deepcopy(v) for i, v in snap.shards.items() if i not in known}, **self.shards}
+        self.claimed = {**{i: v for i, v in snap.claimed.items() if i not in known}, **self.claimed}
+        self.leases = {**{i: v for i, v in snap.leases.items() if i not in known}, **self.leases}
 
     def apply(
         self,
@@ -212,7 +224,9 @@ class ReferenceFold:
             if bad:
                 return Outcome("rejected", reason=bad, key=name)
             if isinstance(state.spec, MergeSpec):
-                result = self._fold_merge(state, shard_id, incarnation, seq, payload, now_us, name in resume)
+                result = self._fold_merge(
+                    state, shard_id, incarnation, seq, payload, now_us, name in resume, self.leases
+                )
                 if result is None:
                     return Outcome("rejected", reason="non_finite", key=name)
                 folded[name] = result
@@ -231,7 +245,14 @@ class ReferenceFold:
 
     @staticmethod
     def _fold_merge(
-        state: KeyState, shard_id: int, incarnation: int, seq: int, payload: np.ndarray, now_us: int, resumed: bool
+        state: KeyState,
+        shard_id: int,
+        incarnation: int,
+        seq: int,
+        payload: np.ndarray,
+        now_us: int,
+        resumed: bool,
+        leases: Mapping[int, int],
     ) -> tuple[np.ndarray, np.ndarray | None, dict[int, Slot]] | None:
         """The key's new (aggregate, retired, slots), or None when they would not be finite."""
         spec = state.spec
@@ -250,7 +271,9 @@ class ReferenceFold:
         slots = {}
         for other, slot in state.slots.items():
             stale = spec.stale_after_s is not None and now_us - slot.at_us > spec.stale_after_s * 1e6
-            if other != shard_id and not stale:
+            grace = spec.lease_grace_s if spec.lifecycle == "state" else None
+            lapsed = grace is not None and other in leases and now_us - leases[other] > grace * 1e6
+            if other != shard_id and not (stale or lapsed):
                 slots[other] = slot
         slots[shard_id] = Slot(incarnation, seq, now_us, payload.copy())
         vectors = ([] if retired is None else [retired]) + group_sums(slots, spec.width)

@@ -29,7 +29,7 @@ def train(env: str, runs_root: Path, *, collectors: int, iterations: int, num_en
             "train",
             overrides=[
                 f"hydra.searchpath=[{CONFIGS.resolve().as_uri()}]",
-                "task=redisync-tracking/motrix.fastsac",
+                "task=redisync-wbt/motrix.fastsac",
                 f"task.env={env}",
                 f"num_envs={num_envs}",
                 f"seed={seed}",

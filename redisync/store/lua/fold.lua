@@ -630,7 +630,7 @@ for i = 1, nkeys do
   -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
   -- (what every fold needs; what only some need (owner, lifecycle) is read where they are)
   local spec = redis.pcall('HMGET', km, 'semantics', 'width', 'count_size', 'size', 'version', 'writers',
-    'slot:' .. shard .. ':incarnation', 'stale_after_s', 'sums_layout')
+    'slot:' .. shard .. ':incarnation', 'stale_after_s', 'sums_layout', 'lease_grace_s')
   if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
   if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
   local width, version = tonumber(spec[2]), tonumber(spec[5])
@@ -680,8 +680,17 @@ for i = 1, nkeys do
       for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
       at = hmget(km, atf) or {}
     end
-    -- the live slots after this fold (a slot not refreshed for stale_after_s stops weighting the
-    -- fleet); the sub-groups whose members change are re-made, and so are their groups
+    -- (state keys) when each other writer's lease on its shard id runs out: a shard whose lease has
+    -- lapsed for longer than lease_grace_s has left the fleet (a shard that never leased is not judged)
+    local grace, leased = tonumber(spec[10]), {}
+    if grace and nids > 0 then
+      local lf = {}
+      for k = 1, nids do lf[k] = idname[ids[k]] .. ':lease_until_us' end
+      leased = hmget(KEYS[2], lf) or {}
+    end
+    -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
+    -- lapsed, stops weighting the fleet); the sub-groups whose members change are re-made, and so
+    -- are their groups
     local rebuild = spec[9] ~= LAYOUT
     item.rebuild = rebuild
     item.forget = {}
@@ -692,7 +701,12 @@ for i = 1, nkeys do
     for k = 1, nids do
       local id = ids[k]
       if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
-      if stale and now - (tonumber(at[k]) or 0) > stale * 1e6 then
+      local gone = stale and now - (tonumber(at[k]) or 0) > stale * 1e6
+      if not gone and grace and leased[k] and now - (tonumber(leased[k]) or now) > grace * 1e6 then
+        gone = true
+        item.lapsed = (item.lapsed or 0) + 1
+      end
+      if gone then
         item.forget[#item.forget + 1] = id
         tsub[(id - id % SUB) / SUB] = true
       else
@@ -952,7 +966,9 @@ for i = 1, nkeys do
         'slot:' .. id .. ':at_us')
       redis.call('HDEL', item.data, 'slot:' .. id, 'counts:slot:' .. id)
     end
-    if #item.forget > 0 then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget) end
+    local lapsed = item.lapsed or 0
+    if #item.forget > lapsed then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget - lapsed) end
+    if lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
     if item.retired then redis.call('HSET', item.data, 'retired', item.retired) end
     if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
     redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.sums))

@@ -6,8 +6,9 @@
 -- ARGV[1]          the schema as canonical JSON;   ARGV[2] its digest
 -- ARGV[3]          a fresh epoch id (used only when the run is created)
 -- ARGV[4], [5], [6], [7] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen, stream_payloads ('1' or '0')
--- ARGV[8 + 10(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
---                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state')
+-- ARGV[8 + 11(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
+--                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state'), lease_grace_s ('': none;
+--                  the fold reads it for state keys only)
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
 --       | {'no_info', error}   the caller's role may not run INFO, without which the folds could not
 --                              tell a restarted server (an epoch that lost writes) from the same one
@@ -31,14 +32,14 @@ redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2
   'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
   'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7])
 for i = 1, nkeys do
-  local a = 8 + 10 * (i - 1)
+  local a = 8 + 11 * (i - 1)
   local name, semantics, shape, size, width, owner, stale =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
   redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
     'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
   if semantics == 'merge' then
     redis.call('HSET', KEYS[2 * i], 'writers', '', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8],
-      'lifecycle', ARGV[a + 9])
+      'lifecycle', ARGV[a + 9], 'lease_grace_s', ARGV[a + 9] == 'state' and ARGV[a + 10] or '')
     redis.call('HSET', KEYS[2 * i + 1], 'agg', string.rep('\0', 8 * tonumber(width)))
   end
 end

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
-from ...store.schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
+from ...store.schema import DEFAULT_LEASE_GRACE_S, BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
 from .. import formulas
 
 Mode = Literal["local", "pooled", "broadcast"]
@@ -46,11 +46,12 @@ class FailureEma:
         owner: int = 0,
         stale_after_s: float | None = None,
         lifecycle: Lifecycle = "state",
+        lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
     ):
         if mode not in MODES:
             raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
         self.own, self.mode, self.key, self.shard_id, self.owner = own, mode, key, shard_id, owner
-        self.stale_after_s, self.lifecycle = stale_after_s, lifecycle
+        self.stale_after_s, self.lifecycle, self.lease_grace_s = stale_after_s, lifecycle, lease_grace_s
         self._fleet = np.zeros(own.shape, dtype=np.float64)  # the others' summed EMA, or the owner's
         self._fleet_view: Any = None
         self.fleet_version = 0
@@ -80,7 +81,11 @@ class FailureEma:
         if self.mode == "broadcast":
             return {self.key: broadcast(shape, owner=self.owner)}
         # an EMA is a current state (the default): a fresh restart drops the previous life's slot
-        return {self.key: merge(shape, stale_after_s=self.stale_after_s, lifecycle=self.lifecycle)}
+        return {
+            self.key: merge(
+                shape, stale_after_s=self.stale_after_s, lifecycle=self.lifecycle, lease_grace_s=self.lease_grace_s
+            )
+        }
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
