@@ -4,6 +4,7 @@ the store, and redisync's curriculum terms against holosoma's state and defaults
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -99,7 +100,10 @@ def _rank(rank: int, init: str, url: str, run: str, rounds: int, out: dict) -> N
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     upstream, ours = LocomotionEnv(), LocomotionEnv()
-    fleet = ProcessFleet(redisync.connect(url, run=run), rank, worker="thread")
+    # reports only at the syncs (no cadence), so the comparison with holosoma's broadcast is step for step
+    fleet = ProcessFleet(
+        redisync.connect(url, run=run), rank, worker="thread", publish_every_steps=10**9, publish_every_s=1e9
+    )
     sync_curriculum(ours, fleet=fleet)  # starts the fleet: the run is registered before the first rollout
     states: dict[str, list] = {"upstream": [], "ours": []}
     for r in range(rounds):
@@ -140,6 +144,54 @@ def test_the_tracker_and_penalty_decide_alike_through_redisync_and_through_holos
     assert [s[2] for s in out[1]["ours"]] == owner_scales  # and redisync applied it where the rewards use it
     # holosoma's broadcast set only the logged copy: rank 1's rewards kept its own, lower scale
     assert out[1]["upstream"][-1][2] < owner_scales[-1]
+
+
+def _collector(rank: int, url: str, run: str, mode: str, rounds: int, out: dict) -> None:
+    """One single-process collector (no process group): its env resets and steps; nobody calls
+    synchronize_curriculum_state (holosoma's agents call it only when multi-GPU)."""
+    env = LocomotionEnv()
+    fleet = ProcessFleet(redisync.connect(url, run=run), rank, worker="thread", publish_every_steps=1)
+    sync_curriculum(env, fleet=fleet, episode_length=mode, penalty_scale="broadcast")
+    env.synchronize_curriculum_state = None  # never called in this topology: a call would fail
+    rows = []
+    for r in range(rounds):
+        env.end_episodes(episodes(rank, r))  # the curriculum manager's reset (the decisions) and step
+        tracker = env._get_average_episode_tracker()
+        rows.append(
+            (float(tracker.average_episode_length), float(env.average_episode_length), env.penalty.current_scale)
+        )
+        time.sleep(0.05)  # a collector's step time: the worker publishes and pulls meanwhile
+    fleet.stop()
+    out[rank] = rows
+
+
+@pytest.mark.parametrize("mode", ["broadcast", "pooled"])
+def test_single_process_collectors_sync_the_curriculum_without_its_sync_call(real_url, mode):
+    run, rounds = f"t-{uuid.uuid4().hex[:12]}", 40
+    ctx = mp.get_context("spawn")
+    with mp.Manager() as manager:
+        out = manager.dict()
+        procs = [ctx.Process(target=_collector, args=(rank, real_url, run, mode, rounds, out)) for rank in (0, 1)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+        out = dict(out)
+    redisync.connect(real_url, run=run).delete()
+    owner, other = out[0], out[1]
+    owner_scales = {row[2] for row in owner}
+    assert owner[-1][2] > PENALTY["initial_scale"]  # the owner's long episodes raise its scale
+    late = other[rounds // 2 :]
+    # during the run (not only at stop), the other collector's rewards use the owner's penalty scale
+    assert all(row[2] in owner_scales for row in late), (late, sorted(owner_scales))
+    assert late[-1][2] > PENALTY["initial_scale"]  # alone, its short episodes would have lowered it
+    if mode == "broadcast":  # its tracker holds the owner's average after each reset
+        owner_avgs = {row[0] for row in owner}
+        assert all(row[0] in owner_avgs for row in late)
+    else:  # it keeps its own average and decides on the fleet's weighted mean, between its own and the owner's
+        for own, decided, _ in late:
+            assert own < decided < max(row[0] for row in owner)
 
 
 def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):

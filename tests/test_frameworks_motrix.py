@@ -62,7 +62,9 @@ def fleet_run(real_url, tmp_path, monkeypatch):
     monkeypatch.setenv("REDISYNC_RUN", run)
     made: list[int] = []
 
-    def go(env: str, collectors: int, iterations: int, *, kill: str | None = None) -> dict[int, dict]:
+    def go(
+        env: str, collectors: int, iterations: int, *, kill: str | None = None, num_envs: int = 64
+    ) -> dict[int, dict]:
         trace = tmp_path / f"trace{len(made)}"
         trace.mkdir()
         made.append(1)
@@ -73,7 +75,7 @@ def fleet_run(real_url, tmp_path, monkeypatch):
             monkeypatch.delenv(KILL_AT, raising=False)
         started = time.perf_counter()
         try:
-            train(env, tmp_path / "runs", collectors=collectors, iterations=iterations)
+            train(env, tmp_path / "runs", collectors=collectors, iterations=iterations, num_envs=num_envs)
         except RuntimeError as e:  # the trainer stops when a collector dies (the one killed, or one it then stopped)
             assert kill and re.search(r"exit code -?\d+", str(e)), e
         else:
@@ -155,7 +157,7 @@ def test_a_killed_collector_that_never_returns_leaves_the_pool_by_its_lease(flee
     back; its lease lapses and, a grace period later, the restarted two-collector run's folds leave
     its EMA out: the live collectors sample only from each other's."""
     go, store = fleet_run
-    first = go("redisync-wbt", 3, 2000, kill="2:40")
+    first = go("redisync-wbt", 3, 2000, kill="2:40", num_envs=48)  # (the envs divide evenly across collectors)
     assert np.abs(first[2]["own"][-1]).sum() > 0
     _, _, writers = pooled(store)
     assert "2" in writers.split(",")
@@ -163,7 +165,7 @@ def test_a_killed_collector_that_never_returns_leaves_the_pool_by_its_lease(flee
     wait = lapse - redisync.store.client.server_time_us(store.redis) / 1e6 + 0.5
     assert 0 < wait <= 5.0 + DEFAULT_LEASE_GRACE_S + 1  # the dead collector's lease ran out within one lease
     time.sleep(wait)
-    again = go("redisync-wbt", 2, 150)  # restarted with two collectors: shard 2 never comes back
+    again = go("redisync-wbt", 2, 150, num_envs=48)  # restarted with two collectors: shard 2 never comes back
     total, count, writers = pooled(store)
     assert writers == "0,1" and count == 2
     np.testing.assert_allclose(total, again[0]["final"] + again[1]["final"].astype(np.float64), rtol=1e-6, atol=1e-9)

@@ -1,10 +1,14 @@
-"""holosoma's curriculum sync, through the store: no broadcast, no barrier.
+"""holosoma's curriculum sync, through the store: no broadcast, no barrier, in every topology.
 
-holosoma's FastSAC and PPO agents call ``env.synchronize_curriculum_state()`` before each
-rollout; the locomotion manager then ``dist.broadcast``s rank 0's average episode length and
-penalty scale — two collectives that wait for every rank. :func:`sync_curriculum` replaces that
-method on an environment with a :class:`CurriculumSync`, which moves the same state through the
-store:
+holosoma 0.0.3's FastSAC, PPO and distillation agents call ``env.synchronize_curriculum_state()``
+only when multi-GPU (``if self.is_multi_gpu``) and only with a penalty or domain-randomisation
+curriculum; the locomotion manager then ``dist.broadcast``s rank 0's average episode length and
+penalty scale — two collectives that wait for every rank. A fleet of single-process collectors
+never reaches it. :func:`sync_curriculum` therefore syncs where the curriculum decides: on the env's
+``curriculum_manager`` (its ``reset(env_ids)``, where the tracker takes the finished episodes and
+the penalty curriculum rescales, and its ``step()``, once per env step), and also replaces
+``synchronize_curriculum_state`` (so a multi-GPU run's call goes through the store, not a
+collective). The same state moves through the store:
 
 - ``episode_length="broadcast"`` (default): rank 0's (the owner's) tracker average is set on every
   other shard's tracker at each sync, as holosoma's broadcast does;
@@ -18,7 +22,12 @@ store:
 
     env = ...                                        # holosoma's locomotion env
     sync_curriculum(env)                             # REDISYNC_URL, REDISYNC_SHARD / RANK
-    agent.learn()                                    # its synchronize_curriculum_state now goes through redisync
+    agent.learn()                                    # every reset decides on the fleet's state
+
+At each curriculum reset: the newest fleet state is swapped in and applied (the owner's tracker
+average before the tracker and the penalty decide; the owner's penalty scale again after the
+penalty term has decided, so the rewards use it); at each curriculum step the fleet counts a step
+(a report every ``publish_every_steps``).
 """
 
 from __future__ import annotations
@@ -162,17 +171,39 @@ class CurriculumSync:
         if penalty_scale == "broadcast" and (penalty is not None or hasattr(env, "reward_penalty_scale")):
             self.terms.append(PenaltyScaleSync(env, penalty, shard, owner))
         self.fleet.add(*self.terms)
+        self._hook(env.curriculum_manager)
 
-    def __call__(self, *, device: Any = None, world_size: int | None = None) -> None:
-        self.fleet.flush()  # once per rollout: every call reports
-        self.fleet.at_reset_boundary()
+    def _hook(self, manager: Any) -> None:
+        """Sync where the curriculum decides: its manager's reset and step, on this instance."""
+        reset, step = manager.reset, manager.step
+
+        def synced_reset(env_ids: Any) -> None:
+            if env_ids is not None and (not torch.is_tensor(env_ids) or env_ids.numel() > 0):
+                self.fleet.at_reset_boundary()
+                self.enforce()  # the tracker decides (and the penalty reads it) on the owner's or the fleet's
+            reset(env_ids)
+            self.enforce()  # the owner's penalty scale over the one this shard's term just chose
+
+        def synced_step() -> None:
+            step()
+            self.fleet.on_step()
+
+        manager.reset, manager.step = synced_reset, synced_step
+
+    def enforce(self) -> None:
         for term in self.terms:
             term.enforce()
 
+    def __call__(self, *, device: Any = None, world_size: int | None = None) -> None:
+        self.fleet.flush()  # a multi-GPU agent's call once per rollout: every call reports
+        self.fleet.at_reset_boundary()
+        self.enforce()
+
 
 def sync_curriculum(env: Any, *, start: bool = True, **options: Any) -> CurriculumSync:
-    """Replace ``env.synchronize_curriculum_state`` with a :class:`CurriculumSync` (options as
-    there) and start the fleet (``start=False``: at the first sync, for terms still to be added)."""
+    """Sync ``env``'s curriculum where it decides (its curriculum manager's reset and step) and
+    replace ``env.synchronize_curriculum_state`` with a :class:`CurriculumSync` (options as there);
+    start the fleet (``start=False``: at the first env step, for terms still to be added)."""
     sync = CurriculumSync(env, **options)
     env.synchronize_curriculum_state = sync
     if start:
