@@ -310,3 +310,88 @@ def test_bad_configuration_is_a_typed_error_naming_the_env_the_terms_and_what_to
     monkeypatch.setenv("REDISYNC_COMMAND", "second")
     env = _env(SyncedManagerEnv, {"motion": MotionCommandCfg(), "second": SecondAdaptiveCfg()})
     assert env.redisync_fleet is None
+
+
+# the pooling against one unsharded command: collectors in lockstep, failures chosen by the test
+
+ROUNDS, ALPHA = 12, np.float32(MotionCommandCfg().alpha)
+
+
+def _failures(shard: int, rounds: int) -> np.ndarray:
+    """What shard ``shard``'s envs fail per round and bin: each shard its own part of the motion."""
+    g = np.random.default_rng(shard)
+    out = np.zeros((rounds, BINS), dtype=np.float32)
+    where = hard_bins(shard)
+    out[:, where] = g.integers(0, 4, size=(rounds, where.stop - where.start))
+    out[:, shard % BINS] += 1
+    return out
+
+
+def _lockstep_collector(index: int, url: str, run: str, collectors: int, barrier, out: dict) -> None:
+    import multiprocessing
+    import os
+
+    multiprocessing.current_process().name = f"fastsac-async-collector-{index}"  # as MotrixLab names them
+    os.environ.update(REDISYNC_URL=url, REDISYNC_RUN=run)
+    env = SyncedManagerEnv(TrackingCfg(), num_envs=4)
+    env.init_state()
+    command = env.command_terms["motion"]
+    ema, current, cdf = (
+        command.adaptive_bin_failed_count,
+        command.adaptive_current_bin_failed_count,
+        command.sampling_cdf,
+    )
+    addresses = {a.__array_interface__["data"][0] for a in (ema, current, cdf)}
+    ema[:] = 0.0  # the first reset recorded the framework's initial flags: start every shard from nothing
+    current[:] = 0.0
+    syncer, store = env.redisync_fleet.syncer, redisync.connect(url, run=run)
+    failures, rows = _failures(index, ROUNDS), []
+    for t in range(ROUNDS):
+        current += failures[t]  # what the command's reset records when this shard's envs fail
+        env.compute_transition(env.state)  # the transition kernel, the terms' on_transition (the EMA fold), a step
+        env.redisync_fleet.flush()
+        assert syncer.wait_synced(timeout=30)
+        barrier.wait(60)  # every shard's report of round t is folded
+        assert syncer.wait_synced(at_least=store.fleet().fleet_version, timeout=30)
+        env.state.terminated[:] = False
+        env.reset(np.arange(4))  # the command's reset: its CDF from the fleet's EMA
+        rows.append(cdf.copy())
+        barrier.wait(60)
+    same = addresses == {a.__array_interface__["data"][0] for a in (ema, current, cdf)}
+    env.redisync_fleet.stop()
+    out[index] = (np.array(rows), same, ema.dtype.str)
+
+
+@pytest.mark.parametrize("collectors", [3])
+def test_lockstep_collectors_build_the_cdf_of_one_unsharded_command(real_url, collectors):
+    """Three spawned collector processes, each on its own ManagerEnv with the synced command, step in
+    lockstep with failures the test chooses; after each round every collector's CDF is the one an
+    unsharded command fed every collector's failures builds (float32)."""
+    import multiprocessing
+
+    run = f"motrix-{uuid.uuid4().hex[:8]}"
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        out, barrier = manager.dict(), ctx.Barrier(collectors)
+        procs = [
+            ctx.Process(target=_lockstep_collector, args=(i, real_url, run, collectors, barrier, out))
+            for i in range(collectors)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        out = dict(out)
+    redisync.connect(real_url, run=run).delete()
+    assert [p.exitcode for p in procs] == [0] * collectors
+    unsharded = np.zeros(BINS, dtype=np.float32)  # one command over every collector's envs
+    for t in range(ROUNDS):
+        seen = sum(_failures(i, ROUNDS)[t] for i in range(collectors)).astype(np.float32)
+        unsharded = ALPHA * seen + (np.float32(1.0) - ALPHA) * unsharded
+        want = command_cdf(unsharded)
+        for i in range(collectors):
+            rows, same, dtype = out[i]
+            np.testing.assert_allclose(rows[t], want, rtol=0, atol=2e-6, err_msg=f"collector {i}, round {t}")
+    for i in range(collectors):
+        _, same, dtype = out[i]
+        assert same and dtype == "<f4"  # the kernels' arrays: same buffers, float32
