@@ -190,6 +190,29 @@ def test_a_syncer_keeps_its_shard_alive_and_the_default_grace_is_a_few_leases(ma
             s.stop()
 
 
+def test_a_negative_zero_through_fresh_lives_is_stored_as_the_reference_stores_it(make_store):
+    """Signed zeros: a history key's sum element of −0.0 through three fresh lives; the retired
+    history, the aggregate and the slot have the reference fold's bytes."""
+    from redisync.store.semantics import ReferenceFold
+
+    from .support import assert_same_state, lua_state, reference_state
+
+    schema = Schema.of({"obs/norm": merge(2, lifecycle="history")})
+    store, ref = make_store(), ReferenceFold(schema)
+    store.register(schema)
+    payload = np.array([1.0, -0.0, 2.0])
+    for life in range(3):
+        client = store.shard(0)
+        assert ref.claim(0, now_us=client.incarnation) == client.incarnation
+        res = client.publish({"obs/norm": {"count": 1.0, "sum": payload[1:]}})
+        assert (
+            ref.apply(0, client.incarnation, client.seq, {"obs/norm": payload}, res.server_time_us).status == "applied"
+        )
+    assert_same_state(lua_state(store), reference_state(ref), rtol=0)
+    retired = lua_state(store)["keys"]["obs/norm"]["retired"]
+    assert retired.tobytes() == ref.keys["obs/norm"].retired.tobytes()
+
+
 def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkeypatch):
     store = make_store()
     store.register({"obs/norm": merge(1, lifecycle="history")})

@@ -265,7 +265,7 @@ class ReferenceFold:
             if retired is None:
                 retired = old.payload.copy()
             else:
-                retired = retired + old.payload
+                retired = summed([retired, old.payload], spec.width)  # 0 + r + o, as the fold sums (−0.0 included)
                 if not finite_moments(spec, retired):
                     return None
         slots = {}
