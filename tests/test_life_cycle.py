@@ -408,6 +408,34 @@ def test_restore_validates_everything_before_writing(make_store):
         assert state_bytes(store) == before, what
 
 
+def test_restore_verifies_or_remakes_every_key_field_the_fold_trusts(make_store):
+    """A snapshot's writers, lifecycle and owner were trusted: reordered writers made every later fold
+    refused as corrupt, a history key marked state lost counts at the next fresh restart, an emptied
+    owner let a non-owner write. Now the writers are re-made from the slots and the declared fields
+    must be the schema's (the field named)."""
+    import base64
+
+    store = make_store()
+    store.register({"obs/norm": merge(2, lifecycle="history"), "c/scale": broadcast((), owner=0)})
+    for shard in (2, 10):
+        store.shard(shard).publish({"obs/norm": {"count": 100, "sum": [1.0, 2.0]}})
+    store.shard(0).publish({"c/scale": {"value": 0.5}})
+    snap = store.snapshot()
+
+    def edited(key: str, field: str, value: str):
+        bad = snap.model_copy(deep=True)
+        bad.hashes[key][field] = base64.b64encode(value.encode()).decode()
+        return bad
+
+    for key, field, value in (("key:obs/norm", "lifecycle", "state"), ("key:c/scale", "owner", "")):
+        with pytest.raises(errors.CorruptSnapshot, match=f"{field} is '{value}', the snapshot's schema declares"):
+            store.restore(edited(key, field, value))
+    store.restore(edited("key:obs/norm", "writers", "10,2"))  # the same ids out of order: re-made
+    assert store.redis.hget(store.keys.key_meta("obs/norm"), "writers") == b"2,10"
+    store.shard(5).publish({"obs/norm": {"count": 5, "sum": [1.0, 1.0]}})  # folds go on
+    assert store.fleet().keys["obs/norm"].parts()["count"] == 205
+
+
 def test_restore_is_atomic_with_a_fold_racing_it(make_store):
     store = make_store()
     store.register({"obs/norm": merge(2, lifecycle="history")})

@@ -296,6 +296,11 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
             or not info.get("version", "").isdigit()
         ):
             raise bad(f"key {name!r}", "its metadata is missing or does not match the schema")
+        key_info = hashes[f"key:{name}"]
+        for field, declared in _declared_fields(name, spec).items():
+            if field in info and info[field] != declared:
+                raise bad(f"key {name!r}", f"{field} is {info[field]!r}, the snapshot's schema declares {declared!r}")
+            key_info[field] = declared.encode()  # (an older snapshot without the field: the schema's)
         for field, raw in data.items():
             record = field.startswith("counts:")  # the count part of a stored vector (see _check_sums)
             if field not in ("agg", "retired", "value") and not field.removeprefix("counts:").startswith(
@@ -312,8 +317,32 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
             slots = sorted(f[len("slot:") :] for f in data if f.startswith("slot:"))
             if sorted(writers) != slots or any(f"slot:{w}:incarnation" not in info for w in writers):
                 raise bad(f"key {name!r}", f"writers {writers} do not match the stored slots {slots}")
-            _check_sums(name, spec, hashes[f"key:{name}"], data, writers, bad)
+            _check_sums(name, spec, key_info, data, writers, bad)
+            # the folds read the writers as ascending shard ids: the list is the slots', in that order
+            key_info["writers"] = ",".join(str(w) for w in sorted(int(w) for w in writers)).encode()
     return hashes, schema
+
+
+def _declared_fields(name: str, spec: Any) -> dict[str, str]:
+    """A key's metadata fields that its schema declares, as ``register.lua`` writes them: the
+    folds trust them, so a snapshot's must be these."""
+    owner, stale = getattr(spec, "owner", None), getattr(spec, "stale_after_s", None)
+    fields = {
+        "name": name,
+        "shape": "x".join(map(str, spec.shape)) or "scalar",
+        "size": str(spec.size),
+        "owner": "" if owner is None else str(owner),
+        "stale_after_s": "" if stale is None else repr(float(stale)),
+    }
+    if isinstance(spec, MergeSpec):
+        grace = spec.lease_grace_s if spec.lifecycle == "state" else None
+        fields |= {
+            "count_size": str(spec.count_size),
+            "sumsq": str(int(spec.sumsq)),
+            "lifecycle": spec.lifecycle,
+            "lease_grace_s": "" if grace is None else repr(float(grace)),
+        }
+    return fields
 
 
 def _check_sums(
