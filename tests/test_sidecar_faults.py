@@ -489,3 +489,23 @@ def test_a_store_that_lost_the_run_gets_the_holders_lease_back_before_its_new_ep
         if other is not None:
             other.stop(flush=False)
         store.delete()
+
+
+def test_stop_returns_within_its_timeout_when_the_store_hangs_and_the_sidecar_died(real_url):
+    """6. The monitor waits for a respawned sidecar that cannot serve (every request to the store is
+    held); stop(timeout=1) no longer waits for it (it took STARTUP_S, 10 s), and the sidecar it could
+    not stop is killed, not left behind."""
+    with _sidecar_through_a_proxy(real_url, "hung-stop") as (store, proxy, term, syncer):
+        _train(term, syncer, 3)
+        syncer.flush()
+        assert syncer.wait_synced(timeout=10)
+        proxy.match, proxy.hold = b"", 10**9  # from now on the store answers nothing
+        pid = syncer.sidecar_pid
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: syncer.sidecar_pid not in (None, pid), timeout=10)  # the monitor respawned one
+        successor = syncer.sidecar_pid
+        started = time.monotonic()
+        syncer.stop(flush=True, timeout=1.0)
+        took = time.monotonic() - started
+        assert took < 1.0 + 2.0, f"stop(timeout=1) took {took:.1f} s"  # the bound: a kill and a wait after the deadline
+        assert not _alive(successor)

@@ -322,13 +322,15 @@ class SidecarSyncer(Syncer):
         )
         self._monitor.start()
 
-    def _await_serving(self) -> bool:
-        """Wait (up to STARTUP_S) for the sidecar just spawned to serve; one that exits first could
-        not start, which health() says at once."""
+    def _await_serving(self, deadline: float | None = None) -> bool:
+        """Wait (up to STARTUP_S, or ``deadline``; the monitor's wait ends when stop() begins) for the
+        sidecar just spawned to serve; one that exits first could not start, which health() says at once."""
         process, box = self._process, self.mailbox
         assert process is not None and box is not None
-        deadline = time.monotonic() + STARTUP_S
+        deadline = min(time.monotonic() + STARTUP_S, deadline if deadline is not None else float("inf"))
         while box.header[SIDECAR_PID] != process.pid and process.poll() is None and time.monotonic() < deadline:
+            if threading.current_thread() is self._monitor and self._stopping.is_set():
+                return False
             time.sleep(0.01)
         if box.header[SIDECAR_PID] == process.pid:
             return True
@@ -439,8 +441,8 @@ class SidecarSyncer(Syncer):
         if flush:
             self.flush()
         self._stopping.set()
-        if self._monitor is not None:
-            self._monitor.join()
+        if self._monitor is not None:  # it stops waiting for a successor at once (_await_serving)
+            self._monitor.join(max(0.0, deadline - time.monotonic()))
         if self._process is None:
             if flush:
                 log.warning(
@@ -482,7 +484,7 @@ class SidecarSyncer(Syncer):
                 return
             self._own_stats["sidecar_restarts"] += 1
             self._spawn()
-            self._await_serving()
+            self._await_serving(deadline)
 
     def _wait_exit(self, process: subprocess.Popen[bytes], deadline: float) -> int | None:
         try:
