@@ -112,3 +112,65 @@ def test_a_role_that_may_not_run_info_is_refused_at_register_with_the_permission
         redisync.connect(url(server, "collector"), run=RUN).register(SCHEMA)  # the deployed role may
     finally:
         server.kill()
+
+
+DEPLOY_README = ACL.parent / "README.md"
+
+
+def _roles_table() -> dict[str, dict[str, bool]]:
+    """deploy/README.md's roles table: operation -> role -> allowed."""
+    text = DEPLOY_README.read_text()
+    lines = text[text.index("<!-- the roles table") :].splitlines()[1:]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    table = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        table[cells[0]] = {role: cell == "yes" for role, cell in zip(header[1:], cells[1:])}
+    return table
+
+
+def _operations(server) -> dict:
+    """Each row of the table as a call made with a role's credentials (the run registered, one report in)."""
+    setup = redisync.connect(url(server, "learner"), run=RUN)
+    setup.register(SCHEMA)
+    setup.shard(7).publish({"obs/norm": {"count": 2, "sum": [1.0, 2.0]}})
+    snap = setup.snapshot()
+
+    def follow(store):
+        sub = store.redis.pubsub()
+        sub.subscribe(store.keys.channel)
+        assert sub.get_message(timeout=2)["type"] == "subscribe"
+
+    return {
+        "register the run's schema": lambda s: s.register(SCHEMA),
+        "publish a report (the fold)": lambda s: s.shard(1).publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}}),
+        "pull the fleet state (`pull()`, `fleet()`)": lambda s: (
+            s.fleet().keys["obs/norm"].parts()["count"] >= 2 or pytest.fail("no state"),
+            s.shard(3, incarnation=1).pull(),
+        ),
+        "inspect the run (`redisync inspect`, `key_info()`)": lambda s: s.run_info() and s.key_info("obs/norm"),
+        "follow the run's versions channel": follow,
+        "snapshot the run": lambda s: s.snapshot(),
+        "restore a snapshot": lambda s: s.restore(snap),
+        "write a run key directly (HSET)": lambda s: s.redis.hset(s.keys.prefix + "scratch", "x", 1),
+        "read another run's keys": lambda s: s.redis.hgetall("redisync:{other-run}:meta"),
+    }
+
+
+def test_every_role_does_what_the_deploy_readme_says_and_nothing_more(acl_server):
+    table, operations = _roles_table(), _operations(acl_server)
+    assert set(table) == set(operations), "the table and the test name the same operations"
+    assert all(set(row) == {"collector", "learner", "inspector"} for row in table.values())
+    for what, roles in table.items():
+        for role, allowed in roles.items():
+            store = redisync.connect(url(acl_server, role), run=RUN)
+            if allowed:
+                operations[what](store)
+            else:
+                with pytest.raises((errors.PermissionDenied, redis.exceptions.NoPermissionError)):
+                    operations[what](store)
+    # nothing the refused operations tried was written: the run is as the learner left it
+    learner = redisync.connect(url(acl_server, "learner"), run=RUN)
+    assert learner.key_info("obs/norm")["writers"] in ("1,7", "7")

@@ -246,6 +246,8 @@ def _translated(method: Any) -> Any:
             self._forget_connections()
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
         except redis.ResponseError as e:
+            if "can't run this command" in str(e) or "NOPERM" in str(e):  # the ACL refused a command inside a script
+                raise errors.PermissionDenied(f"{self.url}, run {self.run!r}: {e}") from e
             if any(state in str(e) for state in ("NOREPLICAS", "MASTERDOWN", "READONLY", "used with replica")):
                 self._forget_connections()
                 raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
@@ -424,6 +426,27 @@ class Store:
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         return script(keys=keys, args=args)
 
+    _read_only_scripts: bool | None = None  # whether the server has EVALSHA_RO (None: not asked yet)
+
+    def _call_read_only(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """A read-only script by EVALSHA_RO, whose keys the server checks for reading only: a role
+        that may read the run and write nothing (the inspector) can run it. EVALSHA where the server
+        has no EVALSHA_RO (the embedded store, Redis before 7)."""
+        if self._read_only_scripts is not False:
+            try:
+                try:
+                    reply = self.redis.evalsha_ro(script.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    script.sha = self.redis.script_load(script.script)
+                    reply = self.redis.evalsha_ro(script.sha, len(keys), *keys, *args)
+                self._read_only_scripts = True
+                return reply
+            except redis.exceptions.ResponseError as e:
+                if "unknown command" not in str(e).lower():
+                    raise
+                self._read_only_scripts = False
+        return self._call(script, keys, args)
+
     @_translated
     def ping(self) -> None:
         """Reach the server now (connections are otherwise opened lazily): a typed error naming the
@@ -558,7 +581,7 @@ class Store:
             args += [known.epoch, known.fleet_version] + [
                 known.keys[n].version if n in known.keys else -1 for n in schema.keys
             ]
-        reply = self._call(self.scripts.pull, self._pull_keys, args)
+        reply = self._call_read_only(self.scripts.pull, self._pull_keys, args)
         return codec.parse_pull(reply, schema, None if known is None else known.epoch, incarnation, resumed)
 
     def fleet(self) -> codec.PullResult:

@@ -954,6 +954,8 @@ for i = 1, nkeys do
 end
 local added = redis.pcall(unpack(entry))
 if type(added) == 'table' and added['err'] then
+  -- a role that may read the run but not write it (the inspector): its error, nothing written
+  if string.find(added['err'], 'NOPERM', 1, true) then return redis.error_reply(added['err']) end
   return {'rejected', 'corrupt_state', '', KEYS[3] .. ' is a ' .. redis.call('TYPE', KEYS[3])['ok'] .. ', not a stream'}
 end
 
