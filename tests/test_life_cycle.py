@@ -213,6 +213,31 @@ def test_a_negative_zero_through_fresh_lives_is_stored_as_the_reference_stores_i
     assert retired.tobytes() == ref.keys["obs/norm"].retired.tobytes()
 
 
+def test_the_dead_letter_stream_is_capped_in_bytes_as_well_as_entries(make_store):
+    """Each dead letter keeps at most dead_letter_max_bytes / dead_letter_maxlen bytes of the refused
+    report (said in the entry); before, every entry kept up to max_report_bytes (a zombie's refusals
+    of a 64 KiB report: ~10 MB in 4 s)."""
+    from redisync.store.schema import Limits
+
+    store = make_store()
+    store.register(
+        {"obs/norm": merge(64, lifecycle="history")}, Limits(dead_letter_maxlen=10, dead_letter_max_bytes=1000)
+    )
+    assert store.limits().dead_letter_max_bytes == 1000
+    zombie = store.shard(0)
+    zombie.publish({"obs/norm": {"count": 1.0, "sum": np.ones(64)}})
+    store.shard(0).publish({"obs/norm": {"count": 1.0, "sum": np.ones(64)}})  # a later process claims shard 0
+    for _ in range(30):
+        with pytest.raises(errors.StaleIncarnation):
+            zombie.publish({"obs/norm": {"count": 1.0, "sum": np.ones(64)}})  # refused by the store, dead-lettered
+    letters = store.redis.xrange(store.keys.dead_letters)
+    assert 10 <= len(letters) < 30  # MAXLEN ~: about the cap
+    for _, fields in letters:
+        ((name, payload),) = [(k, v) for k, v in fields.items() if k.startswith(b"report:")]
+        assert name == b"report:obs/norm (truncated)" and len(payload) == 100
+    assert sum(len(v) for _, f in letters for v in f.values()) < 30 * 300  # not 30 x 520 payload bytes
+
+
 def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkeypatch):
     store = make_store()
     store.register({"obs/norm": merge(1, lifecycle="history")})

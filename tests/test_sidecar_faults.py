@@ -380,6 +380,34 @@ def test_a_zombie_whose_shard_a_later_process_claimed_is_not_healthy(real_url, w
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_zombie_stops_publishing_once_it_knows(real_url, worker):
+    """5. After a take-over the earlier process knows it is a zombie (health says so) and sends
+    nothing more: its reports were all refused and dead-lettered with their payloads (118-145 in 4 s)."""
+    store = redisync.connect(real_url, run=f"faults-zombie-quiet-{worker}-{os.getpid()}")
+    first, second = Cumulative(), Cumulative()
+    a = new_syncer(store, 0, [first], worker=worker, publish_every_steps=1, poll_every_s=0.05).start()
+    b = new_syncer(
+        redisync.connect(real_url, run=store.run), 0, [second], worker=worker, publish_every_steps=1, take_over=True
+    ).start()
+    try:
+        _train(second, b, 3)
+        assert b.wait_synced(timeout=10)
+        _train(first, a, 1)
+        assert wait_for(lambda: not a.health()["ok"], timeout=10)  # it knows
+        known = store.redis.xlen(store.keys.dead_letters)
+        for _ in range(40):  # it keeps training, a publish due every step
+            _train(first, a, 1)
+            time.sleep(0.05)
+        assert store.redis.xlen(store.keys.dead_letters) == known  # nothing more sent
+        assert not a.health()["ok"] and "later process claimed shard 0" in a.health()["error"]
+        assert a.metrics()["redisync/zombie_dropped"] > 0  # what it did not send, counted
+    finally:
+        a.stop(flush=False)
+        b.stop(flush=False)
+        store.delete()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
 def test_a_second_process_with_a_live_shard_id_is_refused_at_start(real_url, worker):
     """10. Two collectors started with one shard id: the second start() refuses, typed, naming the
     shard and REDISYNC_SHARD; once the first has stopped, the id is free at once."""
@@ -455,6 +483,56 @@ def test_a_sidecar_that_cannot_start_shows_in_health_at_once(real_url, monkeypat
         assert not health["ok"] and "sidecar: could not start" in health["error"]
     finally:
         syncer.stop(flush=False, timeout=1.0)
+        store.delete()
+
+
+def test_an_option_that_cannot_reach_a_sidecar_is_refused_at_construction(real_url):
+    """2. A redis-py option that cannot be pickled (a credential provider holding a lock) killed the
+    starter thread after the sidecar was spawned: health() said ok and nothing reached the store."""
+    from redisync import errors
+
+    class Credentials(redis.CredentialProvider):
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def get_credentials(self):
+            return ("default", "")
+
+    store = redisync.connect(real_url, run=f"faults-unpicklable-{os.getpid()}", credential_provider=Credentials())
+    with pytest.raises(errors.ConfigurationError, match="option credential_provider=.* cannot reach the sidecar"):
+        new_syncer(store, 0, [Cumulative()], worker="process")
+    syncer = new_syncer(store, 0, [Cumulative()], worker="thread").start()  # the thread worker takes it as it is
+    try:
+        assert syncer.flush() and syncer.wait_synced(timeout=10) and syncer.health()["ok"]
+    finally:
+        syncer.stop()
+        store.delete()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_worker_that_fails_to_start_is_never_silent(real_url, monkeypatch, worker):
+    """2. Any other exception in the worker's start: health() says so at once, flush() and
+    wait_synced() return False (at once), stop() returns."""
+    from redisync.collector.sidecar import SidecarSyncer
+    from redisync.collector.syncer import Syncer
+
+    def broken(self):
+        raise RuntimeError("no worker today")
+
+    monkeypatch.setattr(SidecarSyncer if worker == "process" else Syncer, "_start_worker", broken)
+    store = redisync.connect(real_url, run=f"faults-no-worker-{worker}-{os.getpid()}")
+    term = Cumulative()
+    syncer = new_syncer(store, 0, [term], worker=worker).start()
+    try:
+        health = syncer.health()
+        assert not health["ok"] and "the worker could not start: RuntimeError: no worker today" in health["error"]
+        _train(term, syncer, 3)
+        assert syncer.flush() is False
+        started = time.monotonic()
+        assert syncer.wait_synced(timeout=30) is False
+        assert time.monotonic() - started < 5  # it knows at once: no 30 s wait
+    finally:
+        syncer.stop(timeout=1.0)
         store.delete()
 
 

@@ -150,6 +150,15 @@ class SidecarSyncer(Syncer):
                 "worker='process' needs a Redis URL: the embedded store lives inside this process, where a sidecar "
                 "cannot reach it (pass a URL to connect(), set REDISYNC_URL, or use worker='thread')"
             )
+        for option, value in store.connect_args[1].items():  # the sidecar gets them pickled
+            try:
+                pickle.dumps(value)
+            except Exception as e:
+                raise errors.ConfigurationError(
+                    f"worker='process': the store's option {option}={value!r} cannot reach the sidecar process "
+                    f"(it cannot be pickled: {e}); give the sidecar what it needs in the URL or the environment, "
+                    "or use worker='thread'"
+                ) from None
         self._own_stats = {"sidecar_restarts": 0, "mailbox_overflows": 0, "rejected_before_sending": 0}
         self._codec = ReportCodec(self.schema)
         self.mailbox: Mailbox | None = None
@@ -203,12 +212,14 @@ class SidecarSyncer(Syncer):
                 else:
                     self._owed = True  # due while the sidecar was busy: handed over when it is free
 
-    def flush(self) -> None:
-        """Hand over the copied terms' reports and ask the sidecar to publish the shared ones now."""
+    def flush(self) -> bool:
+        """Hand over the copied terms' reports and ask the sidecar to publish the shared ones now;
+        False when no sidecar can publish them (it could not start, or the syncer stopped)."""
         self._take_reports()
         if self._header is not None and self._shared is not None and self._shared.parts:
             self._header[FLUSH] += 1
             self._flush_request = self._header[FLUSH]
+        return self._start_failed is None and self.mailbox is not None and self._process is not None
 
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         if self.mailbox is None:  # stopped, or a forked child's copy of its parent's syncer
@@ -264,7 +275,7 @@ class SidecarSyncer(Syncer):
 
     def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self._start_failed is None:
             self._fetch()
             ready, box = self._ready, self.mailbox
             if self._owed and box is not None and box.header[DONE] >= self._out_seq:
@@ -423,7 +434,11 @@ class SidecarSyncer(Syncer):
             if self._stopping.wait(backoff):
                 break
             self._own_stats["sidecar_restarts"] += 1
-            self._spawn()
+            try:
+                self._spawn()
+            except Exception as e:  # said in health(); tried again after the next pause
+                self._report_problem(f"sidecar: could not restart: {type(e).__name__}: {e}", logging.ERROR)
+                continue
             self._await_serving()
             started = time.monotonic()
 

@@ -111,6 +111,7 @@ class Syncer:
             "reseeds": 0,
             "subscription_drops": 0,
             "worker_errors": 0,
+            "zombie_dropped": 0,  # reports not sent: a later process holds the shard, the store would refuse them
         }
         self._problem: str | None = None  # the current error, logged once per change
         self._zombie: str | None = None  # a later process claimed the shard: for ever, whatever else works
@@ -118,6 +119,7 @@ class Syncer:
         self.latencies_ms: deque[float] = deque(maxlen=10_000)  # the most recent publishes
         self._threads: list[threading.Thread] = []
         self._starter: threading.Thread | None = None
+        self._start_failed: str | None = None  # why the worker could not start (then nothing is published)
 
     # ------------------------------------------------------------------ the collector's side (no network)
 
@@ -137,16 +139,18 @@ class Syncer:
         self._applied, self._applied_at, self._applied_version = ready, self._ready_at, ready.fleet_version
         return True
 
-    def flush(self) -> None:
-        """Hand over the current reports now (e.g. before a checkpoint or at the end of training)."""
+    def flush(self) -> bool:
+        """Hand over the current reports now (e.g. before a checkpoint or at the end of training);
+        False when no worker can publish them (it could not start, or stopped)."""
         self._take_reports()
+        return self._start_failed is None and not self._stop.is_set()
 
     def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
         """Block until our reports are published and a fleet state of version >= ``at_least`` (and
         >= every version announced so far) is ready to apply. For checkpoints, shutdown and tests —
         never on the hot path."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self._start_failed is None:
             ready = self._ready
             if self._pending is None and ready is not None and ready.fleet_version >= max(at_least, self._announced):
                 return True
@@ -206,7 +210,11 @@ class Syncer:
                 return
             registered.set()
             if not self._stop.is_set():
-                self._start_worker()
+                try:
+                    self._start_worker()
+                except BaseException as e:  # nothing would reach the store: said at once, never silent
+                    self._start_failed = f"start: the worker could not start: {type(e).__name__}: {e}"
+                    self._report_problem(self._start_failed, logging.ERROR, exc=True)
 
         self._starter = threading.Thread(
             target=register_then_start, name=f"redisync-start-{self.shard.shard_id}", daemon=True
@@ -414,6 +422,12 @@ class Syncer:
         with self._lock:
             reports = self._pending
         if reports is None:
+            return False
+        if self._zombie is not None:  # every report would be refused and dead-lettered: none is sent
+            with self._lock:
+                if self._pending is reports:
+                    self._pending = None
+            self.stats["zombie_dropped"] += 1
             return False
         t = time.perf_counter()
         try:

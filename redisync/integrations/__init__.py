@@ -91,9 +91,10 @@ class ProcessFleet:
         """Swap in the newest fleet state; before the first step (the env's own first reset) there is none."""
         return self.syncer is not None and self.syncer.at_reset_boundary()
 
-    def flush(self) -> None:
-        """Hand the current reports over now (a sync point that comes once per rollout, say)."""
-        (self.syncer or self.start()).flush()
+    def flush(self) -> bool:
+        """Hand the current reports over now (a sync point that comes once per rollout, say);
+        False when no worker can publish them."""
+        return (self.syncer or self.start()).flush()
 
     def stop(self) -> None:
         """Publish the last reports and stop (also at interpreter exit)."""

@@ -487,6 +487,7 @@ class Store:
             limits.stream_maxlen,
             limits.dead_letter_maxlen,
             int(limits.stream_payloads),
+            limits.dead_letter_max_bytes,
         ]
         for name, spec in schema.keys.items():
             owner = getattr(spec, "owner", None)
@@ -526,7 +527,12 @@ class Store:
     @_translated
     def limits(self) -> Limits:
         raw = self.redis.hmget(
-            self.keys.meta, "max_report_bytes", "stream_maxlen", "dead_letter_maxlen", "stream_payloads"
+            self.keys.meta,
+            "max_report_bytes",
+            "stream_maxlen",
+            "dead_letter_maxlen",
+            "stream_payloads",
+            "dead_letter_max_bytes",
         )
         if raw[0] is None:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
@@ -535,6 +541,7 @@ class Store:
             stream_maxlen=int(raw[1]),
             dead_letter_maxlen=int(raw[2]),
             stream_payloads=raw[3] == b"1",
+            **({} if raw[4] is None else {"dead_letter_max_bytes": int(raw[4])}),
         )
 
     def shard(

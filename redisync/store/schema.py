@@ -170,6 +170,9 @@ class Limits(BaseModel):
     max_report_bytes: int = Field(default=64 << 20, gt=0)
     stream_maxlen: int = Field(default=1000, ge=1)
     dead_letter_maxlen: int = Field(default=10_000, ge=1)
+    # the dead-letter stream's payload bytes, all entries together: each entry keeps at most
+    # dead_letter_max_bytes / dead_letter_maxlen bytes of the refused report (the rest is cut, and said)
+    dead_letter_max_bytes: int = Field(default=64 << 20, ge=1)
     # the reports stream keeps each accepted report's envelope; its payloads too only when asked (an
     # audit trail costs a copy of every report in Redis' memory and in the fold's time)
     stream_payloads: bool = False

@@ -43,9 +43,13 @@ local shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or 
 if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
 
 local function reject(reason, key, detail)
-  local entry = {'XADD', prefix .. 'dead', 'MAXLEN', '~', tonumber(redis.call('HGET', KEYS[1], 'dead_letter_maxlen')) or 10000, '*',
+  -- capped in entries and in bytes: an entry keeps at most dead_letter_max_bytes / dead_letter_maxlen
+  -- bytes of the refused report's payloads
+  local caps = redis.call('HMGET', KEYS[1], 'dead_letter_maxlen', 'dead_letter_max_bytes')
+  local maxlen = tonumber(caps[1]) or 10000
+  local entry = {'XADD', prefix .. 'dead', 'MAXLEN', '~', maxlen, '*',
     'reason', reason, 'key', key, 'detail', detail, 'shard', shard, 'incarnation', inc, 'seq', seq}
-  local budget = tonumber(meta[3]) or 1048576
+  local budget = math.min(tonumber(meta[3]) or 1048576, math.floor((tonumber(caps[2]) or 67108864) / maxlen))
   for i = 7, #ARGV, 2 do
     local name, payload = ARGV[i], ARGV[i + 1] or ''
     if #payload > budget then payload = string.sub(payload, 1, budget); name = name .. ' (truncated)' end
@@ -955,7 +959,7 @@ end
 local added = redis.pcall(unpack(entry))
 if type(added) == 'table' and added['err'] then
   -- a role that may read the run but not write it (the inspector): its error, nothing written
-  if string.find(added['err'], 'NOPERM', 1, true) then return redis.error_reply(added['err']) end
+  if string.find(tostring(added['err']), 'NOPERM', 1, true) then return redis.error_reply(tostring(added['err'])) end
   return {'rejected', 'corrupt_state', '', KEYS[3] .. ' is a ' .. redis.call('TYPE', KEYS[3])['ok'] .. ', not a stream'}
 end
 

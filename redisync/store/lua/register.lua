@@ -5,8 +5,9 @@
 -- KEYS[2i], [2i+1] key-meta and data hashes of the i-th key of the schema (sorted by name)
 -- ARGV[1]          the schema as canonical JSON;   ARGV[2] its digest
 -- ARGV[3]          a fresh epoch id (used only when the run is created)
--- ARGV[4], [5], [6], [7] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen, stream_payloads ('1' or '0')
--- ARGV[8 + 11(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
+-- ARGV[4], [5], [6], [7], [8] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen, stream_payloads
+--                  ('1' or '0'), dead_letter_max_bytes
+-- ARGV[9 + 11(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
 --                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state'), lease_grace_s ('': none;
 --                  the fold reads it for state keys only)
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
@@ -30,9 +31,9 @@ local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
 local nkeys = (#KEYS - 1) / 2
 redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
   'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
-  'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7])
+  'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8])
 for i = 1, nkeys do
-  local a = 8 + 11 * (i - 1)
+  local a = 9 + 11 * (i - 1)
   local name, semantics, shape, size, width, owner, stale =
     ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
   redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
