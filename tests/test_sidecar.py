@@ -210,9 +210,9 @@ def test_a_report_too_large_for_the_mailbox_is_refused_and_training_goes_on(real
     syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1).start()
     try:
         term.step()
-        syncer.on_step()  # refused on the collector's side, without raising
-        assert syncer.stats["mailbox_overflows"] == 1
-        assert "does not fit" in syncer.health()["error"]
+        syncer.on_step()  # refused on the collector's side, without raising, as the thread worker refuses it
+        assert syncer.stats["rejected_before_sending"] == 1 and syncer.stats["mailbox_overflows"] == 0
+        assert "[shape]" in syncer.health()["error"]
     finally:
         syncer.stop(flush=False)
         store.delete()

@@ -57,7 +57,7 @@ import numpy as np
 from .. import errors
 from ..store.client import Store, connect
 from ..store.codec import KeyView, PullResult
-from ..store.schema import Schema
+from ..store.schema import Limits, Schema, encode_reports, plain_numbers
 from .mailbox import (
     DONE,
     FLUSH,
@@ -111,11 +111,14 @@ class ReportCodec:
         self.index = {name: i for i, name in enumerate(self.names)}
 
     def encode(self, reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[int, Any]]:
+        """A part that is None is left out (as the report models read a missing optional part);
+        a tensor travels without its autograd graph (:func:`~redisync.store.schema.plain_numbers`)."""
         try:
             return [
-                (self.index[name] * 4 + self.PARTS.index(part), value)
+                (self.index[name] * 4 + self.PARTS.index(part), plain_numbers(value))
                 for name, report in reports.items()
                 for part, value in report.items()
+                if value is not None
             ]
         except KeyError as e:
             raise errors.UnknownKey(e.args[0], "not declared in the run's schema") from None
@@ -160,6 +163,7 @@ class SidecarSyncer(Syncer):
                     "or use worker='thread'"
                 ) from None
         self._own_stats = {"sidecar_restarts": 0, "mailbox_overflows": 0, "rejected_before_sending": 0}
+        self._limits = Limits()  # the run's, once the start has registered it (the checks of a report use them)
         self._codec = ReportCodec(self.schema)
         self.mailbox: Mailbox | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -226,7 +230,15 @@ class SidecarSyncer(Syncer):
             return
         self._owed = False
         try:
-            self._out_seq = self.mailbox.write_vectors(OUTBOX, self._codec.encode(reports))  # type: ignore[union-attr]
+            try:
+                # the thread worker's checks, so a report has the same outcome with either worker
+                encode_reports(self.schema, reports, self._limits, self.shard.shard_id)
+                vectors = self._codec.encode(reports)
+                self._out_seq = self.mailbox.write_vectors(OUTBOX, vectors)  # type: ignore[union-attr]
+            except (MailboxFull, errors.InvalidReport):
+                raise
+            except (TypeError, ValueError, RuntimeError) as e:  # a part numpy cannot read, as the models name it
+                raise errors.MalformedReport(None, f"not an array of numbers: {e}") from None
             if self._problem is not None:
                 self._clear_problem("publish")
         except (MailboxFull, errors.InvalidReport) as e:  # refused here, as the thread worker would: training goes on
@@ -322,6 +334,7 @@ class SidecarSyncer(Syncer):
 
     def _start_worker(self) -> None:
         assert self.mailbox is not None
+        self._limits = self.store.limits()  # registered by now (the start's thread, not the hot path)
         if self.shard._incarnation is not None:
             self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
         self._spawn()

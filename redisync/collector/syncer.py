@@ -398,6 +398,9 @@ class Syncer:
             self.stats["publish_failures" if what == "publish" else "pull_failures"] += 1
             self._report_problem(f"{what}: store unavailable: {e}", logging.INFO)
             return None
+        except errors.InvalidReport as e:  # a report refused: said until one is published again
+            self._report_problem(f"{what}: {e}", logging.WARNING)
+            return None
         except Exception as e:  # the worker must outlive any surprise; the collector keeps training
             self.stats["worker_errors"] += 1
             self._report_problem(f"{what}: {type(e).__name__}: {e}", logging.ERROR, exc=True)
@@ -430,12 +433,14 @@ class Syncer:
             self.stats["zombie_dropped"] += 1
             return False
         t = time.perf_counter()
+        refused = None
         try:
             result = self.shard.publish(reports)
-        except errors.InvalidReport as e:  # refused and dead-lettered; the next report carries everything
-            log.warning("report refused: %s", e)
+        except (
+            errors.InvalidReport
+        ) as e:  # refused (and dead-lettered by the store); the next report carries everything
             self.stats["rejected"] += 1
-            result = None
+            result, refused = None, e
             if isinstance(e, errors.StaleIncarnation):  # for ever: no report of this process can reach the store again
                 self._became_zombie(str(e))
             if isinstance(e, errors.SchemaDigestMismatch):
@@ -443,6 +448,8 @@ class Syncer:
         with self._lock:
             if self._pending is reports:
                 self._pending = None
+        if refused is not None:
+            raise refused  # health() says it until a report is published again (_attempt)
         if result is not None:
             self.latencies_ms.append((time.perf_counter() - t) * 1e3)
             self.stats["publishes" if result.applied else "duplicates"] += 1

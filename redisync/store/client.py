@@ -428,6 +428,7 @@ class Store:
 
     _read_only_scripts: bool | None = None  # whether the server has EVALSHA_RO (None: not asked yet)
 
+    @_translated
     def _call_read_only(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """A read-only script by EVALSHA_RO, whose keys the server checks for reading only: a role
         that may read the run and write nothing (the inspector) can run it. EVALSHA where the server

@@ -233,11 +233,22 @@ class Schema(BaseModel):
 # ---------------------------------------------------------------------------------- reports
 
 
+def plain_numbers(v: Any) -> Any:
+    """A report part as numbers numpy can read: a tensor without its autograd graph (its values are
+    what is reported; a tensor that requires grad is still a value). Both workers take parts this way."""
+    detach = getattr(v, "detach", None)
+    return detach() if callable(detach) else v
+
+
 def _as_float64(v: Any) -> np.ndarray:
     """Numbers (ints, floats, arrays or tensors of them) as float64; strings, bools and objects are refused."""
     try:
-        arr = np.asarray(v)
-    except (TypeError, ValueError) as e:
+        arr = np.asarray(plain_numbers(v))
+    except (
+        TypeError,
+        ValueError,
+        RuntimeError,
+    ) as e:  # (a tensor on a device numpy cannot read: RuntimeError/TypeError)
         raise ValueError(f"not an array of numbers: {e}") from None
     if arr.dtype.kind not in "iuf":
         raise ValueError(f"expected numbers, got {type(v).__name__} of {arr.dtype}")

@@ -1,0 +1,115 @@
+"""One set of rules for both workers: the same reports — valid, invalid, odd dtypes, tensors that
+require grad, ``None`` parts, wrong shapes, non-finite values — have the same outcome whichever
+worker runs: the same bytes reach the store, or the same typed reason shows in ``health()``; the hot
+path never raises into the training loop."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import redisync
+from redisync.collector.workers import new_syncer
+from redisync.store.schema import broadcast, merge
+
+from .conftest import real_redis_or_skip
+
+SCHEMA = {
+    "a/norm": merge(2, sumsq=True, lifecycle="history"),
+    "a/ema": merge(2, lifecycle="state"),
+    "a/scale": broadcast(()),
+}
+
+
+class Scripted:
+    """A term whose report is whatever the test sets."""
+
+    def __init__(self):
+        self.report: dict = {}
+
+    def schema_entries(self):
+        return SCHEMA
+
+    def report_shard_state(self):
+        return self.report
+
+    def apply_shard_state(self, fleet):
+        pass
+
+
+def _numbers(shape: tuple[int, ...]):
+    size = int(np.prod(shape)) if shape else 1
+    finite = st.floats(-1e3, 1e3, allow_nan=False, width=32)
+    odd = st.sampled_from([float("nan"), float("inf"), -1.0, 0.0, -0.0, 1e300])
+    values = st.lists(st.one_of(finite, odd), min_size=size, max_size=size)
+    return st.one_of(
+        values.map(lambda v: np.array(v, dtype=np.float64).reshape(shape)),  # the terms' own form
+        values.map(lambda v: v if shape else v[0]),  # plain Python numbers
+        st.tuples(values, st.sampled_from(["float32", "float16", "int64", "bool"])).map(
+            lambda t: np.array(t[0]).astype(t[1]).reshape(shape)
+        ),
+        st.tuples(values, st.booleans()).map(
+            lambda t: torch.tensor(t[0], dtype=torch.float32, requires_grad=t[1]).reshape(shape)
+        ),
+        values.map(lambda v: np.array(v + [1.0]).reshape(-1, 1)),  # a shape that does not broadcast
+        values.map(lambda v: np.array(v).reshape(*shape, 1) if shape else np.array([v[0]])),  # (2, 1), or (1,)
+        st.just("seven"),
+        st.none(),
+    )
+
+
+REPORTS = st.fixed_dictionaries(
+    {},
+    optional={
+        "a/norm": st.fixed_dictionaries({"count": _numbers(()), "sum": _numbers((2,)), "sumsq": _numbers((2,))}),
+        "a/ema": st.fixed_dictionaries({"count": _numbers(()), "sum": _numbers((2,))}, optional={"sumsq": st.none()}),
+        "a/scale": st.fixed_dictionaries({"value": _numbers(())}),
+    },
+).filter(bool)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    url = real_redis_or_skip()
+    made = {}
+    for worker in ("thread", "process"):
+        store = redisync.connect(url, run=f"parity-{worker}-{uuid.uuid4().hex[:8]}-{os.getpid()}")
+        term = Scripted()
+        term.report = {"a/ema": {"count": 1.0, "sum": np.zeros(2)}}
+        syncer = new_syncer(store, 0, [term], worker=worker, publish_every_steps=10**9, publish_every_s=1e9).start()
+        made[worker] = (store, term, syncer)
+    yield made
+    for store, _, syncer in made.values():
+        syncer.stop(flush=False)
+        store.delete()
+
+
+def _outcome(store, syncer) -> tuple:
+    """What reached the store (every key's stored bytes) and the typed reason health() gives."""
+    stored = []
+    for name in SCHEMA:
+        data = store.redis.hgetall(store.keys.key_data(name))
+        stored.append(tuple(sorted((k, v) for k, v in data.items() if k in (b"agg", b"value", b"slot:0"))))
+    health = syncer.health()
+    reason = "ok" if health["ok"] else (re.findall(r"\[(\w+)\]", health["error"]) or [health["error"]])[-1]
+    return tuple(stored), reason
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(report=REPORTS)
+def test_both_workers_give_the_same_report_the_same_outcome(workers, report):
+    outcomes = {}
+    for worker, (store, term, syncer) in workers.items():
+        term.report = report
+        syncer.on_step()  # the hot path: never raises, whatever the report holds
+        syncer.flush()
+        syncer.wait_synced(timeout=5)  # (False when the report was refused: its outcome is in health())
+        outcomes[worker] = _outcome(store, syncer)
+    assert outcomes["thread"] == outcomes["process"], report
