@@ -138,6 +138,8 @@ def demo(
                     f", median publish {lat:.2f} ms" if lat else ""
                 )
             click.echo(head)
+            if sync and ph.unpublished:
+                click.echo(f"warning: the last report of collectors {ph.unpublished} did not reach the store at stop()")
             rows = [
                 [r["shard"], f"{r['tv']:.4f}", f"{r['entropy']:.3f}", r["top1_bin"], f"{r['top1_prob']:.3f}"]
                 for r in ph.rows()

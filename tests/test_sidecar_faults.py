@@ -587,3 +587,119 @@ def test_stop_returns_within_its_timeout_when_the_store_hangs_and_the_sidecar_di
         took = time.monotonic() - started
         assert took < 1.0 + 2.0, f"stop(timeout=1) took {took:.1f} s"  # the bound: a kill and a wait after the deadline
         assert not _alive(successor)
+
+
+_SIGNALLED = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import redisync
+from redisync.collector.workers import new_syncer
+from tests.test_sidecar import Cumulative
+
+store = redisync.connect({url!r}, run={run!r})
+term = Cumulative()
+syncer = new_syncer(store, 0, [term], worker={worker!r}, publish_every_steps=1).start()
+calls = 0
+
+def handler(sig, frame):  # what a trainer's checkpoint-and-exit handler does
+    global calls
+    calls += 1
+    if calls < {flushes}:
+        syncer.flush()
+        return
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    syncer.stop(timeout=3.0)
+    print("stopped", calls, term.count, flush=True)
+    os._exit(0)
+
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+while True:  # the hot path, a publish due every step
+    term.step()
+    syncer.on_step()
+"""
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_flush_and_stop_from_a_signal_handler_never_hang(real_url, worker):
+    """1. A handler calling flush() (hundreds of times, landing anywhere in on_step()) and then stop()
+    completes: the thread worker's hand-over took a lock and set an Event whose lock a handler that
+    interrupted it waited on for ever. The last report stop() took is in the store."""
+    run = f"faults-signals-{worker}-{os.getpid()}"
+    code = _SIGNALLED.format(
+        root=str(Path(__file__).resolve().parents[1]), url=real_url, run=run, worker=worker, flushes=400
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the {worker} worker hung under a signal handler's flush()/stop()")
+    finally:
+        store = redisync.connect(real_url, run=run)
+    try:
+        assert done.returncode == 0 and done.stdout.startswith("stopped"), done.stderr[-2000:]
+        calls, count = int(done.stdout.split()[1]), float(done.stdout.split()[2])
+        assert calls == 400
+        stored = _count(store)
+        # the thread worker publishes the report stop() took; the sidecar too, unless the handler
+        # interrupted a hand-over (then the one before it, and it says so)
+        assert stored == count or (worker == "process" and "during a hand-over" in done.stderr and stored == count - 1)
+    finally:
+        store.delete()
+
+
+def test_stop_publishes_the_last_report_when_the_sidecar_is_starved(real_url):
+    """10. A sidecar that cannot run (SIGSTOPped: the extreme of a nice-10 process on a loaded
+    machine) missed stop()'s timeout and the last report was lost; now the collector publishes it
+    itself in its share of the timeout, and stop() says whether the last report reached the store."""
+    store = redisync.connect(real_url, run=f"faults-starved-{os.getpid()}")
+    term = Cumulative()
+    syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
+    try:
+        _train(term, syncer, 5)
+        syncer.flush()
+        assert syncer.wait_synced(timeout=10) and _count(store) == 5
+        _train(term, syncer, 7)
+        pid = syncer.sidecar_pid
+        os.kill(pid, signal.SIGSTOP)
+        assert syncer.stop(flush=True, timeout=3.0) is True
+        assert _count(store) == 12
+        assert not _alive(pid)  # killed, not left stopped
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_the_last_report_survives_a_loaded_machine(real_url, worker):
+    """10. Every core kept busy by five processes each (load ~10 on 2 cores): stop() publishes the
+    last report of four collectors' syncers and says so."""
+    import multiprocessing
+
+    busy = [
+        multiprocessing.get_context("fork").Process(target=_busy, daemon=True) for _ in range(5 * (os.cpu_count() or 2))
+    ]
+    stores = [redisync.connect(real_url, run=f"faults-loaded-{worker}-{i}-{os.getpid()}") for i in range(4)]
+    terms = [Cumulative() for _ in stores]
+    syncers = [
+        new_syncer(s, 0, [t], worker=worker, publish_every_steps=1000, publish_every_s=3600).start()
+        for s, t in zip(stores, terms)
+    ]
+    try:
+        for p in busy:
+            p.start()
+        for t, s in zip(terms, syncers):
+            _train(t, s, 9)
+        assert all(s.stop(flush=True, timeout=5.0) for s in syncers)
+        assert [_count(s) for s in stores] == [9, 9, 9, 9]
+    finally:
+        for p in busy:
+            p.kill()
+        for s in syncers:
+            s.stop(flush=False)
+        for s in stores:
+            s.delete()

@@ -164,6 +164,8 @@ class SidecarSyncer(Syncer):
                 ) from None
         self._own_stats = {"sidecar_restarts": 0, "mailbox_overflows": 0, "rejected_before_sending": 0}
         self._limits = Limits()  # the run's, once the start has registered it (the checks of a report use them)
+        self._writing = False  # a hand-over is writing the outbox (a signal handler may interrupt it)
+        self._stopped_published = False  # what stop() returned (a second call returns it again)
         self._codec = ReportCodec(self.schema)
         self.mailbox: Mailbox | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -228,7 +230,18 @@ class SidecarSyncer(Syncer):
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         if self.mailbox is None:  # stopped, or a forked child's copy of its parent's syncer
             return
+        if self._writing:  # a signal handler's flush() interrupted a hand-over in this thread: that one
+            self._owed = True  # finishes its message (a second writer would tear it); this report is owed
+            return
         self._owed = False
+        self._writing = True
+        try:
+            self._write_reports(reports)
+        finally:
+            self._writing = False
+
+    def _write_reports(self, reports: dict[str, Mapping[str, Any]]) -> None:
+        assert self.mailbox is not None
         try:
             try:
                 # the thread worker's checks, so a report has the same outcome with either worker
@@ -455,12 +468,14 @@ class SidecarSyncer(Syncer):
             self._await_serving()
             started = time.monotonic()
 
-    def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
+    def stop(self, flush: bool = True, timeout: float = 5.0) -> bool:
         """Ask the sidecar to publish the current reports (when ``flush``) and exit; kill it if it has
         not within ``timeout``. A sidecar that died just before is replaced first, so the last
-        report is published whenever the last sidecar died. Frees the shared memory."""
+        report is published whenever the last sidecar died; one that cannot publish in time (starved
+        on a loaded machine: it runs at a lower priority) is killed and the collector publishes the
+        last report itself. Frees the shared memory. True when the last reports reached the store."""
         if self._forked or self.mailbox is None:
-            return
+            return not self._forked and self._stopped_published
         _live.discard(self)
         deadline = time.monotonic() + timeout
         self._stop.set()  # a start still waiting for the store does not spawn a sidecar any more
@@ -471,6 +486,7 @@ class SidecarSyncer(Syncer):
         self._stopping.set()
         if self._monitor is not None:  # it stops waiting for a successor at once (_await_serving)
             self._monitor.join(max(0.0, deadline - time.monotonic()))
+        published = False
         if self._process is None:
             if flush:
                 log.warning(
@@ -478,38 +494,74 @@ class SidecarSyncer(Syncer):
                     self.shard.shard_id,
                 )
         elif flush:
-            self._last_publish(deadline)
+            # the sidecar first; the collector keeps a share of the time to publish it itself
+            published = self._last_publish(deadline - min(1.5, timeout / 3))
+            if not published and not self._writing:
+                published = self._publish_directly()
         else:
             self.mailbox.header[STOP] = 2
             self._wait_exit(self._process, deadline)
+        self._stopped_published = published
         self._worker_status()  # the last counters, for metrics() after stop()
-        self._header = None
         if self._lifeline >= 0:
             os.close(self._lifeline)
             self._lifeline = -1
+        if self._writing:  # stop() from a signal handler that interrupted a hand-over: it resumes into these
+            log.warning(
+                "redisync shard %d: stopped from a signal handler during a hand-over: the report being handed over "
+                "was not published (the one before it was)",
+                self.shard.shard_id,
+            )
+            return False  # (the shared memory is freed at exit: the interrupted write must find it mapped)
+        self._header = None
         self.mailbox.close()
         self.mailbox = None
         if self._shared is not None:
             self._shared.release()
+        return published
 
-    def _last_publish(self, deadline: float) -> None:
-        """Have a sidecar publish the last reports and exit cleanly. One that is dead, or dies before
-        it exits cleanly (a SIGKILLed process can look alive for a moment while its threads are torn
-        down), is replaced, until the deadline."""
+    def _publish_directly(self) -> bool:
+        """The last reports, published by the collector itself (the sidecar could not in time): above
+        every sequence number a sidecar reserved, so a late fold of a killed sidecar is refused."""
         assert self.mailbox is not None
-        self.mailbox.header[STOP] = 1  # a successor that sees it publishes what it reads, then exits
+        reports: dict[str, Mapping[str, Any]] = {}
+        for term in self.terms:
+            reports.update(term.report_shard_state())
+        if not reports:
+            return True
+        try:
+            self.shard.seq = max(self.shard.seq, int(self.mailbox.header[SEQ]))
+            self.shard.publish(reports)
+        except Exception as e:  # said, and returned: the caller decides
+            log.warning(
+                "redisync shard %d: the sidecar did not publish the last report within the stop timeout, and the "
+                "collector could not either: %s",
+                self.shard.shard_id,
+                e,
+            )
+            return False
+        log.warning(
+            "redisync shard %d: the sidecar did not publish the last report within its share of the stop timeout "
+            "(a loaded machine?): the collector published it itself",
+            self.shard.shard_id,
+        )
+        return True
+
+    def _last_publish(self, deadline: float) -> bool:
+        """Have a sidecar publish the last reports and exit cleanly (True once the store answered for
+        them). One that is dead, or dies before it exits cleanly (a SIGKILLed process can look alive
+        for a moment while its threads are torn down), is replaced, until the deadline."""
+        box = self.mailbox
+        assert box is not None
+        box.header[STOP] = 1  # a successor that sees it publishes what it reads, then exits
         while True:
             process = self._process
             assert process is not None
             if process.poll() is None:
                 if self._wait_exit(process, deadline) == 0:
-                    return
+                    return box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
             if time.monotonic() >= deadline:
-                log.warning(
-                    "redisync shard %d: no sidecar published the last report within the stop timeout",
-                    self.shard.shard_id,
-                )
-                return
+                return False
             self._own_stats["sidecar_restarts"] += 1
             self._spawn()
             self._await_serving(deadline)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -47,6 +48,34 @@ def _detach_in_forked_child() -> None:
 
 
 os.register_at_fork(after_in_child=_detach_in_forked_child)
+
+
+class Wake:
+    """A threading.Event for the worker's wake-up whose set() a signal handler may call at any moment
+    (a trainer's SIGINT/SIGTERM handler calling flush() or stop() while on_step() was handing a report
+    over). An Event's set() takes a lock: a handler that interrupted one in the same thread waited on
+    it for ever, and a re-entrant lock would still hold the worker up until the handler returned.
+    SimpleQueue's put() is reentrant C code, so set() never waits and never blocks the worker."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[None] = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._queue.put(None)
+
+    def clear(self) -> None:
+        try:
+            while True:
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        return True
 
 
 class Syncer:
@@ -85,11 +114,14 @@ class Syncer:
         self.take_over = take_over
         self._lease_due = 0.0
         self._forked = False  # this object was inherited by a forked child: it must not touch the parent's sync
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._stop = threading.Event()
-        self._pending: dict[str, Mapping[str, Any]] | None = None  # reports not sent yet (latest wins)
+        # The hand-over takes no lock (a signal handler's flush() may interrupt one in this thread): the
+        # collector writes _latest, then counts it in _reports_handed; the worker, alone, moves _reports_sent up to the
+        # hand-overs it has published. A report is pending while _reports_handed > _reports_sent (latest wins).
         self._latest: dict[str, Mapping[str, Any]] | None = None  # the last reports taken, to re-seed
+        self._reports_handed = 0
+        self._reports_sent = 0
         self._ready: PullResult | None = None  # decoded by the worker, applied at the reset boundary
         self._ready_at = 0.0
         self._applied: PullResult | None = None
@@ -152,7 +184,7 @@ class Syncer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self._start_failed is None:
             ready = self._ready
-            if self._pending is None and ready is not None and ready.fleet_version >= max(at_least, self._announced):
+            if not self.has_pending() and ready is not None and ready.fleet_version >= max(at_least, self._announced):
                 return True
             self._wake.set()
             time.sleep(0.01)
@@ -167,10 +199,10 @@ class Syncer:
             self._hand_over(reports)
 
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
-        with self._lock:
-            if self._pending is not None:
-                self.stats["coalesced"] += 1
-            self._pending = self._latest = reports
+        if self._reports_handed > self._reports_sent:
+            self.stats["coalesced"] += 1
+        self._latest = reports
+        self._reports_handed += 1  # (after the reports: a worker that sees the count sees reports at least as new)
         self._wake.set()
 
     # ------------------------------------------------------------------ life cycle
@@ -254,25 +286,28 @@ class Syncer:
         self._threads, self._starter = [], None
         self._stop.set()
 
-    def stop(self, flush: bool = True, timeout: float = 5.0) -> None:
+    def stop(self, flush: bool = True, timeout: float = 5.0) -> bool:
         """Stop the worker, after a last publish of the current reports when ``flush``. Returns within
-        ``timeout`` even against an unresponsive server (the daemon threads then end on their own)."""
+        ``timeout`` even against an unresponsive server (the daemon threads then end on their own):
+        True when every report handed over reached the store, False when one did not (said in the log)."""
         if self._forked:
-            return  # the parent's sync: not ours to stop
+            return False  # the parent's sync: not ours to stop
         _live.discard(self)
         deadline = time.monotonic() + timeout
         if self._starter is not None and self._starter.is_alive():
             self._starter.join(max(0.0, deadline - time.monotonic()))
         if flush:
             self._take_reports()
-            while (
-                self._pending is not None and time.monotonic() < deadline and any(t.is_alive() for t in self._threads)
-            ):
+            while self.has_pending() and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):
                 time.sleep(0.01)
         self._stop.set()
         self._wake.set()
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        if self.has_pending():
+            log.warning("redisync shard %d: stopped with the last report not published", self.shard.shard_id)
+            return False
+        return True
 
     def health(self) -> dict[str, Any]:
         """Whether the worker is getting through: ``ok``, the current ``error`` (None when ok) and
@@ -287,7 +322,7 @@ class Syncer:
 
     def has_pending(self) -> bool:
         """Whether a report handed over is still waiting to be published."""
-        return self._pending is not None
+        return self._reports_handed > self._reports_sent
 
     def _worker_status(self) -> dict[str, Any]:
         """What the worker knows that the collector reports: the announced version, the subscription,
@@ -422,14 +457,11 @@ class Syncer:
             self._problem = None
 
     def _publish_pending(self) -> bool:
-        with self._lock:
-            reports = self._pending
-        if reports is None:
+        handed, reports = self._reports_handed, self._latest
+        if handed <= self._reports_sent or reports is None:
             return False
         if self._zombie is not None:  # every report would be refused and dead-lettered: none is sent
-            with self._lock:
-                if self._pending is reports:
-                    self._pending = None
+            self._reports_sent = max(self._reports_sent, handed)
             self.stats["zombie_dropped"] += 1
             return False
         t = time.perf_counter()
@@ -445,9 +477,7 @@ class Syncer:
                 self._became_zombie(str(e))
             if isinstance(e, errors.SchemaDigestMismatch):
                 self._registered = False  # the run was registered again with another schema: find out which
-        with self._lock:
-            if self._pending is reports:
-                self._pending = None
+        self._reports_sent = max(self._reports_sent, handed)
         if refused is not None:
             raise refused  # health() says it until a report is published again (_attempt)
         if result is not None:
@@ -489,9 +519,10 @@ class Syncer:
 
     def _republish_latest(self) -> None:
         self.stats["reseeds"] += 1
-        with self._lock:
-            if self._pending is None and self._latest is not None:
-                self._pending = self._latest
+        if self._latest is not None:
+            self._reports_sent = min(
+                self._reports_sent, self._reports_handed - 1
+            )  # (the worker's own counter: no lock needed)
         self._wake.set()
 
     def _listen(self) -> None:

@@ -84,7 +84,7 @@ def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, 
                 )
             )
             out.put(("progress", shard, cfg.snapshot_every))
-    metrics = syncer.metrics() if syncer is not None else {}
-    if syncer is not None:
-        syncer.stop()
-    out.put(("done", shard, {"seconds": time.perf_counter() - t0, **sampler.metrics(), **metrics}))
+    published = syncer.stop() if syncer is not None else True  # the last report: did it reach the store?
+    metrics = syncer.metrics() if syncer is not None else {}  # (after stop(): the last publish counted)
+    summary = {"seconds": time.perf_counter() - t0, "last_report_published": float(published)}
+    out.put(("done", shard, {**summary, **sampler.metrics(), **metrics}))

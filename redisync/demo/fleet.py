@@ -80,6 +80,11 @@ class Phase:
         return int(sum(s.get("redisync/publishes", 0) for s in self.summaries.values()))
 
     @property
+    def unpublished(self) -> list[int]:
+        """The collectors whose last report did not reach the store at stop()."""
+        return sorted(shard for shard, s in self.summaries.items() if not s.get("last_report_published", 1.0))
+
+    @property
     def latency_ms(self) -> float | None:
         lat = [s["redisync/publish_latency_ms"] for s in self.summaries.values() if "redisync/publish_latency_ms" in s]
         return statistics.median(lat) if lat else None

@@ -96,12 +96,14 @@ class ProcessFleet:
         False when no worker can publish them."""
         return (self.syncer or self.start()).flush()
 
-    def stop(self) -> None:
-        """Publish the last reports and stop (also at interpreter exit)."""
+    def stop(self) -> bool:
+        """Publish the last reports and stop (also at interpreter exit); False when the last reports
+        did not reach the store (the Syncer logged why)."""
         if self.syncer is not None and not self._stopped:
             self._stopped = True
-            self.syncer.stop()
             atexit.unregister(self.stop)
+            self._published = self.syncer.stop()
+        return getattr(self, "_published", self.syncer is None)
 
 
 _process_fleet: ProcessFleet | None = None
