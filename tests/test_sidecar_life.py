@@ -4,8 +4,9 @@ sidecar lives through, with the sampler and the normaliser on the shared-memory 
 Rules — the events of every process of the fleet: train a shard some steps; SIGKILL its sidecar
 before, during (its fold held in flight by a proxy, then delivered late or lost) or after a publish
 (the collector starts another on the same shared memory); stop the collector right after its
-sidecar died; restart the collector fresh or resumed from a checkpoint, from the main thread or from
-a short-lived thread; a second process claiming the shard (the first becomes a zombie); fork the
+sidecar died; stop it from a signal handler (flush() calls, then stop(), landing anywhere in the hot
+path); restart it with a first sidecar that cannot start; restart the collector fresh or resumed from
+a checkpoint, from the main thread or from a short-lived thread; a second process claiming the shard (the first becomes a zombie); fork the
 collector and let the child exit; restart the store empty (the sidecars re-seed it) or from its
 append-only file with the tail cut while no sidecar runs; and settle (flush, wait, take the fleet
 in). The model: per shard the samples its live normaliser saw, the samples retired by earlier lives
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 
@@ -213,6 +215,58 @@ class SidecarLife(RuleBasedStateMachine):
         old.syncer.stop(flush=True)
         self.retired += old.samples
         self._new_life(shard)
+
+    @rule(shard=st.sampled_from(SHARDS), flushes=st.integers(1, 30))
+    def stop_from_a_signal_handler(self, shard: int, flushes: int) -> None:
+        """A trainer's checkpoint-and-exit handler: flush() while the collector trains, then stop(),
+        from SIGALRM, landing anywhere in the hot path; the next life starts."""
+        old = self.collectors[shard]
+        state: dict = {"calls": 0, "published": None}
+
+        def handler(sig, frame) -> None:
+            state["calls"] += 1
+            if state["calls"] < flushes:
+                old.syncer.flush()
+                return
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            state["samples"] = float(old.norm._own[0, 0])  # what its normaliser counted (maybe mid-step)
+            state["published"] = old.syncer.stop(flush=True)
+
+        previous = signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+        try:
+            deadline = time.monotonic() + 60
+            while state["published"] is None:
+                assert time.monotonic() < deadline, "stop() from the signal handler never returned"
+                old.train(1)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        # its normaliser slot becomes retired history: what stop() published (it says whether that
+        # was the last report; if a hand-over was interrupted, the one before it)
+        raw = self.store.redis.hget(self.store.keys.key_data("obs/norm"), f"slot:{shard}")
+        folded = float(np.frombuffer(raw)[0]) if raw else 0.0
+        assert folded == state["samples"] or (not state["published"] and folded < state["samples"])
+        self.retired += folded
+        self._new_life(shard)
+
+    @rule(shard=st.sampled_from(SHARDS))
+    def restart_whose_first_sidecar_cannot_start(self, shard: int) -> None:
+        """The next life's first sidecar exits before it serves: health() says so at once; the
+        monitor's next start works and the life goes on."""
+        old = self.collectors[shard]
+        assert old.syncer.stop(flush=True)
+        self.retired += old.samples
+        real = sys.executable
+        sys.executable = shutil.which("false") or "/bin/false"
+        try:
+            self._new_life(shard)
+        finally:
+            sys.executable = real
+        c = self.collectors[shard]
+        assert "sidecar: could not start" in (c.syncer.health()["error"] or "")
+        c.train(3)  # the hot path works meanwhile
+        assert wait_for(lambda: c.syncer.health()["ok"], timeout=30), c.syncer.health()
 
     @rule(shard=st.sampled_from(SHARDS), steps=st.integers(1, 10))
     def a_second_process_claims_the_shard(self, shard: int, steps: int) -> None:
