@@ -68,6 +68,7 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
                 stale_after_s=spec.stale_after_s,
                 retired_count=first[1],
                 dropped_stale=int(meta.get("dropped_stale", 0)),
+                dropped_lapsed=int(meta.get("dropped_lapsed", 0)),
             )
             row["slots"] = []
             for shard, count in zip(writers, first[2:]):
@@ -79,8 +80,12 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
                         "seq": int(meta[f"slot:{shard}:seq"]),
                         "age_s": age,
                         "count": count,
-                        # a stale slot still counts until the next fold of the key drops it
-                        "stale": spec.stale_after_s is not None and age is not None and age > spec.stale_after_s,
+                        # a state key's stale slot still counts until the next fold of the key drops it
+                        # (a history key keeps it)
+                        "stale": spec.lifecycle == "state"
+                        and spec.stale_after_s is not None
+                        and age is not None
+                        and age > spec.stale_after_s,
                     }
                 )
         else:

@@ -105,7 +105,7 @@ def populated(cli_url):
     store.register(
         Schema.of(
             {
-                "motion/bin_failed": merge(4, stale_after_s=60, lifecycle="history"),
+                "motion/bin_failed": merge(4, stale_after_s=60, lifecycle="state"),
                 "curriculum/scale": broadcast((), owner=0),
             }
         )

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from redisync import errors
 from redisync.store.codec import encode
-from redisync.store.schema import Schema, broadcast, merge
+from redisync.store.schema import MergeSpec, Schema, broadcast, merge
 from redisync.store.semantics import ReferenceFold
 
 from .conftest import new_store
@@ -25,12 +25,14 @@ from .support import assert_same_state, envelope, lua_state, reference_state, se
 SCHEMA = Schema.of(
     {
         "motion/ema": merge(3, lifecycle="history"),  # history key: a restarted shard's slot is retired
-        "obs/norm": merge(2, stale_after_s=0.003, sumsq=True, lifecycle="history"),  # stale key: dead slots drop out
+        # a history key with stale_after_s (merge() refuses one now; a run registered before holds it): a
+        # silent shard's slot stays counted, whichever fold notices it
+        "obs/norm": MergeSpec(shape=2, stale_after_s=0.003, sumsq=True, lifecycle="history"),
         # wider than the fold's blocks of 32 values, not a multiple of them: the unrolled pass after its head
         # (the first width % 32 values), a block of counts alone after the head (whose counts a later block's
         # checks read back from the aggregate), the count/sum boundary inside a block, per-element counts, and
         # a sumsq part
-        "motion/bins": merge(50, elementwise_count=True, lifecycle="state"),
+        "motion/bins": merge(50, elementwise_count=True, stale_after_s=0.003, lifecycle="state"),  # dead slots drop out
         "obs/wide": merge(20, sumsq=True, lifecycle="history"),
         "curriculum/stage": broadcast(2),
         "curriculum/scale": broadcast((), owner=0),

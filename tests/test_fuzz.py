@@ -22,7 +22,7 @@ from .conftest import new_store
 
 SCHEMA = Schema.of(
     {
-        "motion/bin_failed": merge(6, stale_after_s=60, lifecycle="history"),
+        "motion/bin_failed": merge(6, stale_after_s=60, lifecycle="state"),
         "obs/norm": merge(3, sumsq=True, lifecycle="history"),
         "curriculum/scale": broadcast((), owner=0),
     }

@@ -76,7 +76,7 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
         store.register(
             Schema.of(
                 {
-                    "motion/bin_failed": merge(8, stale_after_s=120, lifecycle="history"),
+                    "motion/bin_failed": merge(8, stale_after_s=120, lifecycle="state"),
                     "curriculum/penalty_scale": broadcast((), owner=0),
                 }
             )

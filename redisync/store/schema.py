@@ -84,7 +84,8 @@ class MergeSpec(_Spec):
     lapsed for longer than ``lease_grace_s``, the shard's slot leaves the aggregate at the next fold
     (a collector that died for good, a run resumed with fewer collectors). ``None``: a slot counts
     until its shard's next life replaces it. A shard that never took a lease (the low-level API
-    without a Syncer) is not judged by it. ``stale_after_s`` drops a slot not refreshed for that
+    without a Syncer) is not judged by it. ``stale_after_s`` (``state`` keys; a history key keeps a
+    silent shard's samples, whichever fold notices it first) drops a slot not refreshed for that
     long: what a lease cannot see (a process alive but silent).
     """
 
@@ -143,6 +144,12 @@ def merge(
             "merge(): say lifecycle='state' (a current value, e.g. a failure EMA: a fresh restart replaces the "
             "previous life's slot) or lifecycle='history' (counts accumulated over the run, e.g. normaliser "
             "moments: the previous life's slot stays counted)"
+        )
+    if lifecycle == "history" and stale_after_s is not None:
+        raise errors.InvalidSchema(
+            "merge(): stale_after_s drops a silent shard's slot from a state key; a history key keeps every "
+            "sample it was sent (a dead shard's stay counted, as its restart would retire them): leave "
+            "stale_after_s unset for lifecycle='history'"
         )
     return _build(
         MergeSpec,

@@ -270,9 +270,21 @@ class ReferenceFold:
                     return None
         slots = {}
         for other, slot in state.slots.items():
-            stale = spec.stale_after_s is not None and now_us - slot.at_us > spec.stale_after_s * 1e6
+            # a state key's slot leaves once stale or its shard's lease lapsed; a history key keeps it (its
+            # samples stay counted, as its shard's fresh restart would retire them: whichever fold comes first)
+            stale = (
+                spec.lifecycle == "state"
+                and spec.stale_after_s is not None
+                and now_us - slot.at_us > spec.stale_after_s * 1e6
+            )
             grace = spec.lease_grace_s if spec.lifecycle == "state" else None
-            lapsed = grace is not None and other in leases and now_us - leases[other] > grace * 1e6
+            # (unless written after its lease ran out: it lived on, whichever fold comes first)
+            lapsed = (
+                grace is not None
+                and other in leases
+                and now_us - leases[other] > grace * 1e6
+                and slot.at_us <= leases[other]
+            )
             if other != shard_id and not (stale or lapsed):
                 slots[other] = slot
         slots[shard_id] = Slot(incarnation, seq, now_us, payload.copy())

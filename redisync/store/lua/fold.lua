@@ -658,6 +658,9 @@ for i = 1, nkeys do
     if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
     item.width, item.count_size, item.size = width, count_size, size
     local stale, me = tonumber(spec[8]), shard + 0
+    -- a slot not refreshed for stale_after_s leaves a state key; a history key keeps it (its samples
+    -- stay counted, as a fresh restart would retire them: the same whichever shard's fold notices it)
+    if stale and redis.call('HGET', km, 'lifecycle') ~= 'state' then stale = nil end
     local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
     -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
     -- sub-groups and groups are made once each, and loops over lists count)
@@ -678,15 +681,18 @@ for i = 1, nkeys do
       prior[#prior + 1] = id
       if id ~= me then nids = nids + 1; ids[nids] = id; idname[id] = w else was_writer = true end
     end
+    local grace = tonumber(spec[10])
     local at = {}
-    if stale and nids > 0 then
+    if (stale or grace) and nids > 0 then
       local atf = {}
       for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
       at = hmget(km, atf) or {}
     end
     -- (state keys) when each other writer's lease on its shard id runs out: a shard whose lease has
-    -- lapsed for longer than lease_grace_s has left the fleet (a shard that never leased is not judged)
-    local grace, leased = tonumber(spec[10]), {}
+    -- lapsed for longer than lease_grace_s has left the fleet, unless its slot was written after the
+    -- lease ran out (it lived on: whichever fold comes first, the slot's fate is the same); a shard
+    -- that never leased is not judged
+    local leased = {}
     if grace and nids > 0 then
       local lf = {}
       for k = 1, nids do lf[k] = idname[ids[k]] .. ':lease_until_us' end
@@ -706,7 +712,8 @@ for i = 1, nkeys do
       local id = ids[k]
       if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
       local gone = stale and now - (tonumber(at[k]) or 0) > stale * 1e6
-      if not gone and grace and leased[k] and now - (tonumber(leased[k]) or now) > grace * 1e6 then
+      local lease_end = grace and leased[k] and tonumber(leased[k])
+      if not gone and lease_end and now - lease_end > grace * 1e6 and (tonumber(at[k]) or 0) <= lease_end then
         gone = true
         item.lapsed = (item.lapsed or 0) + 1
       end
