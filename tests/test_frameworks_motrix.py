@@ -224,9 +224,7 @@ def _env(cls, commands: dict):
 
 
 @kernel_data
-class ScalarEma(CommandTerm):  # a command whose "EMA" is a number, not an array the kernels share
-    adaptive_bin_failed_count: np.float32
-
+class InertCommand(CommandTerm):  # a command term whose kernels do nothing: the fields are the point
     @dispatch
     def update(self, ctx: ManagerContext) -> None:
         pass
@@ -241,6 +239,11 @@ class ScalarEma(CommandTerm):  # a command whose "EMA" is a number, not an array
 
     def reset(self, ctx) -> None:
         pass
+
+
+@kernel_data
+class ScalarEma(InertCommand):  # a command whose "EMA" is a number, not an array the kernels share
+    adaptive_bin_failed_count: np.float32
 
 
 class ScalarEmaCfg(CommandCfg):
@@ -249,23 +252,8 @@ class ScalarEmaCfg(CommandCfg):
 
 
 @kernel_data
-class SecondAdaptive(CommandTerm):  # another command with an adaptive sampler (an array, this time)
+class SecondAdaptive(InertCommand):  # another command with an adaptive sampler (an array, this time)
     adaptive_bin_failed_count: SharedArray
-
-    @dispatch
-    def update(self, ctx: ManagerContext) -> None:
-        pass
-
-    @dispatch
-    def advance(self, ctx: ManagerContext) -> None:
-        pass
-
-    @dispatch
-    def reset_env(self, ctx: ManagerContext) -> None:
-        pass
-
-    def reset(self, ctx) -> None:
-        pass
 
 
 class SecondAdaptiveCfg(CommandCfg):
