@@ -20,7 +20,7 @@ import click
 import redis
 from pydantic import ValidationError
 
-from . import errors
+from . import __version__, errors
 from .inspection import describe_run, describe_runs, drift, shard_ages
 from .store.client import EMBEDDED, ENV_URL, RunSnapshot, connect, masked_url
 
@@ -29,6 +29,13 @@ URL = click.option(
     envvar=ENV_URL,
     default=None,
     help=f"redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL (env {ENV_URL}); unset: embedded",
+)
+SERVER_URL = click.option(
+    "--url",
+    envvar=ENV_URL,
+    default=None,
+    help=f"the Redis that holds the run: redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL "
+    f"(env {ENV_URL}; required: the embedded store would start empty)",
 )
 EXTRAS = {
     "demo": ("torch", "tqdm", "matplotlib"),
@@ -74,6 +81,7 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 @click.group()
+@click.version_option(__version__, prog_name="redisync")
 def cli() -> None:
     """redisync: one versioned fleet state for every collector of an RL trainer."""
 
@@ -596,7 +604,7 @@ def _snapshot_file(path: str) -> RunSnapshot:
 
 
 @cli.command()
-@URL
+@SERVER_URL
 @click.option("--run", default=None, help="only this run")
 @click.option("--json", "as_json", is_flag=True, help="print as JSON")
 def inspect(url: str | None, run: str | None, as_json: bool) -> None:
@@ -612,7 +620,7 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     if not report:
-        click.echo(f"no runs at {url or EMBEDDED}")
+        click.echo(f"no runs at {masked_url(url)}")
     for r in report:
         click.echo(
             f"run {r['run']}  epoch {r['epoch']}  fleet version {r['fleet_version']}  updated {_age(r['updated_age_s'])} ago  "
@@ -662,7 +670,7 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
 
 
 @cli.command()
-@URL
+@SERVER_URL
 @click.option("--run", required=True, help="the run to watch")
 @click.option(
     "--interval", default=1.0, show_default=True, type=click.FloatRange(0.05, 3600), help="seconds between refreshes"
@@ -683,7 +691,7 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
             last = (t, version, dead)
             ages, drifts = shard_ages(store), drift(store)
             lines = [
-                f"run {run} at {url or EMBEDDED}   {time.strftime('%H:%M:%S')}",
+                f"run {run} at {masked_url(url)}   {time.strftime('%H:%M:%S')}",
                 f"fleet version {version}   {rate:.1f} versions/s   rejected reports {dead} (+{new_dead})",
                 "",
             ]
@@ -716,7 +724,7 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
 
 
 @cli.command()
-@URL
+@SERVER_URL
 @click.option("--run", required=True, help="the run to save")
 @click.argument("path", type=click.Path(dir_okay=False))
 def snapshot(url: str | None, run: str, path: str) -> None:
@@ -730,7 +738,7 @@ def snapshot(url: str | None, run: str, path: str) -> None:
 
 
 @cli.command()
-@URL
+@SERVER_URL
 @click.option("--run", required=True, help="the run to replace (may differ from the saved run's name)")
 @click.argument("path", type=click.Path(dir_okay=False))
 def restore(url: str | None, run: str, path: str) -> None:

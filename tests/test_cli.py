@@ -220,6 +220,19 @@ def test_commands_on_a_run_refuse_the_embedded_store(args, monkeypatch, tmp_path
     out = cli(*args)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "pass --url or set REDISYNC_URL" in out.stderr and "gone when this command exits" in out.stderr
+    helped = cli(args[0], "--help").stdout  # and their help says so (it said "unset: embedded")
+    assert "unset: embedded" not in helped and "required" in " ".join(helped.split())
+
+
+def test_version_and_no_password_in_what_inspect_prints(real_url):
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"redisync, version {redisync_api.__version__}"
+    db = real_url.rsplit("/", 1)[1]
+    # a URL with a password the server ignores (requirepass unset): the run list is empty, the password masked
+    out = cli("inspect", "--url", f"redis://:hunter2@127.0.0.1:6379/{db}", "--run", "no-such-run-here")
+    assert "hunter2" not in out.stdout + out.stderr
+    out = cli("inspect", "--url", f"redis://:hunter2@127.0.0.1:6379/{db}")
+    assert "hunter2" not in out.stdout + out.stderr
 
 
 def test_a_snapshot_into_a_missing_folder_is_one_line_naming_the_path(populated, tmp_path):
