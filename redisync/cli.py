@@ -583,6 +583,19 @@ def _store(url: str | None, run: str) -> Any:
     return store
 
 
+def _registered_store(url: str, run: str, interval: float) -> Any:
+    """The run's store, once it is registered (saying once that it waits)."""
+    waiting = False
+    while True:
+        try:
+            return _store(url, run)
+        except errors.RunNotFound:
+            if not waiting:
+                click.echo(f"waiting for run {run!r} at {masked_url(url)} to be registered (Ctrl-C to stop)")
+                waiting = True
+            time.sleep(interval)
+
+
 def _snapshot_file(path: str) -> RunSnapshot:
     """The snapshot in ``path``, or a CorruptSnapshot that names the file and says what is wrong."""
     try:
@@ -677,11 +690,13 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
 )
 @click.option("--count", default=0, type=click.IntRange(0), help="stop after this many refreshes (0: until Ctrl-C)")
 def watch(url: str | None, run: str, interval: float, count: int) -> None:
-    """A live view of one run: version rate, per-shard staleness and drift, rejected reports."""
-    store = _store(_not_embedded(url, "watch"), run)
+    """A live view of one run: version rate, per-shard staleness and drift, rejected reports. Started
+    before the run exists (watching a training about to start), it waits for it."""
+    url = _not_embedded(url, "watch")
     last: tuple[float, int, int] | None = None
     shown = 0
     try:
+        store = _registered_store(url, run, interval)
         while True:
             t = time.monotonic()
             info = store.run_info()

@@ -148,6 +148,41 @@ def test_watch_shows_per_shard_drift_and_stops(populated):
     assert set(rows) == {"0", "1", "2"} and all(0.4 < float(r[2]) < 0.7 for r in rows.values())
 
 
+def test_watch_started_before_the_run_exists_waits_for_it(real_url):
+    """It exited with 'not registered'; a user starts it beside a training about to register."""
+    run = f"cli-later-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "redisync.cli",
+            "watch",
+            "--url",
+            real_url,
+            "--run",
+            run,
+            "--count",
+            "1",
+            "--interval",
+            "0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    store = redisync_api.connect(real_url, run=run)
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None  # still waiting
+        store.register({"obs/norm": merge(2, lifecycle="history")})
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert f"waiting for run {run!r}" in out and "fleet version 0" in out
+    finally:
+        proc.kill()
+        store.delete()
+
+
 def test_watch_exits_cleanly_on_ctrl_c(populated):
     url, store = populated
     proc = subprocess.Popen(
