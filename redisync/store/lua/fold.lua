@@ -681,9 +681,8 @@ for i = 1, nkeys do
       prior[#prior + 1] = id
       if id ~= me then nids = nids + 1; ids[nids] = id; idname[id] = w else was_writer = true end
     end
-    local grace = tonumber(spec[10])
     local at = {}
-    if (stale or grace) and nids > 0 then
+    if stale and nids > 0 then
       local atf = {}
       for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
       at = hmget(km, atf) or {}
@@ -691,12 +690,24 @@ for i = 1, nkeys do
     -- (state keys) when each other writer's lease on its shard id runs out: a shard whose lease has
     -- lapsed for longer than lease_grace_s has left the fleet, unless its slot was written after the
     -- lease ran out (it lived on: whichever fold comes first, the slot's fate is the same); a shard
-    -- that never leased is not judged
-    local leased = {}
+    -- that never leased is not judged. (When each slot was written is read for those shards only:
+    -- usually none.)
+    local grace, lapsed = tonumber(spec[10]), {}
     if grace and nids > 0 then
       local lf = {}
       for k = 1, nids do lf[k] = idname[ids[k]] .. ':lease_until_us' end
-      leased = hmget(KEYS[2], lf) or {}
+      local leased = hmget(KEYS[2], lf) or {}
+      local span, cand = grace * 1e6, {}
+      for k = 1, nids do
+        local u = leased[k] and tonumber(leased[k])
+        if u and now - u > span then cand[#cand + 1] = k; lapsed[k] = u end
+      end
+      if #cand > 0 and not stale then
+        local f = {}
+        for j = 1, #cand do f[j] = 'slot:' .. idname[ids[cand[j]]] .. ':at_us' end
+        local got = hmget(km, f) or {}
+        for j = 1, #cand do at[cand[j]] = got[j] end
+      end
     end
     -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
     -- lapsed, stops weighting the fleet); the sub-groups whose members change are re-made, and so
@@ -712,8 +723,8 @@ for i = 1, nkeys do
       local id = ids[k]
       if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
       local gone = stale and now - (tonumber(at[k]) or 0) > stale * 1e6
-      local lease_end = grace and leased[k] and tonumber(leased[k])
-      if not gone and lease_end and now - lease_end > grace * 1e6 and (tonumber(at[k]) or 0) <= lease_end then
+      local lease_end = lapsed[k]
+      if not gone and lease_end and (tonumber(at[k]) or 0) <= lease_end then
         gone = true
         item.lapsed = (item.lapsed or 0) + 1
       end
