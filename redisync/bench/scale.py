@@ -77,7 +77,7 @@ def fold_and_pull(url: str, schema: dict[str, Any], slots: int, calls: int = 100
             shards[int(rng.integers(1, slots))].publish(report)
             log.reset()
             reader.pull()
-            pulls.append(log.median_us("EVALSHA"))
+            pulls.append(log.median_us("EVALSHA", "EVALSHA_RO"))  # the pull: read-only where the server has it
         return {"slots": slots, "fold_us": fold, "pull_us": statistics.median(pulls)}
     finally:
         log.close()

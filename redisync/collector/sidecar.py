@@ -497,7 +497,7 @@ class SidecarSyncer(Syncer):
             # the sidecar first; the collector keeps a share of the time to publish it itself
             published = self._last_publish(deadline - min(1.5, timeout / 3))
             if not published and not self._writing:
-                published = self._publish_directly()
+                published = self._publish_directly(deadline)
         else:
             self.mailbox.header[STOP] = 2
             self._wait_exit(self._process, deadline)
@@ -520,24 +520,35 @@ class SidecarSyncer(Syncer):
             self._shared.release()
         return published
 
-    def _publish_directly(self) -> bool:
+    def _publish_directly(self, deadline: float) -> bool:
         """The last reports, published by the collector itself (the sidecar could not in time): above
-        every sequence number a sidecar reserved, so a late fold of a killed sidecar is refused."""
+        every sequence number a sidecar reserved, so a late fold of a killed sidecar is refused. Waits
+        for the store until ``deadline`` only (a store that hangs gets the publish in the background)."""
         assert self.mailbox is not None
         reports: dict[str, Mapping[str, Any]] = {}
         for term in self.terms:
             reports.update(term.report_shard_state())
         if not reports:
             return True
-        try:
-            self.shard.seq = max(self.shard.seq, int(self.mailbox.header[SEQ]))
-            self.shard.publish(reports)
-        except Exception as e:  # said, and returned: the caller decides
+        self.shard.seq = max(self.shard.seq, int(self.mailbox.header[SEQ]))
+        outcome: list[BaseException | None] = []
+
+        def publish() -> None:
+            try:
+                self.shard.publish(reports)
+                outcome.append(None)
+            except Exception as e:
+                outcome.append(e)
+
+        sender = threading.Thread(target=publish, name=f"redisync-last-report-{self.shard.shard_id}", daemon=True)
+        sender.start()
+        sender.join(max(0.0, deadline - time.monotonic()))
+        if not outcome or outcome[0] is not None:  # said, and returned: the caller decides
             log.warning(
                 "redisync shard %d: the sidecar did not publish the last report within the stop timeout, and the "
                 "collector could not either: %s",
                 self.shard.shard_id,
-                e,
+                outcome[0] if outcome else "the store did not answer in time",
             )
             return False
         log.warning(
