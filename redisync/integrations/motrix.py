@@ -91,7 +91,7 @@ class SyncedCommands:
             )
         if mode == "local":
             return
-        name, command = self._synced_command()
+        command = self._synced_command()
         index = collector_index()
         if index is None:
             return  # the parent's probe env, an evaluation, a synchronous trainer: local sampling
@@ -111,9 +111,8 @@ class SyncedCommands:
         fleet.add(self.redisync_ema)
         fleet.start()  # register, claim the shard and start the worker now, not inside the first step
         self.redisync_fleet = fleet
-        self.redisync_command_name = name
 
-    def _synced_command(self) -> tuple[str, Any]:
+    def _synced_command(self) -> Any:
         """The command term to sync, by name or as the one term holding a failure EMA."""
         terms: dict[str, Any] = dict(getattr(self, "command_terms", {}))
         seen = ", ".join(f"{n} ({type(t).__name__})" for n, t in terms.items()) or "none"
@@ -142,7 +141,7 @@ class SyncedCommands:
                 f"float numpy array (got {type(ema).__name__} {getattr(ema, 'dtype', '')} "
                 f"{getattr(ema, 'shape', '')}); redisync writes the fleet's EMA into that array in place"
             )
-        return found[0], command
+        return command
 
     def compute_transition(self, state: Any) -> Any:
         state = super().compute_transition(state)  # type: ignore[misc]  # the terms' on_transition(): the EMA fold
