@@ -223,7 +223,6 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
         (["inspect", "--url", "redis://127.0.0.1:1"], "Connection refused"),
         (["inspect", "--url", "http://nowhere"], "unsupported URL"),
         (["inspect", "--url", "{url}", "--run", "no-such-run"], "run 'no-such-run' is not registered"),
-        (["watch", "--url", "{url}", "--run", "no-such-run", "--count", "1"], "run 'no-such-run' is not registered"),
         (["snapshot", "--url", "{url}", "--run", "no-such-run", "/tmp/x.json"], "run 'no-such-run' is not registered"),
         (["restore", "--url", "{url}", "--run", "x", "/nonexistent/snap.json"], "/nonexistent/snap.json: no such file"),
         (["restore", "--url", "{url}", "--run", "x", __file__], "is not a redisync snapshot"),
