@@ -163,8 +163,8 @@ def test_a_killed_collector_that_never_returns_leaves_the_pool_by_its_lease(flee
     assert "2" in writers.split(",")
     lapse = int(store.redis.hget(store.keys.shards, "2:lease_until_us")) / 1e6 + DEFAULT_LEASE_GRACE_S
     wait = lapse - redisync.store.client.server_time_us(store.redis) / 1e6 + 0.5
-    assert 0 < wait <= 5.0 + DEFAULT_LEASE_GRACE_S + 1  # the dead collector's lease ran out within one lease
-    time.sleep(wait)
+    assert wait <= 5.0 + DEFAULT_LEASE_GRACE_S + 1  # the dead collector's lease ran out within one lease
+    time.sleep(max(0.0, wait))  # (a slow shutdown of the trainer may have waited it out already)
     again = go("redisync-wbt", 2, 150, num_envs=48)  # restarted with two collectors: shard 2 never comes back
     total, count, writers = pooled(store)
     assert writers == "0,1" and count == 2

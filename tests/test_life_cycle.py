@@ -134,17 +134,17 @@ def test_a_shard_whose_lease_lapsed_leaves_a_state_key_whichever_shard_folds(mak
     be any live shard's, with the same result."""
     store = make_store()
     store.register(
-        {"motion/ema": merge(2, lifecycle="state", lease_grace_s=0.2), "obs/norm": merge(2, lifecycle="history")}
+        {"motion/ema": merge(2, lifecycle="state", lease_grace_s=1.0), "obs/norm": merge(2, lifecycle="history")}
     )
     shards = {i: store.shard(i) for i in range(3)}
     for i, client in shards.items():
         assert store.lease(i, client.incarnation, 60_000)
         client.publish({"motion/ema": {"count": 1, "sum": [i + 1.0, 1.0]}, "obs/norm": {"count": 2, "sum": [1.0, i]}})
     assert store.lease(1, shards[1].incarnation, 1)  # shard 1 died: its lease runs out in 1 ms
-    time.sleep(0.1)  # within the grace: still counted
+    time.sleep(0.1)  # well within the grace (1 s): still counted
     shards[folder].publish({"motion/ema": {"count": 1, "sum": [folder + 1.0, 1.0]}})
     assert store.fleet().keys["motion/ema"].parts()["count"] == 3
-    time.sleep(0.2)  # past the grace
+    time.sleep(1.0)  # past the grace
     shards[folder].publish(
         {"motion/ema": {"count": 1, "sum": [folder + 1.0, 1.0]}, "obs/norm": {"count": 2, "sum": [1.0, folder]}}
     )
@@ -156,7 +156,7 @@ def test_a_shard_whose_lease_lapsed_leaves_a_state_key_whichever_shard_folds(mak
     assert meta[b"writers"] == b"0,2" and meta[b"dropped_lapsed"] == b"1"
     # a shard that never leased (the low-level API, no Syncer) is not judged by leases
     store.shard(7).publish({"motion/ema": {"count": 1, "sum": [0.0, 0.0]}})
-    time.sleep(0.25)
+    time.sleep(1.1)
     shards[0].publish({"motion/ema": {"count": 1, "sum": [1.0, 1.0]}})
     assert store.fleet().keys["motion/ema"].parts()["count"] == 3
     # the dead shard comes back (a new life): counted again
