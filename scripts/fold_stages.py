@@ -27,7 +27,8 @@ from redisync.store import client as store_client
 from redisync.store.client import connect
 from redisync.store.schema import Schema, merge
 
-# (the line a cut comes before, what the stage that ends there does)
+# (the line a cut comes before, what the stage that ends there does), in the order a fold runs them
+# (a cut inside a semantics' check returns its {'cut'} as the check's rejection, which the fold returns)
 LANDMARKS = (
     ("local run = string.match(KEYS[1]", "EVALSHA envelope: arguments, KEYS and ARGV tables, the call"),
     ("-- the envelope ---", "the run's meta (HMGET of 7 fields), reject()"),
@@ -35,9 +36,11 @@ LANDMARKS = (
     ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),
     ("local t = redis.call('TIME')", "payload size"),
     ("local epoch = meta[1]", "TIME and the restart check (INFO server)"),
-    ("-- validate and compute every key before writing anything", "the helper functions made (closures)"),
-    ("    local agg, why, of_agg = fold_values(", "the key: spec (HMGET), writers, plan, reads, sum checks"),
-    ("    local cut = 8 * count_size", "the fused pass over the values"),
+    ("local CHECKS = ", "the helper functions made (closures)"),
+    ("  local bad = check_key(", "the key's spec (HMGET) and shape"),
+    ("  -- What the fold reads of the data hash", "merge: the writers and the live slots"),
+    ("  local agg, why, of_agg = fold_values(", "merge: the reads, the proof of stored sums, the tree"),
+    ("  local cut = 8 * count_size", "the fused pass over the values"),
     ("-- apply ---", "the sums to write, the rest of the key"),
     ("local versions = {}", "the stream entry (XADD)"),
     ("redis.call('PUBLISH'", "the writes (HSETs of data, key meta, run meta, shards)"),
@@ -55,6 +58,22 @@ def cut_before(source: str, landmark: str | None) -> str:
     return "\n".join(lines[: at[0]] + ["do return {'cut'} end"] + lines[at[0] :])
 
 
+def captured_fold(store, values: int, slots: int) -> tuple[list, list]:
+    """The KEYS and ARGV of a fold by shard 0 of one merge key with ``slots`` live slots, as
+    ``publish()`` sends them (the store's run registered and every slot written first)."""
+    store.register(Schema.of({KEY: merge(values, lifecycle="history")}))
+    rng = np.random.default_rng(values + slots)
+    shards = [store.shard(i) for i in range(slots)]
+    for shard in shards:
+        shard.publish({KEY: {"count": 1.0, "sum": rng.random(values)}})
+    sent: dict = {}
+    call = store._call
+    store._call = lambda script, keys, args: sent.update(keys=keys, args=list(args)) or call(script, keys, args)
+    shards[0].publish({KEY: {"count": 2.0, "sum": rng.random(values)}})
+    store._call = call
+    return sent["keys"], sent["args"]
+
+
 def stage_costs(
     values: int, slots: int, folds: int, source: str, landmarks: tuple = LANDMARKS
 ) -> list[tuple[str, float]]:
@@ -63,18 +82,8 @@ def stage_costs(
     try:
         for landmark, what in landmarks:
             store = connect(server.url, run=f"stages-{uuid.uuid4().hex[:8]}", socket_timeout=600)
-            store.register(Schema.of({KEY: merge(values, lifecycle="history")}))
-            rng = np.random.default_rng(values + slots)
-            shards = [store.shard(i) for i in range(slots)]
-            for shard in shards:
-                shard.publish({KEY: {"count": 1.0, "sum": rng.random(values)}})
-            sent = {}
-            call = store._call
-            store._call = lambda script, keys, args: sent.update(keys=keys, args=list(args)) or call(script, keys, args)
-            shards[0].publish({KEY: {"count": 2.0, "sum": rng.random(values)}})
-            store._call = call
+            keys, args = captured_fold(store, values, slots)
             script = store.redis.register_script(cut_before(source, landmark))
-            keys, args = sent["keys"], sent["args"]
             seq = int(args[3])
             script(keys=keys, args=args[:3] + [seq + 1] + args[4:])  # loaded before counting
 

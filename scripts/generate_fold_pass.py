@@ -1,12 +1,20 @@
-"""Writes the unrolled parts of ``redisync/store/lua/fold.lua``: ``join`` and the fused pass.
+"""Writes the unrolled stretches of ``redisync/store/lua/fold.lua``: ``join64`` and ``fold_values``.
 
 The fused pass holds BLOCK (32) values of every input in local variables, so its Lua is written out
-in full rather than looped; this script is where that text comes from. ``--check`` (run by the
-tests) fails when fold.lua's copy differs from what this writes; without it, prints both sections.
-Edit here, then paste the output over the sections in fold.lua.
+in full rather than looped; this script is where that text comes from. In fold.lua each stretch
+stands between ``-- BEGIN GENERATED <name>`` and ``-- END GENERATED <name>`` markers.
+
+    python scripts/generate_fold_pass.py --write   # rewrite the stretches in fold.lua in place
+    python scripts/generate_fold_pass.py --check   # fail when fold.lua's stretches differ (run by the tests)
+
+Why the block is 32 values wide and not wider: Lua 5.1 allows at most 200 local variables in one
+function, and ``fold_values`` holds five blocks of them at once (p, c, r, a, b: 5 × 32 = 160, plus its
+own). A block of 36 (180 + 26 others) no longer compiles ("too many local variables").
 """
 
 import re
+import sys
+from pathlib import Path
 
 B = 32
 
@@ -62,121 +70,7 @@ def assign(lhs, rhs, ind, local=False):
 
 out = []
 w = out.append
-w("""-- The fused pass over one merge key's values ---------------------------------------------------------
--- The re-made sums and the aggregate in one pass, BLOCK values at a time held in local variables:
--- each input decoded once per block (the payload serves both its checks and its slot), the sums
--- added in the order semantics.py adds them (a sub-group: 0 + its slots in ascending shard order; a
--- group: 0 + its sub-groups' sums in ascending order; the aggregate: 0 + retired + the group sums in
--- ascending order), every check made on the same block. A block whose cheap look (the sum of its
--- squares finite; the signs of its count and sumsq values) is not clean is checked element by
--- element, in payload order, so replies stay bit for bit.
-local BLOCK = CHUNK
-local FB = FMT
-local mmin = math.min
-
--- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string
--- costs its length each time one is made: table.concat makes each byte several times over (its
--- buffer merges pieces in steps), one `..` of many operands makes it once.
-local function join64(t, i)
-  return
-__JOIN__
-end
-local function join(t)
-  local n = #t
-  if n <= 1 then return t[1] or '' end
-  if n == 2 then return t[1] .. t[2] end
-  if n == 3 then return t[1] .. t[2] .. t[3] end
-  local out = {}
-  for i = 1, #t, 64 do out[#out + 1] = join64(t, i) end
-  return join(out)
-end
-
--- The checks of the elements of one stretch of values, for a block whose cheap look is not clean:
--- st holds the key (name, cs, size, sumsq), the aggregate's blocks made so far (aggs), the counts seen
--- (counts) and whether every count is 0 or >= 1 (ok: the moments then cannot overflow). (Functions
--- made once, at the top: a closure costs about 500 instructions per variable it captures.)
-local function agg_count(st, idx) -- the aggregate's count idx, from the blocks made so far
-  local n = st.counts[idx]
-  if n == nil then -- (the head's counts are all in st.counts: it is checked element by element)
-    local k = idx - st.head - 1
-    n = sunpack('<d', st.aggs[mfloor(k / BLOCK) + (st.head > 0 and 2 or 1)], (k % BLOCK) * 8 + 1)
-    st.counts[idx] = n
-  end
-  return n
-end
-
--- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
-local function check(st, base, len, p, c)
-  local name, cs, size, sumsq, counts = st.name, st.cs, st.size, st.sumsq, st.counts
-  for j = 1, len do
-    local g, v, a = base + j, p[j], c[j]
-    if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
-    if v < 0 and (g <= cs or g > cs + size) then
-      return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
-        ' in a count or sumsq part (must be >= 0)'}
-    end
-    if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
-      true end
-    if g <= cs then
-      counts[g] = a
-      if a > 0 and a < 1 then st.ok = false end
-    else
-      -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
-      local e = (g - cs - 1) % size
-      local n = agg_count(st, cs == 1 and 1 or e + 1)
-      if n > 0 then
-        local m = a / n
-        if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
-          return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
-        end
-      end
-    end
-  end
-  return nil
-end
-
--- The head: the first len values (fewer than a block) in tables, made piece 1 of every sum; nil or
--- the rejection. (The stretch that is not a whole number of blocks comes first, where a merge key's
--- single count sits: a width of 1 + 32k then makes k whole blocks.)
-local function zeros(len) local z = {} for k = 1, len do z[k] = 0.0 end return z end
-local function add_to(x, y, len) for k = 1, len do x[k] = x[k] + y[k] end end
-local function fold_head(st, payload, tree, single, len)
-  local fmt = '<' .. string.rep('d', len)
-  local p, c = {sunpack(fmt, payload, 1)}, zeros(len)
-  for ti = 1, #tree do
-    local term = tree[ti]
-    if term.parts then
-      local g, packed = zeros(len), nil
-      for _, part in ipairs(term.parts) do
-        if part.members then
-          local a = zeros(len)
-          for _, s in ipairs(part.members) do add_to(a, s == true and p or {sunpack(fmt, s, 1)}, len) end
-          packed = spack(fmt, unpack(a, 1, len))
-          part.out[1] = packed
-          if term.lone then g = a else add_to(g, a, len) end
-        else
-          add_to(g, {sunpack(fmt, part.stored, 1)}, len)
-        end
-      end
-      if not term.lone then packed = spack(fmt, unpack(g, 1, len)) end
-      term.out[1] = packed
-      if single then c = g else add_to(c, g, len) end
-    else
-      add_to(c, {sunpack(fmt, term.stored, 1)}, len)
-    end
-  end
-  st.aggs[1] = single and tree[1].out[1] or spack(fmt, unpack(c, 1, len))
-  return check(st, 0, len, p, c)
-end
-
--- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
--- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
--- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
--- and the sum itself to its field sum. Returns the aggregate, or (nil, rejection, whether it is the
--- aggregate's).
--- (0 + x is x for every sum made here, which starts at +0: a lone part is its group's sum, a lone
--- group the aggregate.)
-local function fold_values(name, payload, width, cs, size, sumsq, tree)
+w("""local function fold_values(name, payload, width, cs, size, sumsq, tree)
   local nterms = #tree
   local single = nterms == 1 and tree[1].parts ~= nil -- its sum is the aggregate
   for ti = 1, nterms do
@@ -302,17 +196,48 @@ end""")
 ops = " ..\n".join(
     "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
 ).replace("(t[i + 0] or '')", "(t[i] or '')")
-text = "\n".join(out).replace("__JOIN__", ops)
-start = text.index("-- One string of many pieces.")
-end = text.index("  return join(out)\nend\n") + len("  return join(out)\nend\n")
-SECTIONS = {"join": text[start:end], "fused pass": (text[:start] + text[end:]).strip() + "\n"}
+
+ops = " ..\n".join(
+    "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
+).replace("(t[i + 0] or '')", "(t[i] or '')")
+SECTIONS = {
+    "join64": "local function join64(t, i)\n  return\n" + ops + "\nend",
+    "fold_values": "\n".join(out),
+}
+FOLD = Path(__file__).resolve().parents[1] / "redisync/store/lua/fold.lua"
+MARK = "-- {} GENERATED {}"
+NOTE = "-- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)"
+
+
+def stretch(text: str, name: str) -> tuple[int, int]:
+    """Where the generated lines of ``name`` start and end in ``text`` (between its markers)."""
+    begin, end = MARK.format("BEGIN", name), MARK.format("END", name)
+    if text.count(begin) != 1 or text.count(end) != 1:
+        sys.exit(f"fold.lua must hold exactly one {begin!r} and one {end!r} line")
+    start = text.index("\n", text.index(begin)) + 1
+    start = text.index("\n", start) + 1  # past the note
+    return start, text.index(end)
+
+
+def written(text: str) -> str:
+    """``text`` with every generated stretch replaced by what this script writes."""
+    for name, section in SECTIONS.items():
+        start, end = stretch(text, name)
+        text = text[:start] + section + "\n" + text[end:]
+    return text
+
 
 if __name__ == "__main__":
-    import sys
-    from pathlib import Path
-
-    fold = (Path(__file__).resolve().parents[1] / "redisync/store/lua/fold.lua").read_text()
+    fold = FOLD.read_text()
     if "--check" in sys.argv:
-        stale = [name for name, section in SECTIONS.items() if section not in fold]
-        sys.exit(f"fold.lua's {' and '.join(stale)} differ from scripts/generate_fold_pass.py's" if stale else 0)
-    print("\n".join(SECTIONS.values()))
+        stale = [name for name, section in SECTIONS.items() if fold[slice(*stretch(fold, name))] != section + "\n"]
+        sys.exit(
+            f"fold.lua's generated {' and '.join(stale)} differ from scripts/generate_fold_pass.py's: "
+            "run it with --write"
+            if stale
+            else 0
+        )
+    if "--write" in sys.argv:
+        FOLD.write_text(written(fold))
+    else:
+        print("\n".join(SECTIONS.values()))

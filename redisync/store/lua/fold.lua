@@ -158,6 +158,8 @@ local mfloor = math.floor
 -- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string
 -- costs its length each time one is made: table.concat makes each byte several times over (its
 -- buffer merges pieces in steps), one `..` of many operands makes it once.
+-- BEGIN GENERATED join64
+-- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)
 local function join64(t, i)
   return
     (t[i] or '') .. (t[i + 1] or '') .. (t[i + 2] or '') .. (t[i + 3] or '') .. (t[i + 4] or '') ..
@@ -174,6 +176,7 @@ local function join64(t, i)
     (t[i + 55] or '') .. (t[i + 56] or '') .. (t[i + 57] or '') .. (t[i + 58] or '') .. (t[i + 59] or '') ..
     (t[i + 60] or '') .. (t[i + 61] or '') .. (t[i + 62] or '') .. (t[i + 63] or '')
 end
+-- END GENERATED join64
 local function join(t)
   local n = #t
   if n <= 1 then return t[1] or '' end
@@ -429,6 +432,8 @@ end
 -- aggregate's).
 -- (0 + x is x for every sum made here, which starts at +0: a lone part is its group's sum, a lone
 -- group the aggregate.)
+-- BEGIN GENERATED fold_values
+-- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)
 local function fold_values(name, payload, width, cs, size, sumsq, tree)
   local nterms = #tree
   local single = nterms == 1 and tree[1].parts ~= nil -- its sum is the aggregate
@@ -619,8 +624,405 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
   end
   return once(made, aggs, join)
 end
+-- END GENERATED fold_values
+
+-- Each semantics checks a reported key before anything is written (check: nil, or the rejection;
+-- it leaves on the item what its apply writes) and writes it once every key has passed (apply).
+-- (item: the key's name, payload, semantics, meta and data hashes and its next version.)
+
+-- broadcast: the owner's value replaces the key's.
+local function check_broadcast(item, spec, width)
+  local name, payload, km, kd = item.name, item.payload, item.meta, item.data
+  local owner = redis.call('HGET', km, 'owner')
+  if owner ~= '' and owner ~= shard then
+    return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. tostring(owner))
+  end
+  local kt = redis.call('TYPE', kd)['ok']
+  if kt ~= 'none' and kt ~= 'hash' then return reject('corrupt_state', name, not_hash(kd)) end
+  local why = check_payload(name, payload, width, 0, width)
+  if why then return reject(why[1], why[2], why[3]) end
+end
+
+local function apply_broadcast(item)
+  redis.call('HSET', item.data, 'value', item.payload)
+  redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writer', shard,
+    'writer_incarnation', inc)
+end
+
+-- merge: the fleet aggregate is the retired history plus every live slot, summed in a fixed order.
+-- Its check runs in four steps over one table of the key's working state (k): the writers and live
+-- slots, the reads of the stored sums, the proof that the sums about to be re-made were right, and
+-- the sums themselves (the fused pass).
+
+-- the writers and the live slots after this fold, by sub-group and group
+local function merge_live(item, spec, width) -- nil and the key's working state, or the rejection
+  local name, payload, km = item.name, item.payload, item.meta
+  local count_size, size = tonumber(spec[3]), tonumber(spec[4])
+  if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
+  item.width, item.count_size, item.size = width, count_size, size
+  local stale, me = tonumber(spec[8]), shard + 0
+  -- a slot not refreshed for stale_after_s leaves a state key; a history key keeps it (its samples
+  -- stay counted, as a fresh restart would retire them: the same whichever shard's fold notices it)
+  if stale and redis.call('HGET', km, 'lifecycle') ~= 'state' then stale = nil end
+  local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
+  -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
+  -- sub-groups and groups are made once each, and loops over lists count)
+  local idname, qname, gname = {[me] = shard}, {}, {}
+  -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
+  -- each last wrote
+  -- (ids made numbers by coercion once one search has found nothing but digits and commas: a C call
+  -- per writer is what made a fold cost more with every live slot)
+  local ids, was_writer, last = {}, false, -1
+  local nids, prior = 0, {} -- prior: the ids that wrote before this fold, ascending (this shard among them)
+  local odd = string.find(spec[6] or '', '[^%d,]')
+  for w in string.gmatch(spec[6] or '', '[^,]+') do
+    local id = (not odd and w + 0) or tonumber(w)
+    if not id or id <= last or (odd and string.find(w, '%D')) then
+      return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
+    end
+    last = id
+    prior[#prior + 1] = id
+    if id ~= me then nids = nids + 1; ids[nids] = id; idname[id] = w else was_writer = true end
+  end
+  local at = {}
+  if stale and nids > 0 then
+    local atf = {}
+    for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
+    at = hmget(km, atf) or {}
+  end
+  -- (state keys) when each other writer's lease on its shard id runs out: a shard whose lease has
+  -- lapsed for longer than lease_grace_s has left the fleet, unless its slot was written after the
+  -- lease ran out (it lived on: whichever fold comes first, the slot's fate is the same); a shard
+  -- that never leased is not judged. (When each slot was written is read for those shards only:
+  -- usually none.)
+  local grace, lapsed = tonumber(spec[10]), {}
+  if grace and nids > 0 then
+    local lf = {}
+    for k = 1, nids do lf[k] = idname[ids[k]] .. ':lease_until_us' end
+    local leased = hmget(KEYS[2], lf) or {}
+    local span, cand = grace * 1e6, {}
+    for k = 1, nids do
+      local u = leased[k] and tonumber(leased[k])
+      if u and now - u > span then cand[#cand + 1] = k; lapsed[k] = u end
+    end
+    if #cand > 0 and not stale then
+      local f = {}
+      for j = 1, #cand do f[j] = 'slot:' .. idname[ids[cand[j]]] .. ':at_us' end
+      local got = hmget(km, f) or {}
+      for j = 1, #cand do at[cand[j]] = got[j] end
+    end
+  end
+  -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
+  -- lapsed, stops weighting the fleet); the sub-groups whose members change are re-made, and so
+  -- are their groups
+  local rebuild = spec[9] ~= LAYOUT
+  item.rebuild = rebuild
+  item.forget = {}
+  -- (sub-groups and groups by integer arithmetic: math.floor is a C call)
+  local myq = (me - me % SUB) / SUB
+  local live, nlive, tsub = {}, 0, {[myq] = true}
+  local mine_added = false
+  for k = 1, nids do
+    local id = ids[k]
+    if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
+    local gone = stale and now - (tonumber(at[k]) or 0) > stale * 1e6
+    local lease_end = lapsed[k]
+    if not gone and lease_end and (tonumber(at[k]) or 0) <= lease_end then
+      gone = true
+      item.lapsed = (item.lapsed or 0) + 1
+    end
+    if gone then
+      item.forget[#item.forget + 1] = id
+      tsub[(id - id % SUB) / SUB] = true
+    else
+      nlive = nlive + 1
+      live[nlive] = id
+    end
+  end
+  if not mine_added then nlive = nlive + 1; live[nlive] = me end
+  -- (the writers as stored when they did not change: this shard among them, none dropped)
+  item.was, item.incarnation, item.writers = spec[6], spec[7], spec[6]
+  if not was_writer or #item.forget > 0 then
+    local names = {}
+    for k = 1, nlive do names[k] = idname[live[k]] end
+    item.writers = table.concat(names, ',')
+  end
+  item.idname = idname
+  -- live[subs[q] .. ends[q]]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder:
+  -- the live groups (live is ascending: a sub-group's members and a group's sub-groups come one after
+  -- another, so a sub-group is a stretch of live, not a table of its own)
+  local subs, ends, groups, gorder = {}, {}, {}, {}
+  local q0, gs, ng = -1, nil, 0
+  for k = 1, nlive do
+    local id = live[k]
+    local q = (id - id % SUB) / SUB
+    if q ~= q0 then
+      q0 = q
+      subs[q] = k
+      local g = (q - q % SUBS) / SUBS
+      if ng == 0 or gorder[ng] ~= g then gs = {}; groups[g] = gs; ng = ng + 1; gorder[ng] = g end
+      gs[#gs + 1] = q
+      if rebuild then tsub[q] = true end
+    end
+    ends[q] = k
+  end
+  local tgroup = {}
+  for q in pairs(tsub) do tgroup[(q - q % SUBS) / SUBS] = true end
+
+  return nil, {
+    count_size = count_size, size = size, width = width, name = name, payload = payload, km = km, me = me,
+    sumsq = sumsq, idname = idname, qname = qname, gname = gname, was_writer = was_writer, prior = prior,
+    rebuild = rebuild, myq = myq, live = live, tsub = tsub, subs = subs, ends = ends, groups = groups,
+    gorder = gorder, tgroup = tgroup,
+  }
+end
+
+-- what the fold reads of the data hash, and the history this fold retires
+local function merge_read(item, spec, resumed, k)
+  local count_size, size, width, name, payload, me, sumsq, idname, qname, gname, rebuild, live, tsub, subs, ends,
+    groups, gorder, tgroup, km =
+    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.qname, k.gname, k.rebuild, k.live,
+      k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup, k.km
+  -- What the fold reads of the data hash, in as few HMGETs as the stored sums allow (one, unless a
+  -- sum is missing): the history; this shard's count record (and its previous slot, when a new
+  -- incarnation retires it); every live group's sum, or of a touched group (re-made) its count
+  -- record; of a group re-made, its sub-groups' sums, or of a touched one (re-made) its count
+  -- record; the slots of every sub-group re-made, and the stale ones dropped. A group or sub-group
+  -- whose sum is missing (a run restored from a snapshot without it) is re-made from its parts.
+  local whole, part = width * 8, count_size * 8
+  local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {[me] = payload}}
+  local got, slots = plan.got, plan.slots
+  local retiring = spec[7] and spec[7] ~= inc and not resumed and redis.call('HGET', km, 'lifecycle') ~= 'state'
+  local own_field = 'slot:' .. shard
+  ask(plan, 'retired', whole)
+  ask(plan, 'counts:' .. own_field, part)
+  if retiring then ask(plan, own_field, whole) end
+  local gread = {}
+  for k = 1, #gorder do
+    local g = gorder[k]
+    if tgroup[g] then
+      gread[k] = 'counts:group:' .. once(gname, g, tostring)
+      if not rebuild then ask(plan, gread[k], part) end
+      local qs = groups[g]
+      for j = 1, #qs do
+        local q = qs[j]
+        if not rebuild then
+          local qs_name = once(qname, q, tostring)
+          if tsub[q] then ask(plan, 'counts:sub:' .. qs_name, part) else ask(plan, 'sub:' .. qs_name, whole) end
+        end
+        if tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
+      end
+    else
+      gread[k] = 'group:' .. once(gname, g, tostring)
+      if not rebuild then ask(plan, gread[k], whole) end
+    end
+  end
+  for q in pairs(tsub) do
+    if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. once(qname, q, tostring), part) end
+  end
+  for k = 1, #item.forget do local id = item.forget[k] ask(plan, 'slot:' .. idname[id], whole, id) end
+  local bad = fetch(plan, item, idname)
+  if bad then return bad end
+  local redo, resum = {}, {}
+  for k = 1, #gorder do
+    local g = gorder[k]
+    redo[g] = tgroup[g] or not got[gread[k]]
+    if redo[g] and not tgroup[g] then
+      local qs = groups[g]
+      for j = 1, #qs do ask(plan, 'sub:' .. once(qname, qs[j], tostring), whole) end
+    end
+  end
+  if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
+  local qstored = {} -- per sub-group: its stored sum, or (touched) its count record
+  for k = 1, #gorder do
+    local g = gorder[k]
+    if redo[g] then
+      local qs = groups[g]
+      for j = 1, #qs do
+        local q = qs[j]
+        qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. once(qname, q, tostring)]
+        resum[q] = tsub[q] or not qstored[q]
+        if resum[q] and not tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
+      end
+    end
+  end
+  for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. once(qname, q, tostring)] end end
+  if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
+  local retired, own_counts = got['retired'], got['counts:' .. own_field]
+  local old = retiring and got[own_field]
+  if old then
+    -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
+    if retired then
+      local sum, e = sum_checked(name, {retired, old}, width, count_size, size, sumsq)
+      if not sum then return refuse(item, e[1], e[3]) end
+      retired = sum
+    else
+      retired = old
+    end
+    item.retired = retired
+  end
+  k.qstored, k.own_counts, k.slots, k.got, k.gread, k.redo, k.resum, k.retired =
+    qstored, own_counts, slots, got, gread, redo, resum, retired
+end
+
+-- the stored sums this fold re-makes were the sums of their parts before it
+local function merge_prove(item, k)
+  local count_size, me, was_writer, prior, rebuild, myq, tsub, gorder, tgroup, qstored, own_counts, slots, got,
+    gread =
+    k.count_size, k.me, k.was_writer, k.prior, k.rebuild, k.myq, k.tsub, k.gorder, k.tgroup, k.qstored,
+      k.own_counts, k.slots, k.got, k.gread
+  -- A stored sum about to be re-made must have been the sum of its parts before this fold: checked
+  -- on the count records (count_size values per part; the same operations, so the same bits).
+  if not rebuild then
+    for q in pairs(tsub) do
+      local sum = qstored[q]
+      -- (without this shard's own count record, its part is unknown: nothing to prove)
+      if sum and (own_counts or not was_writer or myq ~= q) then
+        local parts = {}
+        for k = 1, #prior do -- (ascending: past the sub-group's ids, nothing more of it)
+          local id = prior[k]
+          if id >= (q + 1) * SUB then break end
+          if id >= q * SUB then parts[#parts + 1] = id == me and own_counts or slots[id] end
+        end
+        if count_sum(parts, count_size) ~= sum then
+          return refuse(item, 'corrupt_state', 'stored sub:' .. q .. ' disagrees with the sum of its slots')
+        end
+      end
+    end
+    for k = 1, #gorder do
+      local g, sum = gorder[k], got[gread[k]]
+      if tgroup[g] and sum then
+        local parts, whole, prev = {}, true, nil
+        for j = 1, #prior do
+          local id = prior[j]
+          if id >= (g + 1) * SUB * SUBS then break end
+          local q = (id - id % SUB) / SUB
+          if (q - q % SUBS) / SUBS == g and q ~= prev then
+            parts[#parts + 1] = qstored[q]
+            whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
+          end
+        end
+        if whole and count_sum(parts, count_size) ~= sum then
+          return refuse(item, 'corrupt_state', 'stored group:' .. g .. ' disagrees with the sum of its sub-groups')
+        end
+      end
+    end
+  end
+end
+
+-- the aggregate's sums, re-made in one fused pass, and what the apply writes
+local function merge_sums(item, k)
+  local count_size, size, width, name, payload, me, sumsq, idname, qname, gname, rebuild, live, tsub, subs, ends,
+    groups, gorder, tgroup, qstored, slots, got, gread, redo, resum, retired =
+    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.qname, k.gname, k.rebuild, k.live,
+      k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup, k.qstored, k.slots, k.got, k.gread, k.redo, k.resum,
+      k.retired
+  -- the aggregate's terms in order: the retired history, then the groups in ascending order, each
+  -- re-made (from its sub-groups in ascending order, each stored or re-made from its slots in
+  -- ascending order) or stored (semantics.py sums in the same order)
+  local tree, made = {}, {}
+  item.emptied = {}
+  if retired then tree[1] = {stored = retired} end
+  for k = 1, #gorder do
+    local g = gorder[k]
+    if redo[g] then
+      local parts, qs = {}, groups[g]
+      for j = 1, #qs do
+        local q = qs[j]
+        if resum[q] then
+          local vs, field = {}, 'sub:' .. once(qname, q, tostring)
+          for x = subs[q], ends[q] do local id = live[x] vs[#vs + 1] = id == me or slots[id] end
+          parts[j] = {members = vs, out = {}}
+          made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
+        else
+          parts[j] = {stored = qstored[q]}
+          if #qs == 1 then -- the sub-group left alone in its group (the others emptied): its sum is the group's
+            item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
+            item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
+          end
+        end
+      end
+      tree[#tree + 1] = {parts = parts, out = {}}
+      local field = 'group:' .. once(gname, g, tostring)
+      made[#made + 1] = {field, tree[#tree], false, rebuild or got['counts:' .. field] or got[field]}
+    else
+      tree[#tree + 1] = {stored = got[gread[k]]}
+    end
+  end
+  local agg, why, of_agg = fold_values(name, payload, width, count_size, size, sumsq, tree)
+  if not agg then
+    if of_agg then return refuse(item, why[1], why[3]) end
+    return reject(why[1], why[2], why[3])
+  end
+  local cut = 8 * count_size
+  item.sums = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}
+  -- (made: {field, its node, whether it is lone, whether it may be stored}; a group is lone when
+  -- the aggregate has it alone, which is known once the tree is complete)
+  local sums, emptied = item.sums, item.emptied
+  for k = 1, #made do
+    local field, node, lone, stored = made[k][1], made[k][2], made[k][3], made[k][4]
+    if node.parts then lone = #tree == 1 end
+    if not lone then
+      local n = #sums
+      sums[n + 1], sums[n + 2], sums[n + 3], sums[n + 4] =
+        field, node.sum, 'counts:' .. field, string.sub(node.sum, 1, cut)
+    elseif stored then -- stored when it was not lone: gone, or it would go out of date
+      emptied[#emptied + 1] = field
+      emptied[#emptied + 1] = 'counts:' .. field
+    end
+  end
+  if rebuild then -- every live slot's count record
+    for k = 1, #live do
+      local id = live[k]
+      if id ~= me then
+        item.sums[#item.sums + 1] = 'counts:slot:' .. idname[id]
+        item.sums[#item.sums + 1] = string.sub(slots[id], 1, cut)
+      end
+    end
+  end
+  for q in pairs(tsub) do
+    if not subs[q] then
+      item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
+      item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
+    end
+  end
+  for g in pairs(tgroup) do
+    if not groups[g] then
+      item.emptied[#item.emptied + 1] = 'group:' .. once(gname, g, tostring)
+      item.emptied[#item.emptied + 1] = 'counts:group:' .. once(gname, g, tostring)
+    end
+  end
+  item.agg = agg
+end
+
+local function check_merge(item, spec, width, resumed)
+  local bad, k = merge_live(item, spec, width)
+  if bad then return bad end
+  return merge_read(item, spec, resumed, k) or merge_prove(item, k) or merge_sums(item, k)
+end
+
+local function apply_merge(item)
+  for _, id in ipairs(item.forget) do
+    redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
+      'slot:' .. id .. ':at_us')
+    redis.call('HDEL', item.data, 'slot:' .. id, 'counts:slot:' .. id)
+  end
+  local lapsed = item.lapsed or 0
+  if #item.forget > lapsed then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget - lapsed) end
+  if lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
+  if item.retired then redis.call('HSET', item.data, 'retired', item.retired) end
+  if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
+  redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.sums))
+  if item.rebuild then redis.call('HSET', item.meta, 'sums_layout', LAYOUT) end
+  if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
+  if item.incarnation ~= inc then redis.call('HSET', item.meta, 'slot:' .. shard .. ':incarnation', inc) end
+  redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'slot:' .. shard .. ':seq', seq,
+    'slot:' .. shard .. ':at_us', now_s)
+end
 
 -- validate and compute every key before writing anything (a report applies all or none) ------------
+local CHECKS = {broadcast = check_broadcast, merge = check_merge}
+local APPLIES = {broadcast = apply_broadcast, merge = apply_merge}
 local items, seen = {}, {}
 for i = 1, nkeys do
   local name, payload = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
@@ -644,322 +1046,12 @@ for i = 1, nkeys do
       ' (' .. width .. ' float64)')
   end
   local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1}
-  if spec[1] == 'broadcast' then
-    local owner = redis.call('HGET', km, 'owner')
-    if owner ~= '' and owner ~= shard then
-      return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. tostring(owner))
-    end
-    local kt = redis.call('TYPE', kd)['ok']
-    if kt ~= 'none' and kt ~= 'hash' then return reject('corrupt_state', name, not_hash(kd)) end
-    local why = check_payload(name, payload, width, 0, width)
-    if why then return reject(why[1], why[2], why[3]) end
-  elseif spec[1] == 'merge' then
-    local count_size, size = tonumber(spec[3]), tonumber(spec[4])
-    if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
-    item.width, item.count_size, item.size = width, count_size, size
-    local stale, me = tonumber(spec[8]), shard + 0
-    -- a slot not refreshed for stale_after_s leaves a state key; a history key keeps it (its samples
-    -- stay counted, as a fresh restart would retire them: the same whichever shard's fold notices it)
-    if stale and redis.call('HGET', km, 'lifecycle') ~= 'state' then stale = nil end
-    local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
-    -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
-    -- sub-groups and groups are made once each, and loops over lists count)
-    local idname, qname, gname = {[me] = shard}, {}, {}
-    -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
-    -- each last wrote
-    -- (ids made numbers by coercion once one search has found nothing but digits and commas: a C call
-    -- per writer is what made a fold cost more with every live slot)
-    local ids, was_writer, last = {}, false, -1
-    local nids, prior = 0, {} -- prior: the ids that wrote before this fold, ascending (this shard among them)
-    local odd = string.find(spec[6] or '', '[^%d,]')
-    for w in string.gmatch(spec[6] or '', '[^,]+') do
-      local id = (not odd and w + 0) or tonumber(w)
-      if not id or id <= last or (odd and string.find(w, '%D')) then
-        return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
-      end
-      last = id
-      prior[#prior + 1] = id
-      if id ~= me then nids = nids + 1; ids[nids] = id; idname[id] = w else was_writer = true end
-    end
-    local at = {}
-    if stale and nids > 0 then
-      local atf = {}
-      for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
-      at = hmget(km, atf) or {}
-    end
-    -- (state keys) when each other writer's lease on its shard id runs out: a shard whose lease has
-    -- lapsed for longer than lease_grace_s has left the fleet, unless its slot was written after the
-    -- lease ran out (it lived on: whichever fold comes first, the slot's fate is the same); a shard
-    -- that never leased is not judged. (When each slot was written is read for those shards only:
-    -- usually none.)
-    local grace, lapsed = tonumber(spec[10]), {}
-    if grace and nids > 0 then
-      local lf = {}
-      for k = 1, nids do lf[k] = idname[ids[k]] .. ':lease_until_us' end
-      local leased = hmget(KEYS[2], lf) or {}
-      local span, cand = grace * 1e6, {}
-      for k = 1, nids do
-        local u = leased[k] and tonumber(leased[k])
-        if u and now - u > span then cand[#cand + 1] = k; lapsed[k] = u end
-      end
-      if #cand > 0 and not stale then
-        local f = {}
-        for j = 1, #cand do f[j] = 'slot:' .. idname[ids[cand[j]]] .. ':at_us' end
-        local got = hmget(km, f) or {}
-        for j = 1, #cand do at[cand[j]] = got[j] end
-      end
-    end
-    -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
-    -- lapsed, stops weighting the fleet); the sub-groups whose members change are re-made, and so
-    -- are their groups
-    local rebuild = spec[9] ~= LAYOUT
-    item.rebuild = rebuild
-    item.forget = {}
-    -- (sub-groups and groups by integer arithmetic: math.floor is a C call)
-    local myq = (me - me % SUB) / SUB
-    local live, nlive, tsub = {}, 0, {[myq] = true}
-    local mine_added = false
-    for k = 1, nids do
-      local id = ids[k]
-      if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
-      local gone = stale and now - (tonumber(at[k]) or 0) > stale * 1e6
-      local lease_end = lapsed[k]
-      if not gone and lease_end and (tonumber(at[k]) or 0) <= lease_end then
-        gone = true
-        item.lapsed = (item.lapsed or 0) + 1
-      end
-      if gone then
-        item.forget[#item.forget + 1] = id
-        tsub[(id - id % SUB) / SUB] = true
-      else
-        nlive = nlive + 1
-        live[nlive] = id
-      end
-    end
-    if not mine_added then nlive = nlive + 1; live[nlive] = me end
-    -- (the writers as stored when they did not change: this shard among them, none dropped)
-    item.was, item.incarnation, item.writers = spec[6], spec[7], spec[6]
-    if not was_writer or #item.forget > 0 then
-      local names = {}
-      for k = 1, nlive do names[k] = idname[live[k]] end
-      item.writers = table.concat(names, ',')
-    end
-    item.idname = idname
-    -- live[subs[q] .. ends[q]]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder:
-    -- the live groups (live is ascending: a sub-group's members and a group's sub-groups come one after
-    -- another, so a sub-group is a stretch of live, not a table of its own)
-    local subs, ends, groups, gorder = {}, {}, {}, {}
-    local q0, gs, ng = -1, nil, 0
-    for k = 1, nlive do
-      local id = live[k]
-      local q = (id - id % SUB) / SUB
-      if q ~= q0 then
-        q0 = q
-        subs[q] = k
-        local g = (q - q % SUBS) / SUBS
-        if ng == 0 or gorder[ng] ~= g then gs = {}; groups[g] = gs; ng = ng + 1; gorder[ng] = g end
-        gs[#gs + 1] = q
-        if rebuild then tsub[q] = true end
-      end
-      ends[q] = k
-    end
-    local tgroup = {}
-    for q in pairs(tsub) do tgroup[(q - q % SUBS) / SUBS] = true end
-
-    -- What the fold reads of the data hash, in as few HMGETs as the stored sums allow (one, unless a
-    -- sum is missing): the history; this shard's count record (and its previous slot, when a new
-    -- incarnation retires it); every live group's sum, or of a touched group (re-made) its count
-    -- record; of a group re-made, its sub-groups' sums, or of a touched one (re-made) its count
-    -- record; the slots of every sub-group re-made, and the stale ones dropped. A group or sub-group
-    -- whose sum is missing (a run restored from a snapshot without it) is re-made from its parts.
-    local whole, part = width * 8, count_size * 8
-    local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {[me] = payload}}
-    local got, slots = plan.got, plan.slots
-    local retiring = spec[7] and spec[7] ~= inc and not resumed and redis.call('HGET', km, 'lifecycle') ~= 'state'
-    local own_field = 'slot:' .. shard
-    ask(plan, 'retired', whole)
-    ask(plan, 'counts:' .. own_field, part)
-    if retiring then ask(plan, own_field, whole) end
-    local gread = {}
-    for k = 1, #gorder do
-      local g = gorder[k]
-      if tgroup[g] then
-        gread[k] = 'counts:group:' .. once(gname, g, tostring)
-        if not rebuild then ask(plan, gread[k], part) end
-        local qs = groups[g]
-        for j = 1, #qs do
-          local q = qs[j]
-          if not rebuild then
-            local qs_name = once(qname, q, tostring)
-            if tsub[q] then ask(plan, 'counts:sub:' .. qs_name, part) else ask(plan, 'sub:' .. qs_name, whole) end
-          end
-          if tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
-        end
-      else
-        gread[k] = 'group:' .. once(gname, g, tostring)
-        if not rebuild then ask(plan, gread[k], whole) end
-      end
-    end
-    for q in pairs(tsub) do
-      if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. once(qname, q, tostring), part) end
-    end
-    for k = 1, #item.forget do local id = item.forget[k] ask(plan, 'slot:' .. idname[id], whole, id) end
-    local bad = fetch(plan, item, idname)
-    if bad then return bad end
-    local redo, resum = {}, {}
-    for k = 1, #gorder do
-      local g = gorder[k]
-      redo[g] = tgroup[g] or not got[gread[k]]
-      if redo[g] and not tgroup[g] then
-        local qs = groups[g]
-        for j = 1, #qs do ask(plan, 'sub:' .. once(qname, qs[j], tostring), whole) end
-      end
-    end
-    if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
-    local qstored = {} -- per sub-group: its stored sum, or (touched) its count record
-    for k = 1, #gorder do
-      local g = gorder[k]
-      if redo[g] then
-        local qs = groups[g]
-        for j = 1, #qs do
-          local q = qs[j]
-          qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. once(qname, q, tostring)]
-          resum[q] = tsub[q] or not qstored[q]
-          if resum[q] and not tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
-        end
-      end
-    end
-    for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. once(qname, q, tostring)] end end
-    if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
-    local retired, own_counts = got['retired'], got['counts:' .. own_field]
-    local old = retiring and got[own_field]
-    if old then
-      -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
-      if retired then
-        local sum, e = sum_checked(name, {retired, old}, width, count_size, size, sumsq)
-        if not sum then return refuse(item, e[1], e[3]) end
-        retired = sum
-      else
-        retired = old
-      end
-      item.retired = retired
-    end
-    -- A stored sum about to be re-made must have been the sum of its parts before this fold: checked
-    -- on the count records (count_size values per part; the same operations, so the same bits).
-    if not rebuild then
-      for q in pairs(tsub) do
-        local sum = qstored[q]
-        -- (without this shard's own count record, its part is unknown: nothing to prove)
-        if sum and (own_counts or not was_writer or myq ~= q) then
-          local parts = {}
-          for k = 1, #prior do -- (ascending: past the sub-group's ids, nothing more of it)
-            local id = prior[k]
-            if id >= (q + 1) * SUB then break end
-            if id >= q * SUB then parts[#parts + 1] = id == me and own_counts or slots[id] end
-          end
-          if count_sum(parts, count_size) ~= sum then
-            return refuse(item, 'corrupt_state', 'stored sub:' .. q .. ' disagrees with the sum of its slots')
-          end
-        end
-      end
-      for k = 1, #gorder do
-        local g, sum = gorder[k], got[gread[k]]
-        if tgroup[g] and sum then
-          local parts, whole, prev = {}, true, nil
-          for j = 1, #prior do
-            local id = prior[j]
-            if id >= (g + 1) * SUB * SUBS then break end
-            local q = (id - id % SUB) / SUB
-            if (q - q % SUBS) / SUBS == g and q ~= prev then
-              parts[#parts + 1] = qstored[q]
-              whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
-            end
-          end
-          if whole and count_sum(parts, count_size) ~= sum then
-            return refuse(item, 'corrupt_state', 'stored group:' .. g .. ' disagrees with the sum of its sub-groups')
-          end
-        end
-      end
-    end
-    -- the aggregate's terms in order: the retired history, then the groups in ascending order, each
-    -- re-made (from its sub-groups in ascending order, each stored or re-made from its slots in
-    -- ascending order) or stored (semantics.py sums in the same order)
-    local tree, made = {}, {}
-    item.emptied = {}
-    if retired then tree[1] = {stored = retired} end
-    for k = 1, #gorder do
-      local g = gorder[k]
-      if redo[g] then
-        local parts, qs = {}, groups[g]
-        for j = 1, #qs do
-          local q = qs[j]
-          if resum[q] then
-            local vs, field = {}, 'sub:' .. once(qname, q, tostring)
-            for x = subs[q], ends[q] do local id = live[x] vs[#vs + 1] = id == me or slots[id] end
-            parts[j] = {members = vs, out = {}}
-            made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
-          else
-            parts[j] = {stored = qstored[q]}
-            if #qs == 1 then -- the sub-group left alone in its group (the others emptied): its sum is the group's
-              item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
-              item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
-            end
-          end
-        end
-        tree[#tree + 1] = {parts = parts, out = {}}
-        local field = 'group:' .. once(gname, g, tostring)
-        made[#made + 1] = {field, tree[#tree], false, rebuild or got['counts:' .. field] or got[field]}
-      else
-        tree[#tree + 1] = {stored = got[gread[k]]}
-      end
-    end
-    local agg, why, of_agg = fold_values(name, payload, width, count_size, size, sumsq, tree)
-    if not agg then
-      if of_agg then return refuse(item, why[1], why[3]) end
-      return reject(why[1], why[2], why[3])
-    end
-    local cut = 8 * count_size
-    item.sums = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}
-    -- (made: {field, its node, whether it is lone, whether it may be stored}; a group is lone when
-    -- the aggregate has it alone, which is known once the tree is complete)
-    local sums, emptied = item.sums, item.emptied
-    for k = 1, #made do
-      local field, node, lone, stored = made[k][1], made[k][2], made[k][3], made[k][4]
-      if node.parts then lone = #tree == 1 end
-      if not lone then
-        local n = #sums
-        sums[n + 1], sums[n + 2], sums[n + 3], sums[n + 4] =
-          field, node.sum, 'counts:' .. field, string.sub(node.sum, 1, cut)
-      elseif stored then -- stored when it was not lone: gone, or it would go out of date
-        emptied[#emptied + 1] = field
-        emptied[#emptied + 1] = 'counts:' .. field
-      end
-    end
-    if rebuild then -- every live slot's count record
-      for k = 1, #live do
-        local id = live[k]
-        if id ~= me then
-          item.sums[#item.sums + 1] = 'counts:slot:' .. idname[id]
-          item.sums[#item.sums + 1] = string.sub(slots[id], 1, cut)
-        end
-      end
-    end
-    for q in pairs(tsub) do
-      if not subs[q] then
-        item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
-        item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
-      end
-    end
-    for g in pairs(tgroup) do
-      if not groups[g] then
-        item.emptied[#item.emptied + 1] = 'group:' .. once(gname, g, tostring)
-        item.emptied[#item.emptied + 1] = 'counts:group:' .. once(gname, g, tostring)
-      end
-    end
-    item.agg = agg
-  else
+  local check_key = CHECKS[spec[1]]
+  if not check_key then
     return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
   end
+  local bad = check_key(item, spec, width, resumed)
+  if bad then return bad end
   items[i] = item
 end
 
@@ -984,28 +1076,7 @@ end
 local versions = {}
 for i = 1, nkeys do
   local item = items[i]
-  if item.semantics == 'merge' then
-    for _, id in ipairs(item.forget) do
-      redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
-        'slot:' .. id .. ':at_us')
-      redis.call('HDEL', item.data, 'slot:' .. id, 'counts:slot:' .. id)
-    end
-    local lapsed = item.lapsed or 0
-    if #item.forget > lapsed then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget - lapsed) end
-    if lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
-    if item.retired then redis.call('HSET', item.data, 'retired', item.retired) end
-    if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
-    redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.sums))
-    if item.rebuild then redis.call('HSET', item.meta, 'sums_layout', LAYOUT) end
-    if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
-    if item.incarnation ~= inc then redis.call('HSET', item.meta, 'slot:' .. shard .. ':incarnation', inc) end
-    redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'slot:' .. shard .. ':seq', seq,
-      'slot:' .. shard .. ':at_us', now_s)
-  else
-    redis.call('HSET', item.data, 'value', item.payload)
-    redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writer', shard,
-      'writer_incarnation', inc)
-  end
+  APPLIES[item.semantics](item)
   versions[i] = item.version
 end
 
