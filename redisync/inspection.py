@@ -10,13 +10,13 @@ from typing import Any, Callable
 
 import numpy as np
 import redis
+from typing_extensions import assert_never
 
 from .errors import RedisyncError
 from .store.client import Store, server_time_us
 from .store.codec import decode
 from .store.keys import ROOT, run_of
-from .store.schema import MergeSpec
-from .store.semantics import split_parts
+from .store.schema import BroadcastSpec, MergeSpec
 
 
 def list_runs(client: redis.Redis) -> list[str]:
@@ -60,36 +60,39 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
             "version": int(meta.get("version", 0)),
             "updated_age_s": _age(now, meta.get("updated_at_us")),
         }
-        if isinstance(spec, MergeSpec):
-            writers = list(filter(None, meta.get("writers", "").split(",")))
-            first = _first_counts(r, store.keys.key_data(name), ["agg", "retired"] + [f"slot:{w}" for w in writers])
-            row.update(
-                count=first[0],
-                stale_after_s=spec.stale_after_s,
-                retired_count=first[1],
-                dropped_stale=int(meta.get("dropped_stale", 0)),
-                dropped_lapsed=int(meta.get("dropped_lapsed", 0)),
-            )
-            row["slots"] = []
-            for shard, count in zip(writers, first[2:]):
-                age = _age(now, meta[f"slot:{shard}:at_us"])
-                row["slots"].append(
-                    {
-                        "shard": int(shard),
-                        "incarnation": meta[f"slot:{shard}:incarnation"],
-                        "seq": int(meta[f"slot:{shard}:seq"]),
-                        "age_s": age,
-                        "count": count,
-                        # a state key's stale slot still counts until the next fold of the key drops it
-                        # (a history key keeps it)
-                        "stale": spec.lifecycle == "state"
-                        and spec.stale_after_s is not None
-                        and age is not None
-                        and age > spec.stale_after_s,
-                    }
+        match spec:
+            case MergeSpec():
+                writers = list(filter(None, meta.get("writers", "").split(",")))
+                first = _first_counts(r, store.keys.key_data(name), ["agg", "retired"] + [f"slot:{w}" for w in writers])
+                row.update(
+                    count=first[0],
+                    stale_after_s=spec.stale_after_s,
+                    retired_count=first[1],
+                    dropped_stale=int(meta.get("dropped_stale", 0)),
+                    dropped_lapsed=int(meta.get("dropped_lapsed", 0)),
                 )
-        else:
-            row.update(owner=getattr(spec, "owner", None), writer=meta.get("writer"))
+                row["slots"] = []
+                for shard, count in zip(writers, first[2:]):
+                    age = _age(now, meta[f"slot:{shard}:at_us"])
+                    row["slots"].append(
+                        {
+                            "shard": int(shard),
+                            "incarnation": meta[f"slot:{shard}:incarnation"],
+                            "seq": int(meta[f"slot:{shard}:seq"]),
+                            "age_s": age,
+                            "count": count,
+                            # a state key's stale slot still counts until the next fold of the key drops it
+                            # (a history key keeps it)
+                            "stale": spec.lifecycle == "state"
+                            and spec.stale_after_s is not None
+                            and age is not None
+                            and age > spec.stale_after_s,
+                        }
+                    )
+            case BroadcastSpec():
+                row.update(owner=spec.owner, writer=meta.get("writer"))
+            case _:
+                assert_never(spec)
         keys.append(row)
     dead = [
         {k: v for k, v in entry.items() if not k.startswith("report:")} for entry in store.dead_letters(dead_letters)
@@ -128,11 +131,9 @@ def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, d
     data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items()}
     agg = data.get("agg")
     slots = {
-        int(f.split(":")[1]): split_parts(spec, decode(raw, spec.width))
-        for f, raw in data.items()
-        if f.startswith("slot:")
+        int(f.split(":")[1]): spec.parts_of(decode(raw, spec.width)) for f, raw in data.items() if f.startswith("slot:")
     }
-    return (None if agg is None else split_parts(spec, decode(agg, spec.width))), slots
+    return (None if agg is None else spec.parts_of(decode(agg, spec.width))), slots
 
 
 def drift(store: Store) -> dict[str, dict[str, Any]]:
@@ -148,34 +149,44 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
     """
     out: dict[str, dict[str, Any]] = {}
     for name, spec in store.schema.keys.items():
-        if not isinstance(spec, MergeSpec) or (spec.size < 2 and not spec.sumsq):
-            continue
-        agg, slots = slot_parts(store, name)
-        if agg is None:
-            continue
-        if spec.sumsq:
-            mean, sd = _moments(agg)
-            if mean is None:
-                continue
-            rows = {
-                s: {"offset_sd": float(np.max(np.abs(m - mean) / sd))}
-                for s, p in slots.items()
-                if (m := _moments(p)[0]) is not None
-            }
-            out[name] = {"kind": "moments", "shards": rows}
-            continue
-        if np.any(agg["sum"] < 0):
-            continue
-        pooled = _distribution(agg["sum"])
-        if pooled is None:
-            continue
-        rows = {}
-        for shard, parts in slots.items():
-            own = _distribution(parts["sum"])
-            if own is not None:
-                rows[shard] = {"tv": 0.5 * float(np.abs(own - pooled).sum()), "entropy": _entropy(own)}
-        out[name] = {"kind": "distribution", "pooled_entropy": _entropy(pooled), "shards": rows}
+        match spec:
+            case MergeSpec() if spec.size >= 2 or spec.sumsq:
+                measured = _merge_drift(store, name, spec)
+                if measured is not None:
+                    out[name] = measured
+            case MergeSpec() | BroadcastSpec():
+                pass  # a scalar sum, or one value for the whole fleet: no distance to measure
+            case _:
+                assert_never(spec)
     return out
+
+
+def _merge_drift(store: Store, name: str, spec: MergeSpec) -> dict[str, Any] | None:
+    """One merge key's drift row (see :func:`drift`), or None when its aggregate has no such measure."""
+    agg, slots = slot_parts(store, name)
+    if agg is None:
+        return None
+    if spec.sumsq:
+        mean, sd = _moments(agg)
+        if mean is None:
+            return None
+        rows = {
+            s: {"offset_sd": float(np.max(np.abs(m - mean) / sd))}
+            for s, p in slots.items()
+            if (m := _moments(p)[0]) is not None
+        }
+        return {"kind": "moments", "shards": rows}
+    if np.any(agg["sum"] < 0):
+        return None
+    pooled = _distribution(agg["sum"])
+    if pooled is None:
+        return None
+    rows = {}
+    for shard, parts in slots.items():
+        own = _distribution(parts["sum"])
+        if own is not None:
+            rows[shard] = {"tv": 0.5 * float(np.abs(own - pooled).sum()), "entropy": _entropy(own)}
+    return {"kind": "distribution", "pooled_entropy": _entropy(pooled), "shards": rows}
 
 
 def _moments(parts: dict[str, np.ndarray]) -> tuple[np.ndarray | None, np.ndarray]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import numpy as np
+from typing_extensions import assert_never
 
 from .store.client import RunSnapshot, Store
 from .store.codec import PullResult
-from .store.schema import MergeSpec, Schema
+from .store.schema import BroadcastSpec, MergeSpec, Schema
 
 
 class FleetMonitor:
@@ -48,11 +49,15 @@ class FleetMonitor:
             parts = view.parts()
             if not parts:
                 continue
-            if isinstance(view.spec, MergeSpec):
-                out[f"redisync/{name}/count"] = float(np.sum(parts["count"]))
-                out[f"redisync/{name}/sum_total"] = float(np.sum(parts["sum"]))
-            elif parts["value"].size == 1:
-                out[f"redisync/{name}/value"] = float(parts["value"])
+            match view.spec:
+                case MergeSpec():
+                    out[f"redisync/{name}/count"] = float(np.sum(parts["count"]))
+                    out[f"redisync/{name}/sum_total"] = float(np.sum(parts["sum"]))
+                case BroadcastSpec():
+                    if parts["value"].size == 1:
+                        out[f"redisync/{name}/value"] = float(parts["value"])
+                case _:
+                    assert_never(view.spec)
         for term in self.terms:
             if hasattr(term, "fleet_metrics"):
                 out.update(term.fleet_metrics(state))

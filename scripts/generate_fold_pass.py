@@ -1,4 +1,6 @@
-"""Writes the unrolled stretches of ``redisync/store/lua/fold.lua``: ``join64`` and ``fold_values``.
+"""Writes the generated stretches of ``redisync/store/lua/fold.lua``: the constants it shares with
+``redisync/store/semantics/merge.py`` (SUB, SUBS, LAYOUT: Python is their one source), and the
+unrolled ``join64`` and ``fold_values``.
 
 The fused pass holds BLOCK (32) values of every input in local variables, so its Lua is written out
 in full rather than looped; this script is where that text comes from. In fold.lua each stretch
@@ -15,6 +17,8 @@ own). A block of 36 (180 + 26 others) no longer compiles ("too many local variab
 import re
 import sys
 from pathlib import Path
+
+from redisync.store.semantics.merge import LAYOUT, SUB, SUBS
 
 B = 32
 
@@ -201,6 +205,7 @@ ops = " ..\n".join(
     "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
 ).replace("(t[i + 0] or '')", "(t[i] or '')")
 SECTIONS = {
+    "constants": f"local SUB, SUBS = {SUB}, {SUBS}\nlocal LAYOUT = '{LAYOUT}'",
     "join64": "local function join64(t, i)\n  return\n" + ops + "\nend",
     "fold_values": "\n".join(out),
 }

@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from typing_extensions import assert_never
 
 from redisync.store.client import Store
 from redisync.store.codec import decode
-from redisync.store.schema import MergeSpec
-from redisync.store.semantics import LAYOUT, ReferenceFold, stored_sums
+from redisync.store.reference import ReferenceFold
+from redisync.store.schema import BroadcastSpec, MergeSpec
+from redisync.store.semantics.merge import LAYOUT, stored_sums
 
 
 def _s(v) -> str:
@@ -31,34 +33,39 @@ def lua_state(store: Store) -> dict:
         meta = {_s(k): _s(v) for k, v in r.hgetall(store.keys.key_meta(name)).items()}
         data = {_s(k): v for k, v in r.hgetall(store.keys.key_data(name)).items()}
         key = {"version": int(meta["version"])}
-        if isinstance(spec, MergeSpec):
-            key["value"] = decode(data["agg"], spec.width)
-            key["retired"] = decode(data["retired"], spec.width) if "retired" in data else None
-            key["slots"] = {
-                int(f.split(":")[1]): (int(meta[f + ":incarnation"]), int(meta[f + ":seq"]), decode(v, spec.width))
-                for f, v in data.items()
-                if f.startswith("slot:")
-            }
-            # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own),
-            # and a lone one is not stored
-            sums = stored_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width, "retired" in data)
-            parts = {**sums, **{f"slot:{i}": slot[2] for i, slot in key["slots"].items()}}
-            # ... and every count record the count part of its vector
-            expected = {**sums, **{f"counts:{f}": v[: spec.count_size] for f, v in parts.items()}}
-            stored = {
-                f: decode(v, spec.count_size if f.startswith("counts:") else spec.width)
-                for f, v in data.items()
-                if f.startswith(("sub:", "group:", "counts:"))
-            }
-            assert meta.get("sums_layout") == LAYOUT or not key["slots"], (name, meta.get("sums_layout"))
-            assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
-            for f, v in expected.items():
-                np.testing.assert_array_equal(stored[f], v, err_msg=f"{name} {f}")
-            writers = meta.get("writers", "")
-            assert sorted(map(int, filter(None, writers.split(",")))) == sorted(key["slots"]), "writers list drifted"
-        else:
-            key["value"] = decode(data["value"], spec.width) if "value" in data else None
-            key["writer"] = int(meta["writer"]) if "writer" in meta else None
+        match spec:
+            case MergeSpec():
+                key["value"] = decode(data["agg"], spec.width)
+                key["retired"] = decode(data["retired"], spec.width) if "retired" in data else None
+                key["slots"] = {
+                    int(f.split(":")[1]): (int(meta[f + ":incarnation"]), int(meta[f + ":seq"]), decode(v, spec.width))
+                    for f, v in data.items()
+                    if f.startswith("slot:")
+                }
+                # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own),
+                # and a lone one is not stored
+                sums = stored_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width, "retired" in data)
+                parts = {**sums, **{f"slot:{i}": slot[2] for i, slot in key["slots"].items()}}
+                # ... and every count record the count part of its vector
+                expected = {**sums, **{f"counts:{f}": v[: spec.count_size] for f, v in parts.items()}}
+                stored = {
+                    f: decode(v, spec.count_size if f.startswith("counts:") else spec.width)
+                    for f, v in data.items()
+                    if f.startswith(("sub:", "group:", "counts:"))
+                }
+                assert meta.get("sums_layout") == LAYOUT or not key["slots"], (name, meta.get("sums_layout"))
+                assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
+                for f, v in expected.items():
+                    np.testing.assert_array_equal(stored[f], v, err_msg=f"{name} {f}")
+                writers = meta.get("writers", "")
+                assert sorted(map(int, filter(None, writers.split(",")))) == sorted(key["slots"]), (
+                    "writers list drifted"
+                )
+            case BroadcastSpec():
+                key["value"] = decode(data["value"], spec.width) if "value" in data else None
+                key["writer"] = int(meta["writer"]) if "writer" in meta else None
+            case _:
+                assert_never(spec)
         out["keys"][name] = key
     return out
 
@@ -72,11 +79,14 @@ def reference_state(ref: ReferenceFold) -> dict:
     }
     for name, st in ref.keys.items():
         key = {"version": st.version, "value": st.value}
-        if isinstance(st.spec, MergeSpec):
-            key["retired"] = st.retired
-            key["slots"] = {sid: (s.incarnation, s.seq, s.payload) for sid, s in st.slots.items()}
-        else:
-            key["writer"] = st.writer
+        match ref.specs[name]:
+            case MergeSpec():
+                key["retired"] = st.retired
+                key["slots"] = {sid: (s.incarnation, s.seq, s.payload) for sid, s in st.slots.items()}
+            case BroadcastSpec():
+                key["writer"] = st.writer
+            case other:
+                assert_never(other)
         out["keys"][name] = key
     return out
 
@@ -91,7 +101,7 @@ def _close(a, b, rtol: float) -> bool:
 
 
 def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
-    """Exact for versions, shards, slots and broadcast values; ``rtol`` for merge aggregates."""
+    """Exact for versions, shards, slots, broadcast values; ``rtol`` for merge aggregates."""
     assert lua["fleet_version"] == ref["fleet_version"]
     assert lua["shards"] == ref["shards"]
     assert lua["leases"] == ref["leases"]
@@ -105,8 +115,8 @@ def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
             for sid, (inc, seq, payload) in r["slots"].items():
                 linc, lseq, lpayload = l["slots"][sid]
                 assert (linc, lseq) == (inc, seq) and lpayload.tobytes() == payload.tobytes(), (name, sid)
-        else:
-            assert l["writer"] == r["writer"], name
+        else:  # broadcast: the value and its writer, bit for bit
+            assert l.get("writer") == r.get("writer"), name
             assert _close(l["value"], r["value"], 0), name
 
 

@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec, Schema, merge
-from redisync.store.semantics import ReferenceFold
 
 from .support import assert_same_state, reference_state
 

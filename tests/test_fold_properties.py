@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from redisync import errors
 from redisync.store.codec import encode
+from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec, Schema, broadcast, merge
-from redisync.store.semantics import ReferenceFold
 
 from .conftest import new_store
 from .support import assert_same_state, envelope, lua_state, reference_state, send_as
@@ -118,9 +118,9 @@ def run_sequence(store, ops) -> None:
     assert merges_applied > 0 or sum(k == "publish" for k, _, _ in ops) < 10
     # the reference itself: the aggregate is the sum of the live slots and the retired history
     for name, key in ref.keys.items():
-        if key.spec.semantics == "merge":
+        if ref.specs[name].semantics == "merge":
             parts = [s.payload for s in key.slots.values()] + ([key.retired] if key.retired is not None else [])
-            exact = np.sum(parts, axis=0) if parts else np.zeros(key.spec.width)
+            exact = np.sum(parts, axis=0) if parts else np.zeros(ref.specs[name].width)
             scale = max(1e6, max((float(np.abs(p).max()) for p in parts), default=0.0)) * (1 + ref.fleet_version)
             assert np.allclose(key.value, exact, rtol=0, atol=1e-12 * scale), name
 

@@ -10,8 +10,8 @@ import pytest
 import redisync
 from redisync import errors
 from redisync.store.codec import encode
+from redisync.store.reference import ReferenceFold
 from redisync.store.schema import Schema, broadcast, merge
-from redisync.store.semantics import ReferenceFold
 
 from .faults import ReplyDroppingProxy
 from .servers import RedisProcess

@@ -282,7 +282,7 @@ def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_stor
 
 def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
     """The stored sums and aggregate of obs/norm are, bit for bit, the reference fold's for ``slots``."""
-    from redisync.store import semantics
+    from redisync.store.semantics import merge as semantics
 
     data = {k.decode(): v for k, v in store.redis.hgetall(store.keys.key_data("obs/norm")).items()}
     payloads = {shard: np.array(v, dtype=np.float64) for shard, v in slots.items()}
@@ -301,7 +301,7 @@ def test_a_run_folded_before_two_level_sums_has_them_remade_at_its_next_fold(mak
     sums_layout) is not trusted: the next fold re-makes every sub-group and group sum from the
     slots, so the state is the reference's bit for bit, and a snapshot of the older layout restores
     with its sums re-made (they are derived data), whatever they held."""
-    from redisync.store import semantics
+    from redisync.store.semantics import merge as semantics
 
     store = make_store()
     store.register(SCHEMA)

@@ -25,12 +25,12 @@ from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 from ..errors import InvalidSchema
 from ..store.codec import PullResult
-from ..store.schema import BroadcastSpec, MergeSpec, Schema
+from ..store.schema import KeySpec, Schema
 
 
 @runtime_checkable
 class SyncedTerm(Protocol):
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (empty when the term does not sync)."""
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:

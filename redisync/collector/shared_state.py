@@ -30,8 +30,7 @@ import numpy as np
 
 from ..errors import InvalidSchema
 from ..store.codec import PullResult
-from ..store.schema import MergeSpec, Schema
-from ..store.semantics import split_parts
+from ..store.schema import Schema
 from .mailbox import Block, map_block, privatize
 
 CONTROL_BYTES = 64  # a seqlock's sequence number and a version (int64s), alone on a cache line
@@ -108,7 +107,7 @@ class SharedState:
         spec = self.schema.keys.get(key)
         if spec is None:
             raise InvalidSchema(f"shared report for {key!r}: not a key of the run's schema")
-        allowed = ("count", "sum", "sumsq") if isinstance(spec, MergeSpec) else ("value",)
+        allowed = tuple(part for part, _, _, _ in spec.payload_parts())
         for part, data in parts.items():
             if part not in allowed:
                 raise InvalidSchema(f"shared report for {key!r}: part {part!r} is not one of {allowed}")
@@ -145,7 +144,7 @@ class SharedState:
         if spec is None:
             raise InvalidSchema(f"shared fleet for {key!r}: not a key of the run's schema")
         flat = self._live[self._offsets[key] : self._offsets[key] + spec.width]
-        parts = split_parts(spec, flat) if isinstance(spec, MergeSpec) else {"value": flat.reshape(spec.shape)}
+        parts = spec.parts_of(flat)
         if part not in parts:
             raise InvalidSchema(f"shared fleet for {key!r}: part {part!r} is not one of {tuple(parts)}")
         if key not in self.received:
@@ -262,7 +261,7 @@ class SidecarState:
         self._staged[0] = seq
         for key, offset, width in self.received:
             view = fleet.keys.get(key)
-            flat = None if view is None else view.others() if isinstance(view.spec, MergeSpec) else view.value
+            flat = None if view is None else view.others()
             if flat is not None:
                 self._staging[offset : offset + width] = flat
         self._staged[1] = fleet.fleet_version

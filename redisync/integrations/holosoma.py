@@ -39,7 +39,7 @@ from holosoma.managers.curriculum.terms.locomotion import AverageEpisodeLengthTr
 
 from ..errors import ConfigurationError
 from ..store.codec import PullResult
-from ..store.schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ..store.schema import KeySpec, broadcast, merge
 from . import ProcessFleet, process_fleet
 
 
@@ -81,7 +81,7 @@ class TrackerSync:
         value = total / count if count > 0 else float(self.tracker.average_episode_length)
         return torch.as_tensor(value, device=self.tracker.average_episode_length.device, dtype=torch.float)
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         if self.mode == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         return {self.key: merge((), lifecycle="state")}
@@ -123,7 +123,7 @@ class PenaltyScaleSync:
     def scale(self) -> float:
         return float(self.term.current_scale if self.term is not None else self.env.reward_penalty_scale)
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         return {self.key: broadcast((), owner=self.owner)}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:

@@ -25,9 +25,9 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from .. import errors
-from . import codec, semantics
+from . import codec
 from .keys import RunKeys
-from .schema import Limits, MergeSpec, Schema, encode_reports
+from .schema import KeySpec, Limits, Schema, encode_reports
 
 ENV_URL = "REDISYNC_URL"
 EMBEDDED = "embedded"
@@ -303,87 +303,19 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
             if field in info and info[field] != declared:
                 raise bad(f"key {name!r}", f"{field} is {info[field]!r}, the snapshot's schema declares {declared!r}")
             key_info[field] = declared.encode()  # (an older snapshot without the field: the schema's)
-        for field, raw in data.items():
-            record = field.startswith("counts:")  # the count part of a stored vector (see _check_sums)
-            if field not in ("agg", "retired", "value") and not field.removeprefix("counts:").startswith(
-                ("slot:", "sub:", "group:")
-            ):
-                raise bad(f"key {name!r}", f"unexpected data field {field!r}")
-            need = 8 * (spec.count_size if record and isinstance(spec, MergeSpec) else spec.width)
-            if len(raw) != need:
-                raise bad(f"key {name!r}", f"{field} is {len(raw)} bytes, the key needs {need}")
-            if not np.isfinite(codec.decode(raw)).all():
-                raise bad(f"key {name!r}", f"{field} holds a non-finite value")
-        if spec.semantics == "merge":
-            writers = [w for w in info.get("writers", "").split(",") if w]
-            slots = sorted(f[len("slot:") :] for f in data if f.startswith("slot:"))
-            if sorted(writers) != slots or any(f"slot:{w}:incarnation" not in info for w in writers):
-                raise bad(f"key {name!r}", f"writers {writers} do not match the stored slots {slots}")
-            _check_sums(name, spec, key_info, data, writers, bad)
-            # the folds read the writers as ascending shard ids: the list is the slots', in that order
-            key_info["writers"] = ",".join(str(w) for w in sorted(int(w) for w in writers)).encode()
+        spec.check_stored(name, key_info, data, bad)
     return hashes, schema
 
 
-def _declared_fields(name: str, spec: Any) -> dict[str, str]:
+def _declared_fields(name: str, spec: KeySpec) -> dict[str, str]:
     """A key's metadata fields that its schema declares, as ``register.lua`` writes them: the
     folds trust them, so a snapshot's must be these."""
-    owner, stale = getattr(spec, "owner", None), getattr(spec, "stale_after_s", None)
-    fields = {
+    return {
         "name": name,
         "shape": "x".join(map(str, spec.shape)) or "scalar",
         "size": str(spec.size),
-        "owner": "" if owner is None else str(owner),
-        "stale_after_s": "" if stale is None else repr(float(stale)),
+        **spec.register_fields(),
     }
-    if isinstance(spec, MergeSpec):
-        grace = spec.lease_grace_s if spec.lifecycle == "state" else None
-        fields |= {
-            "count_size": str(spec.count_size),
-            "sumsq": str(int(spec.sumsq)),
-            "lifecycle": spec.lifecycle,
-            "lease_grace_s": "" if grace is None else repr(float(grace)),
-        }
-    return fields
-
-
-def _check_sums(
-    name: str, spec: MergeSpec, info: dict[str, bytes], data: dict[str, bytes], writers: list[str], bad: Any
-) -> None:
-    """The folds trust stored sums (each re-makes its own sub-group and group only, checking their
-    count records): every stored sub-group and group sum must be its parts' sum (a lone one is not
-    stored: ``semantics.stored_sums``), the aggregate the sum of the history and the groups, and every
-    count record (``counts:<field>``) the count part of its field, as the fold computes them; a
-    missing one is filled in. A snapshot whose sums were laid out otherwise (by an older redisync) has
-    them all re-made from its slots: they are derived data."""
-    if not all(w.isdigit() for w in writers):
-        raise bad(f"key {name!r}", f"writers {writers} are not shard ids")
-    width, cut = spec.width, spec.count_size
-    slots = {int(w): codec.decode(data[f"slot:{w}"]) for w in writers}
-    groups = semantics.layered_sums(slots, width)[1]
-    retired = data.get("retired")
-    agg = semantics.summed(([] if retired is None else [codec.decode(retired)]) + list(groups.values()), width)
-    sums = semantics.stored_sums(slots, width, retired is not None)
-    counts = {f"counts:{f}": v[:cut] for f, v in (sums | {f"slot:{w}": v for w, v in slots.items()}).items()}
-    derived = sums | {"agg": agg} | counts
-    parts = {"sub": "its slots", "group": "its sub-groups", "agg": "the retired history and the slots"}
-    if _b(info.get("sums_layout", b"")) == semantics.LAYOUT:
-        for field in [f for f in data if f.startswith(("sub:", "group:", "counts:"))]:
-            if field not in derived:
-                raise bad(f"key {name!r}", f"{field} belongs to no stored slot")
-        for field, expected in derived.items():
-            raw = data.get(field)
-            if raw is not None and not np.array_equal(codec.decode(raw), expected):
-                what = (
-                    "the count part of " + field[len("counts:") :]
-                    if field.startswith("counts:")
-                    else ("the sum of " + parts[field.split(":")[0]])
-                )
-                raise bad(f"key {name!r}", f"{field} disagrees with {what}")
-    for field in [f for f in data if f.startswith(("sub:", "group:", "counts:"))]:
-        del data[field]
-    data.update({field: codec.encode([v]) for field, v in derived.items()})
-    info["sums_layout"] = semantics.LAYOUT.encode()
 
 
 class Store:
@@ -491,22 +423,23 @@ class Store:
             limits.dead_letter_max_bytes,
         ]
         for name, spec in schema.keys.items():
-            owner = getattr(spec, "owner", None)
-            stale = getattr(spec, "stale_after_s", None)
+            fields = spec.register_fields()
             args += [
                 name,
                 spec.semantics,
                 "x".join(map(str, spec.shape)) or "scalar",
                 spec.size,
                 spec.width,
-                "" if owner is None else owner,
-                "" if stale is None else repr(float(stale)),
-                getattr(spec, "count_size", 0),
-                int(getattr(spec, "sumsq", False)),
-                getattr(spec, "lifecycle", ""),
-                "" if getattr(spec, "lease_grace_s", None) is None else repr(float(spec.lease_grace_s)),
+                fields["owner"],
+                fields["stale_after_s"],
+                fields.get("count_size", 0),
+                fields.get("sumsq", 0),
+                fields.get("lifecycle", ""),
+                fields.get("lease_grace_s", ""),
             ]
         reply = self._call(self.scripts.register, self._key_hashes(schema), args)
+        if _b(reply[0]) == "unknown_semantics":
+            raise errors.InvalidSchema(f"key {_b(reply[1])!r}: {_b(reply[2])} (a newer redisync registered it?)")
         if _b(reply[0]) == "no_info":
             raise errors.PermissionDenied(
                 f"{self.url}, run {self.run!r}: this role may not run INFO ({_b(reply[1])}); redisync needs it to tell a "

@@ -13,8 +13,9 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import numpy as np
 
 from .. import errors
-from .schema import BroadcastSpec, MergeSpec, Schema, coerce_report
-from .semantics import moments, own_substituted, split_parts
+from .schema import Schema
+from .semantics import KeySpec, MergeSpec
+from .semantics.merge import moments
 
 LE_F64 = np.dtype("<f8")
 
@@ -81,17 +82,15 @@ class KeyView:
     """One key of the fleet state as pulled: its version, fleet value and (merge) the caller's slot."""
 
     name: str
-    spec: BroadcastSpec | MergeSpec
+    spec: KeySpec
     version: int
     value: np.ndarray | None  # flat: broadcast value, or merge aggregate count||sum[||sumsq]; None if unwritten
     own_slot: np.ndarray | None = None  # the caller's slot as folded (merge), for own substitution
     own_incarnation: int | None = None
 
     def parts_of(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        """Merge: ``count``, ``sum``, ``sumsq`` of a flat vector of this key. Broadcast: ``value``."""
-        if isinstance(self.spec, MergeSpec):
-            return split_parts(self.spec, flat)
-        return {"value": flat.reshape(self.spec.shape)}
+        """A flat vector of this key in its parts (merge: ``count``, ``sum``, ``sumsq``; else ``value``)."""
+        return self.spec.parts_of(flat)
 
     def parts(self) -> dict[str, np.ndarray]:
         """The fleet value in parts (empty when never written)."""
@@ -104,27 +103,23 @@ class KeyView:
         return {} if others is None else self.parts_of(others)
 
     def others(self) -> np.ndarray | None:
-        """Merge: the flat fleet value without the caller's slot (None when never written)."""
-        if self.value is None:
-            return None
-        return self.value if self.own_slot is None else self.value - self.own_slot
+        """What the rest of the fleet holds, flat (merge: without the caller's slot); None when never written."""
+        return self.spec.others(self.value, self.own_slot)
 
     def moments(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Merge: the fleet ``(mean, var)`` (var is None without sumsq)."""
+        if not isinstance(self.spec, MergeSpec):
+            raise errors.ConfigurationError(
+                f"{self.name}: moments are a merge key's; this key is {self.spec.semantics}"
+            )
         p = self.parts()
         return moments(p["count"], p["sum"], p.get("sumsq"))
 
     def view(self, own_current: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Own substitution for a merge key: everybody else's data as pulled plus ours as of now.
-
-        ``own_current`` is this shard's report of now (``{"count": ..., "sum": ...}``); the result
-        has the same parts, pooled. A broadcast key's view is its fleet value.
-        """
-        if not isinstance(self.spec, MergeSpec):
-            return self.parts()
-        own = encode(coerce_report(self.name, self.spec, own_current).vectors(self.name, self.spec))
-        agg = self.value if self.value is not None else np.zeros(self.spec.width)
-        return split_parts(self.spec, own_substituted(agg, self.own_slot, decode(own)))
+        """The fleet value this collector acts on, in parts. Merge: own substitution, everybody else's
+        data as pulled plus ours as of now (``own_current``: this shard's report of now,
+        ``{"count": ..., "sum": ...}``). Other keys: the fleet value."""
+        return self.spec.view(self.name, self.value, self.own_slot, own_current)
 
 
 @dataclass(frozen=True)
@@ -158,6 +153,8 @@ def parse_pull(
     status = _text(reply[0])
     if status == "no_run":
         raise errors.RunNotFound("the run is not registered (or the store lost it); register it again")
+    if status == "corrupt_state":
+        raise errors.rejection("corrupt_state", _text(reply[1]), _text(reply[2]))
     if status != "changed":
         raise errors.RedisyncError(f"unexpected reply from the pull script: {reply!r}")
     epoch, fleet_version, now = _text(reply[1]), int(reply[2]), int(_text(reply[3]))

@@ -151,8 +151,11 @@ local function g17(v) return string.format('%.17g', v) end
 -- sub-group of its group, the only term of the aggregate) equals the sum it is part of and is not
 -- stored; one found missing is re-made from its parts. A key whose sums were laid out otherwise
 -- (sums_layout, written by the fold) has every sum re-made from its slots.
+-- BEGIN GENERATED constants
+-- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)
 local SUB, SUBS = 4, 4
 local LAYOUT = '4/16/lone'
+-- END GENERATED constants
 local mfloor = math.floor
 
 -- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string

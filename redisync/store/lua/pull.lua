@@ -8,10 +8,12 @@
 -- ARGV[3 + i]      the version of the i-th key the caller knows
 -- returns nil when the caller is current (same epoch and fleet version)
 --       | {'no_run'}
+--       | {'corrupt_state', key, detail}   a key's stored semantics is not one these scripts know
 --       | {'changed', epoch, fleet_version, now_us,
 --          then per changed key: index, version, value, own_slot, own_incarnation}
---         where value is the merge aggregate (count || sum [|| sumsq]) or the broadcast value
---         ('' if never written), and own_slot is the caller's slot as folded ('' if none).
+--         where value is the key's fleet value (merge: the aggregate count || sum [|| sumsq], stored as
+--         'agg'; broadcast: 'value'; '' if never written), and own_slot is the caller's
+--         slot as folded (merge; '' if none).
 
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'fleet_version')
 if not meta[1] then return {'no_run'} end
@@ -32,8 +34,11 @@ for i = 1, (#KEYS - 1) / 2 do
         own = redis.call('HGET', kd, 'slot:' .. shard)
         own_inc = redis.call('HGET', km, 'slot:' .. shard .. ':incarnation')
       end
-    else
+    elseif info[2] == 'broadcast' then
       value = redis.call('HGET', kd, 'value')
+    else
+      return {'corrupt_state', km, 'semantics ' .. string.format('%q', tostring(info[2])) ..
+        ' is not one this server\'s scripts know'}
     end
     reply[#reply + 1] = i
     reply[#reply + 1] = tonumber(info[1])

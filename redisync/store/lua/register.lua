@@ -11,6 +11,7 @@
 --                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state'), lease_grace_s ('': none;
 --                  the fold reads it for state keys only)
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
+--       | {'unknown_semantics', key, detail}   a key of a semantics these scripts do not know
 --       | {'no_info', error}   the caller's role may not run INFO, without which the folds could not
 --                              tell a restarted server (an epoch that lost writes) from the same one
 
@@ -20,6 +21,16 @@ local info = redis.pcall('INFO', 'server')
 local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
   (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
 if not server then return {'no_info', tostring(info['err'] or 'INFO server has no run_id')} end
+
+-- the semantics fold.lua knows (its CHECKS and APPLIES): a schema with another is refused whole
+local KNOWN = {broadcast = true, merge = true}
+for i = 1, (#KEYS - 1) / 2 do
+  local semantics = ARGV[9 + 11 * (i - 1) + 1]
+  if not KNOWN[semantics] then
+    return {'unknown_semantics', tostring(ARGV[9 + 11 * (i - 1)]), 'semantics ' ..
+      string.format('%q', tostring(semantics)) .. ' is not one this server\'s scripts know'}
+  end
+end
 
 local cur = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'schema')
 if cur[1] then

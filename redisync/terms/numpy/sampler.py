@@ -24,7 +24,7 @@ import numpy as np
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
-from ...store.schema import DEFAULT_LEASE_GRACE_S, BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
+from ...store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle, broadcast, merge
 from .. import formulas
 
 Mode = Literal["local", "pooled", "broadcast"]
@@ -74,7 +74,7 @@ class FailureEma:
         big = np.finfo(out.dtype).max
         np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         if self.mode == "local":
             return {}
         shape = self.own.shape if self.own.ndim > 1 else self.own.size
@@ -259,7 +259,7 @@ class AdaptiveMotionSampler:
 
     # ------------------------------------------------------------------ the seam: the state's
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         return self.state.schema_entries()
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:

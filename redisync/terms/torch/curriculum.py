@@ -21,7 +21,7 @@ import torch
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
-from ...store.schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ...store.schema import KeySpec, broadcast, merge
 
 
 def _check_mode(mode: str, allowed: tuple[str, ...]) -> None:
@@ -108,7 +108,7 @@ class AverageEpisodeLength:
         self._suppress_next_update = bool(state.get("suppress_next_update", False))
         self.resumed = True
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         if self.mode == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
@@ -193,7 +193,7 @@ class PenaltyCurriculum:
         value = state["current_scale"] if "current_scale" in state else state["reward_penalty_scale"]
         self.scale = self._clipped(float(value))
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         return {self.key: broadcast((), owner=self.owner)} if self.mode == "broadcast" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
@@ -251,7 +251,7 @@ class TerrainLevels:
         hist = self.fleet_histogram() if self.mode == "pooled" else self.histogram()
         return float((hist * np.arange(self.num_levels)).sum() / max(hist.sum(), 1.0))
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         # where the shard's envs are now: a state, dropped on a fresh restart
         merged = merge(self.num_levels, stale_after_s=self.stale_after_s, lifecycle="state")
         return {self.key: merged} if self.mode == "pooled" else {}

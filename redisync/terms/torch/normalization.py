@@ -34,7 +34,7 @@ from torch import nn
 from ...collector.shared_state import NOT_SHARED, SharedState
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
-from ...store.schema import BroadcastSpec, MergeSpec, broadcast, merge
+from ...store.schema import KeySpec, broadcast, merge
 from .. import formulas
 from .ops import TORCH
 
@@ -160,7 +160,7 @@ class SyncedEmpiricalNormalization(nn.Module):
 
     # ------------------------------------------------------------------ the seam
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         size = int(np.prod(self.shape))
         if self.mode == "pooled":
             return {self.key: merge(self.shape, sumsq=True, lifecycle="history")}

@@ -41,7 +41,7 @@ from torch import nn
 
 from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
-from ...store.schema import BroadcastSpec, Lifecycle, MergeSpec, broadcast, merge
+from ...store.schema import KeySpec, Lifecycle, broadcast, merge
 from .. import formulas
 from .ops import TORCH
 
@@ -369,7 +369,7 @@ class AdaptiveMotionSampler(nn.Module):
 
     # ------------------------------------------------------------------ the seam
 
-    def schema_entries(self) -> Mapping[str, BroadcastSpec | MergeSpec]:
+    def schema_entries(self) -> Mapping[str, KeySpec]:
         if self.mode == "local":
             return {}
         if self.mode == "broadcast":

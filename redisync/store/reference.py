@@ -1,0 +1,123 @@
+"""The fold in pure Python: the oracle for ``lua/fold.lua``.
+
+Everything the fold script does to a run's state is written here once more, in the same order and
+with the same float64 arithmetic, so that tests can require the Lua fold (on a real Redis and on
+fakeredis) to end in the same state as this reference after any sequence of reports. The envelope
+(incarnations, sequence numbers, sizes, leases, restores) is here; what a report does to a key is
+its semantics' ``fold`` (:mod:`.semantics`). Payloads are flat float64 vectors laid out as the key's
+parts (:meth:`~.semantics.base.SpecBase.payload_parts`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .schema import Limits, Schema
+from .semantics.base import Fold, KeyState
+
+Status = Literal["applied", "duplicate", "rejected"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    fleet_version: int = 0
+    reason: str | None = None
+    key: str | None = None
+
+
+@dataclass
+class ShardState:
+    incarnation: int
+    seq: int
+    at_us: int
+
+
+class ReferenceFold:
+    """The state of one run, folded exactly as ``lua/fold.lua`` folds it."""
+
+    def __init__(self, schema: Schema, limits: Limits | None = None):
+        self.schema = schema
+        self.limits = limits or Limits()
+        self.fleet_version = 0
+        self.keys = {name: spec.new_state() for name, spec in schema.keys.items()}
+        self.specs = dict(schema.keys)
+        self.shards: dict[int, ShardState] = {}
+        self.claimed: dict[int, int] = {}
+        self.leases: dict[int, int] = {}  # per shard id: when its lease runs out (server µs)
+
+    def lease(self, shard_id: int, incarnation: int, until_us: int) -> bool:
+        """Renew a lease, as ``lua/lease.lua`` does: refused when a later life holds the shard."""
+        cur = self.shards.get(shard_id)
+        if cur is not None and cur.incarnation != incarnation:
+            return False
+        self.leases[shard_id] = until_us
+        return True
+
+    def claim(self, shard_id: int, now_us: int) -> int:
+        """A new incarnation, as ``lua/claim.lua`` issues it: the server's time, or one above the
+        shard's current and last claimed incarnation; it becomes the shard's current one at once."""
+        cur = self.shards.get(shard_id)
+        new = max(now_us, (cur.incarnation + 1) if cur else 0, self.claimed.get(shard_id, 0) + 1)
+        self.shards[shard_id] = ShardState(new, 0, cur.at_us if cur else 0)
+        self.claimed[shard_id] = new
+        return new
+
+    def restore(self, snap: "ReferenceFold") -> None:
+        """Replace the state by ``snap``'s, as ``lua/restore.lua`` does: versions above both, and the
+        shards this run knows keep their current incarnation (its live collectors keep publishing)."""
+        self.fleet_version = max(self.fleet_version, snap.fleet_version) + 1
+        for name, key in snap.keys.items():
+            mine = self.keys[name]
+            self.keys[name] = copy.deepcopy(key)
+            self.keys[name].version = max(mine.version, key.version) + 1
+        # the ids this run knows (any entry in its shards hash) keep every entry of theirs
+        known = set(self.shards) | set(self.claimed) | set(self.leases)
+        self.shards = {**{i: copy.deepcopy(v) for i, v in snap.shards.items() if i not in known}, **self.shards}
+        self.claimed = {**{i: v for i, v in snap.claimed.items() if i not in known}, **self.claimed}
+        self.leases = {**{i: v for i, v in snap.leases.items() if i not in known}, **self.leases}
+
+    def apply(
+        self,
+        shard_id: int,
+        incarnation: int,
+        seq: int,
+        payloads: Mapping[str, np.ndarray],
+        now_us: int,
+        floor: int = 0,
+        resume: Set[str] = frozenset(),
+    ) -> Outcome:
+        """Fold one report; ``floor`` is the highest fleet version the client has seen (the new
+        version is above it); ``resume`` names the keys this incarnation resumed from a checkpoint."""
+        cur = self.shards.get(shard_id)
+        if cur is not None:
+            if incarnation < cur.incarnation:
+                return Outcome("rejected", reason="stale_incarnation")
+            if incarnation == cur.incarnation:
+                if seq == cur.seq:
+                    return Outcome("duplicate", self.fleet_version)
+                if seq < cur.seq:
+                    return Outcome("rejected", reason="seq_rollback")
+        if sum(8 * p.size for p in payloads.values()) > self.limits.max_report_bytes:
+            return Outcome("rejected", reason="too_large")
+        folded: dict[str, KeyState] = {}
+        for name, payload in payloads.items():
+            state, spec = self.keys.get(name), self.specs.get(name)
+            if state is None or spec is None:
+                return Outcome("rejected", reason="unknown_key", key=name)
+            if payload.shape != (spec.width,):
+                return Outcome("rejected", reason="shape", key=name)
+            report = Fold(shard_id, incarnation, seq, payload, now_us, name in resume, self.leases)
+            result = spec.fold(state, report)
+            if isinstance(result, str):
+                return Outcome("rejected", reason=result, key=name)
+            folded[name] = result
+        self.keys.update(folded)
+        self.fleet_version = max(self.fleet_version, floor) + 1
+        self.shards[shard_id] = ShardState(incarnation, seq, now_us)
+        return Outcome("applied", self.fleet_version)

@@ -1,0 +1,39 @@
+"""The semantics a key may have, one module each, and the one place that lists them.
+
+- :mod:`.broadcast`: last writer wins (an owner's value for everyone);
+- :mod:`.merge`: the exact sum of every shard's live slot (pooled statistics).
+
+``KeySpec`` is the type of any key's spec (a pydantic union told apart by its ``semantics`` field);
+code that needs a semantics' behaviour calls the spec's methods (:class:`.base.SpecBase`), and code
+that must tell them apart matches on the spec classes with ``assert_never`` in its last case, so a
+new semantics is a type error wherever it is not handled. The fold script (``lua/fold.lua``) keeps
+the same list in its ``CHECKS`` and ``APPLIES`` tables; ``SEMANTICS`` here is checked against them.
+The builders (``broadcast()``, ``merge()``) are in their modules and in
+:mod:`redisync.store.schema`; here the names are the modules'.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import Field
+
+from .base import SpecBase
+from .broadcast import BroadcastReport, BroadcastSpec
+from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
+
+KeySpec = Annotated[Union[BroadcastSpec, MergeSpec], Field(discriminator="semantics")]
+Report = Union[BroadcastReport, MergeReport]
+SEMANTICS: dict[str, type[SpecBase]] = {"broadcast": BroadcastSpec, "merge": MergeSpec}
+
+__all__ = [
+    "DEFAULT_LEASE_GRACE_S",
+    "SEMANTICS",
+    "BroadcastReport",
+    "BroadcastSpec",
+    "KeySpec",
+    "Lifecycle",
+    "MergeReport",
+    "MergeSpec",
+    "Report",
+]

@@ -1,0 +1,270 @@
+"""What every semantics is made of, and the checks they share.
+
+A semantics is one module beside this one (``broadcast``, ``merge``): its key spec, its
+report model, its reference fold (the pure-Python twin of its check and apply functions in
+``lua/fold.lua``), its snapshot check and the view it hands collectors. :class:`SpecBase` is the
+contract each spec fills in; everything outside the semantics modules calls these methods, so a new
+semantics is one new module, its Lua functions and its registry entry.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from ... import errors
+
+MAX_ELEMENTS = 1 << 22  # 32 MiB per vector: far beyond any curriculum state, well under Redis' 512 MB
+LE_F64 = np.dtype("<f8")
+
+# (part name, shape, number of values, whether it must be non-negative), in payload order
+Part = tuple[str, tuple[int, ...], int, bool]
+# the snapshot's typed error, to raise: bad(where, what)
+Bad = Callable[[str, str], Exception]
+
+
+def vector(raw: bytes) -> np.ndarray:
+    """A writable float64 vector from little-endian payload bytes."""
+    return np.frombuffer(raw, dtype=LE_F64).astype(np.float64)
+
+
+@dataclass
+class Slot:
+    """One shard's last report of a merge key, as folded."""
+
+    incarnation: int
+    seq: int
+    at_us: int
+    payload: np.ndarray
+
+
+@dataclass
+class KeyState:
+    """One key as the reference fold holds it: its version, fleet value and what its semantics keeps
+    beside it (broadcast: the writer; merge: the live slots and the retired history)."""
+
+    version: int = 0
+    value: np.ndarray | None = None
+    writer: int | None = None
+    slots: dict[int, Slot] = field(default_factory=dict)
+    retired: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One key of one report, as a semantics' reference fold sees it."""
+
+    shard_id: int
+    incarnation: int
+    seq: int
+    payload: np.ndarray
+    now_us: int
+    resumed: bool  # this incarnation resumed the key from a checkpoint
+    leases: Mapping[int, int]  # per shard id: when its lease runs out (server µs)
+
+
+class SpecBase(BaseModel):
+    """A key's declaration: its shape, and what its semantics does with reports of it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    semantics: str  # its name, as the schema and the fold script know it (a Literal in each spec)
+    shape: tuple[int, ...]
+
+    # the data-hash field that holds the fleet value (what a pull reads), and the report's model
+    stored_field: ClassVar[str]
+    report_model: ClassVar[type[ReportBase]]
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _shape(cls, v: Any) -> Any:
+        if isinstance(v, int):
+            return (v,)
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _shape_ok(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d <= 0 for d in v):
+            raise ValueError(f"every dimension must be positive, got {v}")
+        if math.prod(v) > MAX_ELEMENTS:
+            raise ValueError(f"shape {v} holds more than {MAX_ELEMENTS} elements")
+        return v
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def width(self) -> int:
+        """float64 values per report: the parts laid end to end."""
+        return sum(size for _, _, size, _ in self.payload_parts())
+
+    # ------------------------------------------------------------------ the contract
+    @abstractmethod
+    def payload_parts(self) -> tuple[Part, ...]:
+        """The report's parts in payload order."""
+
+    def coerce(self, name: str, raw: Any) -> ReportBase:
+        """The report model of this key from a model or a mapping, or a typed error."""
+        return coerce_with(self.report_model, name, self.semantics, raw)
+
+    def refuses_writer(self, shard_id: int) -> str | None:
+        """Why ``shard_id`` may not report this key (None: it may)."""
+        return None
+
+    def register_fields(self) -> dict[str, str]:
+        """The key-meta fields ``register.lua`` writes from the spec beyond its name, shape and size (the
+        folds trust them, so a snapshot's must be these): an owner and a staleness for every key, empty
+        where the semantics has none, and what the semantics adds."""
+        return {"owner": "", "stale_after_s": ""}
+
+    @abstractmethod
+    def check_payload(self, payload: np.ndarray) -> str | None:
+        """The fold's check of a payload's values, element by element in payload order: the
+        rejection reason, or None."""
+
+    @abstractmethod
+    def fold(self, state: KeyState, report: Fold) -> KeyState | str:
+        """The key after folding ``report`` into ``state`` (a new state; ``state`` is left as it was),
+        or the rejection reason: what ``lua/fold.lua`` does, bit for bit."""
+
+    def new_state(self) -> KeyState:
+        """The key as registered, before any report."""
+        return KeyState()
+
+    def check_stored(self, name: str, meta: dict[str, bytes], data: dict[str, bytes], bad: Bad) -> None:
+        """A snapshot's hashes of this key, checked before a restore (and made consistent where they
+        hold derived data): every data field is one this semantics writes, of its size, finite."""
+        for fld, raw in data.items():
+            if fld != self.stored_field:
+                raise bad(f"key {name!r}", f"unexpected data field {fld!r}")
+            if len(raw) != 8 * self.width:
+                raise bad(f"key {name!r}", f"{fld} is {len(raw)} bytes, the key needs {8 * self.width}")
+            if not np.isfinite(vector(raw)).all():
+                raise bad(f"key {name!r}", f"{fld} holds a non-finite value")
+
+    def parts_of(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """A flat vector of this key in its parts, each in its shape."""
+        out, at = {}, 0
+        for part, shape, size, _ in self.payload_parts():
+            out[part] = flat[at : at + size].reshape(shape)
+            at += size
+        return out
+
+    def others(self, value: np.ndarray | None, own_slot: np.ndarray | None) -> np.ndarray | None:
+        """What the rest of the fleet holds, flat: the fleet value itself, unless the semantics keeps
+        the caller's own part in it (merge)."""
+        return value
+
+    def view(
+        self, name: str, value: np.ndarray | None, own_slot: np.ndarray | None, own_current: Mapping[str, Any]
+    ) -> dict[str, np.ndarray]:
+        """The fleet value a collector acts on, in parts, given its own report of now (only merge
+        substitutes it: its fleet value holds the caller's own last slot)."""
+        return {} if value is None else self.parts_of(value)
+
+
+class ReportBase(BaseModel):
+    """A report of one key: its parts, checked by :meth:`vectors` against the key's spec."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    def vectors(self, name: str, spec: SpecBase) -> list[np.ndarray]:
+        """The report's parts as fresh float64 arrays of their shapes, finite (and non-negative
+        where the part must be), in payload order; a typed error names the first problem."""
+        return [
+            checked(name, part, getattr(self, part), shape, nonneg=nonneg)
+            for part, shape, _, nonneg in spec.payload_parts()
+        ]
+
+
+def coerce_with(model: type[ReportBase], name: str, semantics: str, raw: Any) -> Any:
+    """``raw`` as ``model``: a model of it as is, a mapping validated, anything else refused."""
+    if isinstance(raw, model):
+        return raw
+    if isinstance(raw, ReportBase):
+        raise errors.MalformedReport(name, f"a {semantics} key needs a {model.__name__}, got {type(raw).__name__}")
+    if not isinstance(raw, Mapping):
+        raise errors.MalformedReport(name, f"expected a mapping or {model.__name__}, got {type(raw).__name__}")
+    try:
+        return model(**raw)
+    except ValidationError as e:
+        raise errors.MalformedReport(name, first_error(e)) from None
+    except TypeError as e:  # non-string mapping keys
+        raise errors.MalformedReport(name, str(e)) from None
+
+
+def plain_numbers(v: Any) -> Any:
+    """A report part as numbers numpy can read: a tensor without its autograd graph (its values are
+    what is reported; a tensor that requires grad is still a value). Both workers take parts this way."""
+    detach = getattr(v, "detach", None)
+    return detach() if callable(detach) else v
+
+
+def as_float64(v: Any) -> np.ndarray:
+    """Numbers (ints, floats, arrays or tensors of them) as float64; strings, bools and objects are refused."""
+    try:
+        arr = np.asarray(plain_numbers(v))
+    except (TypeError, ValueError, RuntimeError) as e:  # (a tensor on a device numpy cannot read)
+        raise ValueError(f"not an array of numbers: {e}") from None
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"expected numbers, got {type(v).__name__} of {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: bool) -> np.ndarray:
+    """``raw`` as a fresh float64 array of ``shape``, finite (and non-negative), or a typed error."""
+    if type(raw) is np.ndarray and raw.dtype == np.float64:  # the common case, without a conversion
+        arr = raw
+    else:
+        try:
+            arr = as_float64(raw)
+        except ValueError as e:
+            raise errors.MalformedReport(name, f"{part}: {e}") from None
+    if arr.shape != shape:
+        try:
+            arr = np.broadcast_to(arr, shape)
+        except ValueError:
+            hint = (
+                " (one count per report; declare elementwise_count=True for per-element counts)"
+                if part == "count" and shape == ()
+                else ""
+            )
+            raise errors.ShapeMismatch(
+                name, f"{part} has shape {arr.shape}, it must broadcast to {shape}{hint}"
+            ) from None
+    finite = np.isfinite(arr)
+    if not finite.all():
+        idx = first_index(~finite)
+        raise errors.NonFiniteValue(name, f"{part}{list(idx)} is {arr[idx]}")
+    if nonneg and arr.size and float(arr.min()) < 0:
+        idx = first_index(arr < 0)
+        raise errors.NegativeValue(name, f"{part}{list(idx)} is {arr[idx]} (must be >= 0)")
+    return np.array(arr, dtype=np.float64, order="C")  # a copy: later edits by the caller change nothing
+
+
+def first_index(mask: np.ndarray) -> tuple[int, ...]:
+    """The index of the first True element, as plain ints."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape)) if mask.shape else ()
+
+
+def first_error(e: ValidationError) -> str:
+    """A pydantic error's first problem, with where it is."""
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+def build(cls: type[SpecBase], **kw: Any) -> Any:
+    """A spec from its fields, or :class:`~redisync.errors.InvalidSchema` naming the first problem."""
+    try:
+        return cls(**kw)
+    except ValidationError as e:
+        raise errors.InvalidSchema(f"{cls.__name__}: {first_error(e)}") from None

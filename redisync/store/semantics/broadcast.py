@@ -1,0 +1,55 @@
+"""broadcast: a last-writer-wins register; with an owner, only that shard may write it.
+
+For a value one process decides and every collector adopts (a penalty scale, a curriculum stage, a
+normaliser the learner owns). Its Lua: ``check_broadcast`` and ``apply_broadcast`` in ``lua/fold.lua``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from .base import Fold, KeyState, Part, ReportBase, SpecBase, build
+
+
+class BroadcastReport(ReportBase):
+    value: Any
+
+
+class BroadcastSpec(SpecBase):
+    """Last-writer-wins register; with ``owner``, only that shard may write."""
+
+    semantics: Literal["broadcast"] = "broadcast"
+    owner: int | None = Field(default=None, ge=0)
+
+    stored_field: ClassVar[str] = "value"
+    report_model: ClassVar[type[ReportBase]] = BroadcastReport
+
+    def payload_parts(self) -> tuple[Part, ...]:
+        return (("value", self.shape, self.size, False),)
+
+    def refuses_writer(self, shard_id: int) -> str | None:
+        if self.owner in (None, shard_id):
+            return None
+        return f"owned by shard {self.owner}; this is shard {shard_id}"
+
+    def register_fields(self) -> dict[str, str]:
+        return super().register_fields() | {"owner": "" if self.owner is None else str(self.owner)}
+
+    def check_payload(self, payload: np.ndarray) -> str | None:
+        return None if np.isfinite(payload).all() else "non_finite"
+
+    def fold(self, state: KeyState, report: Fold) -> KeyState | str:
+        if self.refuses_writer(report.shard_id):
+            return "not_owner"
+        bad = self.check_payload(report.payload)
+        if bad:
+            return bad
+        return KeyState(version=state.version + 1, value=report.payload.copy(), writer=report.shard_id)
+
+
+def broadcast(shape: int | tuple[int, ...], owner: int | None = None) -> BroadcastSpec:
+    """A last-writer-wins key (penalty scale, curriculum stage, a learner-owned normaliser)."""
+    return build(BroadcastSpec, shape=shape, owner=owner)
