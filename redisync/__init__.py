@@ -5,12 +5,13 @@ from .collector.workers import new_syncer
 from .errors import RedisyncError
 from .store.client import RunSnapshot, ShardClient, Store, connect
 from .store.codec import KeyView, PublishResult, PullResult
-from .store.schema import BroadcastReport, Limits, MergeReport, Schema, broadcast, merge
+from .store.schema import BroadcastReport, Limits, MaximumReport, MergeReport, Schema, broadcast, maximum, merge
 
 __all__ = [
     "BroadcastReport",
     "KeyView",
     "Limits",
+    "MaximumReport",
     "MergeReport",
     "PublishResult",
     "PullResult",
@@ -22,6 +23,7 @@ __all__ = [
     "Syncer",
     "broadcast",
     "connect",
+    "maximum",
     "merge",
     "new_syncer",
 ]

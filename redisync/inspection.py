@@ -16,7 +16,7 @@ from .errors import RedisyncError
 from .store.client import Store, server_time_us
 from .store.codec import decode
 from .store.keys import ROOT, run_of
-from .store.schema import BroadcastSpec, MergeSpec
+from .store.schema import BroadcastSpec, MaximumSpec, MergeSpec
 
 
 def list_runs(client: redis.Redis) -> list[str]:
@@ -91,6 +91,8 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
                     )
             case BroadcastSpec():
                 row.update(owner=spec.owner, writer=meta.get("writer"))
+            case MaximumSpec():
+                pass  # its value and version say it all: no owner, no slots
             case _:
                 assert_never(spec)
         keys.append(row)
@@ -154,7 +156,7 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
                 measured = _merge_drift(store, name, spec)
                 if measured is not None:
                     out[name] = measured
-            case MergeSpec() | BroadcastSpec():
+            case MergeSpec() | BroadcastSpec() | MaximumSpec():
                 pass  # a scalar sum, or one value for the whole fleet: no distance to measure
             case _:
                 assert_never(spec)

@@ -9,7 +9,7 @@ from typing_extensions import assert_never
 
 from .store.client import RunSnapshot, Store
 from .store.codec import PullResult
-from .store.schema import BroadcastSpec, MergeSpec, Schema
+from .store.schema import BroadcastSpec, MaximumSpec, MergeSpec, Schema
 
 
 class FleetMonitor:
@@ -53,7 +53,7 @@ class FleetMonitor:
                 case MergeSpec():
                     out[f"redisync/{name}/count"] = float(np.sum(parts["count"]))
                     out[f"redisync/{name}/sum_total"] = float(np.sum(parts["sum"]))
-                case BroadcastSpec():
+                case BroadcastSpec() | MaximumSpec():
                     if parts["value"].size == 1:
                         out[f"redisync/{name}/value"] = float(parts["value"])
                 case _:

@@ -10,7 +10,7 @@ from typing_extensions import assert_never
 from redisync.store.client import Store
 from redisync.store.codec import decode
 from redisync.store.reference import ReferenceFold
-from redisync.store.schema import BroadcastSpec, MergeSpec
+from redisync.store.schema import BroadcastSpec, MaximumSpec, MergeSpec
 from redisync.store.semantics.merge import LAYOUT, stored_sums
 
 
@@ -64,6 +64,9 @@ def lua_state(store: Store) -> dict:
             case BroadcastSpec():
                 key["value"] = decode(data["value"], spec.width) if "value" in data else None
                 key["writer"] = int(meta["writer"]) if "writer" in meta else None
+            case MaximumSpec():
+                key["value"] = decode(data["value"], spec.width) if "value" in data else None
+                assert "writer" not in meta and set(data) <= {"value"}, (name, sorted(meta), sorted(data))
             case _:
                 assert_never(spec)
         out["keys"][name] = key
@@ -85,6 +88,8 @@ def reference_state(ref: ReferenceFold) -> dict:
                 key["slots"] = {sid: (s.incarnation, s.seq, s.payload) for sid, s in st.slots.items()}
             case BroadcastSpec():
                 key["writer"] = st.writer
+            case MaximumSpec():
+                pass
             case other:
                 assert_never(other)
         out["keys"][name] = key
@@ -101,7 +106,7 @@ def _close(a, b, rtol: float) -> bool:
 
 
 def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
-    """Exact for versions, shards, slots, broadcast values; ``rtol`` for merge aggregates."""
+    """Exact for versions, shards, slots, broadcast and maximum values; ``rtol`` for merge aggregates."""
     assert lua["fleet_version"] == ref["fleet_version"]
     assert lua["shards"] == ref["shards"]
     assert lua["leases"] == ref["leases"]
@@ -115,7 +120,7 @@ def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
             for sid, (inc, seq, payload) in r["slots"].items():
                 linc, lseq, lpayload = l["slots"][sid]
                 assert (linc, lseq) == (inc, seq) and lpayload.tobytes() == payload.tobytes(), (name, sid)
-        else:  # broadcast: the value and its writer, bit for bit
+        else:  # broadcast (with its writer) and maximum: the value bit for bit
             assert l.get("writer") == r.get("writer"), name
             assert _close(l["value"], r["value"], 0), name
 

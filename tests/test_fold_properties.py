@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from redisync import errors
 from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
-from redisync.store.schema import MergeSpec, Schema, broadcast, merge
+from redisync.store.schema import MergeSpec, Schema, broadcast, maximum, merge
 
 from .conftest import new_store
 from .support import assert_same_state, envelope, lua_state, reference_state, send_as
@@ -36,6 +36,9 @@ SCHEMA = Schema.of(
         "obs/wide": merge(20, sumsq=True, lifecycle="history"),
         "curriculum/stage": broadcast(2),
         "curriculum/scale": broadcast((), owner=0),
+        # grow-only: ties (+0.0 against -0.0 included) keep the stored value, a lower report changes nothing
+        "command/range": maximum(3),
+        "terrain/level": maximum(()),
     }
 )
 NAMES = list(SCHEMA.keys)
@@ -56,7 +59,9 @@ def random_payload(rng: np.random.Generator, name: str, corrupt: bool) -> np.nda
     huge = getattr(spec, "stale_after_s", None) is None and rng.random() < 0.1
     scale = 10.0 ** (rng.choice([150, 160, 250]) if huge else rng.integers(-3, 7))
     count_scale = 10.0 ** rng.integers(-6, 7)
-    if spec.semantics == "broadcast":
+    if spec.semantics == "maximum" and rng.random() < 0.5:
+        flat = rng.choice([-0.0, 0.0, 1.0, 2.0, -3.0], spec.size)  # ties and signed zeros
+    elif spec.semantics in ("broadcast", "maximum"):
         flat = rng.normal(0, scale, spec.size)
     else:
         sizes = {"count": spec.count_size, "sum": spec.size, "sumsq": spec.size}

@@ -1,6 +1,7 @@
 """A model-based test of a fleet's life: hypothesis drives the events a real fleet lives through.
 
-Rules: publish, duplicate, crash, fresh restart, resume from a checkpoint, restart on a host whose
+Rules: publish (a failure EMA, normaliser moments, a histogram, an owned scale and a
+level any shard may raise), duplicate, crash, fresh restart, resume from a checkpoint, restart on a host whose
 clock is behind, a zombie of an earlier life, leases renewed, run out and given up, stale slots, a store restart without persistence, a
 crash that loses the tail of the append-only file, restores into the same and into another run, and a
 fold racing a restore. The model is the reference fold (``redisync.store.reference``) plus, per shard, the
@@ -36,7 +37,7 @@ import redisync
 from redisync import errors
 from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
-from redisync.store.schema import MergeSpec, Schema, broadcast, merge
+from redisync.store.schema import MaximumSpec, MergeSpec, Schema, broadcast, maximum, merge
 
 from .conftest import backend_url
 from .support import assert_same_state, lua_state, reference_state
@@ -50,6 +51,8 @@ SCHEMA = Schema.of(
         ),  # normaliser moments: history, retired on a fresh restart
         "terrain/hist": merge(2, stale_after_s=0.05, lifecycle="state"),  # dead shards drop out
         "curriculum/scale": broadcast((), owner=0),
+        # a level any shard may raise: a fresh restart reports from 0 again, which lowers nothing
+        "command/range": maximum(2),
     }
 )
 NAMES = list(SCHEMA.keys)
@@ -91,7 +94,8 @@ class FleetLife(RuleBasedStateMachine):
         self.zombies: dict[int, Process] = {}
         self.states: dict[tuple[str, int], str] = {}  # (epoch, version) -> what the store held
         self.seen: dict[int, tuple[str, int]] = {}  # per process client: the newest (epoch, version) pulled
-        self.saved: tuple[dict, ReferenceFold] | None = None  # an earlier moment, for tail loss and restores
+        self.saved: tuple[dict, ReferenceFold, dict] | None = None  # an earlier moment, for tail loss and restores
+        self.levels: dict[str, np.ndarray] = {}  # per maximum key, every level folded since the store began
         for shard in SHARD_IDS:
             self._spawn(shard, resume=False)
 
@@ -133,6 +137,8 @@ class FleetLife(RuleBasedStateMachine):
             if spec.lifecycle == "state":  # a current state moves freely (an EMA decays)
                 return grow
             return proc.own.get(name, np.zeros(spec.width)) + grow  # history only accumulates
+        if isinstance(spec, MaximumSpec):  # a level that only goes up, in steps of its own
+            return proc.own.get(name, np.zeros(spec.width)) + rng.integers(0, 3, spec.width) * min(scale, 1e16)
         return rng.normal(0, scale, spec.width)
 
     def _fold(
@@ -166,6 +172,9 @@ class FleetLife(RuleBasedStateMachine):
         if got == "applied":
             proc.own.update({n: p.copy() for n, p in payloads.items()})
             proc.last = (seq, payloads)
+            for n, p in payloads.items():
+                if isinstance(SCHEMA.keys[n], MaximumSpec):  # an oracle of its own: numpy's maximum
+                    self.levels[n] = p.copy() if n not in self.levels else np.maximum(self.levels[n], p)
         return got
 
     def _republish_all(self) -> None:
@@ -258,7 +267,7 @@ class FleetLife(RuleBasedStateMachine):
 
     @rule()
     def save_moment(self):
-        self.saved = (self._raw(), copy.deepcopy(self.ref))
+        self.saved = (self._raw(), copy.deepcopy(self.ref), copy.deepcopy(self.levels))
 
     @rule()
     def store_restart_without_persistence(self):
@@ -266,24 +275,26 @@ class FleetLife(RuleBasedStateMachine):
         self.store.register(SCHEMA)
         self.ref = ReferenceFold(SCHEMA)
         self.saved = None
-        self._republish_all()
+        self.levels = {}
+        self._republish_all()  # the collectors' latest levels re-seed the maximum
 
     @precondition(lambda self: self.saved is not None)
     @rule()
     def aof_tail_loss(self):
-        raw, ref = self.saved
+        raw, ref, levels = self.saved
         for k in list(self.store.redis.scan_iter(match=self.store.keys.pattern)):
             self.store.redis.delete(k)
         for k, v in raw.items():
             self.store.redis.restore(k, 0, v, replace=True)
         self.store.redis.hset(self.store.keys.meta, "server", "a-process-that-crashed")
         self.ref = copy.deepcopy(ref)
+        self.levels = copy.deepcopy(levels)
         self._republish_all()  # the first fold opens a new epoch; every Syncer then re-publishes
 
     @precondition(lambda self: self.saved is not None)
     @rule(race=st.booleans())
     def restore_same_run(self, race):
-        raw, ref = self.saved
+        raw, ref, levels = self.saved
         snap = self._snapshot_of(raw)
         if race:  # a fold lands between the snapshot being read and the restore
             live = [s for s, p in self.procs.items() if p.alive and s != 0]
@@ -291,6 +302,7 @@ class FleetLife(RuleBasedStateMachine):
                 self.publish(live[0], {"obs/norm"}, 1.0, 7)
         self.store.restore(snap)
         self.ref.restore(ref)
+        self.levels = copy.deepcopy(levels)
         self._republish_all()
 
     @rule()
@@ -326,6 +338,10 @@ class FleetLife(RuleBasedStateMachine):
         state = lua_state(self.store)
         for name, key in state["keys"].items():
             spec = SCHEMA.keys[name]
+            if isinstance(spec, MaximumSpec):  # the greatest of every level folded since the store last began
+                want = self.levels.get(name)
+                assert (key["value"] is None) == (want is None), name
+                assert want is None or key["value"].tobytes() == want.tobytes(), (name, key["value"], want)
             if not isinstance(spec, MergeSpec):
                 assert key["value"] is None or np.isfinite(key["value"]).all()
                 continue

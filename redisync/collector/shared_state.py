@@ -139,7 +139,7 @@ class SharedState:
     def receive(self, key: str, part: str) -> np.ndarray:
         """An array of the term's own that holds the fleet's ``part`` of ``key`` as last applied:
         everybody else's aggregate (merge: ``count``, ``sum``, ``sumsq`` of the others) or the
-        ``value`` (broadcast). Zeros until a fleet state with the key was applied."""
+        ``value`` (broadcast, maximum). Zeros until a fleet state with the key was applied."""
         spec = self.schema.keys.get(key)
         if spec is None:
             raise InvalidSchema(f"shared fleet for {key!r}: not a key of the run's schema")

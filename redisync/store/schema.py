@@ -28,12 +28,15 @@ from .semantics import (
     BroadcastSpec,
     KeySpec,
     Lifecycle,
+    MaximumReport,
+    MaximumSpec,
     MergeReport,
     MergeSpec,
     Report,
 )
 from .semantics.base import Part, ReportBase, first_error, plain_numbers
 from .semantics.broadcast import broadcast
+from .semantics.maximum import maximum
 from .semantics.merge import merge
 
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}$")
@@ -45,6 +48,8 @@ __all__ = [
     "KeySpec",
     "Lifecycle",
     "Limits",
+    "MaximumReport",
+    "MaximumSpec",
     "MergeReport",
     "MergeSpec",
     "Report",
@@ -52,6 +57,7 @@ __all__ = [
     "broadcast",
     "coerce_report",
     "encode_reports",
+    "maximum",
     "merge",
     "plain_numbers",
 ]

@@ -1023,9 +1023,45 @@ local function apply_merge(item)
     'slot:' .. shard .. ':at_us', now_s)
 end
 
+-- maximum: the element-wise maximum of the stored value and the payload (a value that is not greater
+-- keeps the stored one, bit for bit); the key's version moves only when the value grows.
+local function check_maximum(item, spec, width)
+  local name, payload = item.name, item.payload
+  local why = check_payload(name, payload, width, 0, width)
+  if why then return reject(why[1], why[2], why[3]) end
+  local stored = redis.pcall('HGET', item.data, 'value')
+  if type(stored) == 'table' then return reject('corrupt_state', name, not_hash(item.data)) end
+  if not stored then item.value = payload return nil end
+  if #stored ~= width * 8 then
+    return reject('corrupt_state', name, 'stored value is ' .. #stored .. ' bytes, the key needs ' .. (width * 8))
+  end
+  local out, pos, base = {}, 1, 0
+  while base < width do
+    local len = math.min(CHUNK, width - base)
+    local fmt = fmt_of(len)
+    local p, s = {sunpack(fmt, payload, pos)}, {sunpack(fmt, stored, pos)}
+    for k = 1, len do
+      local v = s[k]
+      if v - v ~= 0 then return reject('corrupt_state', name, 'stored element ' .. (base + k - 1) .. ' is not finite') end
+      if p[k] > v then s[k] = p[k] end
+    end
+    out[#out + 1] = spack(fmt, unpack(s, 1, len))
+    base = base + len
+    pos = pos + len * 8
+  end
+  item.value = join(out)
+  if item.value == stored then item.version, item.unchanged = item.version - 1, true end
+end
+
+local function apply_maximum(item)
+  if item.unchanged then return end
+  redis.call('HSET', item.data, 'value', item.value)
+  redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s)
+end
+
 -- validate and compute every key before writing anything (a report applies all or none) ------------
-local CHECKS = {broadcast = check_broadcast, merge = check_merge}
-local APPLIES = {broadcast = apply_broadcast, merge = apply_merge}
+local CHECKS = {broadcast = check_broadcast, merge = check_merge, maximum = check_maximum}
+local APPLIES = {broadcast = apply_broadcast, merge = apply_merge, maximum = apply_maximum}
 local items, seen = {}, {}
 for i = 1, nkeys do
   local name, payload = ARGV[5 + 2 * i], ARGV[6 + 2 * i]

@@ -12,7 +12,7 @@
 --       | {'changed', epoch, fleet_version, now_us,
 --          then per changed key: index, version, value, own_slot, own_incarnation}
 --         where value is the key's fleet value (merge: the aggregate count || sum [|| sumsq], stored as
---         'agg'; broadcast: 'value'; '' if never written), and own_slot is the caller's
+--         'agg'; broadcast and maximum: 'value'; '' if never written), and own_slot is the caller's
 --         slot as folded (merge; '' if none).
 
 local meta = redis.call('HMGET', KEYS[1], 'epoch', 'fleet_version')
@@ -34,7 +34,7 @@ for i = 1, (#KEYS - 1) / 2 do
         own = redis.call('HGET', kd, 'slot:' .. shard)
         own_inc = redis.call('HGET', km, 'slot:' .. shard .. ':incarnation')
       end
-    elseif info[2] == 'broadcast' then
+    elseif info[2] == 'broadcast' or info[2] == 'maximum' then
       value = redis.call('HGET', kd, 'value')
     else
       return {'corrupt_state', km, 'semantics ' .. string.format('%q', tostring(info[2])) ..

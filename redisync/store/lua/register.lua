@@ -23,7 +23,7 @@ local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
 if not server then return {'no_info', tostring(info['err'] or 'INFO server has no run_id')} end
 
 -- the semantics fold.lua knows (its CHECKS and APPLIES): a schema with another is refused whole
-local KNOWN = {broadcast = true, merge = true}
+local KNOWN = {broadcast = true, merge = true, maximum = true}
 for i = 1, (#KEYS - 1) / 2 do
   local semantics = ARGV[9 + 11 * (i - 1) + 1]
   if not KNOWN[semantics] then

@@ -1,14 +1,15 @@
 """The semantics a key may have, one module each, and the one place that lists them.
 
 - :mod:`.broadcast`: last writer wins (an owner's value for everyone);
-- :mod:`.merge`: the exact sum of every shard's live slot (pooled statistics).
+- :mod:`.merge`: the exact sum of every shard's live slot (pooled statistics);
+- :mod:`.maximum`: the element-wise maximum of everything reported (a level any shard may raise).
 
 ``KeySpec`` is the type of any key's spec (a pydantic union told apart by its ``semantics`` field);
 code that needs a semantics' behaviour calls the spec's methods (:class:`.base.SpecBase`), and code
 that must tell them apart matches on the spec classes with ``assert_never`` in its last case, so a
 new semantics is a type error wherever it is not handled. The fold script (``lua/fold.lua``) keeps
 the same list in its ``CHECKS`` and ``APPLIES`` tables; ``SEMANTICS`` here is checked against them.
-The builders (``broadcast()``, ``merge()``) are in their modules and in
+The builders (``broadcast()``, ``merge()``, ``maximum()``) are in their modules and in
 :mod:`redisync.store.schema`; here the names are the modules'.
 """
 
@@ -20,11 +21,12 @@ from pydantic import Field
 
 from .base import SpecBase
 from .broadcast import BroadcastReport, BroadcastSpec
+from .maximum import MaximumReport, MaximumSpec
 from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
 
-KeySpec = Annotated[Union[BroadcastSpec, MergeSpec], Field(discriminator="semantics")]
-Report = Union[BroadcastReport, MergeReport]
-SEMANTICS: dict[str, type[SpecBase]] = {"broadcast": BroadcastSpec, "merge": MergeSpec}
+KeySpec = Annotated[Union[BroadcastSpec, MergeSpec, MaximumSpec], Field(discriminator="semantics")]
+Report = Union[BroadcastReport, MergeReport, MaximumReport]
+SEMANTICS: dict[str, type[SpecBase]] = {"broadcast": BroadcastSpec, "merge": MergeSpec, "maximum": MaximumSpec}
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
@@ -33,6 +35,8 @@ __all__ = [
     "BroadcastSpec",
     "KeySpec",
     "Lifecycle",
+    "MaximumReport",
+    "MaximumSpec",
     "MergeReport",
     "MergeSpec",
     "Report",

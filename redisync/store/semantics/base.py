@@ -1,6 +1,6 @@
 """What every semantics is made of, and the checks they share.
 
-A semantics is one module beside this one (``broadcast``, ``merge``): its key spec, its
+A semantics is one module beside this one (``broadcast``, ``merge``, ``maximum``): its key spec, its
 report model, its reference fold (the pure-Python twin of its check and apply functions in
 ``lua/fold.lua``), its snapshot check and the view it hands collectors. :class:`SpecBase` is the
 contract each spec fills in; everything outside the semantics modules calls these methods, so a new
