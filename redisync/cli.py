@@ -75,7 +75,7 @@ def _not_embedded(url: str | None, command: str) -> str:
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [[str(c) for c in r] for r in [headers, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -6,7 +6,8 @@ as tables or JSON. Times are judged by the server's clock, the one that stamped 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import redis
@@ -72,7 +73,7 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
                     dropped_lapsed=int(meta.get("dropped_lapsed", 0)),
                 )
                 row["slots"] = []
-                for shard, count in zip(writers, first[2:]):
+                for shard, count in zip(writers, first[2:], strict=False):
                     age = _age(now, meta[f"slot:{shard}:at_us"])
                     row["slots"].append(
                         {

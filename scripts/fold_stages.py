@@ -18,7 +18,9 @@ set a change beside the one before it; ``--whole``: the whole fold only, no stag
 from __future__ import annotations
 
 import argparse
+import itertools
 import uuid
+from pathlib import Path
 
 import numpy as np
 
@@ -55,7 +57,7 @@ def cut_before(source: str, landmark: str | None) -> str:
     at = [i for i, line in enumerate(lines) if line.startswith(landmark)]
     if len(at) != 1:
         raise SystemExit(f"fold.lua has {len(at)} lines starting with {landmark!r}: update LANDMARKS")
-    return "\n".join(lines[: at[0]] + ["do return {'cut'} end"] + lines[at[0] :])
+    return "\n".join([*lines[: at[0]], "do return {'cut'} end", *lines[at[0] :]])
 
 
 def captured_fold(store, values: int, slots: int) -> tuple[list, list]:
@@ -85,11 +87,12 @@ def stage_costs(
             keys, args = captured_fold(store, values, slots)
             script = store.redis.register_script(cut_before(source, landmark))
             seq = int(args[3])
-            script(keys=keys, args=args[:3] + [seq + 1] + args[4:])  # loaded before counting
+            script(keys=keys, args=[*args[:3], seq + 1, *args[4:]])  # loaded before counting
 
-            def fold(state={"seq": seq + 1}):
-                state["seq"] += 1
-                script(keys=keys, args=args[:3] + [state["seq"]] + args[4:])
+            seqs = itertools.count(seq + 2)
+
+            def fold(script=script, keys=keys, args=args, seqs=seqs) -> None:
+                script(keys=keys, args=[*args[:3], next(seqs), *args[4:]])
 
             total = server.count(fold, folds)
             out.append((what, total - before))
@@ -108,7 +111,7 @@ def main() -> None:
     parser.add_argument("--fold", default=None, help="the fold.lua to cut (the package's by default)")
     parser.add_argument("--whole", action="store_true", help="the whole fold only, no stages")
     a = parser.parse_args()
-    source = open(a.fold).read() if a.fold else store_client._LUA.joinpath("fold.lua").read_text()
+    source = Path(a.fold).read_text() if a.fold else store_client._LUA.joinpath("fold.lua").read_text()
     landmarks = ((None, "the whole fold"),) if a.whole else LANDMARKS
     costs = stage_costs(a.values, a.slots, a.folds or 4 * folds_for(a.values), source, landmarks)
     print(f"instructions per fold by stage of fold.lua, {a.values} values, {a.slots} slot(s) live, shard 0 folding")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 import threading
@@ -48,10 +49,8 @@ class ReplyDroppingProxy:
         except OSError:
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 server.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             server.close()
 
     def _downstream(self, server: socket.socket, client: socket.socket, doomed: threading.Event) -> None:
@@ -66,10 +65,8 @@ class ReplyDroppingProxy:
             pass
         finally:
             for sock in (client, server):  # shutdown first: it wakes the other pump's recv and sends FIN
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
 
     def close(self) -> None:
@@ -123,10 +120,8 @@ class HoldingProxy:
                 keep = any(sock is dst for sock, _ in self.held) if upstream else False
             if not keep:
                 for sock in (src, dst):
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
 
     def release(self) -> None:
         """Deliver every held request (its reply goes nowhere when its client is gone)."""

@@ -50,10 +50,10 @@ class RedisProcess:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "RedisProcess":
+    def start(self) -> RedisProcess:
         return self.start_authenticated(None, None)
 
-    def start_authenticated(self, username: str | None, password: str | None) -> "RedisProcess":
+    def start_authenticated(self, username: str | None, password: str | None) -> RedisProcess:
         """Start, then wait until ``username`` (None: the default user) gets a PONG."""
         # with a config file, its persistence settings hold; without one, nothing touches the disk
         base = [str(self.conf)] if self.conf else ["--save", "", "--appendonly", "no"]

@@ -66,7 +66,8 @@ def lua_state(store: Store) -> dict:
                 key["writer"] = int(meta["writer"]) if "writer" in meta else None
             case MaximumSpec():
                 key["value"] = decode(data["value"], spec.width) if "value" in data else None
-                assert "writer" not in meta and set(data) <= {"value"}, (name, sorted(meta), sorted(data))
+                assert "writer" not in meta, (name, sorted(meta), sorted(data))
+                assert set(data) <= {"value"}, (name, sorted(meta), sorted(data))
             case _:
                 assert_never(spec)
         out["keys"][name] = key
@@ -119,7 +120,8 @@ def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
             assert set(l["slots"]) == set(r["slots"]), name
             for sid, (inc, seq, payload) in r["slots"].items():
                 linc, lseq, lpayload = l["slots"][sid]
-                assert (linc, lseq) == (inc, seq) and lpayload.tobytes() == payload.tobytes(), (name, sid)
+                assert (linc, lseq) == (inc, seq), (name, sid)
+                assert lpayload.tobytes() == payload.tobytes(), (name, sid)
         else:  # broadcast (with its writer) and maximum: the value bit for bit
             assert l.get("writer") == r.get("writer"), name
             assert _close(l["value"], r["value"], 0), name
@@ -154,13 +156,13 @@ def send_as(client, incarnation: int, encoded: dict, seq: int):
 
 def sync(store, shards, terms):
     """Every shard publishes its terms' reports, then every shard pulls and applies."""
-    for client, mine in zip(shards, terms):
+    for client, mine in zip(shards, terms, strict=False):
         reports = {}
         for term in mine:
             reports.update(term.report_shard_state())
         if reports:
             client.publish(reports)
-    for client, mine in zip(shards, terms):
+    for client, mine in zip(shards, terms, strict=False):
         client.pull()
         for term in mine:
             term.apply_shard_state(client.known)

@@ -60,30 +60,38 @@ def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     off, on = out.stdout.split("sync ON")
     worst_off = float(off.rsplit("largest TV distance from the pooled distribution:", 1)[1].split()[0])
     worst_on = float(on.rsplit("largest TV distance from the pooled distribution:", 1)[1].split()[0])
-    assert worst_off > 0.1 and worst_on < worst_off / 4
+    assert worst_off > 0.1
+    assert worst_on < worst_off / 4
     publishes = int(on.split(" publishes")[0].rsplit(", ", 1)[1])
     # each collector's last report is published at its stop, however fast the machine (how many due
     # reports the sidecar coalesced on the way depends on the load; agreement is checked above)
     assert publishes >= 2
     png = tmp_path / "demo.png"
-    assert png.stat().st_size > 20_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_json_on_real_redis(real_url):
     out = cli("bench", "--url", real_url, "--json", "--calls", "20", "--procs", "2", "--seconds", "0.5")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
-    assert res["ping_us"] > 0 and [s["elements"] for s in res["sizes"]] == [64, 1024, 16384]
+    assert res["ping_us"] > 0
+    assert [s["elements"] for s in res["sizes"]] == [64, 1024, 16384]
     for s in res["sizes"]:
-        assert s["publish_us"] > 0 and s["server_fold_us"] > 0 and s["pull_changed_us"] > 0
+        assert s["publish_us"] > 0
+        assert s["server_fold_us"] > 0
+        assert s["pull_changed_us"] > 0
     c = res["concurrency"]
-    assert c["lua_publishes_per_s"] > 0 and c["watch_publishes_per_s"] > 0
+    assert c["lua_publishes_per_s"] > 0
+    assert c["watch_publishes_per_s"] > 0
     assert set(res["targets"]) >= {"publish_64_over_ping<=3", "server_fold_ns_per_value_at_4_slots<=200"}
-    assert all(s["slots"] == 4 for s in res["sizes"]) and res["server_fold_ns_per_value"] is not None
+    assert all(s["slots"] == 4 for s in res["sizes"])
+    assert res["server_fold_ns_per_value"] is not None
     from redisync.bench.core import PHASES
 
     profile = res["fold_profile_us"]["1024"]  # every phase of the fold, read off the server's clock
-    assert list(profile) == [name for name, _ in PHASES] and all(v >= 0 for v in profile.values())
+    assert list(profile) == [name for name, _ in PHASES]
+    assert all(v >= 0 for v in profile.values())
     assert profile["validate and compute"] > 0
 
 
@@ -125,15 +133,19 @@ def test_inspect_shows_keys_slots_and_dead_letters(populated):
     url, store = populated
     out = cli("inspect", "--url", url, "--run", store.run)
     assert out.returncode == 0, out.stderr
-    assert f"run {store.run}" in out.stdout and "fleet version 4" in out.stdout and "dead letters 1" in out.stdout
+    assert f"run {store.run}" in out.stdout
+    assert "fleet version 4" in out.stdout
+    assert "dead letters 1" in out.stdout
     line = next(l for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" in l)
     assert line.split()[1:7] == ["merge", "4", "stale", "60.0s", "3", "0,1,2"]
     slots = [l.split() for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" not in l]
-    assert [row[1] for row in slots] == ["0", "1", "2"] and all(row[5:] == ["1", "live"] for row in slots)
+    assert [row[1] for row in slots] == ["0", "1", "2"]
+    assert all(row[5:] == ["1", "live"] for row in slots)
     assert "not_owner curriculum/scale" in out.stdout
     report = json.loads(cli("inspect", "--url", url, "--run", store.run, "--json").stdout)[0]
     key = next(k for k in report["keys"] if k["key"] == "motion/bin_failed")
-    assert [s["shard"] for s in key["slots"]] == [0, 1, 2] and report["dead_letters"] == 1
+    assert [s["shard"] for s in key["slots"]] == [0, 1, 2]
+    assert report["dead_letters"] == 1
     listing = cli("inspect", "--url", url)
     assert f"run {store.run}" in listing.stdout
 
@@ -142,10 +154,12 @@ def test_watch_shows_per_shard_drift_and_stops(populated):
     url, store = populated
     out = cli("watch", "--url", url, "--run", store.run, "--count", "2", "--interval", "0.1")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("fleet version 4") == 2 and "rejected reports 1" in out.stdout
+    assert out.stdout.count("fleet version 4") == 2
+    assert "rejected reports 1" in out.stdout
     rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if l[:1].isdigit()}
     # each shard's own distribution is mostly its own hot bin: far from the pooled one
-    assert set(rows) == {"0", "1", "2"} and all(0.4 < float(r[2]) < 0.7 for r in rows.values())
+    assert set(rows) == {"0", "1", "2"}
+    assert all(0.4 < float(r[2]) < 0.7 for r in rows.values())
 
 
 def test_watch_started_before_the_run_exists_waits_for_it(real_url):
@@ -177,7 +191,8 @@ def test_watch_started_before_the_run_exists_waits_for_it(real_url):
         store.register({"obs/norm": merge(2, lifecycle="history")})
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
-        assert f"waiting for run {run!r}" in out and "fleet version 0" in out
+        assert f"waiting for run {run!r}" in out
+        assert "fleet version 0" in out
     finally:
         proc.kill()
         store.delete()
@@ -196,7 +211,9 @@ def test_watch_exits_cleanly_on_ctrl_c(populated):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
-    assert first and "stopped" in out and "Traceback" not in err
+    assert first
+    assert "stopped" in out
+    assert "Traceback" not in err
 
 
 def test_snapshot_and_restore_move_a_run(populated, tmp_path):
@@ -218,7 +235,7 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args, words",
+    ("args", "words"),
     [
         (["inspect", "--url", "redis://127.0.0.1:1"], "Connection refused"),
         (["inspect", "--url", "http://nowhere"], "unsupported URL"),
@@ -236,7 +253,8 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
 def test_bad_arguments_print_one_line_and_exit_nonzero(args, words, real_url):
     out = cli(*(a.format(url=real_url) for a in args))
     assert out.returncode != 0
-    assert words in out.stderr and "Traceback" not in out.stderr
+    assert words in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -252,15 +270,19 @@ def test_bad_arguments_print_one_line_and_exit_nonzero(args, words, real_url):
 def test_commands_on_a_run_refuse_the_embedded_store(args, monkeypatch, tmp_path):
     monkeypatch.delenv("REDISYNC_URL", raising=False)
     out = cli(*args)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "pass --url or set REDISYNC_URL" in out.stderr and "gone when this command exits" in out.stderr
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "pass --url or set REDISYNC_URL" in out.stderr
+    assert "gone when this command exits" in out.stderr
     helped = cli(args[0], "--help").stdout  # and their help says so (it said "unset: embedded")
-    assert "unset: embedded" not in helped and "required" in " ".join(helped.split())
+    assert "unset: embedded" not in helped
+    assert "required" in " ".join(helped.split())
 
 
 def test_version_and_no_password_in_what_inspect_prints(real_url):
     out = cli("--version")
-    assert out.returncode == 0 and out.stdout.strip() == f"redisync, version {redisync_api.__version__}"
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"redisync, version {redisync_api.__version__}"
     db = real_url.rsplit("/", 1)[1]
     # a URL with a password the server ignores (requirepass unset): the run list is empty, the password masked
     out = cli("inspect", "--url", f"redis://:hunter2@127.0.0.1:6379/{db}", "--run", "no-such-run-here")
@@ -273,7 +295,8 @@ def test_a_snapshot_into_a_missing_folder_is_one_line_naming_the_path(populated,
     url, store = populated
     path = tmp_path / "no-such-folder" / "snap.json"
     out = cli("snapshot", "--url", url, "--run", store.run, str(path))
-    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1
     assert f"redisync: error: {path}: cannot write the snapshot there (No such file or directory)" in out.stderr
 
 
@@ -300,9 +323,11 @@ def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
         env=env,
         cwd=tmp_path,
     )
-    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
     assert "redisync demo needs the demo extra (tqdm, matplotlib missing): pip install 'redisync[demo]'" in out.stderr
-    assert time.monotonic() - started < 60 and not (tmp_path / "out").exists()  # before any work
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_connection_error_names_the_url_with_its_password_masked():
@@ -315,18 +340,26 @@ def test_a_connection_error_names_the_url_with_its_password_masked():
         out = cli(*command, "--url", "redis://operator:s3cret@127.0.0.1:1/0")
         assert out.returncode == 1, (command, out.stdout)
         lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("redisync: error: redis://operator:***@127.0.0.1:1/0: "), (
+        assert len(lines) == 1, (
             command,
             out.stderr,
         )
-        assert "refused" in lines[0] and "s3cret" not in out.stderr and "Traceback" not in out.stderr
+        assert lines[0].startswith("redisync: error: redis://operator:***@127.0.0.1:1/0: "), (
+            command,
+            out.stderr,
+        )
+        assert "refused" in lines[0]
+        assert "s3cret" not in out.stderr
+        assert "Traceback" not in out.stderr
 
 
 def test_a_database_the_server_lacks_is_named_in_words(real_url):
     base = real_url.rsplit("/", 1)[0]
     out = cli("inspect", "--url", f"{base}/99")
-    assert out.returncode == 1 and out.stderr.count("\n") == 1
-    assert f"{base}/99: DB index is out of range" in out.stderr and "'databases' setting" in out.stderr
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1
+    assert f"{base}/99: DB index is out of range" in out.stderr
+    assert "'databases' setting" in out.stderr
 
 
 def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
@@ -347,8 +380,11 @@ def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
         (damaged, "meta"),
     ):
         out = cli("restore", "--url", url, "--run", store.run, str(path))
-        assert out.returncode == 1 and f"redisync: error: {path}" in out.stderr and problem in out.stderr, out.stderr
-        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+        assert out.returncode == 1, out.stderr
+        assert f"redisync: error: {path}" in out.stderr, out.stderr
+        assert problem in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1
+        assert "Traceback" not in out.stderr
     assert store.fleet().fleet_version == 4  # nothing was restored
 
 
@@ -380,13 +416,17 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
         out = cli("watch", "--url", cli_url, "--run", store.run, "--count", "1")
         assert out.returncode == 0, out.stderr
         header = next(l for l in out.stdout.splitlines() if l.startswith("shard"))
-        assert "obs/norm |mean offset| (pooled sd)" in header and "motion/bin_failed TV" in header
-        assert "curriculum/delta" not in out.stdout and "motion/one" not in out.stdout
+        assert "obs/norm |mean offset| (pooled sd)" in header
+        assert "motion/bin_failed TV" in header
+        assert "curriculum/delta" not in out.stdout
+        assert "motion/one" not in out.stdout
         rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if l[:1].isdigit()}
         # pooled: mean (1, 0), variance 1 + 1 = 2; each shard's mean is 1 away in the first element
         # columns: shard, last report, motion/bin_failed TV and entropy, obs/norm offset
-        assert set(rows) == {"0", "1"} and all(float(r[4]) == pytest.approx(0.71, abs=0.01) for r in rows.values())
-        assert all(r[2] == "0.0000" and r[3] == "1.000" for r in rows.values()) and "-0.0" not in out.stdout
+        assert set(rows) == {"0", "1"}
+        assert all(float(r[4]) == pytest.approx(0.71, abs=0.01) for r in rows.values())
+        assert all(r[2] == "0.0000" and r[3] == "1.000" for r in rows.values())
+        assert "-0.0" not in out.stdout
     finally:
         store.delete()
 
@@ -431,13 +471,18 @@ def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
         commands = [l.strip() for l in lines if l.startswith("  redisync ") or l.startswith("  redis-cli ")]
         assert [c.split()[1] for c in commands] == ["inspect", "watch", "-u"]
         inspect = cli(*commands[0].split()[1:])
-        assert inspect.returncode == 0 and "run first-look" in inspect.stdout and "motion/bin_failed" in inspect.stdout
+        assert inspect.returncode == 0
+        assert "run first-look" in inspect.stdout
+        assert "motion/bin_failed" in inspect.stdout
         watch = cli(*commands[1].split()[1:], "--count", "1")
-        assert watch.returncode == 0 and "motion/bin_failed TV" in watch.stdout
+        assert watch.returncode == 0
+        assert "motion/bin_failed TV" in watch.stdout
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err
+    assert proc.returncode == 0
+    assert "stopped" in out
+    assert "Traceback" not in err
 
 
 def test_inspect_lists_every_readable_run_and_says_which_keys_it_skipped(populated):
@@ -454,6 +499,7 @@ def test_inspect_lists_every_readable_run_and_says_which_keys_it_skipped(populat
         for key in fake:
             assert f"skipped {key}: " in out.stderr
         as_json = cli("inspect", "--url", url, "--json")
-        assert as_json.returncode == 0 and store.run in [r["run"] for r in json.loads(as_json.stdout)]
+        assert as_json.returncode == 0
+        assert store.run in [r["run"] for r in json.loads(as_json.stdout)]
     finally:
         store.redis.delete(*fake)

@@ -28,7 +28,8 @@ def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
     port = server.port
     try:
         cfg = redis.Redis(port=port).config_get("*")
-        assert cfg["appendonly"] == "yes" and cfg["appendfsync"] == "everysec"
+        assert cfg["appendonly"] == "yes"
+        assert cfg["appendfsync"] == "everysec"
         assert cfg["maxmemory-policy"] == "noeviction"
         store = redisync.connect(f"redis://127.0.0.1:{port}/0", run="conf")
         store.register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
@@ -42,7 +43,8 @@ def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
         after = redisync.connect(f"redis://127.0.0.1:{port}/0", run="conf")
         after.register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
         state = after.fleet()
-        assert state.epoch == before.epoch and state.fleet_version == before.fleet_version
+        assert state.epoch == before.epoch
+        assert state.fleet_version == before.fleet_version
         np.testing.assert_array_equal(state.keys["obs/norm"].value, before.keys["obs/norm"].value)
     finally:
         server.kill()
@@ -64,8 +66,10 @@ def test_compose_file_is_valid(tmp_path):
     services = doc["services"]
     assert {"redis", "redis-primary", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"} <= set(services)
     for name, svc in services.items():
-        assert isinstance(svc["image"], str) and svc["image"].startswith("redis:7"), name
-        assert isinstance(svc["command"], list) and svc["command"], name
+        assert isinstance(svc["image"], str), name
+        assert svc["image"].startswith("redis:7"), name
+        assert isinstance(svc["command"], list), name
+        assert svc["command"], name
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("./"):  # a bind mount of one of deploy/'s own files

@@ -24,7 +24,8 @@ def test_the_generated_stretches_of_fold_lua_are_what_the_generator_writes(tmp_p
     assert subprocess.run(check, capture_output=True, text=True).returncode == 0
     text = (ROOT / "redisync/store/lua/fold.lua").read_text()
     for name in ("join64", "fold_values"):
-        assert text.count(f"-- BEGIN GENERATED {name}\n") == 1 and text.count(f"-- END GENERATED {name}\n") == 1
+        assert text.count(f"-- BEGIN GENERATED {name}\n") == 1
+        assert text.count(f"-- END GENERATED {name}\n") == 1
     copy = tmp_path / "repo"
     (copy / "scripts").mkdir(parents=True)
     (copy / "redisync/store/lua").mkdir(parents=True)
@@ -33,7 +34,8 @@ def test_the_generated_stretches_of_fold_lua_are_what_the_generator_writes(tmp_p
     edited.write_text(text.replace("a17 + b17", "a17 - b17", 1))
     check[1] = str(copy / "scripts/generate_fold_pass.py")
     failed = subprocess.run(check, capture_output=True, text=True)
-    assert failed.returncode != 0 and "generated fold_values differ" in failed.stderr
+    assert failed.returncode != 0
+    assert "generated fold_values differ" in failed.stderr
     # --write puts the generator's text back in place, and only there
     subprocess.run([*check[:2], "--write"], check=True)
     assert edited.read_text() == text
@@ -50,9 +52,11 @@ def test_every_landmark_of_the_stage_profiler_stands_once_in_fold_lua_and_is_rea
             script = store.redis.register_script(cut)
             reply = script(keys=keys, args=[*args[:3], int(args[3]) + 1 + n, *args[4:]])
             if landmark is None:
-                assert cut == text and reply[0] == b"applied"
+                assert cut == text
+                assert reply[0] == b"applied"
             else:  # the cut runs: a fold reaches every landmark (none is in a branch it skips)
-                assert cut.count("do return {'cut'} end") == 1 and reply == [b"cut"], landmark
+                assert cut.count("do return {'cut'} end") == 1, landmark
+                assert reply == [b"cut"], landmark
     finally:
         store.delete()
     with pytest.raises(SystemExit, match="update LANDMARKS"):

@@ -101,8 +101,8 @@ def test_a_dead_shards_stale_history_slot_counts_whichever_fold_notices_it(make_
         time.sleep(0.3)  # shard 1's slot is stale now
         again = store.shard(1)  # its fresh restart
         folds = [
-            lambda: again.publish({"obs/norm": {"count": 7.0, "sum": [1.0]}}),
-            lambda: zero.publish({"obs/norm": {"count": 0.0, "sum": [0.0]}}),
+            lambda again=again: again.publish({"obs/norm": {"count": 7.0, "sum": [1.0]}}),
+            lambda zero=zero: zero.publish({"obs/norm": {"count": 0.0, "sum": [0.0]}}),
         ]
         for fold in folds if own_first else folds[::-1]:
             fold()

@@ -163,7 +163,7 @@ def test_sharded_statistics_equal_the_unsharded_ones(backend, n_shards, seed, pu
         slices = np.array_split(samples, n_shards)
         clients = [store.shard(s) for s in range(n_shards)]
         for p in range(1, publishes + 1):  # cumulative reports: each one carries everything so far
-            for client, chunk in zip(clients, slices):
+            for client, chunk in zip(clients, slices, strict=False):
                 seen = chunk[: len(chunk) * p // publishes]
                 client.publish({"obs/norm": {"count": len(seen), "sum": seen.sum(0), "sumsq": (seen**2).sum(0)}})
         view = store.fleet().keys["obs/norm"]

@@ -134,7 +134,9 @@ def test_the_tracker_and_penalty_decide_alike_through_redisync_and_through_holos
         out = dict(out)
     redisync.connect(real_url, run=run).delete()
     for rank in (0, 1):
-        for (avg_up, logged_up, _), (avg_ours, logged_ours, _) in zip(out[rank]["upstream"], out[rank]["ours"]):
+        for (avg_up, logged_up, _), (avg_ours, logged_ours, _) in zip(
+            out[rank]["upstream"], out[rank]["ours"], strict=False
+        ):
             assert avg_ours == avg_up  # the tracker after a sync: rank 0's average, bit for bit
             assert logged_ours == pytest.approx(
                 logged_up, rel=1e-6
@@ -200,7 +202,7 @@ def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
     syncs = [
         sync_curriculum(env, fleet=fleet, episode_length="pooled", penalty_scale="local")
-        for env, fleet in zip(envs, fleets)
+        for env, fleet in zip(envs, fleets, strict=False)
     ]
     try:
         for rank, env in enumerate(envs):
@@ -210,12 +212,12 @@ def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):
         for fleet in fleets:  # both reports are in the store ...
             assert fleet.syncer.wait_synced(timeout=10)
         version = fleets[0].syncer.store.fleet().fleet_version
-        for fleet, sync in zip(fleets, syncs):  # ... and both shards pulled them before their next sync
+        for fleet, sync in zip(fleets, syncs, strict=False):  # ... and both shards pulled them before their next sync
             assert fleet.syncer.wait_synced(at_least=version, timeout=10)
             sync()
         trackers = [env._get_average_episode_tracker() for env in envs]
-        weights = [min(s.terms[0].episodes, t.num_compute_average_epl) for s, t in zip(syncs, trackers)]
-        want = sum(w * float(t.average_episode_length) for w, t in zip(weights, trackers)) / sum(weights)
+        weights = [min(s.terms[0].episodes, t.num_compute_average_epl) for s, t in zip(syncs, trackers, strict=False)]
+        want = sum(w * float(t.average_episode_length) for w, t in zip(weights, trackers, strict=False)) / sum(weights)
         assert weights == [10, 15]  # 10 episodes; 40 capped at the window of 64 envs (1 000 × 64 / 4 096)
         for env in envs:
             assert env.average_episode_length == pytest.approx(want, rel=1e-6)  # what the penalty decides on

@@ -60,7 +60,8 @@ def drive(sampler, rank: int, steps: int, draws: list | None = None) -> None:
 
 
 def test_the_preset_builds_a_sampler_of_the_motion_the_test_uses():
-    assert motion_config.use_adaptive_timesteps_sampler and T > FPS
+    assert motion_config.use_adaptive_timesteps_sampler
+    assert T > FPS
 
 
 def test_local_mode_draws_what_holosomas_own_sampler_draws():
@@ -202,13 +203,13 @@ def test_pooled_fastsac_normalisers_hold_the_statistics_of_every_sample(real_url
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), r, worker="thread") for r in (0, 1)]
     agents, reference, seen = [FastSacAgent(), FastSacAgent()], FastSacNormalization(6, "cpu"), []
     try:
-        for fleet, agent in zip(fleets, agents):
+        for fleet, agent in zip(fleets, agents, strict=False):
             sync_fastsac_normalizers(agent, fleet=fleet)
         for step in range(4):
             batches = [
                 torch.randn(64, 6, generator=torch.Generator().manual_seed(10 * r + step)) * (r + 1) + r for r in (0, 1)
             ]
-            for agent, x in zip(agents, batches):
+            for agent, x in zip(agents, batches, strict=False):
                 agent.obs_normalizer(x)
             reference(torch.cat(batches))  # holosoma's own, fed every batch (its count; its mean to float32)
             seen.extend(batches)
@@ -216,7 +217,7 @@ def test_pooled_fastsac_normalisers_hold_the_statistics_of_every_sample(real_url
             fleet.flush()
             assert fleet.syncer.wait_synced(timeout=10)
         final = fleets[0].syncer.store.fleet().fleet_version
-        for fleet, agent in zip(fleets, agents):
+        for fleet, agent in zip(fleets, agents, strict=False):
             assert fleet.syncer.wait_synced(final, timeout=10)
             fleet.at_reset_boundary()
             norm = agent.obs_normalizer
@@ -241,6 +242,6 @@ def test_rsl_rls_sync_normalizers_points_a_holosoma_agent_to_its_own_drop_in():
 
     with pytest.raises(
         ConfigurationError,
-        match="obs_normalizer, critic_obs_normalizer is holosoma FastSAC's.*sync_fastsac_normalizers",
+        match=r"obs_normalizer, critic_obs_normalizer is holosoma FastSAC's.*sync_fastsac_normalizers",
     ):
         sync_normalizers(FastSacAgent(), fleet=ProcessFleet(redisync.connect(None), 0))

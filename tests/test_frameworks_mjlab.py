@@ -86,7 +86,10 @@ def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
             env,
             80,
             seed=1,
-            each=lambda: (starts.append(command.time_steps.clone()), emas.append(command.bin_failed_count.clone())),
+            each=lambda starts=starts, emas=emas, command=command: (
+                starts.append(command.time_steps.clone()),
+                emas.append(command.bin_failed_count.clone()),
+            ),
         )
         runs[mode] = (torch.stack(starts), torch.stack(emas))
         env.close()
@@ -192,7 +195,8 @@ def test_two_pooled_collectors_hold_the_failure_ema_of_one_process_fed_every_fai
         store.delete()
     # one process fed every failure of both, step by step: the EMA of the summed counts
     both = out[0]["failures"] + out[1]["failures"]
-    assert both.shape[0] == steps and both.sum() > 0
+    assert both.shape[0] == steps
+    assert both.sum() > 0
     single = np.zeros(both.shape[1])
     for current in both:
         single = ALPHA * current + (1 - ALPHA) * single
@@ -224,14 +228,13 @@ def test_the_readme_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     store = redisync.connect(real_url, run=run)
     try:
-        for p, output in zip(procs, outputs):
+        for p, output in zip(procs, outputs, strict=False):
             assert p.returncode == 0, output[-3000:]
         keys = store.fleet().keys
         assert slots(store, "motion/bin_failed") == {"0", "1"}
         # rsl_rl updates each normaliser once per iteration with its rollout: 2 iterations × 8 steps × 4 envs
         for name in ("rsl_rl/actor.obs_normalizer", "rsl_rl/critic.obs_normalizer"):
-            assert slots(store, name) == {"0", "1"} and float(np.ravel(keys[name].parts()["count"])[0]) == 2 * (
-                2 * 8 * 4
-            )
+            assert slots(store, name) == {"0", "1"}
+            assert float(np.ravel(keys[name].parts()["count"])[0]) == 2 * (2 * 8 * 4)
     finally:
         store.delete()

@@ -56,7 +56,8 @@ def test_the_models_normalisers_are_replaced_with_their_state_and_checkpoints_lo
         assert fleet.syncer is not None  # started here, with the task built, not in the first env step
         assert [t.key for t in fleet.terms] == ["rsl_rl/actor.obs_normalizer", "rsl_rl/critic.obs_normalizer"]
         synced = actor.obs_normalizer
-        assert isinstance(synced, SyncedNormalization) and not normalizer_slots(actor)
+        assert isinstance(synced, SyncedNormalization)
+        assert not normalizer_slots(actor)
         assert synced.state_dict().keys() == before.keys()
         assert all(torch.equal(synced.state_dict()[k], v) for k, v in before.items())  # same state
         # rsl_rl's checkpoint of the model loads into the synced one, and back
@@ -90,9 +91,9 @@ def test_pooled_normalisers_hold_what_rsl_rls_all_reduce_computes(real_url):
     actors = [models()[0] for _ in fleets]
     reference = EmpiricalNormalization(5)
     try:
-        for fleet, actor in zip(fleets, actors):
+        for fleet, actor in zip(fleets, actors, strict=False):
             sync_normalizers(actor, fleet=fleet)
-        for step, (a, b) in enumerate(zip(batches(1), batches(2))):
+        for _step, (a, b) in enumerate(zip(batches(1), batches(2), strict=False)):
             actors[0].obs_normalizer.update(a)
             actors[1].obs_normalizer.update(b)
             reference.update(torch.cat([a, b]))
@@ -103,7 +104,7 @@ def test_pooled_normalisers_hold_what_rsl_rls_all_reduce_computes(real_url):
         final = fleets[0].syncer.store.fleet().fleet_version  # both published: each waits for the other's too
         for fleet in fleets:
             assert fleet.syncer.wait_synced(final, timeout=10)
-        for fleet, actor in zip(fleets, actors):
+        for fleet, actor in zip(fleets, actors, strict=False):
             fleet.at_reset_boundary()
             synced = actor.obs_normalizer
             assert int(synced.count) == int(reference.count) == 2 * 4 * 64
@@ -152,9 +153,8 @@ def test_the_synced_normaliser_runs_no_collective_where_rsl_rls_waits_for_a_stra
         out = dict(out)
     redisync.connect(real_url, run=run).delete()
     assert out["upstream"].startswith("failed after")  # rsl_rl 5.5.1 waited for the straggler, then gave up
-    assert (
-        out["synced_count"] == 10 * 32 and out["synced_s"] < 2.0
-    )  # ours never waited (the thread worker started inside)
+    assert out["synced_count"] == 10 * 32
+    assert out["synced_s"] < 2.0
 
 
 def _ppo_rank(rank: int, init: str, url: str, run: str, synced: bool, out: dict) -> None:
@@ -242,5 +242,6 @@ def test_data_parallel_ppo_keeps_its_gradient_collectives_so_a_straggler_still_c
         f"{seen[False][0][1]:.2f} s / {seen[True][0][1]:.2f} s"
     )
     assert sum(plain.values()) > sum(synced.values()) > 0  # fewer, not none: the gradients still all-reduce
-    assert synced.get("broadcast", 0) >= 1 and synced.get("all_reduce", 0) >= 1
+    assert synced.get("broadcast", 0) >= 1
+    assert synced.get("all_reduce", 0) >= 1
     assert seen[True][0][1] > 1.5  # rank 0 still waited for rank 1's gradients

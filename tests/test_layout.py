@@ -34,9 +34,8 @@ def test_an_upward_import_breaks_a_contract(tmp_path):
     keys.write_text(keys.read_text() + "\nfrom ..collector import syncer  # noqa: E402  (the deliberate violation)\n")
     out = lint_imports(tmp_path, pythonpath=tmp_path)
     assert out.returncode != 0
-    assert "BROKEN" in out.stdout and "redisync.store.keys -> redisync.collector.syncer" in out.stdout, out.stdout[
-        -3000:
-    ]
+    assert "BROKEN" in out.stdout, out.stdout[-3000:]
+    assert "redisync.store.keys -> redisync.collector.syncer" in out.stdout, out.stdout[-3000:]
 
 
 def test_ruff_lint_and_format_pass():
@@ -46,3 +45,10 @@ def test_ruff_lint_and_format_pass():
         [str(BIN / "ruff"), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert fmt.returncode == 0, fmt.stdout[-3000:]
+
+
+def test_the_type_check_passes():
+    """mypy, strict on the store and the collector runtime (pyproject.toml's [tool.mypy]): no error."""
+    out = subprocess.run([str(BIN / "mypy")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "Success: no issues found" in out.stdout

@@ -44,7 +44,7 @@ def test_a_fresh_restart_drops_a_state_slot_and_retires_a_history_slot(make_stor
     store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2, lifecycle="history")})
     first = store.shard(0)
     first.publish({"motion/ema": {"count": 1, "sum": [3.0, 1.0]}, "obs/norm": {"count": 10, "sum": [5.0, 5.0]}})
-    for life in range(3):  # each further restart adds nothing to the state key
+    for _life in range(3):  # each further restart adds nothing to the state key
         again = store.shard(0)
         again.publish({"motion/ema": {"count": 1, "sum": [0.5, 0.25]}, "obs/norm": {"count": 2, "sum": [1.0, 1.0]}})
     fleet = store.fleet().keys
@@ -153,7 +153,8 @@ def test_a_shard_whose_lease_lapsed_leaves_a_state_key_whichever_shard_folds(mak
     assert fleet["motion/ema"].parts()["count"] == 2
     assert fleet["obs/norm"].parts()["count"] == 6  # history: the dead shard's samples stay counted
     meta = store.redis.hgetall(store.keys.key_meta("motion/ema"))
-    assert meta[b"writers"] == b"0,2" and meta[b"dropped_lapsed"] == b"1"
+    assert meta[b"writers"] == b"0,2"
+    assert meta[b"dropped_lapsed"] == b"1"
     # a shard that never leased (the low-level API, no Syncer) is not judged by leases
     store.shard(7).publish({"motion/ema": {"count": 1, "sum": [0.0, 0.0]}})
     time.sleep(1.1)
@@ -201,7 +202,7 @@ def test_a_negative_zero_through_fresh_lives_is_stored_as_the_reference_stores_i
     store, ref = make_store(), ReferenceFold(schema)
     store.register(schema)
     payload = np.array([1.0, -0.0, 2.0])
-    for life in range(3):
+    for _life in range(3):
         client = store.shard(0)
         assert ref.claim(0, now_us=client.incarnation) == client.incarnation
         res = client.publish({"obs/norm": {"count": 1.0, "sum": payload[1:]}})
@@ -234,7 +235,8 @@ def test_the_dead_letter_stream_is_capped_in_bytes_as_well_as_entries(make_store
     assert 10 <= len(letters) < 30  # MAXLEN ~: about the cap
     for _, fields in letters:
         ((name, payload),) = [(k, v) for k, v in fields.items() if k.startswith(b"report:")]
-        assert name == b"report:obs/norm (truncated)" and len(payload) == 100
+        assert name == b"report:obs/norm (truncated)"
+        assert len(payload) == 100
     assert sum(len(v) for _, f in letters for v in f.values()) < 30 * 300  # not 30 x 520 payload bytes
 
 
@@ -260,7 +262,7 @@ def test_the_later_of_two_claims_wins(make_store):
         early.publish({"obs/norm": {"count": 5, "sum": 5.0}})
     # even before the later claim publishes, the earlier one is a zombie
     a, b = store.shard(4), store.shard(4)
-    a.incarnation, b.incarnation
+    assert a.incarnation < b.incarnation  # both claimed: b is the later life
     with pytest.raises(errors.StaleIncarnation):
         a.publish({"obs/norm": {"count": 1, "sum": 1.0}})
 
@@ -300,7 +302,8 @@ def test_a_fold_that_would_overflow_is_refused_and_changes_nothing(make_store):
     a.publish({"motion/ema": {"count": 1, "sum": [1.0, 0.0]}})  # small again: everything finite and exact
     b.publish({"motion/ema": {"count": 1, "sum": [2.0, 0.0]}})
     view = store.fleet().keys["motion/ema"]
-    assert view.parts()["sum"][0] == 3.0 and np.isfinite(view.moments()[0]).all()
+    assert view.parts()["sum"][0] == 3.0
+    assert np.isfinite(view.moments()[0]).all()
 
 
 def test_a_float32_sampler_survives_a_fleet_value_beyond_its_range(make_store):
@@ -312,14 +315,17 @@ def test_a_float32_sampler_survives_a_fleet_value_beyond_its_range(make_store):
     sampler.apply_shard_state(shard.pull())
     starts = sampler.sample(256)
     p = sampler.probabilities()
-    assert torch.isfinite(p).all() and abs(float(p.sum()) - 1) < 1e-5 and float(p[0]) > 0.99
+    assert torch.isfinite(p).all()
+    assert abs(float(p.sum()) - 1) < 1e-5
+    assert float(p[0]) > 0.99
     assert ((starts >= 0) & (starts < FRAMES)).all()
     weighted = AdaptiveMotionSampler(FRAMES, 0.02, mode="weighted", key="motion/w")
     store2 = make_store()
     store2.register(Schema.of(weighted.schema_entries()))
     store2.shard(1).publish({"motion/w": {"count": 1, "sum": [1e300] + [0.0] * 19}})
     weighted.apply_shard_state(store2.shard(0).pull())
-    assert torch.isfinite(weighted.bin_failed_count).all() and torch.isfinite(weighted.sample(16).float()).all()
+    assert torch.isfinite(weighted.bin_failed_count).all()
+    assert torch.isfinite(weighted.sample(16).float()).all()
 
 
 def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store):
@@ -329,7 +335,9 @@ def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store
     store.shard(1).publish({"obs/norm": {"count": 1, "sum": [1e100], "sumsq": [1e250]}})  # finite in float64 only
     norm.apply_shard_state(store.shard(0).pull())
     out = norm(torch.tensor([[1.0]]))
-    assert torch.isfinite(norm._mean).all() and torch.isfinite(norm._std).all() and torch.isfinite(out).all()
+    assert torch.isfinite(norm._mean).all()
+    assert torch.isfinite(norm._std).all()
+    assert torch.isfinite(out).all()
 
 
 # 5. all-or-nothing folds ------------------------------------------------------------------------
@@ -373,7 +381,8 @@ def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
         assert "writers holds" in str(refused.value)
     after = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
     dead = after.pop(store.keys.dead_letters.encode())
-    assert dead is not None and {k: v for k, v in before.items() if k != store.keys.dead_letters.encode()} == after
+    assert dead is not None
+    assert {k: v for k, v in before.items() if k != store.keys.dead_letters.encode()} == after
 
 
 @pytest.mark.parametrize("which", ["reports", "key meta"])
@@ -479,7 +488,8 @@ def test_restore_is_atomic_with_a_fold_racing_it(make_store):
     store.restore(snap)
     store._call = call
     after = racer.pull()
-    assert after.epoch_changed and after.fleet_version > seen[0]  # never backwards for the racer
+    assert after.epoch_changed
+    assert after.fleet_version > seen[0]
     racer.publish({"obs/norm": {"count": 6, "sum": [2.0, 2.0]}})  # the live collector keeps publishing
     assert scalar(store.fleet().keys["obs/norm"].parts()["count"]) == 6
 
@@ -529,7 +539,9 @@ def test_after_lost_writes_no_version_names_two_states(make_store):
     assert folded.epoch != seen.epoch  # a new server process opens a new epoch
     assert (folded.epoch, folded.fleet_version) != (seen.epoch, seen.fleet_version)
     again = a.pull()  # the client that saw the lost state takes the new one
-    assert again is not None and again.epoch_changed and scalar(again.keys["obs/norm"].parts()["count"]) == 3
+    assert again is not None
+    assert again.epoch_changed
+    assert scalar(again.keys["obs/norm"].parts()["count"]) == 3
     a.publish({"obs/norm": {"count": 11, "sum": 11.0}})  # and its re-publish restores its slot
     c.publish({"obs/norm": {"count": 1, "sum": 1.0}})
     assert scalar(store.fleet().keys["obs/norm"].parts()["count"]) == 11 + 2 + 1
@@ -576,7 +588,8 @@ def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
             time.sleep(0.1)
         assert wait_for(lambda: syncer.at_reset_boundary() or term.fleet == 5.0)
         assert term.fleet == 5.0  # the view follows the store although our publishes fail
-        assert syncer.health()["ok"] is False and "OOM" in syncer.health()["error"]
+        assert syncer.health()["ok"] is False
+        assert "OOM" in syncer.health()["error"]
         assert syncer.metrics()["redisync/healthy"] == 0.0
     syncer.stop(flush=False, timeout=1)
     assert sum("OOM" in r.getMessage() for r in caplog.records) == 1  # logged once, not per retry
@@ -646,7 +659,8 @@ def test_a_shard_client_shared_by_threads_never_rolls_back(make_store):
         t.start()
     for t in threads:
         t.join()
-    assert failures == [] and shard.seq == 200
+    assert failures == []
+    assert shard.seq == 200
 
 
 # 9. reports for runs that do not exist ----------------------------------------------------------

@@ -346,7 +346,8 @@ class FleetLife(RuleBasedStateMachine):
                 assert key["value"] is None or np.isfinite(key["value"]).all()
                 continue
             vectors = ([key["retired"]] if key["retired"] is not None else []) + [s[2] for s in key["slots"].values()]
-            assert all(np.isfinite(v).all() for v in vectors) and np.isfinite(key["value"]).all()
+            assert all(np.isfinite(v).all() for v in vectors)
+            assert np.isfinite(key["value"]).all()
             assert exact_within_bound(spec, key["value"], vectors), name
             for shard, proc in self.procs.items():
                 slot = key["slots"].get(shard)
@@ -357,7 +358,7 @@ class FleetLife(RuleBasedStateMachine):
     def versions_never_go_back_and_name_one_state(self):
         if not hasattr(self, "store"):
             return
-        for shard, proc in self.procs.items():
+        for _shard, proc in self.procs.items():
             got = proc.client.pull()
             state = proc.client.known
             if got is None or state is None:

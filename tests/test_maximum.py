@@ -70,21 +70,26 @@ def test_any_shard_raises_it_a_lower_report_lowers_nothing_and_moves_no_version(
         store.register(SCHEMA)
         a, b = store.shard(0), store.shard(7)
         first = a.publish({"terrain/level": {"value": 2.0}})
-        assert first.applied and first.key_versions == {"terrain/level": 1}
+        assert first.applied
+        assert first.key_versions == {"terrain/level": 1}
         raised = b.publish({"terrain/level": {"value": 5.0}})  # no owner: any shard may raise it
         assert raised.key_versions == {"terrain/level": 2}
         a.pull()
         lower = a.publish({"terrain/level": {"value": 3.0}})  # applied, and nothing changes
-        assert lower.applied and lower.key_versions == {"terrain/level": 2}
+        assert lower.applied
+        assert lower.key_versions == {"terrain/level": 2}
         assert lower.fleet_version == raised.fleet_version + 1
         changed = a.pull()  # the fleet version moved; the key did not, so the pull does not carry it
-        assert changed is not None and "terrain/level" not in changed.keys
+        assert changed is not None
+        assert "terrain/level" not in changed.keys
         # a restarted shard starts low again: it lowers nothing
         restarted = store.shard(7)
         assert restarted.publish({"terrain/level": {"value": 0.0}}).key_versions == {"terrain/level": 2}
         view = store.fleet().keys["terrain/level"]
-        assert view.value.tolist() == [5.0] and view.version == 2
-        assert view.view({}) == {"value": np.array(5.0)} and view.others().tolist() == [5.0]
+        assert view.value.tolist() == [5.0]
+        assert view.version == 2
+        assert view.view({}) == {"value": np.array(5.0)}
+        assert view.others().tolist() == [5.0]
         with pytest.raises(errors.NonFiniteValue):
             a.publish({"terrain/level": {"value": float("inf")}})
     finally:
@@ -186,7 +191,9 @@ def test_inspect_and_watch_show_it(tmp_path):
         store.register(SCHEMA)
         store.shard(0).publish({"terrain/level": {"value": 3.0}, "obs/count": {"count": 1, "sum": 1.0}})
         row = next(k for k in describe_run(store)["keys"] if k["key"] == "terrain/level")
-        assert row["semantics"] == "maximum" and row["version"] == 1 and "slots" not in row
+        assert row["semantics"] == "maximum"
+        assert row["version"] == 1
+        assert "slots" not in row
         for command in (
             ["inspect", "--url", url, "--run", store.run],
             ["watch", "--url", url, "--run", store.run, "--count", "1"],
@@ -257,7 +264,9 @@ def test_the_registry_names_every_semantics_the_fold_script_dispatches():
     applies = fold.split("local APPLIES = {")[1].split("}")[0]
     known = register.split("local KNOWN = {")[1].split("}")[0]
     for name, spec in SEMANTICS.items():
-        assert f"{name} = check_{name}" in checks and f"{name} = apply_{name}" in applies
-        assert f"{name} = true" in known and spec.model_fields["semantics"].default == name
+        assert f"{name} = check_{name}" in checks
+        assert f"{name} = apply_{name}" in applies
+        assert f"{name} = true" in known
+        assert spec.model_fields["semantics"].default == name
     assert checks.count("=") == applies.count("=") == known.count("=") == len(SEMANTICS)
     assert MaximumSpec.stored_field == "value"

@@ -51,14 +51,18 @@ def test_numpy_sampler_computes_what_the_torch_sampler_does(frames, mix, kernel_
 def test_the_sampler_writes_the_callers_arrays_in_place():
     ema, cdf = np.zeros(13, dtype=np.float32), np.zeros(13, dtype=np.float32)
     s = rnp.AdaptiveMotionSampler(600, 0.02, mode="local", ema=ema, cdf=cdf)
-    assert s.ema is ema and s.cdf is cdf and cdf[-1] == 1.0
+    assert s.ema is ema
+    assert s.cdf is cdf
+    assert cdf[-1] == 1.0
     before = cdf.copy()
     feed([s], (600,), steps=50)
     s.rebuild()
-    assert s.cdf is cdf and not np.array_equal(cdf, before)  # a kernel holding `cdf` sees the new distribution
+    assert s.cdf is cdf
+    assert not np.array_equal(cdf, before)
     np.testing.assert_allclose(np.diff(cdf, prepend=0), s.probabilities(), rtol=1e-5, atol=1e-7)
     starts = s.sample(4000, rng=np.random.default_rng(1))
-    assert starts.min() >= 0 and starts.max() < 600
+    assert starts.min() >= 0
+    assert starts.max() < 600
     late = np.mean(starts > 420)
     assert late > 0.5  # failures late in the motion pull the starts there
 
@@ -66,9 +70,9 @@ def test_the_sampler_writes_the_callers_arrays_in_place():
 def test_a_wrong_caller_array_is_refused_naming_it():
     with pytest.raises(InvalidSchema, match="cdf must be a numpy array of 13 float32"):
         rnp.AdaptiveMotionSampler(600, 0.02, cdf=np.zeros(12, dtype=np.float32))
+    frozen = np.zeros(13, dtype=np.float32)
+    frozen.flags.writeable = False
     with pytest.raises(InvalidSchema, match="ema must be a writeable"):
-        frozen = np.zeros(13, dtype=np.float32)
-        frozen.flags.writeable = False
         rnp.AdaptiveMotionSampler(600, 0.02, ema=frozen)
     with pytest.raises(ValueError, match=r"time_steps and failed must be 1-D of one length.*\(3,\) and \(2,\)"):
         rnp.AdaptiveMotionSampler(600, 0.02).record_failures(np.array([1, 2, 3]), np.array([True, False]))
@@ -96,13 +100,13 @@ def test_sharded_numpy_terms_equal_one_unsharded_term(make_store, n_shards):
         single.record_failures(ts, failed, g)
         single.step()
         single_norm.update(obs)
-        for s, norm, sl in zip(samplers, norms, slices):
+        for s, norm, sl in zip(samplers, norms, slices, strict=False):
             s.record_failures(ts[sl], failed[sl], g[sl])
             s.step()
             norm.update(obs[sl])
         if step % 50 == 0:
-            sync(store, clients, [[s, n] for s, n in zip(samplers, norms)])
-            for s, norm in zip(samplers, norms):
+            sync(store, clients, [[s, n] for s, n in zip(samplers, norms, strict=False)])
+            for s, norm in zip(samplers, norms, strict=False):
                 np.testing.assert_allclose(s.sampling_ema(), single.ema, rtol=1e-5, atol=1e-9)  # float32 shards
                 np.testing.assert_allclose(s.probabilities(), single.probabilities(), rtol=1e-5, atol=1e-9)
                 s.rebuild()

@@ -28,9 +28,11 @@ def test_the_wheel_and_the_sdist_carry_the_license(dist):
     (wheel,) = dist.glob("*.whl")
     (sdist,) = dist.glob("*.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "redisync-0.1.0.dist-info/licenses/LICENSE" in names and "redisync/store/lua/fold.lua" in names
+    assert "redisync-0.1.0.dist-info/licenses/LICENSE" in names
+    assert "redisync/store/lua/fold.lua" in names
     assert "License-Expression: MIT" in zipfile.ZipFile(wheel).read("redisync-0.1.0.dist-info/METADATA").decode()
-    assert "redisync-0.1.0/LICENSE" in tarfile.open(sdist).getnames()
+    with tarfile.open(sdist) as archive:
+        assert "redisync-0.1.0/LICENSE" in archive.getnames()
 
 
 def test_a_plain_install_is_a_working_library_and_names_the_demo_extra(dist, tmp_path):
@@ -55,7 +57,8 @@ def test_a_plain_install_is_a_working_library_and_names_the_demo_extra(dist, tmp
     demo = subprocess.run(
         [str(venv / "bin" / "redisync"), "demo"], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
-    assert demo.returncode == 1 and demo.stderr.count("\n") == 1, demo.stderr
+    assert demo.returncode == 1, demo.stderr
+    assert demo.stderr.count("\n") == 1, demo.stderr
     assert (
         "redisync demo needs the demo extra (torch, tqdm, matplotlib missing): pip install 'redisync[demo]'"
         in demo.stderr

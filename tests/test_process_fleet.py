@@ -16,11 +16,14 @@ def test_the_fleet_starts_at_the_first_step_with_every_term_added_before(make_st
     fleet = ProcessFleet(store, 3, publish_every_steps=1)
     sampler, norm = AdaptiveMotionSampler(500, 0.02), SyncedEmpiricalNormalization(2)
     fleet.add(sampler)
-    assert fleet.at_reset_boundary() is False and fleet.syncer is None  # an env's own first reset: nothing yet
+    assert fleet.at_reset_boundary() is False
+    assert fleet.syncer is None
     fleet.add(norm)
     fleet.on_step()  # the first env step starts one Syncer for both terms
     try:
-        assert fleet.syncer is not None and fleet.syncer.terms == [sampler, norm] and fleet.syncer.shard.shard_id == 3
+        assert fleet.syncer is not None
+        assert fleet.syncer.terms == [sampler, norm]
+        assert fleet.syncer.shard.shard_id == 3
         with pytest.raises(ConfigurationError, match="after the fleet's Syncer started"):
             fleet.add(SyncedEmpiricalNormalization(2, key="obs/late"))
         with pytest.raises(ConfigurationError, match="before the first env step"):
@@ -40,9 +43,11 @@ def test_the_environment_names_the_store_and_the_shard(monkeypatch, real_url):
     monkeypatch.setenv("RANK", "2")  # torchrun's
     assert shard_from_env() == 2
     monkeypatch.setenv("REDISYNC_SHARD", "5")  # ours comes first
-    assert shard_from_env() == 5 and ProcessFleet().shard_id == 5
+    assert shard_from_env() == 5
+    assert ProcessFleet().shard_id == 5
     store = store_from_env()
-    assert store.run == "fleet-env-test" and store.url.startswith("redis://")
+    assert store.run == "fleet-env-test"
+    assert store.url.startswith("redis://")
     monkeypatch.setenv("REDISYNC_SHARD", "five")
     with pytest.raises(ConfigurationError, match="REDISYNC_SHARD"):
         shard_from_env()

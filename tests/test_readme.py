@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import redisync
@@ -39,7 +40,8 @@ def test_readme_example_runs(backend, monkeypatch):
     try:
         exec(compile(example(), str(README), "exec"), namespace)
         assert namespace["result"].status == "applied"
-        assert namespace["pooled"]["sum"][3] == 0.02 and namespace["pooled"]["count"] == 1
+        assert namespace["pooled"]["sum"][3] == 0.02
+        assert namespace["pooled"]["count"] == 1
         assert namespace["fleet"].fleet_version == 1
     finally:
         redisync.connect(run="humanoid-v3").delete()
@@ -51,7 +53,8 @@ def test_readme_collector_loop_runs(backend, monkeypatch):
     try:
         exec(compile(example("## A collector loop"), str(README), "exec"), namespace)
         metrics = namespace["metrics"]
-        assert metrics["redisync/publishes"] >= 1 and metrics["redisync/worker_errors"] == 0
+        assert metrics["redisync/publishes"] >= 1
+        assert metrics["redisync/worker_errors"] == 0
         assert "redisync/motion/bin_failed/drift_tv" in metrics
     finally:
         redisync.connect(run="humanoid-v3-collectors").delete()
@@ -84,10 +87,10 @@ def test_readme_redis_cli_section_matches_what_the_store_writes(real_url):
         for shard in (0, 1):
             store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.ones(8)}})
         store.shard(0).publish({"curriculum/penalty_scale": {"value": 0.5}})
-        try:  # a client that skips the client-side check: the server refuses and dead-letters it
+        with pytest.raises(
+            redisync.errors.NotOwner
+        ):  # a client that skips the client-side check: refused, dead-lettered
             store.shard(1).publish_payloads({"curriculum/penalty_scale": codec.encode([np.array([0.9])])}, seq=1)
-        except redisync.errors.NotOwner:
-            pass
 
         def cli(*args: str) -> list[str]:
             host, port = real_url.split("//")[1].split("/")[0].split(":")
@@ -176,11 +179,11 @@ def test_every_readme_python_block_is_run_by_a_test_or_marked_a_fragment():
         if line != "```python":
             continue
         marker = lines[n - 1]
-        assert marker.startswith("<!-- ") and marker.endswith(" -->"), (
-            f"README.md:{n + 1}: a python block without a marker"
-        )
+        assert marker.startswith("<!-- "), f"README.md:{n + 1}: a python block without a marker"
+        assert marker.endswith(" -->"), f"README.md:{n + 1}: a python block without a marker"
         named = re.findall(r"tests/(test_\w+\.py)", marker)
-        assert named and all((tests / name).exists() for name in named), f"README.md:{n}: {marker}"
+        assert named, f"README.md:{n}: {marker}"
+        assert all((tests / name).exists() for name in named), f"README.md:{n}: {marker}"
         if "runs this block" in marker:
             source = (tests / named[0]).read_text()
             label = marker.removeprefix("<!-- ").split(":")[0]

@@ -74,7 +74,8 @@ def test_lost_replies_are_retried_and_folded_once(tmp_path):
                 last[shard] = (seq, payloads)
                 got = ("applied", None, None)
             assert got == (expected.status, expected.reason, expected.key), (kind, shard)
-        assert proxy.dropped > 100 and outcomes["duplicate"] > 100
+        assert proxy.dropped > 100
+        assert outcomes["duplicate"] > 100
         assert_same_state(lua_state(store), reference_state(ref))
         print(f"\n{len(ops)} publishes, {proxy.dropped} replies dropped: {outcomes}, rejections {reasons}")
     finally:
@@ -104,12 +105,14 @@ def test_restart_from_the_append_only_file_keeps_state_and_versions(tmp_path):
         after = shard.pull()
         assert after is None  # same epoch, same fleet version: nothing changed for this client
         fleet = store.fleet()
-        assert fleet.epoch == seen.epoch and fleet.fleet_version == seen.fleet_version == 50
+        assert fleet.epoch == seen.epoch
+        assert fleet.fleet_version == seen.fleet_version == 50
         np.testing.assert_array_equal(fleet.keys["obs/norm"].value, seen.keys["obs/norm"].value)
         # the first fold on the new server process opens a new epoch: the server cannot know whether
         # the tail of its file was lost, so every client re-takes the whole state and re-publishes
         result = shard.publish({"obs/norm": {"count": 60, "sum": [0, 0]}})
-        assert result.fleet_version == 51 and result.epoch != seen.epoch
+        assert result.fleet_version == 51
+        assert result.epoch != seen.epoch
         assert shard.pull().epoch_changed
     finally:
         server.kill()
@@ -126,7 +129,9 @@ def test_versions_never_go_backwards_for_a_client_when_writes_are_lost(make_stor
     assert seen == 5
     store.redis.hset(store.keys.meta, "fleet_version", 2)  # what a crash between two fsyncs leaves behind
     regressed = b.pull()
-    assert regressed.lost_writes and regressed.fleet_version == 2  # flagged, so a Syncer re-publishes
+    assert regressed.lost_writes
+    assert regressed.fleet_version == 2
     result = b.publish({"motion/ema": {"count": 1, "sum": [9, 9, 9]}})
     assert result.fleet_version > seen  # the fold continues above what this client had seen
-    assert b.pull().fleet_version == result.fleet_version and not b.known.lost_writes
+    assert b.pull().fleet_version == result.fleet_version
+    assert not b.known.lost_writes

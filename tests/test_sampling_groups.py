@@ -64,7 +64,7 @@ def test_each_group_pooled_across_shards_equals_one_unsharded_sampler_of_that_gr
             oracle.step()
         if step % 30 == 0:
             sync(store, clients, [[s] for s in shards])
-            for i, sampler in enumerate(shards):
+            for sampler in shards:
                 probs = sampler.probabilities()
                 for k, oracle in enumerate(oracles):
                     b = oracle.bin_count
@@ -154,7 +154,8 @@ def test_grouped_draws_follow_each_groups_distribution():
     g = torch.Generator().manual_seed(9)
     ts = sampler.sample(n, groups, generator=g)
     frames = torch.tensor(FRAMES)[groups]
-    assert bool((ts >= 0).all()) and bool((ts < frames).all())
+    assert bool((ts >= 0).all())
+    assert bool((ts < frames).all())
     bins = sampler.sample_bins(n, groups, generator=g)
     for k, b in enumerate(sampler.bin_counts):
         freq = torch.bincount(bins[groups == k], minlength=b).double() / (n // len(FRAMES))
@@ -162,7 +163,8 @@ def test_grouped_draws_follow_each_groups_distribution():
     drawn = torch.bincount(sampler.sample_groups(n, generator=g), minlength=len(FRAMES)).double() / n
     weights = sampler.group_probabilities().double()
     np.testing.assert_allclose(drawn, weights, atol=0.01)
-    assert float(weights.min()) >= 0.4 / len(FRAMES) - 1e-7 and int(weights.argmax()) == 1
+    assert float(weights.min()) >= 0.4 / len(FRAMES) - 1e-7
+    assert int(weights.argmax()) == 1
 
 
 def test_bad_groups_are_refused_with_what_was_wrong():
@@ -188,10 +190,10 @@ def test_metrics_stay_bounded_and_name_the_worst_groups():
     sampler.bin_failed_count[sampler.layout.offsets[17] + 2] = 50.0  # clip017 concentrates on one bin
     metrics = sampler.metrics()
     assert len(metrics) <= 6 + 2 * 3
-    assert (
-        "sampling_entropy/clip017" in metrics and metrics["sampling_entropy_min"] == metrics["sampling_entropy/clip017"]
-    )
-    assert metrics["sampling_top1_prob_max"] > 0.9 and metrics["drift_tv_max"] == 0.0
+    assert "sampling_entropy/clip017" in metrics
+    assert metrics["sampling_entropy_min"] == metrics["sampling_entropy/clip017"]
+    assert metrics["sampling_top1_prob_max"] > 0.9
+    assert metrics["drift_tv_max"] == 0.0
 
 
 def test_the_learner_sees_every_groups_pooled_distribution(make_store):
@@ -233,6 +235,8 @@ def test_every_grouped_draw_lies_inside_its_group_and_its_motion():
     for group in range(1, len(FRAMES)):
         ids = torch.full((20_000,), group)
         bins = sampler.sample_bins(20_000, ids, generator=g)
-        assert int(bins.min()) >= 0 and int(bins.max()) < sampler.bin_counts[group]
+        assert int(bins.min()) >= 0
+        assert int(bins.max()) < sampler.bin_counts[group]
         frames = sampler.sample(20_000, ids, generator=g)
-        assert int(frames.min()) >= 0 and int(frames.max()) < FRAMES[group]
+        assert int(frames.min()) >= 0
+        assert int(frames.max()) < FRAMES[group]

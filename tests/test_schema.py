@@ -26,14 +26,15 @@ def test_specs_reject_bad_shapes_and_options():
         broadcast(3, owner=-2)
     with pytest.raises(errors.InvalidSchema, match="term/name"):
         Schema.of({"no_slash": merge(1, lifecycle="history")})
-    with pytest.raises(ValueError):  # validation errors are ValueErrors too
+    with pytest.raises(ValueError, match="at least one key"):  # validation errors are ValueErrors too
         Schema.of({})
 
 
 def test_schema_difference_names_key_and_field():
     other = Schema.of({**SCHEMA.keys, "motion/bin_failed": merge(9, lifecycle="history")})
     key, diff = SCHEMA.difference(other)
-    assert key == "motion/bin_failed" and "shape=(8,) here, (9,) registered" in diff
+    assert key == "motion/bin_failed"
+    assert "shape=(8,) here, (9,) registered" in diff
     extra = Schema.of({**SCHEMA.keys, "terrain/extra": merge(4, lifecycle="history")})
     assert SCHEMA.difference(extra) == ("terrain/extra", "registered but missing from this client's schema")
     assert SCHEMA.difference(SCHEMA) is None
@@ -50,14 +51,15 @@ def test_valid_report_is_coerced_to_float64_of_the_key_shape():
         },
         Limits(),
     )
-    assert decode(out["motion/bin_failed"]).tolist() == [1.0] + list(range(8))  # count || sum, float64 LE
+    assert decode(out["motion/bin_failed"]).tolist() == [1.0, *range(8)]  # count || sum, float64 LE
     norm = decode(out["obs/norm"])
-    assert norm.size == 1 + 6 + 6 and (norm[7:] == 2).all()  # the sumsq part broadcast to the key's shape
+    assert norm.size == 1 + 6 + 6
+    assert (norm[7:] == 2).all()
     assert decode(out["curriculum/scale"]).tolist() == [0.5]
 
 
 @pytest.mark.parametrize(
-    "report, error, words",
+    ("report", "error", "words"),
     [
         ({"nope/key": {"value": 1}}, errors.UnknownKey, "nope/key"),
         ({"motion/bin_failed": {"count": 1, "sum": np.ones(7)}}, errors.ShapeMismatch, "shape (7,)"),
@@ -82,7 +84,8 @@ def test_valid_report_is_coerced_to_float64_of_the_key_shape():
 def test_bad_reports_get_typed_errors_naming_key_and_problem(report, error, words):
     with pytest.raises(error) as info:
         encode_reports(SCHEMA, report, Limits())
-    assert isinstance(info.value, errors.RedisyncError) and isinstance(info.value, ValueError)
+    assert isinstance(info.value, errors.RedisyncError)
+    assert isinstance(info.value, ValueError)
     assert words in str(info.value)
 
 

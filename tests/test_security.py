@@ -127,7 +127,7 @@ def _roles_table() -> dict[str, dict[str, bool]]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
-        table[cells[0]] = {role: cell == "yes" for role, cell in zip(header[1:], cells[1:])}
+        table[cells[0]] = {role: cell == "yes" for role, cell in zip(header[1:], cells[1:], strict=False)}
     return table
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import time
 
@@ -69,7 +70,7 @@ def sentinel_fleet(tmp_path):
         )
     for port, _ in sentinels:
         wait_for(
-            lambda: (
+            lambda port=port: (
                 int(plain(port).info("sentinel")["sentinel_masters"]) == 1
                 and plain(port).execute_command("SENTINEL", "replicas", SERVICE)
             ),
@@ -134,5 +135,5 @@ def test_failover_loses_no_acknowledged_report(sentinel_fleet):
         except errors.ConnectionUnavailable:
             time.sleep(0.1)
     assert float(fleet["count"]) == acknowledged  # every acknowledged report is there
-    assert all(b > a for a, b in zip(versions, versions[1:]))  # no version went backwards
+    assert all(b > a for a, b in itertools.pairwise(versions))  # no version went backwards
     print(f"\nfailover: the longest pause between acknowledged publishes was {max(gaps):.2f}s")

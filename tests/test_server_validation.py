@@ -120,13 +120,16 @@ def test_forged_reports_are_refused_and_change_nothing(run, case):
     dead_before = store.redis.xlen(store.keys.dead_letters)
     with pytest.raises(errors.InvalidReport) as info:
         parse_publish(forge(store, **kwargs), [])
-    assert isinstance(info.value, ValueError) and info.value.reason == reason
+    assert isinstance(info.value, ValueError)
+    assert info.value.reason == reason
     if key:
-        assert info.value.key == key and key in str(info.value)
+        assert info.value.key == key
+        assert key in str(info.value)
     assert state_bytes(store) == before
     assert store.redis.xlen(store.keys.dead_letters) == dead_before + 1
     newest = store.dead_letters(1)[0]
-    assert newest["reason"] == reason and newest["shard"] == kwargs.get("shard", "1")
+    assert newest["reason"] == reason
+    assert newest["shard"] == kwargs.get("shard", "1")
 
 
 def test_forged_key_names_cannot_reach_other_keys(run):
@@ -141,7 +144,8 @@ def test_forged_key_names_cannot_reach_other_keys(run):
     with pytest.raises(errors.MalformedReport, match="KEYS do not match"):
         parse_publish(reply, [])
     assert state_bytes(store) == before
-    assert store.redis.exists("victim") == 0 and store.redis.exists("redisync:{other}:dead") == 0
+    assert store.redis.exists("victim") == 0
+    assert store.redis.exists("redisync:{other}:dead") == 0
 
 
 def test_a_report_applies_all_or_none(run):

@@ -62,7 +62,8 @@ def test_the_sidecar_never_copies_a_report_half_written():
     assert all(whole for _, whole, _ in seen), "a snapshot mixed two writes"
     assert all(count for *_, count in seen)  # the constant part
     values = [v for v, _, _ in seen]
-    assert values == sorted(values) and values[-1] > values[0]  # only ever newer states
+    assert values == sorted(values)
+    assert values[-1] > values[0]
 
 
 def _stager(layout, versions: int) -> None:
@@ -89,14 +90,15 @@ def test_a_staged_fleet_state_is_taken_whole_and_only_newer():
             if shared.take():
                 # merge: the others' aggregate (the fleet value without our slot); broadcast: the value
                 v = shared.applied
-                assert np.all(others == v - 0.5) and float(count) == v - 0.5 and np.all(value == v), (
-                    "a take mixed two states"
-                )
+                assert np.all(others == v - 0.5), "a take mixed two states"
+                assert float(count) == v - 0.5, "a take mixed two states"
+                assert np.all(value == v), "a take mixed two states"
                 taken.append(v)
     finally:
         stager.join(timeout=30)
         shared.release()
-    assert taken == sorted(set(taken)) and taken[-1] == 20000
+    assert taken == sorted(set(taken))
+    assert taken[-1] == 20000
 
 
 def test_what_cannot_be_shared_is_refused_typed():
@@ -115,7 +117,8 @@ def test_what_cannot_be_shared_is_refused_typed():
             shared.receive("b/value", "sum")
         with pytest.raises(InvalidSchema, match="not a key of the run's schema"):
             shared.receive("nope", "sum")
-        assert shared.parts == [] and shared.received == []
+        assert shared.parts == []
+        assert shared.received == []
     finally:
         shared.release()
     NOT_SHARED.begin()  # an unshared term's brackets cost nothing and do nothing

@@ -79,7 +79,8 @@ def test_a_reader_never_gets_a_torn_message():
     finally:
         writer.join()
         box.close()
-    assert seen == sorted(seen) and seen[-1] == 3000  # only ever newer messages, down to the last one
+    assert seen == sorted(seen)
+    assert seen[-1] == 3000
 
 
 def test_a_message_larger_than_its_slot_is_refused():
@@ -139,7 +140,8 @@ def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
         assert float(parts["count"]) == term.count == 40
         np.testing.assert_array_equal(parts["sum"], term.total)
         assert int(store.key_info(KEY)["slot:3:incarnation"]) == incarnation
-        assert store.dead_letters() == [] and syncer.stats["rejected"] == 0
+        assert store.dead_letters() == []
+        assert syncer.stats["rejected"] == 0
     finally:
         syncer.stop(flush=False)
         store.delete()
@@ -170,7 +172,8 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
     try:
         pid, *blocks = collector.stdout.readline().split()
         pid = int(pid)
-        assert len(blocks) == 4 and all(os.path.exists(b) for b in blocks)
+        assert len(blocks) == 4
+        assert all(os.path.exists(b) for b in blocks)
         assert _alive(pid)
         os.killpg(collector.pid, signal.SIGKILL)
         collector.wait()
@@ -193,7 +196,8 @@ def test_stop_publishes_the_last_report_and_frees_everything(real_url):
         pid, shm = syncer.sidecar_pid, syncer.mailbox.name
         syncer.stop(flush=True)
         assert float(store.fleet().keys[KEY].parts()["count"]) == 7
-        assert not _alive(pid) and not os.path.exists(shm)
+        assert not _alive(pid)
+        assert not os.path.exists(shm)
         assert syncer.metrics()["redisync/publishes"] == 1  # the last counters outlive the sidecar
     finally:
         store.delete()
@@ -211,7 +215,8 @@ def test_a_report_too_large_for_the_mailbox_is_refused_and_training_goes_on(real
     try:
         term.step()
         syncer.on_step()  # refused on the collector's side, without raising, as the thread worker refuses it
-        assert syncer.stats["rejected_before_sending"] == 1 and syncer.stats["mailbox_overflows"] == 0
+        assert syncer.stats["rejected_before_sending"] == 1
+        assert syncer.stats["mailbox_overflows"] == 0
         assert "[shape]" in syncer.health()["error"]
     finally:
         syncer.stop(flush=False)
@@ -260,7 +265,7 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
     ]
     try:
         assert all(sy._reporting == [] and sy._handed == [] for sy in syncers)  # both terms shared, both ways
-        data = [_train(s, n, g, sy, 40) for (s, n, g), sy in zip(fleets, syncers)]
+        data = [_train(s, n, g, sy, 40) for (s, n, g), sy in zip(fleets, syncers, strict=False)]
         for sy in syncers:
             sy.flush()
         version = store.fleet().fleet_version
@@ -270,7 +275,7 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
         for sy in syncers:
             sy.at_reset_boundary()
         # the store holds each shard's own buffers exactly, as the sidecar copied them
-        for shard, (s, n, _) in enumerate(fleets):
+        for shard in range(len(fleets)):
             info = store.key_info("motion/bin_failed")
             assert int(info[f"slot:{shard}:incarnation"]) == syncers[shard].shard.incarnation
         fleet = store.fleet().keys
@@ -344,7 +349,8 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
         sampler.record_failures(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool))
         sampler.step()  # still its own memory: no error, and it moves
         norm.update(torch.ones(3, 4))
-        assert not torch.equal(before, sampler.bin_failed_count) and float(norm._own[0, 0]) == 5 * 16 + 3
+        assert not torch.equal(before, sampler.bin_failed_count)
+        assert float(norm._own[0, 0]) == 5 * 16 + 3
         assert sampler.sample(8).shape == (8,)
     finally:
         store.delete()
@@ -361,14 +367,15 @@ def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url
     writer = new_syncer(store, 0, [learner], worker="process").start()
     reader = new_syncer(store, 1, [collector], worker="process", poll_every_s=0.05).start()
     try:
-        assert (
-            reader._handed == [] and reader._reporting == [] and writer._reporting == [learner]
-        )  # a concatenation: copied
+        assert reader._handed == []
+        assert reader._reporting == []
+        assert writer._reporting == [learner]
         assert not reader.at_reset_boundary() or float(collector.count) == 0  # nothing published: untouched
         torch.testing.assert_close(collector.std, torch.ones(3))
         learner.update(torch.randn(500, 3, generator=torch.Generator().manual_seed(0)) * 2 + 5)
         writer.flush()
-        assert writer.wait_synced(timeout=10) and reader.wait_synced(store.fleet().fleet_version, timeout=10)
+        assert writer.wait_synced(timeout=10)
+        assert reader.wait_synced(store.fleet().fleet_version, timeout=10)
         assert reader.at_reset_boundary()
         torch.testing.assert_close(collector.mean, learner.mean)
         torch.testing.assert_close(collector.std, learner.std)

@@ -144,7 +144,8 @@ def _kill_mid_publish(term, syncer, proxy, store) -> None:
     returns once the successor serves."""
     _train(term, syncer, 5)
     syncer.flush()
-    assert syncer.wait_synced(timeout=10) and _count(store) == 5
+    assert syncer.wait_synced(timeout=10)
+    assert _count(store) == 5
     proxy.hold = 1
     _train(term, syncer, 1)
     assert wait_for(lambda: len(proxy.held) == 1, timeout=10)  # the fold of count 6 is on its way
@@ -198,7 +199,8 @@ def test_a_sidecar_restarted_while_redis_was_down_never_hands_an_older_version_o
         ).start()
         try:
             _train(term, syncer, 2)
-            assert syncer.wait_synced(timeout=10) and syncer.at_reset_boundary() is not None
+            assert syncer.wait_synced(timeout=10)
+            assert syncer.at_reset_boundary() is not None
             saved = tmp_path / "aof-early"
             shutil.copytree(tmp_path / "appendonlydir", saved)  # the file as it was at an early version
             for _ in range(4):
@@ -217,7 +219,7 @@ def test_a_sidecar_restarted_while_redis_was_down_never_hands_an_older_version_o
                 syncer.at_reset_boundary()
                 time.sleep(0.05)
             assert term.applied[-1] != before, "no state applied after the restart"
-            for (e0, v0), (e1, v1) in zip(term.applied, term.applied[1:]):
+            for (e0, v0), (e1, v1) in zip(term.applied, term.applied[1:], strict=False):
                 assert e1 != e0 or v1 > v0, f"handed ({e1}, v{v1}) after ({e0}, v{v0})"
             assert term.applied[-1][0] != before[0]  # the fold opened a new epoch on the new server process
         finally:
@@ -338,7 +340,8 @@ def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(wo
         elapsed = time.monotonic() - t
         assert elapsed < 8.0, f"start() blocked {elapsed:.1f} s"
         health = syncer.health()
-        assert not health["ok"] and "did not answer" in health["error"]
+        assert not health["ok"]
+        assert "did not answer" in health["error"]
         _train(term, syncer, 3)  # the hot path works meanwhile
     finally:
         t = time.monotonic()
@@ -370,7 +373,8 @@ def test_a_zombie_whose_shard_a_later_process_claimed_is_not_healthy(real_url, w
         assert wait_for(lambda: not a.health()["ok"], timeout=10)
         time.sleep(1.0)  # pulls keep succeeding meanwhile
         health = a.health()
-        assert not health["ok"] and "later process claimed shard 0" in health["error"]
+        assert not health["ok"]
+        assert "later process claimed shard 0" in health["error"]
         assert a.metrics()["redisync/healthy"] == 0.0
         assert b.health()["ok"]
     finally:
@@ -399,7 +403,8 @@ def test_a_zombie_stops_publishing_once_it_knows(real_url, worker):
             _train(first, a, 1)
             time.sleep(0.05)
         assert store.redis.xlen(store.keys.dead_letters) == known  # nothing more sent
-        assert not a.health()["ok"] and "later process claimed shard 0" in a.health()["error"]
+        assert not a.health()["ok"]
+        assert "later process claimed shard 0" in a.health()["error"]
         assert a.metrics()["redisync/zombie_dropped"] > 0  # what it did not send, counted
     finally:
         a.stop(flush=False)
@@ -415,14 +420,15 @@ def test_a_second_process_with_a_live_shard_id_is_refused_at_start(real_url, wor
     a = new_syncer(store, 4, [Cumulative()], worker=worker).start()
     try:
         t = time.monotonic()
-        with pytest.raises(redisync.errors.ShardInUse, match="shard 4 is held by a live process.*REDISYNC_SHARD"):
+        with pytest.raises(redisync.errors.ShardInUse, match=r"shard 4 is held by a live process.*REDISYNC_SHARD"):
             new_syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
         assert time.monotonic() - t < 12
         assert a.health()["ok"]
         a.stop()
         t = time.monotonic()
         b = new_syncer(redisync.connect(real_url, run=store.run), 4, [Cumulative()], worker=worker).start()
-        assert time.monotonic() - t < 4 and b.health()["ok"]
+        assert time.monotonic() - t < 4
+        assert b.health()["ok"]
         b.stop()
     finally:
         a.stop(flush=False)
@@ -451,7 +457,8 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
         restarted = new_syncer(
             redisync.connect(real_url, run=run), 5, [Cumulative()], worker="thread", start_timeout_s=10
         ).start()
-        assert time.monotonic() - t < 8 and restarted.health()["ok"]
+        assert time.monotonic() - t < 8
+        assert restarted.health()["ok"]
         restarted.stop()
     finally:
         holder.kill()
@@ -480,7 +487,8 @@ def test_a_sidecar_that_cannot_start_shows_in_health_at_once(real_url, monkeypat
     syncer = new_syncer(store, 0, [Cumulative()], worker="process").start()
     try:
         health = syncer.health()
-        assert not health["ok"] and "sidecar: could not start" in health["error"]
+        assert not health["ok"]
+        assert "sidecar: could not start" in health["error"]
     finally:
         syncer.stop(flush=False, timeout=1.0)
         store.delete()
@@ -499,11 +507,13 @@ def test_an_option_that_cannot_reach_a_sidecar_is_refused_at_construction(real_u
             return ("default", "")
 
     store = redisync.connect(real_url, run=f"faults-unpicklable-{os.getpid()}", credential_provider=Credentials())
-    with pytest.raises(errors.ConfigurationError, match="option credential_provider=.* cannot reach the sidecar"):
+    with pytest.raises(errors.ConfigurationError, match=r"option credential_provider=.* cannot reach the sidecar"):
         new_syncer(store, 0, [Cumulative()], worker="process")
     syncer = new_syncer(store, 0, [Cumulative()], worker="thread").start()  # the thread worker takes it as it is
     try:
-        assert syncer.flush() and syncer.wait_synced(timeout=10) and syncer.health()["ok"]
+        assert syncer.flush()
+        assert syncer.wait_synced(timeout=10)
+        assert syncer.health()["ok"]
     finally:
         syncer.stop()
         store.delete()
@@ -525,7 +535,8 @@ def test_a_worker_that_fails_to_start_is_never_silent(real_url, monkeypatch, wor
     syncer = new_syncer(store, 0, [term], worker=worker).start()
     try:
         health = syncer.health()
-        assert not health["ok"] and "the worker could not start: RuntimeError: no worker today" in health["error"]
+        assert not health["ok"]
+        assert "the worker could not start: RuntimeError: no worker today" in health["error"]
         _train(term, syncer, 3)
         assert syncer.flush() is False
         started = time.monotonic()
@@ -573,7 +584,7 @@ def test_stop_returns_within_its_timeout_when_the_store_hangs_and_the_sidecar_di
     """6. The monitor waits for a respawned sidecar that cannot serve (every request to the store is
     held); stop(timeout=1) no longer waits for it (it took STARTUP_S, 10 s), and the sidecar it could
     not stop is killed, not left behind."""
-    with _sidecar_through_a_proxy(real_url, "hung-stop") as (store, proxy, term, syncer):
+    with _sidecar_through_a_proxy(real_url, "hung-stop") as (_store, proxy, term, syncer):
         _train(term, syncer, 3)
         syncer.flush()
         assert syncer.wait_synced(timeout=10)
@@ -636,7 +647,8 @@ def test_flush_and_stop_from_a_signal_handler_never_hang(real_url, worker):
     finally:
         store = redisync.connect(real_url, run=run)
     try:
-        assert done.returncode == 0 and done.stdout.startswith("stopped"), done.stderr[-2000:]
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.startswith("stopped"), done.stderr[-2000:]
         calls, count = int(done.stdout.split()[1]), float(done.stdout.split()[2])
         assert calls == 400
         stored = _count(store)
@@ -657,7 +669,8 @@ def test_stop_publishes_the_last_report_when_the_sidecar_is_starved(real_url):
     try:
         _train(term, syncer, 5)
         syncer.flush()
-        assert syncer.wait_synced(timeout=10) and _count(store) == 5
+        assert syncer.wait_synced(timeout=10)
+        assert _count(store) == 5
         _train(term, syncer, 7)
         pid = syncer.sidecar_pid
         os.kill(pid, signal.SIGSTOP)
@@ -687,12 +700,12 @@ def test_the_last_report_survives_a_loaded_machine(real_url, worker):
     terms = [Cumulative() for _ in stores]
     syncers = [
         new_syncer(s, 0, [t], worker=worker, publish_every_steps=1000, publish_every_s=3600).start()
-        for s, t in zip(stores, terms)
+        for s, t in zip(stores, terms, strict=False)
     ]
     try:
         for p in busy:
             p.start()
-        for t, s in zip(terms, syncers):
+        for t, s in zip(terms, syncers, strict=False):
             _train(t, s, 9)
         assert all(s.stop(flush=True, timeout=5.0) for s in syncers)
         assert [_count(s) for s in stores] == [9, 9, 9, 9]

@@ -21,6 +21,7 @@ twice, nothing lost; a zombie is not healthy.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -312,10 +313,10 @@ class SidecarLife(RuleBasedStateMachine):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
         assert torch.equal(own, c.sampler.bin_failed_count), "the child wrote into its parent's shared buffers"
-        assert c.syncer.mailbox is not None and c.syncer.mailbox.header[STOP] == 0, (
-            "the child stopped its parent's sidecar"
-        )
-        assert c.syncer.sidecar_pid == sidecar and os.path.exists(f"/proc/{sidecar}")
+        assert c.syncer.mailbox is not None, "the child stopped its parent's sidecar"
+        assert c.syncer.mailbox.header[STOP] == 0, "the child stopped its parent's sidecar"
+        assert c.syncer.sidecar_pid == sidecar
+        assert os.path.exists(f"/proc/{sidecar}")
 
     @rule()
     def restart_store(self) -> None:
@@ -349,7 +350,7 @@ class SidecarLife(RuleBasedStateMachine):
         for c in getattr(self, "collectors", {}).values():
             c.syncer.at_reset_boundary()
             applied = c.steps.applied
-            for (e0, v0), (e1, v1) in zip(applied, applied[1:]):
+            for (e0, v0), (e1, v1) in itertools.pairwise(applied):
                 # the same state again is harmless (a successor's first pull re-hands it); older is not
                 assert e1 != e0 or v1 >= v0, f"applied ({e1}, v{v1}) after ({e0}, v{v0})"
 

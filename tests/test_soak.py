@@ -35,7 +35,9 @@ def test_short_soak_loses_nothing():
     )
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
-    assert "lost 0" in out.stdout and "NOT RECOVERED" not in out.stdout and "every slot back" in out.stdout
+    assert "lost 0" in out.stdout
+    assert "NOT RECOVERED" not in out.stdout
+    assert "every slot back" in out.stdout
 
 
 def test_short_soak_with_sidecar_workers_loses_nothing():
@@ -63,5 +65,7 @@ def test_short_soak_with_sidecar_workers_loses_nothing():
     )
     print(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
-    assert "process workers" in out.stdout and "lost 0" in out.stdout and "NOT RECOVERED" not in out.stdout
+    assert "process workers" in out.stdout
+    assert "lost 0" in out.stdout
+    assert "NOT RECOVERED" not in out.stdout
     assert "every slot back" in out.stdout

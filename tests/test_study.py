@@ -48,7 +48,8 @@ def test_the_t_interval_and_equivalence_answer_what_they_should():
     c = contrast("H: a − b", noisy + 1, np.ones(4), margin=0.1)
     assert c.verdict() == "inconclusive"  # neither significant nor equivalent: no claim
     big = contrast("H: a − b", np.full(8, 0.9) + rng.normal(0, 0.01, 8), np.full(8, 0.3), margin=0.1)
-    assert big.verdict() == "higher" and big.lo > 0.5
+    assert big.verdict() == "higher"
+    assert big.lo > 0.5
 
 
 def test_the_primary_family_is_holm_corrected():
@@ -56,7 +57,8 @@ def test_the_primary_family_is_holm_corrected():
     cs = [contrast(f"H: a{i} − b", rng.normal(m, 0.05, 8), np.zeros(8), 0.1) for i, m in enumerate((0.5, 0.01, 0.0))]
     family = primary_family(cs)
     assert [c.p_holm for c in family] == pytest.approx(holm([c.p_sign_flip for c in cs]))
-    assert family[0].verdict() == "higher" and family[1].p_holm >= family[1].p_sign_flip
+    assert family[0].verdict() == "higher"
+    assert family[1].p_holm >= family[1].p_sign_flip
     # a claim of no difference is corrected over the family too
     assert [c.p_equivalence_holm for c in family] == pytest.approx(holm([c.p_equivalence for c in cs]))
 
@@ -68,11 +70,15 @@ def test_an_equivalence_on_a_knife_edge_does_not_survive_the_familys_correction(
     d = rng.normal(0.0, 1.0, 8)
     d = (d - d.mean()) / d.std(ddof=1) * 0.076 - 0.049  # the committed contrast's mean and spread
     edge = contrast("H: local − pooled", d, np.zeros(8), 0.1)
-    assert 0.04 < edge.p_equivalence < 0.06 and edge.equivalent()  # alone: "equivalent", barely
-    assert -0.1 < edge.lo90 and edge.hi90 < 0.1 and edge.lo < -0.1  # the 90 % interval inside, the 95 % not
+    assert 0.04 < edge.p_equivalence < 0.06
+    assert edge.equivalent()
+    assert edge.lo90 > -0.1
+    assert edge.hi90 < 0.1
+    assert edge.lo < -0.1
     clear = contrast("H: a − b", rng.normal(0.5, 0.05, 8), np.zeros(8), 0.1)
     family = primary_family([clear, edge, contrast("X: c − d", rng.normal(0.0, 0.3, 8), np.zeros(8), 0.1)])
-    assert family[1].p_equivalence_holm > 0.05 and family[1].verdict() == "inconclusive"
+    assert family[1].p_equivalence_holm > 0.05
+    assert family[1].verdict() == "inconclusive"
     # the power: a spread of 0.076 over 8 seeds detects about ±0.075 (t quantiles at 7 dof)
     assert edge.detectable == pytest.approx((2.3646 + 0.8960) * 0.076 / 8**0.5, rel=1e-3)
 
@@ -88,7 +94,8 @@ def test_the_plan_gives_every_primary_arm_its_seeds_and_pairs_everything():
     cells = {(c, a): seeds for c, a, seeds in plan(8, 3)}
     for condition, a, b in PRIMARY:
         assert cells[(condition, a)] == cells[(condition, b)] == list(range(8))
-    assert cells[("H", "weighted")] == [0, 1, 2] and all(a in ARMS for _, a in cells)
+    assert cells[("H", "weighted")] == [0, 1, 2]
+    assert all(a in ARMS for _, a in cells)
 
 
 def _runs(values: dict[tuple[str, str], list[float]]) -> list[dict]:
@@ -114,7 +121,8 @@ def test_the_gate_and_the_analysis_follow_the_pre_registration():
     rng = np.random.default_rng(3)
     assert not gate(_runs({("H", "single"): [0.5, 0.6, 0.55], ("H", "uniform"): [0.45, 0.5, 0.5]}))["passed"]
     passed = gate(_runs({("H", "single"): [0.9, 0.8, 0.85], ("H", "uniform"): [0.4, 0.5, 0.45]}))
-    assert passed["passed"] and passed["mean_difference"] == pytest.approx(0.4)
+    assert passed["passed"]
+    assert passed["mean_difference"] == pytest.approx(0.4)
     base = list(0.6 + rng.normal(0, 0.01, 8))
     values = {
         ("H", "single"): [b + 0.3 for b in base],
@@ -123,7 +131,7 @@ def test_the_gate_and_the_analysis_follow_the_pre_registration():
         ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)),
         ("X", "local"): [b + 0.2 for b in base],
         ("X", "pooled"): base,
-        ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2]),
+        ("X", "broadcast"): list(np.array(base) + np.array([0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2])),
     }
     primary = {c["name"]: c["verdict"] for c in analyse(_runs(values))["primary"]}
     assert primary == {
@@ -140,9 +148,12 @@ def test_the_gate_and_the_analysis_follow_the_pre_registration():
 def test_skill_segments_rotate_the_actuation_only_there():
     cfg = TaskConfig(bins=8, skill_segments=2, skill_angle_deg=90.0)
     env = SkillTracking(cfg, torch.zeros(2, dtype=torch.long))
-    assert isinstance(env, TrackingEnv) and env.num_frames == 8 * 50 - 1
+    assert isinstance(env, TrackingEnv)
+    assert env.num_frames == 8 * 50 - 1
     skill = env.kinds[0].nonzero().flatten()
-    assert len(skill) == 2 and int(skill.min()) >= 2 and bool((skill.diff() > 1).all())
+    assert len(skill) == 2
+    assert int(skill.min()) >= 2
+    assert bool((skill.diff() > 1).all())
     plain, rotated = 0, int(skill[0]) * 50 + 10
     for start in (plain, rotated):
         env.reset(torch.arange(2), torch.tensor([start, start]))
@@ -188,9 +199,8 @@ def test_observations_show_the_segment_its_preview_and_the_profile():
     env.reset(torch.arange(2), torch.tensor([skill * 50 - 10, skill * 50 - 10]))  # 10 frames before profile 0's segment
     obs = env.observations()
     now, ahead, profile = obs[:, 12:16], obs[:, 16:20], obs[:, 20:22]
-    assert int((now[0] - env.offset[0]).argmax()) == 0 and int((ahead[0] - env.offset[0]).argmax()) == int(
-        env.kinds[0, skill]
-    )
+    assert int((now[0] - env.offset[0]).argmax()) == 0
+    assert int((ahead[0] - env.offset[0]).argmax()) == int(env.kinds[0, skill])
     assert torch.allclose(profile - env.offset, torch.eye(2))  # the profile's one-hot, shifted by its offset
     assert env.offset.flatten().tolist() == [-0.5, 0.5]
     assert not torch.equal(env.kinds[0], env.kinds[1])  # X: each profile has skill segments of its own
@@ -200,7 +210,8 @@ def test_observations_show_the_segment_its_preview_and_the_profile():
 def test_h_has_one_profile_and_x_gives_each_profile_its_own_segments():
     h = TaskConfig(condition="H", profiles=4)
     x = TaskConfig(condition="X", profiles=3)
-    assert h.layout().shape == (1, 120) and x.layout().shape == (3, 120)
+    assert h.layout().shape == (1, 120)
+    assert x.layout().shape == (3, 120)
     assert (x.layout() > 0).sum(1).tolist() == [3, 3, 3]
 
 
@@ -212,7 +223,8 @@ def test_the_replay_buffer_wraps_around_and_keeps_the_newest():
     for i in range(3):
         x = torch.full((2, 1), float(i))
         buf.add(x, x, x[:, 0], x, torch.zeros(2))
-    assert buf.size == 5 and sorted(buf.obs.flatten().tolist()) == [0.0, 1.0, 1.0, 2.0, 2.0]
+    assert buf.size == 5
+    assert sorted(buf.obs.flatten().tolist()) == [0.0, 1.0, 1.0, 2.0, 2.0]
 
 
 def test_sac_learns_a_one_step_bandit():
@@ -293,8 +305,10 @@ def test_a_users_own_env_runs_through_the_store(backend):
     url = real_redis_or_skip() if backend == "real" else None
     cfg = replace(TINY, task=replace(TINY.task, bins=4))
     run = run_arm(cfg, "pooled", seed=0, url=url, make_env=load_env_factory("tests.test_study:user_env_factory", cfg))
-    assert len(run["curve"]) == 2 and 0.0 <= run["curve"][-1]["completion"] <= 1.0
-    assert run["drift"] and all(len(d["tv"]) == cfg.shards and d["buffer_tv"] is not None for d in run["drift"])
+    assert len(run["curve"]) == 2
+    assert 0.0 <= run["curve"][-1]["completion"] <= 1.0
+    assert run["drift"]
+    assert all(len(d["tv"]) == cfg.shards and d["buffer_tv"] is not None for d in run["drift"])
 
 
 @pytest.mark.parametrize("arm", ["per-profile", "local-paper", "norm-local", "local-16-shards"])
@@ -302,7 +316,8 @@ def test_every_kind_of_arm_trains_on_x(arm):
     cfg = replace(TINY, task=replace(TINY.task, condition="X", obs_offset=1.0))
     run = run_arm(cfg, arm, seed=0)
     assert run["shards"] == (ARMS[arm].shards or cfg.shards)
-    assert len(run["curve"]) == 2 and 0.0 < run["skill_share"] < 1.0
+    assert len(run["curve"]) == 2
+    assert 0.0 < run["skill_share"] < 1.0
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
@@ -329,7 +344,8 @@ def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
             syncer = new_syncer(redisync.connect(url, run=store.run), shard, [sampler, probe]).start()
             syncer.stop()  # flushes the reports
         drift = fleet_drift(store, 0.1)
-        assert len(drift["tv"]) == 2 and min(drift["tv"]) > 0.3
+        assert len(drift["tv"]) == 2
+        assert min(drift["tv"]) > 0.3
         assert drift["buffer_tv"] < min(drift["tv"]) / 3
     finally:
         store.delete()
@@ -348,12 +364,10 @@ def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
         text=True,
         timeout=120,
     )
-    assert (
-        out.returncode != 0
-        and "--env" in out.stderr
-        and "no_such_module" in out.stderr
-        and "Traceback" not in out.stderr
-    )
+    assert out.returncode != 0
+    assert "--env" in out.stderr
+    assert "no_such_module" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.slow
@@ -368,15 +382,18 @@ def test_the_smoke_gate_runs_end_to_end_and_the_report_leads_with_it(tmp_path):
     )
     results = json.loads((tmp_path / "results.json").read_text())
     g = results["gate"]
-    assert g["seeds"] == 3 and g["passed"] == (g["mean_difference"] >= 0.2)
+    assert g["seeds"] == 3
+    assert g["passed"] == (g["mean_difference"] >= 0.2)
     # the exit status says the gate's decision: 0 passed, 1 failed (one line naming it), never a traceback
     assert out.returncode == (0 if g["passed"] else 1), out.stderr
     assert g["passed"] or ("the gate failed" in out.stderr and "Traceback" not in out.stderr)
     assert all(0.0 <= v <= 1.0 for v in g["single"] + g["uniform"])
     assert {r["seed"] for r in results["gate_runs"]} == {100, 101, 102}
     report = (tmp_path / "report.md").read_text()
-    assert report.index("## The gate") < report.index("## Set-up") and "redisync ab --smoke" in report
-    assert f"{g['mean_difference']:+.3f}" in report and "gate:" in out.stdout
+    assert report.index("## The gate") < report.index("## Set-up")
+    assert "redisync ab --smoke" in report
+    assert f"{g['mean_difference']:+.3f}" in report
+    assert "gate:" in out.stdout
     assert (tmp_path / "completion.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -392,7 +409,7 @@ def test_the_report_claims_only_what_the_tests_say(tmp_path):
         ("H", "pooled"): list(np.array(base) + np.tile([0.01, -0.01], 4)),
         ("X", "local"): [b + 0.2 for b in base],
         ("X", "pooled"): base,
-        ("X", "broadcast"): list(np.array(base) + [0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2]),
+        ("X", "broadcast"): list(np.array(base) + np.array([0.3, -0.25, 0.2, -0.35, 0.1, -0.05, 0.3, -0.2])),
     }
     runs = _runs(values)
     for r in runs:
@@ -420,7 +437,8 @@ def test_the_report_claims_only_what_the_tests_say(tmp_path):
         results, gate=gate(_runs({("H", "single"): base[:3], ("H", "uniform"): base[:3]})), analysis=None, runs=[]
     )
     text = render_markdown(failed, "redisync ab", [])
-    assert "the gate **FAILED**" in text and "## Primary contrasts" not in text
+    assert "the gate **FAILED**" in text
+    assert "## Primary contrasts" not in text
 
 
 @pytest.mark.slow
@@ -432,7 +450,8 @@ def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
     runs = run_cells(TINY, plan(2, 2), url=None, env_spec=None, workers=2, show_progress=False, desc="test")
     assert {(r["condition"], r["arm"]) for r in runs} == {(c, a) for c, a, _ in plan(2, 2)}
     analysis = analyse(runs)
-    assert len(analysis["primary"]) == len(PRIMARY) and len(analysis["secondary"]) == len(SECONDARY)
+    assert len(analysis["primary"]) == len(PRIMARY)
+    assert len(analysis["secondary"]) == len(SECONDARY)
     assert all(c["n"] == 2 and c["p_holm"] is not None for c in analysis["primary"])
     results = {
         "config": TINY.to_dict(),
@@ -443,9 +462,9 @@ def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
         "analysis": analysis,
     }
     text = (write_report(results, tmp_path, "redisync ab (test)")).read_text()
-    assert (
-        "## Primary contrasts" in text and "**H — identical shards.**" in text and "**X — different shards.**" in text
-    )
+    assert "## Primary contrasts" in text
+    assert "**H — identical shards.**" in text
+    assert "**X — different shards.**" in text
     assert (tmp_path / "mechanism.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -472,16 +491,21 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
         return f"{c['mean']:+.2f}, 90 % interval [{c['lo90']:+.2f}, {c['hi90']:+.2f}]".replace("-", "−")
 
     h, x = primary["H: local − pooled"], primary["X: local − pooled"]
-    assert h["verdict"] == "inconclusive" and h["p_equivalence"] < 0.05 < h["p_equivalence_holm"]
+    assert h["verdict"] == "inconclusive"
+    assert h["p_equivalence"] < 0.05 < h["p_equivalence_holm"]
     assert interval90(h) in summary
-    assert f"(p {h['p_equivalence_holm']:.2f})" in summary and f"±{h['detectable']:.2f}" in summary
+    assert f"(p {h['p_equivalence_holm']:.2f})" in summary
+    assert f"±{h['detectable']:.2f}" in summary
     assert interval90(secondary["X: per-profile − local"]) in summary
-    assert x["verdict"] == "inconclusive" and interval(x) in summary and x["p_sign_flip"] < 0.05 < x["p_holm"]
+    assert x["verdict"] == "inconclusive"
+    assert interval(x) in summary
+    assert x["p_sign_flip"] < 0.05 < x["p_holm"]
     assert f"{primary['H: single − uniform']['mean']:+.2f}" in summary
     # the follow-up's answers lead the summary, each with its estimate and p, all rejected as quoted
     follow = json.loads((root / "docs" / "ab" / "follow-up" / "results.json").read_text())["follow_up"]
     for h in follow:
-        assert h["rejected"] and f"{h['mean']:+.2f}".replace("-", "−") in summary, h["name"]
+        assert h["rejected"], h["name"]
+        assert f"{h['mean']:+.2f}".replace("-", "−") in summary, h["name"]
         assert f"p {h['p_one_sided']:.3f}" in summary, h["name"]
     assert summary.index("pre-registered follow-up") < summary.index("The study of record")
     assert f"{results['gate']['mean_difference']:+.3f}" in readme
@@ -516,7 +540,8 @@ def test_one_arm_and_one_seed_run_twice_give_the_same_numbers(backend):
     url = real_redis_or_skip() if backend == "real" else None
     cfg = replace(TINY, publish_every_steps=2)
     first, second = (run_arm(cfg, "pooled", seed=1, url=url) for _ in range(2))
-    assert first["curve"] == second["curve"] and first["drift"] == second["drift"]
+    assert first["curve"] == second["curve"]
+    assert first["drift"] == second["drift"]
     assert first["skill_share"] == second["skill_share"]
     assert any(d["tv"] and max(d["tv"]) > 0 for d in first["drift"])  # the shards did differ, and synced
 
@@ -600,7 +625,8 @@ def test_the_follow_up_answers_in_its_fixed_sequence():
 
     rng = np.random.default_rng(0)
     arms = {(h.condition, a) for h in follow_up.HYPOTHESES for a in h.arms()}
-    assert {(c, a) for c, a, _ in follow_up.cells()} == arms and all(a in ARMS for _, a in arms)
+    assert {(c, a) for c, a, _ in follow_up.cells()} == arms
+    assert all(a in ARMS for _, a in arms)
     harm = {
         ("H", "local-16-shards"): 0.3,
         ("H", "pooled-16-shards"): 0.6,
@@ -612,10 +638,14 @@ def test_the_follow_up_answers_in_its_fixed_sequence():
     }
     answers = follow_up.analyse(_fake_runs(harm, follow_up.SEEDS, rng))
     assert [h["name"] for h in answers] == ["P1", "P2", "P3", "P4"]
-    assert answers[0]["rejected"] and answers[0]["p_one_sided"] == pytest.approx(1 / 64)  # 6 seeds, all one way
-    assert answers[1]["tested"] and not answers[1]["rejected"]
-    assert not answers[2]["tested"] and not answers[2]["rejected"]  # stopped: P3 is descriptive only
-    assert answers[2]["mean"] == pytest.approx(0.4, abs=0.02) and len(answers[2]["seeds"]) == 8
+    assert answers[0]["rejected"]
+    assert answers[0]["p_one_sided"] == pytest.approx(1 / 64)
+    assert answers[1]["tested"]
+    assert not answers[1]["rejected"]
+    assert not answers[2]["tested"]
+    assert not answers[2]["rejected"]
+    assert answers[2]["mean"] == pytest.approx(0.4, abs=0.02)
+    assert len(answers[2]["seeds"]) == 8
     assert answers[3]["mean"] == pytest.approx(-0.3, abs=0.02)  # (0.3 − 0.6) − (0.6 − 0.6)
     assert answers[0]["decision"] == follow_up.DECISIONS["P1"][0]
     assert answers[1]["decision"] == follow_up.DECISIONS["P2"][1]
@@ -631,7 +661,8 @@ def test_the_follow_up_runs_in_miniature_and_its_report_leads_with_the_answers(t
 
     runs = run_cells(TINY, follow_up.cells(), url=None, env_spec=None, workers=2, show_progress=False, desc="test")
     answers = follow_up.analyse(runs)
-    assert [h["name"] for h in answers] == ["P1", "P2", "P3", "P4"] and answers[0]["tested"]
+    assert [h["name"] for h in answers] == ["P1", "P2", "P3", "P4"]
+    assert answers[0]["tested"]
     assert [len(h["seeds"]) for h in answers] == [h.seeds for h in follow_up.HYPOTHESES]
     results = {
         "config": TINY.to_dict(),
@@ -646,4 +677,5 @@ def test_the_follow_up_runs_in_miniature_and_its_report_leads_with_the_answers(t
     assert report.index("follow-up's pre-registered answers") < report.index("## Set-up")
     study = {**results, "follow_up": None, "analysis": None}  # the study of record beside it: led by the answers
     led = write_report(study, tmp_path, "redisync ab (test)").read_text()
-    assert led.index("the pre-registered follow-up's answers") < led.index("## The gate") and "16d6584" in led
+    assert led.index("the pre-registered follow-up's answers") < led.index("## The gate")
+    assert "16d6584" in led

@@ -46,7 +46,7 @@ class Collector:
 
 def run(collectors, syncers, steps, reset_every=10, timings=None):
     for step in range(steps):
-        for c, s in zip(collectors, syncers):
+        for c, s in zip(collectors, syncers, strict=False):
             c.step()
             t = time.perf_counter()
             s.on_step()
@@ -81,7 +81,7 @@ def assert_pooled(collectors):
         assert c.penalty.scale == collectors[0].penalty.scale  # the owner's decision, everywhere
 
 
-@pytest.mark.parametrize("backend, worker", [("embedded", "thread"), ("real", "thread"), ("real", "process")])
+@pytest.mark.parametrize(("backend", "worker"), [("embedded", "thread"), ("real", "thread"), ("real", "process")])
 def test_fleet_converges_through_syncers(backend, worker, make_store):
     store_url = backend_url(backend)
     run_name = make_store().run
@@ -102,9 +102,12 @@ def test_fleet_converges_through_syncers(backend, worker, make_store):
         converge(syncers[0].store, collectors, syncers)
         assert_pooled(collectors)
         m = syncers[0].metrics()
-        assert m["redisync/publishes"] > 0 and m["redisync/fleet_version"] >= 4
-        assert m["redisync/staleness_versions"] == 0 and m["redisync/subscribed"] == 1.0
-        assert "redisync/motion/bin_failed/drift_tv" in m and "redisync/publish_latency_ms" in m
+        assert m["redisync/publishes"] > 0
+        assert m["redisync/fleet_version"] >= 4
+        assert m["redisync/staleness_versions"] == 0
+        assert m["redisync/subscribed"] == 1.0
+        assert "redisync/motion/bin_failed/drift_tv" in m
+        assert "redisync/publish_latency_ms" in m
     finally:
         for s in syncers:
             s.stop(flush=False)
@@ -185,7 +188,8 @@ def test_a_paused_redis_never_stalls_the_shared_hot_path_and_the_fleet_catches_u
     ]
     try:
         assert all(
-            s._shared is not None and c.sampler not in s._reporting + s._handed for s, c in zip(syncers, collectors)
+            s._shared is not None and c.sampler not in s._reporting + s._handed
+            for s, c in zip(syncers, collectors, strict=False)
         )
         run(collectors, syncers, 50, reset_every=1)
         converge(syncers[0].store, collectors, syncers)

@@ -96,7 +96,8 @@ def test_local_sampler_reproduces_beyondmimic_step_for_step(kernel_size):
     m = ours.metrics()
     p = ref.probs()
     assert m["sampling_entropy"] == pytest.approx(float(-(p * (p + 1e-12).log()).sum() / math.log(25)))
-    assert m["sampling_top1_bin"] == pytest.approx(float(p.argmax()) / 25) and m["drift_tv"] == 0.0
+    assert m["sampling_top1_bin"] == pytest.approx(float(p.argmax()) / 25)
+    assert m["drift_tv"] == 0.0
 
 
 def test_local_normaliser_is_rsl_rl():
@@ -109,14 +110,16 @@ def test_local_normaliser_is_rsl_rl():
         ref.update(x)
         for name in ("_mean", "_var", "_std", "count"):
             assert torch.equal(getattr(ours, name), getattr(ref, name)), name
-    assert torch.equal(ours(x), ref(x)) and torch.equal(ours.inverse(x), ref.inverse(x))
+    assert torch.equal(ours(x), ref(x))
+    assert torch.equal(ours.inverse(x), ref.inverse(x))
     # state dicts move both ways, pooled modes included
     assert set(ours.state_dict()) == set(ref.state_dict()) == {"_mean", "_var", "_std", "count"}
     pooled = SyncedEmpiricalNormalization(5, mode="pooled")
     pooled.load_state_dict(ref.state_dict())
     fresh = Reference(5)
     fresh.load_state_dict(pooled.state_dict())
-    assert torch.equal(fresh._mean, ref._mean) and int(fresh.count) == int(ref.count)
+    assert torch.equal(fresh._mean, ref._mean)
+    assert int(fresh.count) == int(ref.count)
 
 
 def test_a_pooled_normaliser_resumes_from_its_checkpoint_until_the_store_holds_as_much(make_store):
@@ -180,7 +183,9 @@ def test_the_tracker_resumes_from_its_state_dict_and_broadcasts_the_owners_avera
     tracker.update(torch.full((100,), 300.0))
     restored = AverageEpisodeLength(num_envs=1024, mode="pooled")
     restored.load_state_dict(tracker.state_dict())
-    assert restored.own_average == pytest.approx(tracker.own_average) and restored.episodes == 100 and restored.resumed
+    assert restored.own_average == pytest.approx(tracker.own_average)
+    assert restored.episodes == 100
+    assert restored.resumed
     restored.suppress_next_update()
     restored.update(torch.full((10,), 1.0))  # skipped, as holosoma skips the batch after a restore
     assert restored.own_average == pytest.approx(tracker.own_average)
@@ -200,7 +205,12 @@ def test_terrain_levels_follow_isaaclab():
     ids = torch.arange(6)
     terrain.update(ids, torch.tensor([0, 1, 1, 1, 0, 0]), torch.tensor([1, 0, 0, 0, 1, 0]))
     lv = terrain.levels
-    assert lv[0] == 0 and lv[1] == 1 and lv[2] == 3 and lv[4] == 3 and lv[5] == 3 and 0 <= lv[3] < 5
+    assert lv[0] == 0
+    assert lv[1] == 1
+    assert lv[2] == 3
+    assert lv[4] == 3
+    assert lv[5] == 3
+    assert 0 <= lv[3] < 5
     assert terrain.histogram().sum() == 6
 
 
@@ -229,14 +239,14 @@ def test_sharded_terms_equal_one_unsharded_term(make_store, n_shards):
         single_sampler.record_failures(ts, failed)
         single_sampler.step()
         single_norm.update(obs)
-        for sampler, norm, sl in zip(samplers, norms, slices):
+        for sampler, norm, sl in zip(samplers, norms, slices, strict=False):
             sampler.record_failures(ts[sl], failed[sl])
             sampler.step()
             norm.update(obs[sl])
         if step % 100 == 0:
-            sync(store, clients, [[s, n] for s, n in zip(samplers, norms)])
+            sync(store, clients, [[s, n] for s, n in zip(samplers, norms, strict=False)])
             want_mean, want_var, want_n = single_norm.pooled_moments()
-            for sampler, norm in zip(samplers, norms):
+            for sampler, norm in zip(samplers, norms, strict=False):
                 np.testing.assert_allclose(
                     sampler.sampling_ema(), single_sampler.bin_failed_count, rtol=1e-9, atol=1e-15
                 )
@@ -304,7 +314,7 @@ def test_curriculum_terms_sync(make_store):
         t.update(torch.full((50 * (i + 1),), 100.0 * (i + 1)))
     pens[0].update(1000)  # the owner decides: up
     pens[1].update(10)  # a non-owner's own opinion is ignored
-    sync(store, clients, [[t, p, r] for t, p, r in zip(trackers, pens, terrains)])
+    sync(store, clients, [[t, p, r] for t, p, r in zip(trackers, pens, terrains, strict=False)])
     fleet_avg = sum(min(50 * (i + 1), 100) * t.own_average for i, t in enumerate(trackers)) / (50 + 100 + 100)
     assert all(t.value == pytest.approx(fleet_avg) for t in trackers)
     assert all(p.scale == pytest.approx(0.55) for p in pens)
@@ -343,9 +353,11 @@ def test_learner_owned_normaliser_is_broadcast_to_collectors(make_store):
         for name in ("_mean", "_var", "_std", "count"):
             assert torch.equal(getattr(c, name), getattr(learner, name)), name
     m = monitor.metrics()
-    assert m["redisync/fleet_version"] == 1 and m["redisync/obs/norm/version"] == 1
+    assert m["redisync/fleet_version"] == 1
+    assert m["redisync/obs/norm/version"] == 1
     checkpoint = monitor.state_dict()
     store.shard(99).publish(learner.report_shard_state())
     monitor.load_state_dict(checkpoint)
     monitor.refresh()
-    assert monitor.state.epoch_changed and monitor.state.fleet_version > 2
+    assert monitor.state.epoch_changed
+    assert monitor.state.fleet_version > 2

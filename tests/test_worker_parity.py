@@ -58,7 +58,7 @@ def _numbers(shape: tuple[int, ...]):
         st.tuples(values, st.booleans()).map(
             lambda t: torch.tensor(t[0], dtype=torch.float32, requires_grad=t[1]).reshape(shape)
         ),
-        values.map(lambda v: np.array(v + [1.0]).reshape(-1, 1)),  # a shape that does not broadcast
+        values.map(lambda v: np.array([*v, 1.0]).reshape(-1, 1)),  # a shape that does not broadcast
         values.map(lambda v: np.array(v).reshape(*shape, 1) if shape else np.array([v[0]])),  # (2, 1), or (1,)
         st.just("seven"),
         st.none(),

@@ -11,7 +11,8 @@ import queue
 import statistics
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import redis
@@ -235,7 +236,7 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
         clock = store.redis.register_script(_MARKS + " __mark() __mark() return __t")
         mark = float(np.median([np.diff(clock())[0] for _ in range(calls)]))
         medians = np.median(rows, axis=0)
-        return {name: max(0.0, float(v) - mark) for (name, _), v in zip(PHASES, medians)}
+        return {name: max(0.0, float(v) - mark) for (name, _), v in zip(PHASES, medians, strict=False)}
     finally:
         store.delete()
 
@@ -365,7 +366,7 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
         max(s["pull_unchanged_over_ping"] for s in sizes),
         marginal,
     ]
-    targets = dict(zip(limits, measured))
+    targets = dict(zip(limits, measured, strict=False))
     result: dict[str, Any] = {
         "url": url or "embedded",
         "calls": calls,

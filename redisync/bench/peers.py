@@ -138,7 +138,15 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    out.put(("done", rank, None if straggles else list(zip(timings, kinds, floor))[WARMUP:], applied, (lags, loop_s)))
+    out.put(
+        (
+            "done",
+            rank,
+            None if straggles else list(zip(timings, kinds, floor, strict=False))[WARMUP:],
+            applied,
+            (lags, loop_s),
+        )
+    )
 
 
 def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
@@ -163,7 +171,7 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
                 if dead:
                     raise RuntimeError(
                         f"{scenario.label} with {scenario.procs} processes: a collector died (exit codes {dead})"
-                    )
+                    ) from None
                 continue
             if message[0] == "done":
                 results.append(message)

@@ -24,9 +24,11 @@ import ctypes
 import mmap
 import os
 import pickle
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import RedisyncError
 from ..store.codec import epoch_tag
@@ -112,17 +114,17 @@ class Mailbox:
 
     def __init__(self, name: str, buf: Any, sizes: tuple[int, int, int], closer: Any):
         self.name, self.sizes, self._closer, self.mapping = name, sizes, closer, buf
-        offsets = np.cumsum((HEADER * 8,) + sizes)
+        offsets = np.cumsum((HEADER * 8, *sizes))
         self._buf = memoryview(buf)
         self.header = self._buf[: HEADER * 8].cast("q")  # int64 fields; a memoryview reads and writes faster than numpy
         self._slots = [self._buf[offsets[i] : offsets[i] + sizes[i]] for i in range(3)]
-        self._floats = [
+        self._floats: list[NDArray[np.float64]] = [
             np.ndarray((size // 8,), dtype=np.float64, buffer=buf, offset=int(offsets[i]))
             for i, size in enumerate(sizes)
         ]
 
     @classmethod
-    def create(cls, outbox_bytes: int, inbox_bytes: int) -> "Mailbox":
+    def create(cls, outbox_bytes: int, inbox_bytes: int) -> Mailbox:
         sizes = (outbox_bytes, inbox_bytes, STATUS_BYTES)
         block = Block(HEADER * 8 + sum(sizes), "redisync-mailbox")  # zero-filled
 
@@ -133,7 +135,7 @@ class Mailbox:
         return cls(block.name, block.mapping, sizes, free)
 
     @classmethod
-    def attach(cls, name: str, sizes: tuple[int, int, int]) -> "Mailbox":
+    def attach(cls, name: str, sizes: tuple[int, int, int]) -> Mailbox:
         """Map a block the collector created."""
         mapped = map_block(name, HEADER * 8 + sum(sizes))
         return cls(name, mapped, sizes, mapped.close)
@@ -157,9 +159,11 @@ class Mailbox:
     def write_vectors(self, slot: int, vectors: Sequence[tuple[int, Any]]) -> int:
         """Replace the slot's message with tagged float64 vectors, copied in place: no pickling, for
         the collector's hot path. ``vectors`` are ``(tag, numbers)`` pairs."""
-        arrays = [(tag, v if type(v) is float else np.asarray(v, dtype=np.float64).reshape(-1)) for tag, v in vectors]
+        arrays: list[tuple[int, float | NDArray[np.float64]]] = [
+            (tag, v if type(v) is float else np.asarray(v, dtype=np.float64).reshape(-1)) for tag, v in vectors
+        ]
         start = 1 + 2 * len(arrays)
-        end = start + sum(1 if type(a) is float else a.size for _, a in arrays)
+        end = start + sum(a.size if isinstance(a, np.ndarray) else 1 for _, a in arrays)
         view = self._floats[slot]
         if end > view.size:
             raise MailboxFull(f"a message of {end * 8} bytes does not fit its {self.sizes[slot]}-byte slot")
@@ -169,7 +173,7 @@ class Mailbox:
         view[0] = len(arrays)
         o = start
         for i, (tag, a) in enumerate(arrays):
-            n = 1 if type(a) is float else a.size
+            n = a.size if isinstance(a, np.ndarray) else 1
             view[1 + 2 * i], view[2 + 2 * i] = tag, n
             view[o : o + n] = a
             o += n
@@ -177,7 +181,7 @@ class Mailbox:
         h[2 * slot] = seq + 1
         return seq + 1
 
-    def read_vectors(self, slot: int, newer_than: int) -> tuple[int, list[tuple[int, np.ndarray]]] | None:
+    def read_vectors(self, slot: int, newer_than: int) -> tuple[int, list[tuple[int, NDArray[Any]]]] | None:
         """What :meth:`write_vectors` wrote, as :meth:`read` does: None when nothing new is complete."""
         h = self.header
         seq = h[2 * slot]

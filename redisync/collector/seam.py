@@ -21,7 +21,8 @@ state); the term then stays on the copy path.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import InvalidSchema
 from ..store.codec import PullResult

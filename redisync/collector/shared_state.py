@@ -23,10 +23,12 @@ is handed decoded fleet states, as with the thread worker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import InvalidSchema
 from ..store.codec import PullResult
@@ -73,18 +75,20 @@ class SharedState:
         self.schema = schema
         self._control, control = _create(CONTROL_BYTES)
         self._seq = memoryview(control).cast("q")
-        self._blocks: list[tuple[Block, np.ndarray]] = []
+        self._blocks: list[tuple[Block, NDArray[Any]]] = []
         self.parts: list[SharedPart] = []
         # the fleet: staged by the sidecar (control: seq, version), taken into `_live` at a reset boundary
         self._offsets = _key_offsets(schema)
         width = sum(spec.width for spec in schema.keys.values())
         self._staging_shm, staging = _create(CONTROL_BYTES + 8 * max(width, 1))
         self.staged = memoryview(staging).cast("q")  # seq, version: a newer seq is a state to take
-        self._staging = np.ndarray((width,), dtype=np.float64, buffer=staging, offset=CONTROL_BYTES)
-        self._live = np.zeros(width)
+        self._staging: NDArray[np.float64] = np.ndarray(
+            (width,), dtype=np.float64, buffer=staging, offset=CONTROL_BYTES
+        )
+        self._live: NDArray[np.float64] = np.zeros(width)
         # byte views for take(): a memoryview copy runs far less code than numpy's, which shows on a cold cache
         self._staging_bytes = memoryview(staging)[CONTROL_BYTES : CONTROL_BYTES + 8 * width]
-        self._scratch_bytes, self._live_bytes = memoryview(bytearray(8 * width)), memoryview(self._live).cast("B")
+        self._scratch_bytes, self._live_bytes = memoryview(bytearray(8 * width)), memoryview(self._live.data).cast("B")
         self.received: list[str] = []
         self._on_take: list[Callable[[], None]] = []
         self.taken = 0  # the staged seq last taken
@@ -92,11 +96,11 @@ class SharedState:
 
     # ------------------------------------------------------------------ reports
 
-    def array(self, like: np.ndarray) -> np.ndarray:
+    def array(self, like: NDArray[Any]) -> NDArray[Any]:
         """A copy of ``like`` in shared memory (same shape and dtype): the term's buffer from now on."""
         like = np.ascontiguousarray(like)
         shm, mapping = _create(max(like.nbytes, 1))
-        array = np.ndarray(like.shape, dtype=like.dtype, buffer=mapping)
+        array: NDArray[Any] = np.ndarray(like.shape, dtype=like.dtype, buffer=mapping)
         array[...] = like
         self._blocks.append((shm, array))
         return array
@@ -116,7 +120,7 @@ class SharedState:
             else:
                 self.parts.append(self._locate(key, part, np.asarray(data)))
 
-    def _locate(self, key: str, part: str, view: np.ndarray) -> SharedPart:
+    def _locate(self, key: str, part: str, view: NDArray[Any]) -> SharedPart:
         address = view.__array_interface__["data"][0]
         for i, (_, base) in enumerate(self._blocks):
             start = base.__array_interface__["data"][0]
@@ -136,7 +140,7 @@ class SharedState:
 
     # ------------------------------------------------------------------ the fleet
 
-    def receive(self, key: str, part: str) -> np.ndarray:
+    def receive(self, key: str, part: str) -> NDArray[Any]:
         """An array of the term's own that holds the fleet's ``part`` of ``key`` as last applied:
         everybody else's aggregate (merge: ``count``, ``sum``, ``sumsq`` of the others) or the
         ``value`` (broadcast, maximum). Zeros until a fleet state with the key was applied."""
@@ -227,7 +231,7 @@ class SidecarState:
         name, size = layout["staging"]
         staging = map_block(name, size)
         self._staged = memoryview(staging).cast("q")
-        self._staging = np.ndarray(
+        self._staging: NDArray[np.float64] = np.ndarray(
             ((size - CONTROL_BYTES) // 8,), dtype=np.float64, buffer=staging, offset=CONTROL_BYTES
         )
         self.received: list[tuple[str, int, int]] = layout["received"]

@@ -50,9 +50,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .. import errors
 from ..store.client import Store, connect
@@ -127,17 +129,17 @@ class ReportCodec:
                 None, f"a report is {{key: {{part: numbers}}}} with parts in {self.PARTS}"
             ) from None
 
-    def decode(self, vectors: list[tuple[int, Any]]) -> dict[str, dict[str, Any]]:
+    def decode(self, vectors: list[tuple[int, Any]]) -> dict[str, Mapping[str, Any]]:
         reports: dict[str, dict[str, Any]] = {}
         for tag, flat in vectors:
             name, part = self.names[tag // 4], self.PARTS[tag % 4]
             reports.setdefault(name, {})[part] = self.shaped(name, part, flat)
-        return reports
+        return dict(reports)
 
-    def shaped(self, name: str, part: str, flat: np.ndarray) -> Any:
+    def shaped(self, name: str, part: str, flat: NDArray[Any]) -> Any:
         """A flat part in its key's shape (a number for a scalar part)."""
         spec = self.schema.keys[name]
-        shape = getattr(spec, "count_shape", ()) if part == "count" else spec.shape
+        shape = next((s for p, s, _, _ in spec.payload_parts() if p == part), spec.shape)
         if flat.size == max(math.prod(shape), 1):  # another size stays flat: validation names the mismatch
             return float(flat[0]) if shape == () else flat.reshape(shape)
         return flat
@@ -184,10 +186,11 @@ class SidecarSyncer(Syncer):
 
     # ------------------------------------------------------------------ the collector's side (no network)
 
-    @property  # type: ignore[override]
+    @property
     def stats(self) -> dict[str, int]:
         """The worker's counters, as the sidecar last reported them, and the collector's own."""
-        return self._worker_status()["stats"]
+        stats: dict[str, int] = self._worker_status()["stats"]
+        return stats
 
     @stats.setter
     def stats(self, value: dict[str, int]) -> None:  # Syncer.__init__'s zeros: the sidecar's status replaces them
@@ -247,7 +250,8 @@ class SidecarSyncer(Syncer):
                 # the thread worker's checks, so a report has the same outcome with either worker
                 encode_reports(self.schema, reports, self._limits, self.shard.shard_id)
                 vectors = self._codec.encode(reports)
-                self._out_seq = self.mailbox.write_vectors(OUTBOX, vectors)  # type: ignore[union-attr]
+                assert self.mailbox is not None
+                self._out_seq = self.mailbox.write_vectors(OUTBOX, vectors)
             except (MailboxFull, errors.InvalidReport):
                 raise
             except (TypeError, ValueError, RuntimeError) as e:  # a part numpy cannot read, as the models name it
@@ -277,7 +281,7 @@ class SidecarSyncer(Syncer):
                 applied = True
         return applied
 
-    def _decode(self, message: tuple) -> PullResult:
+    def _decode(self, message: tuple[Any, ...]) -> PullResult:
         epoch, version, epoch_changed, server_time_us, lost_writes, keys = message
         views = {}
         for name, key_version, value, own, own_incarnation in keys:  # float64 bytes: no array unpickling
@@ -363,7 +367,8 @@ class SidecarSyncer(Syncer):
         """Wait (up to STARTUP_S, or ``deadline``; the monitor's wait ends when stop() begins) for the
         sidecar just spawned to serve; one that exits first could not start, which health() says at once."""
         process, box = self._process, self.mailbox
-        assert process is not None and box is not None
+        assert process is not None
+        assert box is not None
         deadline = min(time.monotonic() + STARTUP_S, deadline if deadline is not None else float("inf"))
         while box.header[SIDECAR_PID] != process.pid and process.poll() is None and time.monotonic() < deadline:
             if threading.current_thread() is self._monitor and self._stopping.is_set():
@@ -568,9 +573,8 @@ class SidecarSyncer(Syncer):
         while True:
             process = self._process
             assert process is not None
-            if process.poll() is None:
-                if self._wait_exit(process, deadline) == 0:
-                    return box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
+            if process.poll() is None and self._wait_exit(process, deadline) == 0:
+                return box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
             if time.monotonic() >= deadline:
                 return False
             self._own_stats["sidecar_restarts"] += 1

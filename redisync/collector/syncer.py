@@ -21,6 +21,7 @@ to them; ``resume=True``/``False`` overrides that for every key.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -28,7 +29,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .. import errors
 from ..store.client import Store
@@ -38,7 +40,7 @@ from .seam import SyncedTerm, schema_of
 log = logging.getLogger(__name__)
 
 LEASE_S = 5.0  # a live process renews its lease on its shard id every LEASE_S / 5 (a dead one's runs out)
-_live: "weakref.WeakSet[Syncer]" = weakref.WeakSet()  # started and not stopped: a forked child detaches them
+_live: weakref.WeakSet[Syncer] = weakref.WeakSet()  # started and not stopped: a forked child detaches them
 
 
 def _detach_in_forked_child() -> None:
@@ -207,7 +209,7 @@ class Syncer:
 
     # ------------------------------------------------------------------ life cycle
 
-    def start(self) -> "Syncer":
+    def start(self) -> Syncer:
         """Register the schema, claim the shard's incarnation and start the worker.
 
         Raises :class:`~redisync.errors.SchemaMismatch` when the run is registered with another
@@ -345,7 +347,7 @@ class Syncer:
             "stats": dict(self.stats),
         }
 
-    def __enter__(self) -> "Syncer":
+    def __enter__(self) -> Syncer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -374,9 +376,9 @@ class Syncer:
             published = self._attempt("publish", self._publish_pending)
             wanted = wanted or bool(published) or self._announced > self._known_version()
             since = time.monotonic() - last_pull
-            if since >= self.poll_every_s or (wanted and since >= self.min_pull_interval_s):
-                if self._attempt("pull", self._pull) is not None:
-                    last_pull, wanted = time.monotonic(), False
+            due = since >= self.poll_every_s or (wanted and since >= self.min_pull_interval_s)
+            if due and self._attempt("pull", self._pull) is not None:
+                last_pull, wanted = time.monotonic(), False
             if self._problem is not None:
                 self._stop.wait(self.retry_every_s)
                 self._wake.set()  # try again: the pending report is still there
@@ -391,7 +393,7 @@ class Syncer:
         deadline, held_until = time.monotonic() + LEASE_S + 1.0, None
         while True:
             try:
-                self.shard.incarnation
+                _ = self.shard.incarnation  # (claimed by the property, refused while a live holder renews)
                 break
             except errors.ShardInUse as e:
                 until = time.monotonic() + e.remaining_ms / 1e3
@@ -501,6 +503,7 @@ class Syncer:
         if changed is not None:
             self.stats["pulls"] += 1
             known = self.shard.known
+            assert known is not None  # (a changed pull has set it)
             self._ready, self._ready_at = known, time.monotonic()
             # versions of a lost epoch mean nothing in the new one
             self._announced = (
@@ -528,7 +531,7 @@ class Syncer:
     def _listen(self) -> None:
         """Follow the run's channel; a new version wakes the worker. Polling covers the gaps."""
         while not self._stop.is_set():
-            pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             try:
                 pubsub.subscribe(self.store.keys.channel)
                 self._subscribed = True
@@ -545,10 +548,8 @@ class Syncer:
                 self._subscribed = False
                 self._stop.wait(self.retry_every_s)
             finally:
-                try:
+                with contextlib.suppress(Exception):
                     pubsub.close()
-                except Exception:
-                    pass
 
     # ------------------------------------------------------------------ what a trainer logs
 

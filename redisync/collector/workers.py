@@ -4,7 +4,8 @@ worker modules sit below (the sidecar's is a subclass of the thread worker's Syn
 from __future__ import annotations
 
 import platform
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import errors
 from ..store.client import Store

@@ -12,9 +12,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -150,7 +151,7 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     bins = np.arange(cfg.bins)
     colors = plt.cm.tab10(np.arange(cfg.shards) % 10)
-    for ax, sync in zip(axes[:2], (False, True)):
+    for ax, sync in zip(axes[:2], (False, True), strict=False):
         ph = phases[sync]
         for shard, p in sorted(ph.used[ph.last].items()):
             ax.plot(bins, p, color=colors[shard], lw=1.6, label=f"shard {shard}")

@@ -60,7 +60,7 @@ class ProcessFleet:
 
     def configure(
         self, *, store: Store | None = None, shard_id: int | None = None, **syncer_kwargs: Any
-    ) -> "ProcessFleet":
+    ) -> ProcessFleet:
         if self.syncer is not None:
             raise ConfigurationError("the fleet's Syncer has started: configure it before the first env step")
         self._store = store if store is not None else self._store

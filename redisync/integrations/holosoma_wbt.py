@@ -90,7 +90,7 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
             self.fleet.add(self.state)
 
     @classmethod
-    def replacing(cls, sampler: AdaptiveTimestepsSampler, **sync: Any) -> "SyncedAdaptiveTimestepsSampler":
+    def replacing(cls, sampler: AdaptiveTimestepsSampler, **sync: Any) -> SyncedAdaptiveTimestepsSampler:
         """A synced sampler with ``sampler``'s settings and failure counts."""
         synced = cls(
             sampler.motion_time_step_total,

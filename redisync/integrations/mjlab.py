@@ -50,7 +50,7 @@ class SyncedMotionCommandCfg(MotionCommandCfg):
     sync_stale_after_s: float | None = None  # a shard silent this long (dead, never restarted) leaves the pool
     sync_lifecycle: Lifecycle = "state"  # what a new process of a shard means for its previous life's slot
 
-    def build(self, env: Any) -> "SyncedMotionCommand":
+    def build(self, env: Any) -> SyncedMotionCommand:
         return SyncedMotionCommand(self, env)
 
 

@@ -17,7 +17,7 @@ class FleetNormalization(SyncedEmpiricalNormalization):
     fleet: ProcessFleet | None = None
 
     @classmethod
-    def replacing(cls, module: nn.Module, *, key: str, fleet: ProcessFleet | None, **sync: Any) -> "FleetNormalization":
+    def replacing(cls, module: nn.Module, *, key: str, fleet: ProcessFleet | None, **sync: Any) -> FleetNormalization:
         """A synced normaliser with ``module``'s shape, settings, state (its buffers: rsl_rl's names),
         device and mode; ``fleet`` None: not synced (``local``)."""
         replacement = cls(tuple(module._mean.shape[1:]), module.eps, module.until, key=key, **sync)

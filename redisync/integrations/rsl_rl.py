@@ -17,7 +17,8 @@ waits for another process.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from rsl_rl.modules import EmpiricalNormalization
 from torch import nn

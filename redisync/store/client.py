@@ -15,8 +15,9 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import redis
@@ -107,7 +108,8 @@ def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
     if url.startswith(SENTINEL):
         return _sentinel_client(url, **kwargs)
     if url.startswith(CLUSTER):
-        return _cluster_client(url, **kwargs)
+        client: redis.Redis = _cluster_client(url, **kwargs)  # (a RedisCluster answers the same calls)
+        return client
     return redis.Redis.from_url(url, **kwargs)
 
 
@@ -122,7 +124,11 @@ def _cluster_client(url: str, **kwargs: Any) -> Any:
     creds, _, hosts = parts.netloc.rpartition("@")
     user, _, password = creds.partition(":")
     try:
-        nodes = [ClusterNode(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in hosts.split(",") if h]
+        nodes = [
+            ClusterNode(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]))  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            for h in hosts.split(",")
+            if h
+        ]
     except (ValueError, IndexError):
         nodes = []
     if not nodes:
@@ -161,8 +167,8 @@ def _sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
             f"bad Sentinel URL {url!r}: use redis+sentinel://host:port[,host:port]/service[/db]"
         )
     timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
-    sentinel = Sentinel(nodes, **timeouts)
-    return sentinel.master_for(
+    sentinel = Sentinel(nodes, **timeouts)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+    return sentinel.master_for(  # type: ignore[no-untyped-call,no-any-return]  # likewise
         path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs
     )
 
@@ -174,7 +180,7 @@ def connect(
     wait_replicas: int = 0,
     wait_timeout_ms: int = 1000,
     **redis_kwargs: Any,
-) -> "Store":
+) -> Store:
     """A store for ``run``. ``url=None`` reads ``REDISYNC_URL``; unset, it is the embedded default.
 
     ``wait_replicas=n`` makes a publish count as done only once ``n`` replicas hold it (``WAIT``):
@@ -231,7 +237,7 @@ def _translated(method: Any) -> Any:
     """Redis failures as redisync's typed errors, naming the store's URL."""
 
     @functools.wraps(method)
-    def call(self: "Store", *args: Any, **kwargs: Any) -> Any:
+    def call(self: Store, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except (
@@ -468,7 +474,7 @@ class Store:
             "stream_payloads",
             "dead_letter_max_bytes",
         )
-        if raw[0] is None:
+        if raw[0] is None or raw[1] is None or raw[2] is None:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
         return Limits(
             max_report_bytes=int(raw[0]),
@@ -480,7 +486,7 @@ class Store:
 
     def shard(
         self, shard_id: int, incarnation: int | None = None, *, resume: bool | Iterable[str] = False
-    ) -> "ShardClient":
+    ) -> ShardClient:
         """The client of collector ``shard_id``. Without ``incarnation`` it claims a new one from the
         server at its first call; ``resume`` names the keys (True: all) this process resumed from a
         checkpoint holding its own cumulative statistics, whose previous slots it takes over."""
@@ -544,9 +550,9 @@ class Store:
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """The newest rejected reports, newest first, with reason, key and detail as text."""
         out = []
-        for entry_id, fields in self.redis.xrevrange(self.keys.dead_letters, count=count):
+        for entry_id, fields in self.redis.xrevrange(self.keys.dead_letters, count=count) or []:
             row: dict[str, Any] = {"id": _b(entry_id)}
-            for k, v in fields.items():
+            for k, v in (fields or {}).items():
                 k = _b(k)
                 row[k] = v if k.startswith("report:") else _b(v)
             out.append(row)
@@ -570,7 +576,10 @@ class Store:
         return RunSnapshot(
             run=self.run,
             taken_at_us=server_time_us(self.redis),
-            hashes={n: {_b(k): base64.b64encode(v).decode() for k, v in h.items()} for n, h in zip(names, hashes)},
+            hashes={
+                n: {_b(k): base64.b64encode(v).decode() for k, v in h.items()}
+                for n, h in zip(names, hashes, strict=False)
+            },
         )
 
     @_translated
@@ -667,7 +676,8 @@ class ShardClient:
     def last_folded_seq(self) -> int:
         """The last sequence number the server folded for this incarnation (0 if none): where a new
         process serving the same incarnation (a restarted sidecar) continues."""
-        return self.store.last_folded_seq(self.shard_id, self.incarnation)
+        seq: int = self.store.last_folded_seq(self.shard_id, self.incarnation)
+        return seq
 
     def publish(self, reports: Mapping[str, Any]) -> codec.PublishResult:
         """Validate, then fold ``{key: report}`` in one EVALSHA. Raises a typed error on rejection."""

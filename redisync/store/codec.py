@@ -7,14 +7,16 @@ that the Lua ``struct`` library decodes without per-element parsing.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
 from .. import errors
 from .schema import Schema
 from .semantics import KeySpec, MergeSpec
+from .semantics.base import Vector
 from .semantics.merge import moments
 
 LE_F64 = np.dtype("<f8")
@@ -26,12 +28,12 @@ def epoch_tag(epoch: str) -> int:
     return zlib.crc32(epoch.encode()) & 0x7FFFFFFF
 
 
-def encode(vectors: Sequence[np.ndarray]) -> bytes:
+def encode(vectors: Sequence[Vector]) -> bytes:
     """One payload from float64 arrays, laid end to end."""
     return b"".join(np.ascontiguousarray(v, dtype=LE_F64).tobytes() for v in vectors)
 
 
-def decode(raw: bytes, width: int | None = None) -> np.ndarray:
+def decode(raw: bytes, width: int | None = None) -> Vector:
     """A writable float64 vector from payload bytes; checks the length when ``width`` is given."""
     if width is not None and len(raw) != 8 * width:
         raise errors.ShapeMismatch(None, f"expected {8 * width} bytes, got {len(raw)}")
@@ -61,7 +63,7 @@ def parse_publish(reply: Sequence[Any], names: Sequence[str]) -> PublishResult:
     """The typed result of ``fold.lua``; a rejection raises its typed error."""
     status = reply[0]
     if status == b"applied" or status == "applied":
-        versions = {names[0]: int(reply[4])} if len(names) == 1 else dict(zip(names, map(int, reply[4:])))
+        versions = {names[0]: int(reply[4])} if len(names) == 1 else dict(zip(names, map(int, reply[4:]), strict=False))
         epoch = reply[3]
         return PublishResult(
             "applied", int(reply[1]), versions, int(reply[2]), epoch.decode() if type(epoch) is bytes else str(epoch)
@@ -84,29 +86,29 @@ class KeyView:
     name: str
     spec: KeySpec
     version: int
-    value: np.ndarray | None  # flat: broadcast value, or merge aggregate count||sum[||sumsq]; None if unwritten
-    own_slot: np.ndarray | None = None  # the caller's slot as folded (merge), for own substitution
+    value: Vector | None  # flat: broadcast value, or merge aggregate count||sum[||sumsq]; None if unwritten
+    own_slot: Vector | None = None  # the caller's slot as folded (merge), for own substitution
     own_incarnation: int | None = None
 
-    def parts_of(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+    def parts_of(self, flat: Vector) -> dict[str, Vector]:
         """A flat vector of this key in its parts (merge: ``count``, ``sum``, ``sumsq``; else ``value``)."""
         return self.spec.parts_of(flat)
 
-    def parts(self) -> dict[str, np.ndarray]:
+    def parts(self) -> dict[str, Vector]:
         """The fleet value in parts (empty when never written)."""
         return {} if self.value is None else self.parts_of(self.value)
 
-    def others_parts(self) -> dict[str, np.ndarray]:
+    def others_parts(self) -> dict[str, Vector]:
         """Merge: everybody else's aggregate — the fleet value without the caller's slot — in parts
         (empty when never written). A term adds its own current state to it: own substitution."""
         others = self.others()
         return {} if others is None else self.parts_of(others)
 
-    def others(self) -> np.ndarray | None:
+    def others(self) -> Vector | None:
         """What the rest of the fleet holds, flat (merge: without the caller's slot); None when never written."""
         return self.spec.others(self.value, self.own_slot)
 
-    def moments(self) -> tuple[np.ndarray, np.ndarray | None]:
+    def moments(self) -> tuple[Vector, Vector | None]:
         """Merge: the fleet ``(mean, var)`` (var is None without sumsq)."""
         if not isinstance(self.spec, MergeSpec):
             raise errors.ConfigurationError(
@@ -115,7 +117,7 @@ class KeyView:
         p = self.parts()
         return moments(p["count"], p["sum"], p.get("sumsq"))
 
-    def view(self, own_current: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def view(self, own_current: Mapping[str, Any]) -> dict[str, Vector]:
         """The fleet value this collector acts on, in parts. Merge: own substitution, everybody else's
         data as pulled plus ours as of now (``own_current``: this shard's report of now,
         ``{"count": ..., "sum": ...}``). Other keys: the fleet value."""
@@ -165,9 +167,9 @@ def parse_pull(
         index, version, value, own, own_inc = rest[i : i + 5]
         name = names[int(index) - 1]
         spec = schema.keys[name]
-        if own_inc and incarnation is not None and int(own_inc) != incarnation:
-            if not (resumed(name) or getattr(spec, "lifecycle", None) == "state"):
-                own, own_inc = b"", b""
+        previous_life = own_inc and incarnation is not None and int(own_inc) != incarnation
+        if previous_life and not (resumed(name) or getattr(spec, "lifecycle", None) == "state"):
+            own, own_inc = b"", b""
         keys[name] = KeyView(
             name=name,
             spec=spec,

@@ -15,10 +15,8 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-
 from .schema import Limits, Schema
-from .semantics.base import Fold, KeyState
+from .semantics.base import Fold, KeyState, Vector
 
 Status = Literal["applied", "duplicate", "rejected"]
 
@@ -68,7 +66,7 @@ class ReferenceFold:
         self.claimed[shard_id] = new
         return new
 
-    def restore(self, snap: "ReferenceFold") -> None:
+    def restore(self, snap: ReferenceFold) -> None:
         """Replace the state by ``snap``'s, as ``lua/restore.lua`` does: versions above both, and the
         shards this run knows keep their current incarnation (its live collectors keep publishing)."""
         self.fleet_version = max(self.fleet_version, snap.fleet_version) + 1
@@ -87,7 +85,7 @@ class ReferenceFold:
         shard_id: int,
         incarnation: int,
         seq: int,
-        payloads: Mapping[str, np.ndarray],
+        payloads: Mapping[str, Vector],
         now_us: int,
         floor: int = 0,
         resume: Set[str] = frozenset(),

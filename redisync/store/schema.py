@@ -97,7 +97,7 @@ class Schema(BaseModel):
         return dict(sorted(v.items()))
 
     @classmethod
-    def of(cls, keys: Mapping[str, Any]) -> "Schema":
+    def of(cls, keys: Mapping[str, Any]) -> Schema:
         try:
             return cls(keys=dict(keys))
         except ValidationError as e:
@@ -111,7 +111,7 @@ class Schema(BaseModel):
         """sha1 of the canonical JSON; every publish carries it so the server can refuse a stale schema."""
         return hashlib.sha1(self.canonical_json().encode()).hexdigest()
 
-    def difference(self, other: "Schema") -> tuple[str | None, str] | None:
+    def difference(self, other: Schema) -> tuple[str | None, str] | None:
         """The first difference from ``other`` (the registered schema), as (key, description)."""
         for name in sorted(set(self.keys) | set(other.keys)):
             mine, theirs = self.keys.get(name), other.keys.get(name)
@@ -164,7 +164,7 @@ def _plain_payload(spec: KeySpec, raw: Any) -> bytes | None:
     refuse (the models' way then names the problem)."""
     if type(raw) is not dict:
         return None
-    width, parts = _layout(spec)
+    _width, parts = _layout(spec)
     if len(raw) != len(parts):
         return None
     pieces, total = [], 0.0
@@ -175,7 +175,7 @@ def _plain_payload(spec: KeySpec, raw: Any) -> bytes | None:
                 return None
             total += _VDOT(v, v)  # (flattened; a third of a reduction's time)
             pieces.append(v.tobytes())
-        elif part == "count" and shape == () and type(v) in (float, int) and 0 <= v < 1e308:
+        elif part == "count" and shape == () and v is not None and type(v) in (float, int) and 0 <= v < 1e308:
             total += v
             pieces.append(_F64.pack(v))
         else:

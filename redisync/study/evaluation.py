@@ -8,7 +8,8 @@ rollouts (profiles, initial noise) for every arm and seed.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

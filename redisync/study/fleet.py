@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,11 +94,11 @@ class StudyConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "StudyConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> StudyConfig:
         d = dict(d)
         return cls(**{**d, "task": TaskConfig(**d["task"]), "sac": SACConfig(**d["sac"])})
 
-    def smoke(self) -> "StudyConfig":
+    def smoke(self) -> StudyConfig:
         """The CI configuration: a short motion, few steps, the same pipeline."""
         return replace(
             self,
@@ -187,7 +188,7 @@ class LockstepSync:
                 term.apply_shard_state(self.client.known)
 
 
-def sync_round(collectors: list["Collector"]) -> None:
+def sync_round(collectors: list[Collector]) -> None:
     """Every shard publishes (in shard order), then every shard takes the fleet state."""
     for c in collectors:
         c.sync.publish()

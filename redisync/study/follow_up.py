@@ -16,8 +16,9 @@ Fixed here, in code, and in ``docs/ab/follow-up-plan.md``, before its first run 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats

@@ -87,7 +87,7 @@ def plot_completion(results: dict[str, Any], out_dir: Path) -> Path:
     ]
     panels = [(title, runs) for title, runs in panels if runs]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
-    for ax, (title, runs) in zip(axes[0], panels):
+    for ax, (title, runs) in zip(axes[0], panels, strict=False):
         for arm in sorted({r["arm"] for r in runs}):
             steps, mean = _mean_curve([r for r in runs if r["arm"] == arm])
             ax.plot(steps, mean, color=COLORS.get(arm), label=arm)
@@ -132,7 +132,7 @@ def _p(p: float | None) -> str:
 def contrast_rows(contrasts: list[dict[str, Any]]) -> list[str]:
     rows = [
         "| contrast | seeds | mean difference [95% t-interval] | sign-flip p | Holm p | 90% interval | "
-        "equivalence p (±{m}) | Holm p (equivalence) | detectable (80% power) | verdict |".format(m=MARGIN),
+        f"equivalence p (±{MARGIN}) | Holm p (equivalence) | detectable (80% power) | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in contrasts:
@@ -203,7 +203,7 @@ def follow_up_section(hypotheses: list[dict[str, Any]] | None) -> list[str]:
         )
     lines += ["", "What the product does, as the plan said it would:"]
     lines += [f"- {h['name']}: {h['decision']}." for h in hypotheses if h["tested"]]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def render_markdown(results: dict[str, Any], command: str, plots: list[str], lead: list[str] | None = None) -> str:
@@ -225,7 +225,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str], lea
         "|---|---|---|---|",
         *[
             f"| {GATE_SEEDS[i] if i < len(GATE_SEEDS) else i} | {s:.3f} | {u:.3f} | {s - u:+.3f} |"
-            for i, (s, u) in enumerate(zip(g["single"], g["uniform"]))
+            for i, (s, u) in enumerate(zip(g["single"], g["uniform"], strict=False))
         ],
         "",
         f"Mean difference **{g['mean_difference']:+.3f}**: the gate **{'passed' if g['passed'] else 'FAILED'}**.",

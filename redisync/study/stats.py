@@ -13,8 +13,8 @@ the sign-flip p-values and the equivalence p-values. "No difference" is claimed 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy import stats
@@ -138,5 +138,6 @@ def primary_family(contrasts: Sequence[Contrast]) -> list[Contrast]:
     differ = holm([c.p_sign_flip for c in contrasts])
     same = holm([c.p_equivalence for c in contrasts])
     return [
-        Contrast(**{**c.to_dict(), "p_holm": p, "p_equivalence_holm": q}) for c, p, q in zip(contrasts, differ, same)
+        Contrast(**{**c.to_dict(), "p_holm": p, "p_equivalence_holm": q})
+        for c, p, q in zip(contrasts, differ, same, strict=False)
     ]

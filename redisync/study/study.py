@@ -14,13 +14,15 @@ Fixed here, in code, before any run:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
 import multiprocessing as mp
 import queue
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -128,7 +130,7 @@ def paired(
 
 def gate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     single, uniform = paired(runs, "H", "single", "uniform")
-    diffs = [s - u for s, u in zip(single, uniform)]
+    diffs = [s - u for s, u in zip(single, uniform, strict=False)]
     mean = float(np.mean(diffs)) if diffs else float("nan")
     return {
         "threshold": GATE,
@@ -205,10 +207,8 @@ def run_cells(
             pool.apply_async(_worker, (c.to_dict(), arm, seed, url, env_spec, progress)) for c, arm, seed in jobs
         ]
         while pending:
-            try:
+            with contextlib.suppress(queue.Empty):
                 bar.update(progress.get(timeout=0.5))
-            except queue.Empty:
-                pass
             for job in [p for p in pending if p.ready()]:
                 pending.remove(job)
                 run = job.get()  # a failed run raises here, with its worker's traceback

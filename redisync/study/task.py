@@ -126,7 +126,7 @@ class SkillTracking:
         self.actuation = torch.tensor(
             [
                 [g * math.cos(a), -g * math.sin(a), g * math.sin(a), g * math.cos(a)]
-                for a, g in zip((0.0, theta, -theta, theta), gains)
+                for a, g in zip((0.0, theta, -theta, theta), gains, strict=False)
             ]
         ).view(KINDS, 2, 2)
         self.preview = int(cfg.preview_s * FPS)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import InvalidSchema
 
@@ -80,12 +82,12 @@ class BinGeometry:
     Index arrays in numpy; a torch term holds them as buffers under the same names."""
 
     bin_counts: tuple[int, ...]
-    bins: np.ndarray  # [G]
-    offsets: np.ndarray  # [G]: where each group starts in the flat EMA
-    real: np.ndarray  # [G, width]: a group's own bins
-    inverse_bins: np.ndarray  # [G, 1] float64
-    last: np.ndarray  # [G, width]: the grid's gather; past its bins, a row repeats its last one
-    zero: np.ndarray  # the same, pointing at an appended zero instead
+    bins: NDArray[Any]  # [G]
+    offsets: NDArray[Any]  # [G]: where each group starts in the flat EMA
+    real: NDArray[Any]  # [G, width]: a group's own bins
+    inverse_bins: NDArray[Any]  # [G, 1] float64
+    last: NDArray[Any]  # [G, width]: the grid's gather; past its bins, a row repeats its last one
+    zero: NDArray[Any]  # the same, pointing at an appended zero instead
 
     @property
     def groups(self) -> int:
@@ -104,7 +106,7 @@ class BinGeometry:
         return len(set(self.bin_counts)) > 1
 
     @classmethod
-    def of(cls, bin_counts: Sequence[int]) -> "BinGeometry":
+    def of(cls, bin_counts: Sequence[int]) -> BinGeometry:
         counts = tuple(int(b) for b in bin_counts)
         bins = np.asarray(counts, dtype=np.int64)
         offsets = np.cumsum(bins) - bins
@@ -190,7 +192,7 @@ def _unnormalised(g: Any, per_bin: Any, kernel: Any, mix: UniformMix, ops: Array
     return p if kernel.shape[0] == 1 else ops.smooth(p, ops.cast(kernel, p))
 
 
-def smoothing_kernel(kernel_size: int, kernel_lambda: float, dtype: Any = np.float32) -> np.ndarray:
+def smoothing_kernel(kernel_size: int, kernel_lambda: float, dtype: Any = np.float32) -> NDArray[Any]:
     """BeyondMimic's non-causal kernel ``λʲ / Σλʲ``, built in the term's dtype as BeyondMimic builds it."""
     kernel = np.asarray([kernel_lambda**i for i in range(kernel_size)], dtype=dtype)
     return kernel / kernel.sum()

@@ -176,7 +176,7 @@ class MotionCommandCfg(CommandCfg):
     kernel_lambda: float = 0.8
 
     def __call__(self, env: ManagerEnv) -> MotionCommand:
-        bins = self.frames // max(int(round(1.0 / env.cfg.ctrl_dt)), 1) + 1
+        bins = self.frames // max(round(1.0 / env.cfg.ctrl_dt), 1) + 1
         return MotionCommand(
             command=np.zeros((env.num_envs, 3), dtype=np.float32),
             num_frames=np.int64(self.frames),

@@ -15,7 +15,7 @@ The builders (``broadcast()``, ``merge()``, ``maximum()``) are in their modules 
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import Field
 
@@ -24,8 +24,8 @@ from .broadcast import BroadcastReport, BroadcastSpec
 from .maximum import MaximumReport, MaximumSpec
 from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
 
-KeySpec = Annotated[Union[BroadcastSpec, MergeSpec, MaximumSpec], Field(discriminator="semantics")]
-Report = Union[BroadcastReport, MergeReport, MaximumReport]
+KeySpec = Annotated[BroadcastSpec | MergeSpec | MaximumSpec, Field(discriminator="semantics")]
+Report = BroadcastReport | MergeReport | MaximumReport
 SEMANTICS: dict[str, type[SpecBase]] = {"broadcast": BroadcastSpec, "merge": MergeSpec, "maximum": MaximumSpec}
 
 __all__ = [

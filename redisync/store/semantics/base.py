@@ -13,15 +13,18 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ... import errors
 
 MAX_ELEMENTS = 1 << 22  # 32 MiB per vector: far beyond any curriculum state, well under Redis' 512 MB
 LE_F64 = np.dtype("<f8")
+Vector = NDArray[np.float64]  # a flat float64 vector: a payload, a slot, a fleet value
+S = TypeVar("S", bound="SpecBase")
 
 # (part name, shape, number of values, whether it must be non-negative), in payload order
 Part = tuple[str, tuple[int, ...], int, bool]
@@ -29,7 +32,7 @@ Part = tuple[str, tuple[int, ...], int, bool]
 Bad = Callable[[str, str], Exception]
 
 
-def vector(raw: bytes) -> np.ndarray:
+def vector(raw: bytes) -> Vector:
     """A writable float64 vector from little-endian payload bytes."""
     return np.frombuffer(raw, dtype=LE_F64).astype(np.float64)
 
@@ -41,7 +44,7 @@ class Slot:
     incarnation: int
     seq: int
     at_us: int
-    payload: np.ndarray
+    payload: Vector
 
 
 @dataclass
@@ -50,10 +53,10 @@ class KeyState:
     beside it (broadcast: the writer; merge: the live slots and the retired history)."""
 
     version: int = 0
-    value: np.ndarray | None = None
+    value: Vector | None = None
     writer: int | None = None
     slots: dict[int, Slot] = field(default_factory=dict)
-    retired: np.ndarray | None = None
+    retired: Vector | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Fold:
     shard_id: int
     incarnation: int
     seq: int
-    payload: np.ndarray
+    payload: Vector
     now_us: int
     resumed: bool  # this incarnation resumed the key from a checkpoint
     leases: Mapping[int, int]  # per shard id: when its lease runs out (server µs)
@@ -113,7 +116,8 @@ class SpecBase(BaseModel):
 
     def coerce(self, name: str, raw: Any) -> ReportBase:
         """The report model of this key from a model or a mapping, or a typed error."""
-        return coerce_with(self.report_model, name, self.semantics, raw)
+        report: ReportBase = coerce_with(self.report_model, name, self.semantics, raw)
+        return report
 
     def refuses_writer(self, shard_id: int) -> str | None:
         """Why ``shard_id`` may not report this key (None: it may)."""
@@ -126,7 +130,7 @@ class SpecBase(BaseModel):
         return {"owner": "", "stale_after_s": ""}
 
     @abstractmethod
-    def check_payload(self, payload: np.ndarray) -> str | None:
+    def check_payload(self, payload: Vector) -> str | None:
         """The fold's check of a payload's values, element by element in payload order: the
         rejection reason, or None."""
 
@@ -150,7 +154,7 @@ class SpecBase(BaseModel):
             if not np.isfinite(vector(raw)).all():
                 raise bad(f"key {name!r}", f"{fld} holds a non-finite value")
 
-    def parts_of(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+    def parts_of(self, flat: Vector) -> dict[str, Vector]:
         """A flat vector of this key in its parts, each in its shape."""
         out, at = {}, 0
         for part, shape, size, _ in self.payload_parts():
@@ -158,14 +162,14 @@ class SpecBase(BaseModel):
             at += size
         return out
 
-    def others(self, value: np.ndarray | None, own_slot: np.ndarray | None) -> np.ndarray | None:
+    def others(self, value: Vector | None, own_slot: Vector | None) -> Vector | None:
         """What the rest of the fleet holds, flat: the fleet value itself, unless the semantics keeps
         the caller's own part in it (merge)."""
         return value
 
     def view(
-        self, name: str, value: np.ndarray | None, own_slot: np.ndarray | None, own_current: Mapping[str, Any]
-    ) -> dict[str, np.ndarray]:
+        self, name: str, value: Vector | None, own_slot: Vector | None, own_current: Mapping[str, Any]
+    ) -> dict[str, Vector]:
         """The fleet value a collector acts on, in parts, given its own report of now (only merge
         substitutes it: its fleet value holds the caller's own last slot)."""
         return {} if value is None else self.parts_of(value)
@@ -176,7 +180,7 @@ class ReportBase(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    def vectors(self, name: str, spec: SpecBase) -> list[np.ndarray]:
+    def vectors(self, name: str, spec: SpecBase) -> list[Vector]:
         """The report's parts as fresh float64 arrays of their shapes, finite (and non-negative
         where the part must be), in payload order; a typed error names the first problem."""
         return [
@@ -208,7 +212,7 @@ def plain_numbers(v: Any) -> Any:
     return detach() if callable(detach) else v
 
 
-def as_float64(v: Any) -> np.ndarray:
+def as_float64(v: Any) -> Vector:
     """Numbers (ints, floats, arrays or tensors of them) as float64; strings, bools and objects are refused."""
     try:
         arr = np.asarray(plain_numbers(v))
@@ -219,7 +223,7 @@ def as_float64(v: Any) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
-def checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: bool) -> np.ndarray:
+def checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: bool) -> Vector:
     """``raw`` as a fresh float64 array of ``shape``, finite (and non-negative), or a typed error."""
     if type(raw) is np.ndarray and raw.dtype == np.float64:  # the common case, without a conversion
         arr = raw
@@ -250,7 +254,7 @@ def checked(name: str, part: str, raw: Any, shape: tuple[int, ...], *, nonneg: b
     return np.array(arr, dtype=np.float64, order="C")  # a copy: later edits by the caller change nothing
 
 
-def first_index(mask: np.ndarray) -> tuple[int, ...]:
+def first_index(mask: NDArray[np.bool_]) -> tuple[int, ...]:
     """The index of the first True element, as plain ints."""
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape)) if mask.shape else ()
 
@@ -262,7 +266,7 @@ def first_error(e: ValidationError) -> str:
     return f"{loc}: {err['msg']}" if loc else err["msg"]
 
 
-def build(cls: type[SpecBase], **kw: Any) -> Any:
+def build(cls: type[S], **kw: Any) -> S:
     """A spec from its fields, or :class:`~redisync.errors.InvalidSchema` naming the first problem."""
     try:
         return cls(**kw)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Fold, KeyState, Part, ReportBase, SpecBase, build
+from .base import Fold, KeyState, Part, ReportBase, SpecBase, Vector, build
 
 
 class BroadcastReport(ReportBase):
@@ -38,7 +38,7 @@ class BroadcastSpec(SpecBase):
     def register_fields(self) -> dict[str, str]:
         return super().register_fields() | {"owner": "" if self.owner is None else str(self.owner)}
 
-    def check_payload(self, payload: np.ndarray) -> str | None:
+    def check_payload(self, payload: Vector) -> str | None:
         return None if np.isfinite(payload).all() else "non_finite"
 
     def fold(self, state: KeyState, report: Fold) -> KeyState | str:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from .base import Fold, KeyState, Part, ReportBase, SpecBase, build
+from .base import Fold, KeyState, Part, ReportBase, SpecBase, Vector, build
 
 
 class MaximumReport(ReportBase):
@@ -33,7 +33,7 @@ class MaximumSpec(SpecBase):
     def payload_parts(self) -> tuple[Part, ...]:
         return (("value", self.shape, self.size, False),)
 
-    def check_payload(self, payload: np.ndarray) -> str | None:
+    def check_payload(self, payload: Vector) -> str | None:
         return None if np.isfinite(payload).all() else "non_finite"
 
     def fold(self, state: KeyState, report: Fold) -> KeyState | str:

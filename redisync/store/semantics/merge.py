@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import Field
 
 from ... import errors
-from .base import Bad, Fold, KeyState, Part, ReportBase, Slot, SpecBase, build, vector
+from .base import Bad, Fold, KeyState, Part, ReportBase, Slot, SpecBase, Vector, build, vector
 
 SUB = 4  # shard ids per sub-group (stored as ``sub:<id // SUB>``)
 SUBS = 4  # sub-groups per group (stored as ``group:<id // (SUB * SUBS)>``)
@@ -33,21 +33,21 @@ SUBS = 4  # sub-groups per group (stored as ``group:<id // (SUB * SUBS)>``)
 LAYOUT = "4/16/lone"
 
 
-def layered_sums(payloads: Mapping[int, np.ndarray], width: int) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+def layered_sums(payloads: Mapping[int, Vector], width: int) -> tuple[dict[int, Vector], dict[int, Vector]]:
     """``({q: sum}, {g: sum})``: each sub-group's sum of its slots' payloads in ascending shard order,
     each group's sum of its sub-groups' sums in ascending order, both in ascending order: what the
     fold stores as ``sub:<q>`` and ``group:<g>``."""
-    members: dict[int, list[np.ndarray]] = {}
+    members: dict[int, list[Vector]] = {}
     for shard in sorted(payloads):
         members.setdefault(shard // SUB, []).append(payloads[shard])
     subs = {q: summed(members[q], width) for q in sorted(members)}
-    parts: dict[int, list[np.ndarray]] = {}
+    parts: dict[int, list[Vector]] = {}
     for q, sub in subs.items():
         parts.setdefault(q // SUBS, []).append(sub)
     return subs, {g: summed(parts[g], width) for g in sorted(parts)}
 
 
-def stored_sums(payloads: Mapping[int, np.ndarray], width: int, retired: bool) -> dict[str, np.ndarray]:
+def stored_sums(payloads: Mapping[int, Vector], width: int, retired: bool) -> dict[str, Vector]:
     """The sums the fold stores, by field: ``sub:<q>`` of a group of two sub-groups or more, and
     ``group:<g>`` of an aggregate of two terms or more (groups, and the retired history). A lone sum
     equals the sum it is the only part of (0 + x is x), so it is not stored; a fold that finds one
@@ -62,12 +62,12 @@ def stored_sums(payloads: Mapping[int, np.ndarray], width: int, retired: bool) -
     return out
 
 
-def group_sums(slots: Mapping[int, "Slot"], width: int) -> list[np.ndarray]:
+def group_sums(slots: Mapping[int, Slot], width: int) -> list[Vector]:
     """The group sums of live slots, in ascending group order, as the fold sums them into the aggregate."""
     return list(layered_sums({shard: slot.payload for shard, slot in slots.items()}, width)[1].values())
 
 
-def finite_moments(spec: MergeSpec, flat: np.ndarray) -> bool:
+def finite_moments(spec: MergeSpec, flat: Vector) -> bool:
     """Whether a merge vector and the moments a reader takes of it (mean, mean², sumsq/count) are finite."""
     if not np.isfinite(flat).all():
         return False
@@ -82,9 +82,9 @@ def finite_moments(spec: MergeSpec, flat: np.ndarray) -> bool:
     return bool(ok.all())
 
 
-def summed(vectors: list[np.ndarray], width: int) -> np.ndarray:
+def summed(vectors: list[Vector], width: int) -> Vector:
     """``0 + v₁ + v₂ + …`` in the given order: the fold script's summation, bit for bit."""
-    out = np.zeros(width)
+    out: Vector = np.zeros(width)
     for v in vectors:
         out = out + v
     return out
@@ -95,7 +95,7 @@ class MergeReport(ReportBase):
     sum: Any
     sumsq: Any = None
 
-    def vectors(self, name: str, spec: SpecBase) -> list[np.ndarray]:
+    def vectors(self, name: str, spec: SpecBase) -> list[Vector]:
         assert isinstance(spec, MergeSpec)
         if spec.sumsq and self.sumsq is None:
             raise errors.MalformedReport(name, "the key tracks sumsq but the report has none")
@@ -170,7 +170,7 @@ class MergeSpec(SpecBase):
             "lease_grace_s": "" if grace is None else repr(float(grace)),
         }
 
-    def check_payload(self, payload: np.ndarray) -> str | None:
+    def check_payload(self, payload: Vector) -> str | None:
         signed = range(self.count_size, self.count_size + self.size)  # the sum part
         for i, v in enumerate(payload):
             if not np.isfinite(v):
@@ -252,15 +252,15 @@ class MergeSpec(SpecBase):
         # the folds read the writers as ascending shard ids: the list is the slots', in that order
         meta["writers"] = ",".join(str(w) for w in sorted(int(w) for w in writers)).encode()
 
-    def others(self, value: np.ndarray | None, own_slot: np.ndarray | None) -> np.ndarray | None:
+    def others(self, value: Vector | None, own_slot: Vector | None) -> Vector | None:
         """The fleet value without the caller's slot (None when never written)."""
         if value is None:
             return None
         return value if own_slot is None else value - own_slot
 
     def view(
-        self, name: str, value: np.ndarray | None, own_slot: np.ndarray | None, own_current: Mapping[str, Any]
-    ) -> dict[str, np.ndarray]:
+        self, name: str, value: Vector | None, own_slot: Vector | None, own_current: Mapping[str, Any]
+    ) -> dict[str, Vector]:
         """Own substitution: everybody else's data as pulled plus ours as of now (``own_current``:
         this shard's report of now, ``{"count": ..., "sum": ...}``); the result has the same parts, pooled."""
         own = np.concatenate([v.ravel() for v in self.coerce(name, own_current).vectors(name, self)])
@@ -268,7 +268,7 @@ class MergeSpec(SpecBase):
         return self.parts_of(own_substituted(agg, own_slot, own))
 
 
-def split_parts(spec: MergeSpec, flat: np.ndarray) -> dict[str, np.ndarray]:
+def split_parts(spec: MergeSpec, flat: Vector) -> dict[str, Vector]:
     """``count`` (in its count shape), ``sum`` (and ``sumsq``) in the key's shape, from a flat merge payload."""
     return spec.parts_of(flat)
 
@@ -313,9 +313,7 @@ def merge(
     )
 
 
-def moments(
-    count: np.ndarray, total: np.ndarray, sumsq: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray | None]:
+def moments(count: Vector, total: Vector, sumsq: Vector | None = None) -> tuple[Vector, Vector | None]:
     """``mean = sum / count`` and ``var = max(sumsq / count - mean², 0)``; 0 where count is 0."""
     safe = np.where(count > 0, count, 1.0)
     mean = np.where(count > 0, total / safe, 0.0)
@@ -325,7 +323,7 @@ def moments(
     return mean, var
 
 
-def own_substituted(aggregate: np.ndarray, own_as_folded: np.ndarray | None, own_current: np.ndarray) -> np.ndarray:
+def own_substituted(aggregate: Vector, own_as_folded: Vector | None, own_current: Vector) -> Vector:
     """A collector's view: everybody else's data as of the last pull plus all of its own up to now."""
     if own_as_folded is None:
         return aggregate + own_current

@@ -10,9 +10,11 @@ own (``local``). The moments come from :func:`redisync.terms.formulas.moments`, 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
@@ -34,10 +36,10 @@ class EmpiricalNormalizer:
         mode: Mode = "pooled",
         key: str = "obs/norm",
         until: int | None = None,
-        offset: float | np.ndarray = 0.0,
+        offset: float | NDArray[Any] = 0.0,
         dtype: Any = np.float32,
-        mean: np.ndarray | None = None,
-        std: np.ndarray | None = None,
+        mean: NDArray[Any] | None = None,
+        std: NDArray[Any] | None = None,
     ):
         if mode not in ("local", "pooled"):
             raise InvalidSchema(f"numpy normaliser mode must be 'local' or 'pooled', got {mode!r}")
@@ -55,16 +57,12 @@ class EmpiricalNormalizer:
     @property
     def count(self) -> int:
         """The samples behind ``mean`` and ``std``."""
-        return (
-            int(round(float((self.others + self.own)[0].flat[0])))
-            if self.mode == "pooled"
-            else int(self.own[0].flat[0])
-        )
+        return round(float((self.others + self.own)[0].flat[0])) if self.mode == "pooled" else int(self.own[0].flat[0])
 
-    def normalize(self, x: np.ndarray) -> np.ndarray:
+    def normalize(self, x: NDArray[Any]) -> NDArray[Any]:
         return (x - self.mean) / (self.std + self.eps)
 
-    def update(self, x: np.ndarray) -> None:
+    def update(self, x: NDArray[Any]) -> None:
         """Learn from a batch (rows are samples)."""
         if self.until is not None and self.own[0].flat[0] >= self.until:
             return

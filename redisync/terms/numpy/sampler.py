@@ -18,9 +18,11 @@ EMA: what one unsharded sampler fed every shard's failures would use, up to floa
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
@@ -38,7 +40,7 @@ class FailureEma:
 
     def __init__(
         self,
-        own: np.ndarray,
+        own: NDArray[Any],
         *,
         mode: Mode = "pooled",
         key: str = "motion/bin_failed",
@@ -61,14 +63,14 @@ class FailureEma:
         """Whether the EMA sampled from is not the own one (pooled, or a broadcast's receiver)."""
         return self.mode == "pooled" or (self.mode == "broadcast" and self.shard_id != self.owner)
 
-    def sampling_ema(self) -> np.ndarray:
+    def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
         self._take_view()
         if self.mode == "pooled":
             return self._fleet + self.own
         return self._fleet if self.follows_fleet else self.own
 
-    def write_sampling_ema(self, out: np.ndarray) -> None:
+    def write_sampling_ema(self, out: NDArray[Any]) -> None:
         """:meth:`sampling_ema` written into ``out`` in place (the caller's dtype, held at its largest
         finite value): for a kernel that builds the distribution itself."""
         big = np.finfo(out.dtype).max
@@ -138,8 +140,8 @@ class AdaptiveMotionSampler:
         stale_after_s: float | None = None,
         lifecycle: Lifecycle = "state",
         dtype: Any = np.float32,
-        ema: np.ndarray | None = None,
-        cdf: np.ndarray | None = None,
+        ema: NDArray[Any] | None = None,
+        cdf: NDArray[Any] | None = None,
         num_envs: int | None = None,
     ):
         self.grouped = not isinstance(num_frames, (int, np.integer))
@@ -168,18 +170,20 @@ class AdaptiveMotionSampler:
             stale_after_s=stale_after_s,
             lifecycle=lifecycle,
         )
-        self._built_from: np.ndarray | None = None
+        self._built_from: NDArray[Any] | None = None
         self.rebuild()
 
     # ------------------------------------------------------------------ the algorithm
 
-    def bin_of(self, time_steps: np.ndarray, group_ids: np.ndarray | None = None) -> np.ndarray:
+    def bin_of(self, time_steps: NDArray[Any], group_ids: NDArray[Any] | None = None) -> NDArray[Any]:
         """Each time step's bin inside its group (BeyondMimic's ``t·B // T``, clamped)."""
         t = np.asarray(time_steps, dtype=np.int64)
         g = self._groups_of(group_ids, t.shape[0])
         return formulas.bin_of(t, self.geometry.bins[g], np.maximum(self.frame_counts[g], 1), formulas.NUMPY)
 
-    def record_failures(self, time_steps: np.ndarray, failed: np.ndarray, group_ids: np.ndarray | None = None) -> None:
+    def record_failures(
+        self, time_steps: NDArray[Any], failed: NDArray[Any], group_ids: NDArray[Any] | None = None
+    ) -> None:
         """At reset: add the bins in which the reset envs failed to this step's failure counts (a
         reset called more than once in a step adds up, as holosoma's does)."""
         failed = np.asarray(failed, dtype=bool)
@@ -198,14 +202,14 @@ class AdaptiveMotionSampler:
         formulas.ema_step(self.ema, self.current, self.alpha)
         self.current[:] = 0
 
-    def sampling_ema(self) -> np.ndarray:
+    def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from (:meth:`FailureEma.sampling_ema`)."""
         return self.state.sampling_ema()
 
-    def write_sampling_ema(self, out: np.ndarray) -> None:
+    def write_sampling_ema(self, out: NDArray[Any]) -> None:
         self.state.write_sampling_ema(out)
 
-    def probabilities(self) -> np.ndarray:
+    def probabilities(self) -> NDArray[Any]:
         """The start-bin distributions, ``[G, width]`` (zero past a group's bins), or ``[bins]``."""
         ema = self.sampling_ema()
         probs = formulas.grouped_probabilities(
@@ -225,7 +229,7 @@ class AdaptiveMotionSampler:
         np.copyto(self.cdf.reshape(self.groups, self.width), cdf / cdf[:, -1:], casting="unsafe")
         self._built_from = self.sampling_ema().copy()
 
-    def sample(self, n: int, group_ids: np.ndarray | None = None, *, rng: np.random.Generator) -> np.ndarray:
+    def sample(self, n: int, group_ids: NDArray[Any] | None = None, *, rng: np.random.Generator) -> NDArray[Any]:
         """Start time steps for ``n`` envs: a bin from the group's CDF, then a uniform offset inside it."""
         if self._built_from is None or not np.array_equal(self._built_from, self.sampling_ema()):
             self.rebuild()
@@ -240,12 +244,12 @@ class AdaptiveMotionSampler:
         offset = rng.random(n)
         return ((bins + offset) / self.geometry.bins[g] * (self.frame_counts[g] - 1)).astype(np.int64)
 
-    def group_probabilities(self) -> np.ndarray:
+    def group_probabilities(self) -> NDArray[Any]:
         """The distribution over groups: failure mass with a uniform floor (the torch term's formula)."""
         mass = formulas.group_sums(np.asarray(self.sampling_ema(), dtype=np.float64), self.geometry, formulas.NUMPY)
         return formulas.group_weights(mass, self.group_uniform_ratio, self.groups, formulas.NUMPY)
 
-    def _groups_of(self, group_ids: np.ndarray | None, n: int) -> np.ndarray:
+    def _groups_of(self, group_ids: NDArray[Any] | None, n: int) -> NDArray[Any]:
         if group_ids is None:
             if self.groups > 1:
                 raise ValueError(f"this sampler has {self.groups} groups; pass group_ids (one per env)")
@@ -269,7 +273,7 @@ class AdaptiveMotionSampler:
         self.state.apply_shard_state(fleet)
 
 
-def _caller_array(array: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype, name: str) -> np.ndarray:
+def _caller_array(array: NDArray[Any] | None, shape: tuple[int, ...], dtype: np.dtype, name: str) -> NDArray[Any]:
     """The caller's array, checked (it is written in place, never replaced), or a new one."""
     if array is None:
         return np.zeros(shape, dtype=dtype)

@@ -14,10 +14,12 @@ Their update rules and defaults are the frameworks'; sync adds one choice per te
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
@@ -231,18 +233,18 @@ class TerrainLevels:
         self.generator = generator
         top = num_levels - 1 if max_init_level is None else min(max_init_level, num_levels - 1)
         self.levels = torch.randint(0, top + 1, (num_envs,), device=device, generator=generator)
-        self._others: np.ndarray = np.zeros(num_levels)
+        self._others: NDArray[Any] = np.zeros(num_levels)
 
     def update(self, env_ids: torch.Tensor, move_up: torch.Tensor, move_down: torch.Tensor) -> None:
         levels = self.levels[env_ids] + 1 * move_up - 1 * move_down
         random = torch.randint(0, self.num_levels, levels.shape, device=levels.device, generator=self.generator)
         self.levels[env_ids] = torch.where(levels >= self.num_levels, random, torch.clip(levels, 0))
 
-    def histogram(self) -> np.ndarray:
+    def histogram(self) -> NDArray[Any]:
         """How many of this shard's envs are on each level."""
         return torch.bincount(self.levels, minlength=self.num_levels).cpu().numpy().astype(np.float64)
 
-    def fleet_histogram(self) -> np.ndarray:
+    def fleet_histogram(self) -> NDArray[Any]:
         """The fleet's histogram: everybody else's as last pulled plus ours as of now."""
         return self._others + self.histogram()
 

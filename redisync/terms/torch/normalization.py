@@ -25,10 +25,12 @@ run's history is still there. The prior is never reported.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import nn
 
 from ...collector.shared_state import NOT_SHARED, SharedState
@@ -52,7 +54,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         key: str = "obs/norm",
         writer: bool = False,
         owner: int = 0,
-        offset: float | np.ndarray | torch.Tensor = 0.0,
+        offset: float | NDArray[Any] | torch.Tensor = 0.0,
     ):
         super().__init__()
         if mode not in ("local", "pooled", "learner"):
@@ -132,7 +134,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         if float(n.flatten()[0]) <= 0:
             return
         mean_shifted, var = formulas.moments(n, s, q, TORCH)
-        self._set(mean_shifted + self._offset, var, int(round(float(n.flatten()[0]))))
+        self._set(mean_shifted + self._offset, var, round(float(n.flatten()[0])))
 
     def _set(self, mean: Any, var: Any, count: int) -> None:
         # fleet moments are finite in float64 (the store refuses others); beyond this dtype's range
@@ -221,7 +223,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         value = self._received["value"]
         if value[-1] > 0:  # the learner's count: zero until it published
             size = int(np.prod(self.shape))
-            self._set(value[:size], value[size : 2 * size], int(round(float(value[-1]))))
+            self._set(value[:size], value[size : 2 * size], round(float(value[-1])))
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         view = fleet.keys.get(self.key)
@@ -235,7 +237,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         elif self.mode == "learner" and not self.writer:
             size = int(np.prod(self.shape))
             value = view.parts()["value"]
-            self._set(value[:size], value[size : 2 * size], int(round(float(value[-1]))))
+            self._set(value[:size], value[size : 2 * size], round(float(value[-1])))
 
 
 def _take_prior(module: nn.Module, incompatible: Any) -> None:

@@ -33,10 +33,12 @@ What sync changes is only *which* EMA feeds ``p``:
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch import nn
 
 from ...collector.shared_state import NOT_SHARED, SharedState
@@ -446,7 +448,7 @@ class AdaptiveMotionSampler(nn.Module):
             self._fleet = self._tensor(view.others_parts()["sum"] if self.mode == "pooled" else view.parts()["value"])
         return self._fleet
 
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+    def _tensor(self, array: NDArray[Any]) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array), dtype=torch.float64).to(self._fleet.device)
 
 
