@@ -243,3 +243,23 @@ def test_redisyncs_tracker_has_holosomas_window_and_loads_its_checkpoint_state()
     assert restored.own_average == pytest.approx(float(tracker.get_average()))
     tracker.load_state_dict(ours.state_dict())  # and back
     assert float(tracker.get_average()) == pytest.approx(ours.own_average)
+
+
+@pytest.mark.parametrize(
+    ("episodes_behind", "others"), [(0, (0.0, 0.0)), (0, (5.0, 600.0)), (40, (0.0, 0.0)), (40, (5.0, 600.0))]
+)
+def test_the_holosoma_drop_in_and_redisyncs_tracker_pool_the_episode_length_alike(episodes_behind, others):
+    """One pooled episode length: holosoma's tracker under the drop-in and redisync's own term give
+    the same fleet average for the same state, nothing counted included (each shard's own average)."""
+    from redisync.integrations.holosoma import TrackerSync
+
+    env = LocomotionEnv(num_envs=64)
+    tracker = env._get_average_episode_tracker()
+    tracker.set_average(120.0, suppress_update=False)
+    synced = TrackerSync(tracker, "pooled", shard_id=0, owner=0)
+    synced.episodes, synced._fleet = episodes_behind, others
+    ours = AverageEpisodeLength(num_envs=64, mode="pooled")
+    ours.own_average, ours.episodes, ours._others = 120.0, episodes_behind, others
+    assert float(synced.pooled_average()) == pytest.approx(ours.value, rel=1e-6)
+    if others == (0.0, 0.0):
+        assert ours.value == 120.0  # nobody else counted: the shard's own average, not 0

@@ -41,6 +41,7 @@ from holosoma.managers.curriculum.terms.locomotion import AverageEpisodeLengthTr
 from ..errors import ConfigurationError
 from ..store.codec import PullResult
 from ..store.schema import KeySpec, broadcast, merge
+from ..terms import formulas
 from . import ProcessFleet, process_fleet
 
 
@@ -76,10 +77,9 @@ class TrackerSync:
         return weight, weight * float(self.tracker.average_episode_length)
 
     def pooled_average(self) -> torch.Tensor:
-        count, total = self._own()
-        if isinstance(self._fleet, tuple):
-            count, total = count + self._fleet[0], total + self._fleet[1]
-        value = total / count if count > 0 else float(self.tracker.average_episode_length)
+        others = self._fleet if isinstance(self._fleet, tuple) else (0.0, 0.0)
+        weight, _ = self._own()
+        value = formulas.pooled_average(weight, float(self.tracker.average_episode_length), others)
         return torch.as_tensor(value, device=self.tracker.average_episode_length.device, dtype=torch.float)
 
     def schema_entries(self) -> Mapping[str, KeySpec]:

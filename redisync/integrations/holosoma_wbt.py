@@ -39,6 +39,7 @@ from ..terms.torch.normalization import Mode as NormMode
 from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, process_fleet
 from .normalizers import FleetNormalization
+from .sampler_attribute import SamplerAttribute
 
 SyncMode = Literal["local", "pooled", "broadcast"]
 KEY_PREFIX = "holosoma"
@@ -84,8 +85,8 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
         )
         if self.state.bin_count != self.num_bins:
             raise ConfigurationError(f"holosoma's sampler has {self.num_bins} bins, redisync's {self.state.bin_count}")
-        self.state.set_own_ema(self.__dict__.pop("_initial_ema"))
-        self.state._current_bin_failed.copy_(self.__dict__.pop("_initial_current"))
+        self.state.set_own_ema(self.__dict__.pop("_initial_bin_failed_count"))
+        self.state._current_bin_failed.copy_(self.__dict__.pop("_initial_current_bin_failed_count"))
         if mode != "local":
             self.fleet.add(self.state)
 
@@ -106,35 +107,9 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
         synced.current_bin_failed_count.copy_(sampler.current_bin_failed_count)
         return synced
 
-    @property
-    def bin_failed_count(self) -> torch.Tensor:
-        state = self.__dict__.get("state")
-        if state is None:
-            return self.__dict__["_initial_ema"]
-        if self._drawing:
-            return state.sampling_ema().to(state.bin_failed_count.dtype)
-        return state.bin_failed_count
-
-    @bin_failed_count.setter
-    def bin_failed_count(self, value: torch.Tensor) -> None:
-        state = self.__dict__.get("state")
-        if state is None:  # holosoma's constructor (init_buffers), before the synced sampler exists
-            self.__dict__["_initial_ema"] = value
-        else:
-            state.set_own_ema(value)
-
-    @property
-    def current_bin_failed_count(self) -> torch.Tensor:
-        state = self.__dict__.get("state")
-        return self.__dict__["_initial_current"] if state is None else state._current_bin_failed
-
-    @current_bin_failed_count.setter
-    def current_bin_failed_count(self, value: torch.Tensor) -> None:
-        state = self.__dict__.get("state")
-        if state is None:
-            self.__dict__["_initial_current"] = value
-        else:
-            state._current_bin_failed.copy_(value)
+    # holosoma's code reads and rebinds these two; they live in the synced sampler (``state``)
+    bin_failed_count = SamplerAttribute("state", "ema")
+    current_bin_failed_count = SamplerAttribute("state", "current")
 
     def update_bin_failed_count(self) -> None:
         super().update_bin_failed_count()

@@ -35,6 +35,7 @@ from ..errors import ConfigurationError
 from ..store.schema import Lifecycle
 from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, process_fleet
+from .sampler_attribute import SamplerAttribute
 
 SyncMode = Literal["local", "pooled", "broadcast"]
 
@@ -105,42 +106,15 @@ class SyncedMotionCommand(MotionCommand):
         )
         assert self.sampler.bin_count == self.bin_count, (self.sampler.bin_count, self.bin_count)
         del (
-            self.__dict__["_initial_bin_failed"],
-            self.__dict__["_initial_current"],
+            self.__dict__["_initial_bin_failed_count"],
+            self.__dict__["_initial_current_bin_failed"],
         )  # mjlab's zeros: the sampler holds the EMA now
         if cfg.sync_mode != "local":
             self.fleet.add(self.sampler)
 
     # mjlab's code reads and rebinds these two; they live in the sampler
-    @property
-    def bin_failed_count(self) -> torch.Tensor:
-        sampler = self.__dict__.get("sampler")
-        if sampler is None:
-            return self.__dict__["_initial_bin_failed"]
-        if self._drawing:
-            return sampler.sampling_ema().to(sampler.bin_failed_count.dtype)
-        return sampler.bin_failed_count
-
-    @bin_failed_count.setter
-    def bin_failed_count(self, value: torch.Tensor) -> None:
-        sampler = self.__dict__.get("sampler")
-        if sampler is None:  # mjlab's constructor, before the sampler exists
-            self.__dict__["_initial_bin_failed"] = value
-        else:
-            sampler.set_own_ema(value)
-
-    @property
-    def _current_bin_failed(self) -> torch.Tensor:
-        sampler = self.__dict__.get("sampler")
-        return self.__dict__["_initial_current"] if sampler is None else sampler._current_bin_failed
-
-    @_current_bin_failed.setter
-    def _current_bin_failed(self, value: torch.Tensor) -> None:
-        sampler = self.__dict__.get("sampler")
-        if sampler is None:
-            self.__dict__["_initial_current"] = value
-        else:
-            sampler._current_bin_failed.copy_(value)
+    bin_failed_count = SamplerAttribute("sampler", "ema")
+    _current_bin_failed = SamplerAttribute("sampler", "current")
 
     def _adaptive_sampling(self, env_ids: torch.Tensor) -> None:
         if self.cfg.sync_mode != "local":

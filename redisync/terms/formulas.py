@@ -214,6 +214,15 @@ def moments(count: Any, total: Any, squares: Any, ops: ArrayOps) -> tuple[Any, A
     return mean, ops.where(var > 0, var, 0.0)
 
 
+def pooled_average(own_weight: float, own_average: float, others: tuple[float, float]) -> float:
+    """The fleet's mean of the shards' averages, each weighted by what is behind it (holosoma's
+    tracker: the episodes, up to its window): ``(Σ wᵢ·avgᵢ) / Σ wᵢ`` over the rest of the fleet's
+    ``(count, sum)`` and this shard's ``(own_weight, own_average)``. While nobody has counted anything
+    it is this shard's own average (what the shard would use without sync)."""
+    count = others[0] + own_weight
+    return (others[1] + own_weight * own_average) / count if count > 0 else own_average
+
+
 SMALL_SHARD_ENVS = 256  # the follow-up's P1: unsynced shards of 64 envs (code mix) did worse than pooled ones
 
 

@@ -26,8 +26,8 @@ from numpy.typing import NDArray
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
-from ...store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle, broadcast, merge
-from .. import formulas
+from ...store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle
+from .. import ema_seam, formulas
 
 Mode = Literal["local", "pooled", "broadcast"]
 MODES = ("local", "pooled", "broadcast")
@@ -61,7 +61,7 @@ class FailureEma:
     @property
     def follows_fleet(self) -> bool:
         """Whether the EMA sampled from is not the own one (pooled, or a broadcast's receiver)."""
-        return self.mode == "pooled" or (self.mode == "broadcast" and self.shard_id != self.owner)
+        return ema_seam.follows_fleet(self.mode, self.shard_id, self.owner)
 
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
@@ -77,25 +77,20 @@ class FailureEma:
         np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        if self.mode == "local":
-            return {}
         shape = self.own.shape if self.own.ndim > 1 else self.own.size
-        if self.mode == "broadcast":
-            return {self.key: broadcast(shape, owner=self.owner)}
-        # an EMA is a current state (the default): a fresh restart drops the previous life's slot
-        return {
-            self.key: merge(
-                shape, stale_after_s=self.stale_after_s, lifecycle=self.lifecycle, lease_grace_s=self.lease_grace_s
-            )
-        }
+        return ema_seam.declared(
+            self.mode,
+            self.key,
+            shape,
+            owner=self.owner,
+            stale_after_s=self.stale_after_s,
+            lifecycle=self.lifecycle,
+            lease_grace_s=self.lease_grace_s,
+        )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
-        if self.mode == "pooled":
-            return {self.key: {"count": 1.0, "sum": own}}
-        if self.mode == "broadcast" and self.shard_id == self.owner:
-            return {self.key: {"value": own}}
-        return {}
+        return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner)
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Keep the fleet's view; it becomes an array when the EMA is next read (the reset boundary
@@ -107,8 +102,7 @@ class FailureEma:
     def _take_view(self) -> None:
         view, self._fleet_view = self._fleet_view, None
         if view is not None:
-            part = view.others_parts()["sum"] if self.mode == "pooled" else view.parts()["value"]
-            self._fleet = np.asarray(part, dtype=np.float64).reshape(self.own.shape)
+            self._fleet = ema_seam.fleet_part(self.mode, view).reshape(self.own.shape)
 
 
 class AdaptiveMotionSampler:

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, broadcast, merge
+from .. import formulas
 
 
 def _check_mode(mode: str, allowed: tuple[str, ...]) -> None:
@@ -91,9 +92,7 @@ class AverageEpisodeLength:
             return self.own_average if self.shard_id == self.owner or self._owners is None else self._owners
         if self.mode == "local":
             return self.own_average
-        count = self._others[0] + self._own_weight()
-        total = self._others[1] + self._own_weight() * self.own_average
-        return total / count if count > 0 else 0.0
+        return formulas.pooled_average(self._own_weight(), self.own_average, self._others)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -43,8 +43,8 @@ from torch import nn
 
 from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
-from ...store.schema import KeySpec, Lifecycle, broadcast, merge
-from .. import formulas
+from ...store.schema import KeySpec, Lifecycle
+from .. import ema_seam, formulas
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
@@ -230,7 +230,7 @@ class AdaptiveMotionSampler(nn.Module):
         fleet value beyond the sampler's dtype stays finite)."""
         if self.mode == "pooled":
             return self._fleet_ema() + self.bin_failed_count.to(torch.float64)
-        if self.mode == "broadcast" and self.shard_id != self.owner:
+        if ema_seam.follows_fleet(self.mode, self.shard_id, self.owner):  # a broadcast's receiver
             return self._fleet_ema()
         return self.bin_failed_count
 
@@ -372,24 +372,21 @@ class AdaptiveMotionSampler(nn.Module):
     # ------------------------------------------------------------------ the seam
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        if self.mode == "local":
-            return {}
-        if self.mode == "broadcast":
-            return {self.key: broadcast(self.bin_count, owner=self.owner)}
-        # an EMA is a current state (the default): a fresh restart drops the previous life's slot (a resume takes it over)
-        stale = self.stale_after_s if self.mode == "pooled" else None
-        return {self.key: merge(self.bin_count, stale_after_s=stale, lifecycle=self.lifecycle)}
+        return ema_seam.declared(
+            self.mode,
+            self.key,
+            self.bin_count,
+            owner=self.owner,
+            stale_after_s=self.stale_after_s,
+            lifecycle=self.lifecycle,
+        )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         own = self.bin_failed_count.to("cpu", torch.float64, copy=True).numpy()  # one op: this runs on the hot path
-        if self.mode == "pooled":
-            return {self.key: {"count": 1.0, "sum": own}}
+        count = 1.0
         if self.mode == "weighted":
             count, self._failures_since_report = self._failures_since_report, 0.0
-            return {self.key: {"count": count, "sum": count * own}}
-        if self.mode == "broadcast" and self.shard_id == self.owner:
-            return {self.key: {"value": own}}
-        return {}
+        return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner, count=count)
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
@@ -445,7 +442,7 @@ class AdaptiveMotionSampler(nn.Module):
         """The fleet part of the EMA (the other shards' sum, or the owner's), from the last view applied."""
         view, self._fleet_view = self._fleet_view, None
         if view is not None:
-            self._fleet = self._tensor(view.others_parts()["sum"] if self.mode == "pooled" else view.parts()["value"])
+            self._fleet = self._tensor(ema_seam.fleet_part(self.mode, view))
         return self._fleet
 
     def _tensor(self, array: NDArray[Any]) -> torch.Tensor:

@@ -1,0 +1,67 @@
+"""The seam of a failure-EMA term, once for the torch and the numpy sampler: by mode, the key it
+declares, the report it makes and the fleet part it reads.
+
+- ``local``: nothing synced;
+- ``pooled``: each shard's own EMA is a slot (count 1) of a ``merge`` key; the shard samples from the
+  others' sum plus its own EMA of now;
+- ``weighted`` (torch): each report carries the failures since the last one as its count, and the
+  shard blends the failure-weighted mean of the shards' EMAs into its own;
+- ``broadcast``: the owner shard's EMA is everybody's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..store.codec import KeyView
+from ..store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle, broadcast, merge
+
+
+def declared(
+    mode: str,
+    key: str,
+    shape: int | tuple[int, ...],
+    *,
+    owner: int,
+    stale_after_s: float | None,
+    lifecycle: Lifecycle,
+    lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
+) -> dict[str, KeySpec]:
+    """The key a sampler of ``mode`` syncs (none when local). An EMA is a current state (``state``,
+    the samplers' default): a fresh restart drops the previous life's slot, a resume takes it over.
+    A stale slot drops out of ``pooled`` only (``weighted``'s counts are the failures behind a report)."""
+    if mode == "local":
+        return {}
+    if mode == "broadcast":
+        return {key: broadcast(shape, owner=owner)}
+    stale = stale_after_s if mode == "pooled" else None
+    return {key: merge(shape, stale_after_s=stale, lifecycle=lifecycle, lease_grace_s=lease_grace_s)}
+
+
+def report(
+    mode: str, key: str, own: NDArray[np.float64], *, shard_id: int, owner: int, count: float = 1.0
+) -> Mapping[str, Mapping[str, Any]]:
+    """This shard's report of its own EMA ``own`` (a float64 copy): ``count`` is 1 when pooled, the
+    failures behind it when weighted; only the owner reports a broadcast."""
+    if mode == "pooled":
+        return {key: {"count": 1.0, "sum": own}}
+    if mode == "weighted":
+        return {key: {"count": count, "sum": count * own}}
+    if mode == "broadcast" and shard_id == owner:
+        return {key: {"value": own}}
+    return {}
+
+
+def follows_fleet(mode: str, shard_id: int, owner: int) -> bool:
+    """Whether the EMA the shard samples from holds a fleet part (pooled, or a broadcast's receiver)."""
+    return mode == "pooled" or (mode == "broadcast" and shard_id != owner)
+
+
+def fleet_part(mode: str, view: KeyView) -> NDArray[np.float64]:
+    """The fleet part a sampler adds (pooled: the others' summed EMAs) or takes (broadcast: the owner's)."""
+    part = view.others_parts()["sum"] if mode == "pooled" else view.parts()["value"]
+    return np.asarray(part, dtype=np.float64)
