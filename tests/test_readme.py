@@ -181,7 +181,7 @@ def test_every_readme_python_block_is_run_by_a_test_or_marked_a_fragment():
         marker = lines[n - 1]
         assert marker.startswith("<!-- "), f"README.md:{n + 1}: a python block without a marker"
         assert marker.endswith(" -->"), f"README.md:{n + 1}: a python block without a marker"
-        named = re.findall(r"tests/(test_\w+\.py)", marker)
+        named = re.findall(r"tests/((?:\w+/)?test_\w+\.py)", marker)
         assert named, f"README.md:{n}: {marker}"
         assert all((tests / name).exists() for name in named), f"README.md:{n}: {marker}"
         if "runs this block" in marker:

@@ -11,7 +11,7 @@ from redisync.errors import InvalidSchema
 from redisync.terms import numpy as rnp
 from redisync.terms.torch import AdaptiveMotionSampler as TorchSampler
 
-from .support import sync
+from ..support import sync
 
 
 def feed(samplers, frames, steps=200, seed=0, envs=48):

@@ -19,7 +19,7 @@ import redisync
 from redisync.collector.workers import new_syncer
 from redisync.store.schema import broadcast, merge
 
-from .conftest import real_redis_or_skip
+from ..conftest import real_redis_or_skip
 
 SCHEMA = {
     "a/norm": merge(2, sumsq=True, lifecycle="history"),

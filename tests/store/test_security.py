@@ -12,11 +12,11 @@ import redisync
 from redisync import errors
 from redisync.store.schema import Schema, broadcast, merge
 
-from .servers import RedisProcess
+from ..servers import RedisProcess
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
-ACL = Path(__file__).resolve().parents[1] / "deploy" / "users.acl"
+ACL = Path(__file__).resolve().parents[2] / "deploy" / "users.acl"
 RUN = "humanoid-v3"
 SCHEMA = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale": broadcast(())})
 

@@ -17,7 +17,7 @@ import redisync
 from redisync.errors import ConfigurationError
 from redisync.learner import FleetMonitor
 
-from .conftest import framework_or_skip
+from ..conftest import framework_or_skip
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow, pytest.mark.integration]
 framework_or_skip("motrix_rl_builtin.fastsac.async_impl.train")
@@ -201,10 +201,10 @@ def test_broadcast_collectors_sample_from_the_owners_ema(fleet_run):
 def test_the_readmes_motrix_block_registers_a_synced_manager_env():
     from motrix_env_core import registry
 
-    from .test_readme import README
+    from ..test_readme import README
 
     text = README.read_text()
-    marker = "<!-- the MotrixLab registration: tests/test_frameworks_motrix.py runs this block -->"
+    marker = "<!-- the MotrixLab registration: tests/integrations/test_frameworks_motrix.py runs this block -->"
     block = re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.S).group(1)
     name = f"readme-wbt-{uuid.uuid4().hex[:6]}"
     registry.envcfg(name)(TrackingCfg)  # MotrixLab's task package registers the G1 config under its name

@@ -18,7 +18,7 @@ from redisync import errors
 from redisync.store.codec import parse_publish
 from redisync.store.schema import Limits, Schema, broadcast, merge
 
-from .conftest import new_store
+from ..conftest import new_store
 
 SCHEMA = Schema.of(
     {

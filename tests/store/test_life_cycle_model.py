@@ -39,8 +39,8 @@ from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MaximumSpec, MergeSpec, Schema, broadcast, maximum, merge
 
-from .conftest import backend_url
-from .support import assert_same_state, lua_state, reference_state
+from ..conftest import backend_url
+from ..support import assert_same_state, lua_state, reference_state
 
 SCHEMA = Schema.of(
     {

@@ -16,7 +16,7 @@ from redisync.errors import InvalidSchema
 from redisync.learner import FleetMonitor
 from redisync.terms.torch import AdaptiveMotionSampler
 
-from .support import sync
+from ..support import sync
 
 F64 = torch.float64
 STEP_DT = 0.02

@@ -20,7 +20,7 @@ from redisync.terms.torch import (
     TerrainLevels,
 )
 
-from .support import sync
+from ..support import sync
 
 F64 = torch.float64
 

@@ -13,9 +13,9 @@ from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import Schema, broadcast, merge
 
-from .faults import ReplyDroppingProxy
-from .servers import RedisProcess
-from .support import assert_same_state, envelope, lua_state, reference_state, send_as
+from ..faults import ReplyDroppingProxy
+from ..servers import RedisProcess
+from ..support import assert_same_state, envelope, lua_state, reference_state, send_as
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 from .test_fold_properties import random_operations
@@ -88,7 +88,7 @@ def test_restart_from_the_append_only_file_keeps_state_and_versions(tmp_path):
     and the first fold on the new process opens a new epoch."""
     from pathlib import Path
 
-    conf = Path(__file__).resolve().parents[1] / "deploy" / "redis.conf"
+    conf = Path(__file__).resolve().parents[2] / "deploy" / "redis.conf"
     server = RedisProcess(tmp_path, conf=conf).start()
     store = redisync.connect(server.url, run="aof")
     schema = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale": broadcast(())})

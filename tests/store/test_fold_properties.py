@@ -19,8 +19,8 @@ from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec, Schema, broadcast, maximum, merge
 
-from .conftest import new_store
-from .support import assert_same_state, envelope, lua_state, reference_state, send_as
+from ..conftest import new_store
+from ..support import assert_same_state, envelope, lua_state, reference_state, send_as
 
 SCHEMA = Schema.of(
     {

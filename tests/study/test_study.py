@@ -19,7 +19,7 @@ from redisync.study.stats import contrast, equivalence_p, holm, primary_family, 
 from redisync.study.study import PRIMARY, analyse, gate, load_env_factory, plan
 from redisync.study.task import KINDS, SkillTracking, Step, TaskConfig, TrackingEnv
 
-from .conftest import real_redis_or_skip
+from ..conftest import real_redis_or_skip
 
 # ---------------------------------------------------------------- statistics
 
@@ -304,7 +304,9 @@ TINY = replace(
 def test_a_users_own_env_runs_through_the_store(backend):
     url = real_redis_or_skip() if backend == "real" else None
     cfg = replace(TINY, task=replace(TINY.task, bins=4))
-    run = run_arm(cfg, "pooled", seed=0, url=url, make_env=load_env_factory("tests.test_study:user_env_factory", cfg))
+    run = run_arm(
+        cfg, "pooled", seed=0, url=url, make_env=load_env_factory("tests.study.test_study:user_env_factory", cfg)
+    )
     assert len(run["curve"]) == 2
     assert 0.0 <= run["curve"][-1]["completion"] <= 1.0
     assert run["drift"]
@@ -353,11 +355,11 @@ def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
 
 def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
     with pytest.raises(ValueError, match="module:function"):
-        load_env_factory("tests.test_study", TINY)
+        load_env_factory("tests.study.test_study", TINY)
     with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
         load_env_factory("no_such_module:make", TINY)
     with pytest.raises(ValueError, match="has no 'no_such_factory'"):
-        load_env_factory("tests.test_study:no_such_factory", TINY)
+        load_env_factory("tests.study.test_study:no_such_factory", TINY)
     out = subprocess.run(
         [sys.executable, "-m", "redisync.cli", "ab", "--env", "no_such_module:make", "--no-progress"],
         capture_output=True,
@@ -473,7 +475,7 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     docs/ab/follow-up holds them), and the README's summary quotes it."""
     from redisync.study.report import follow_up_lead, render_markdown
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     results = json.loads((root / "docs" / "ab" / "results.json").read_text())
     report = (root / "docs" / "ab" / "report.md").read_text()
     follow = root / "docs" / "ab" / "follow-up" / "results.json"

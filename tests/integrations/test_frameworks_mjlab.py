@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 
 import redisync
 
-from .conftest import framework_or_skip
-from .test_readme import README
+from ..conftest import framework_or_skip
+from ..test_readme import README
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow]
 framework_or_skip("mjlab.tasks")
@@ -34,7 +34,7 @@ from redisync.integrations.mjlab import SyncedMotionCommand, keyframe_motion, sy
 
 TASK = "Mjlab-Tracking-Flat-Unitree-G1"
 ALPHA = 0.001
-README_MARKER = "<!-- the mjlab collector: tests/test_frameworks_mjlab.py runs this block -->"
+README_MARKER = "<!-- the mjlab collector: tests/integrations/test_frameworks_mjlab.py runs this block -->"
 
 
 def readme_collector() -> str:

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 import redisync
 from redisync.errors import ConfigurationError
 
-from .conftest import framework_or_skip
+from ..conftest import framework_or_skip
 
 pytestmark = pytest.mark.frameworks
 framework_or_skip("holosoma.managers.command.terms.wbt")

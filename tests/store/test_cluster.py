@@ -16,7 +16,7 @@ from redis.retry import Retry
 import redisync
 from redisync.store.schema import Schema, broadcast, merge
 
-from .servers import RedisProcess, free_cluster_port
+from ..servers import RedisProcess, free_cluster_port
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 

@@ -48,9 +48,9 @@ from redisync.collector.mailbox import SIDECAR_PID, STOP
 from redisync.collector.workers import new_syncer
 from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
-from .faults import HoldingProxy
-from .servers import RedisProcess
-from .support import wait_for
+from ..faults import HoldingProxy
+from ..servers import RedisProcess
+from ..support import wait_for
 from .test_sidecar import Cumulative
 
 pytestmark = pytest.mark.integration  # a redis-server of its own, restarted by a rule

@@ -20,7 +20,7 @@ from redisync.inspection import describe_run
 from redisync.store.client import RunSnapshot
 from redisync.store.schema import MaximumSpec, Schema, maximum, merge
 
-from .conftest import backend_url, new_store
+from ..conftest import backend_url, new_store
 
 SCHEMA = Schema.of(
     {"command/range": maximum(3), "terrain/level": maximum(()), "obs/count": merge(1, lifecycle="history")}

@@ -12,8 +12,8 @@ import redisync
 from redisync.collector.workers import new_syncer
 from redisync.terms.torch import AdaptiveMotionSampler, PenaltyCurriculum, SyncedEmpiricalNormalization
 
-from .conftest import backend_url
-from .servers import RedisProcess
+from ..conftest import backend_url
+from ..servers import RedisProcess
 
 F64 = torch.float64
 FRAMES, ENVS = 500, 32

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec, Schema, merge
 
-from .support import assert_same_state, reference_state
+from ..support import assert_same_state, reference_state
 
 SCHEMA = Schema.of(
     {

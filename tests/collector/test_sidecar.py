@@ -20,7 +20,7 @@ from redisync.collector.mailbox import OUTBOX, Mailbox, MailboxFull
 from redisync.collector.syncer import Syncer
 from redisync.collector.workers import new_syncer
 
-from .support import wait_for
+from ..support import wait_for
 
 KEY = "t/stats"
 
@@ -157,7 +157,7 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
         import redisync
         from redisync.collector.workers import new_syncer
         from redisync.terms.torch import AdaptiveMotionSampler
-        from tests.test_sidecar import Cumulative
+        from tests.collector.test_sidecar import Cumulative
         terms = [Cumulative(), AdaptiveMotionSampler(500, 0.02)]
         syncer = new_syncer(redisync.connect({real_url!r}, run={run!r}), 0, terms, worker="process").start()
         layout = syncer._shared.layout()

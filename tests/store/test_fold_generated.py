@@ -14,9 +14,9 @@ import pytest
 
 import redisync
 
-from .conftest import real_redis_or_skip
+from ..conftest import real_redis_or_skip
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_generated_stretches_of_fold_lua_are_what_the_generator_writes(tmp_path):

@@ -23,7 +23,7 @@ from redisync.collector.workers import new_syncer
 from redisync.store.schema import Schema, broadcast, merge
 from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
-from .support import wait_for
+from ..support import wait_for
 
 FRAMES = 20 * 50 - 1  # 20 one-second bins
 
@@ -92,7 +92,7 @@ def _sampler_fleet(url, shard_id: int, sampler: AdaptiveMotionSampler, run: str)
 def test_a_restarted_pooled_sampler_is_counted_once(backend, resume, frames):
     """The default sampler through Syncers: a checkpoint resume takes the slot over, a fresh start
     drops it — for one motion and for a grouped sampler (one flat key over the motions' bins)."""
-    from .conftest import backend_url
+    from ..conftest import backend_url
 
     url, run = backend_url(backend), f"life-{backend}-{resume}-{time.time_ns()}"
     store = redisync.connect(url, run=run)
@@ -196,7 +196,7 @@ def test_a_negative_zero_through_fresh_lives_is_stored_as_the_reference_stores_i
     history, the aggregate and the slot have the reference fold's bytes."""
     from redisync.store.reference import ReferenceFold
 
-    from .support import assert_same_state, lua_state, reference_state
+    from ..support import assert_same_state, lua_state, reference_state
 
     schema = Schema.of({"obs/norm": merge(2, lifecycle="history")})
     store, ref = make_store(), ReferenceFold(schema)

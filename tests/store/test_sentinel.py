@@ -15,7 +15,7 @@ import redisync
 from redisync import errors
 from redisync.store.schema import Schema, merge
 
-from .servers import RedisProcess, free_port
+from ..servers import RedisProcess, free_port
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 

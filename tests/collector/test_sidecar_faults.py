@@ -24,12 +24,12 @@ import redisync
 from redisync.collector.mailbox import SIDECAR_PID
 from redisync.collector.workers import new_syncer
 
-from .faults import HoldingProxy
-from .servers import RedisProcess
-from .support import wait_for
+from ..faults import HoldingProxy
+from ..servers import RedisProcess
+from ..support import wait_for
 from .test_sidecar import KEY, Cumulative, _alive
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Versions(Cumulative):
@@ -234,7 +234,7 @@ sys.path.insert(0, {root!r})
 import numpy as np, torch, redisync
 from redisync.integrations import ProcessFleet
 from redisync.terms.torch import AdaptiveMotionSampler
-from tests.test_sidecar import Cumulative
+from tests.collector.test_sidecar import Cumulative
 store = redisync.connect({url!r}, run={run!r})
 term, sampler = Cumulative(), AdaptiveMotionSampler(100, 0.02, shard_id=0, rebuild_tol=0.0, dtype=torch.float64)
 fleet = ProcessFleet(store, 0, worker="process", publish_every_steps=1000, publish_every_s=3600)
@@ -293,7 +293,7 @@ def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sideca
         sys.path.insert(0, {str(ROOT)!r})
         import redisync
         from redisync.collector.workers import new_syncer
-        from tests.test_sidecar import Cumulative
+        from tests.collector.test_sidecar import Cumulative
         store = redisync.connect({real_url!r}, run={run!r})
         term = Cumulative()
         syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
@@ -443,7 +443,7 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
         sys.path.insert(0, {str(ROOT)!r})
         import redisync
         from redisync.collector.workers import new_syncer
-        from tests.test_sidecar import Cumulative
+        from tests.collector.test_sidecar import Cumulative
         new_syncer(redisync.connect({real_url!r}, run={run!r}), 5, [Cumulative()], worker="thread").start()
         print("started", flush=True)
         time.sleep(60)
@@ -605,7 +605,7 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 import redisync
 from redisync.collector.workers import new_syncer
-from tests.test_sidecar import Cumulative
+from tests.collector.test_sidecar import Cumulative
 
 store = redisync.connect({url!r}, run={run!r})
 term = Cumulative()
@@ -638,7 +638,7 @@ def test_flush_and_stop_from_a_signal_handler_never_hang(real_url, worker):
     interrupted it waited on for ever. The last report stop() took is in the store."""
     run = f"faults-signals-{worker}-{os.getpid()}"
     code = _SIGNALLED.format(
-        root=str(Path(__file__).resolve().parents[1]), url=real_url, run=run, worker=worker, flushes=400
+        root=str(Path(__file__).resolve().parents[2]), url=real_url, run=run, worker=worker, flushes=400
     )
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)

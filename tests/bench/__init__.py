@@ -1,0 +1,1 @@
+"""The benchmarks: figures that measure what they claim."""

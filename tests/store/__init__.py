@@ -1,0 +1,1 @@
+"""The store: the fold against its reference, the semantics, the life cycle, the servers."""

@@ -1,0 +1,1 @@
+"""The study's pipeline, statistics and report."""

@@ -1,0 +1,1 @@
+"""The collector-side terms: the samplers, the normalisers, the curricula."""
