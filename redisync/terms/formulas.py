@@ -40,31 +40,31 @@ class ArrayOps(Protocol):
 
 
 class NumpyOps:
-    def cat(self, parts, axis):
+    def cat(self, parts: Any, axis: Any) -> Any:
         return np.concatenate(parts, axis=axis)
 
-    def where(self, cond, a, b):
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
         return np.where(cond, a, b)
 
-    def minimum(self, a, b):
+    def minimum(self, a: Any, b: Any) -> Any:
         return np.minimum(a, b)
 
-    def zeros_like(self, x):
+    def zeros_like(self, x: Any) -> Any:
         return np.zeros_like(x)
 
-    def pad_index(self, index, pad):
+    def pad_index(self, index: Any, pad: Any) -> Any:
         return np.concatenate([index, np.repeat(index[:, -1:], pad, axis=1)], axis=1)
 
-    def wide(self, x):
+    def wide(self, x: Any) -> Any:
         return np.asarray(x, dtype=np.float64)
 
-    def cast(self, x, like):
+    def cast(self, x: Any, like: Any) -> Any:
         return np.asarray(x).astype(like.dtype, copy=False)
 
-    def row_max(self, x):
+    def row_max(self, x: Any) -> Any:
         return x.max(axis=1, keepdims=True)
 
-    def smooth(self, p, kernel):
+    def smooth(self, p: Any, kernel: Any) -> Any:
         width = p.shape[1] - kernel.shape[0] + 1
         out = kernel[0] * p[:, :width]
         for j in range(1, kernel.shape[0]):
@@ -195,7 +195,8 @@ def _unnormalised(g: Any, per_bin: Any, kernel: Any, mix: UniformMix, ops: Array
 def smoothing_kernel(kernel_size: int, kernel_lambda: float, dtype: Any = np.float32) -> NDArray[Any]:
     """BeyondMimic's non-causal kernel ``λʲ / Σλʲ``, built in the term's dtype as BeyondMimic builds it."""
     kernel = np.asarray([kernel_lambda**i for i in range(kernel_size)], dtype=dtype)
-    return kernel / kernel.sum()
+    normalised: NDArray[Any] = kernel / kernel.sum()
+    return normalised
 
 
 def group_weights(mass: Any, group_uniform_ratio: float, groups: int, ops: ArrayOps) -> Any:

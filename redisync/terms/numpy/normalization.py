@@ -57,10 +57,12 @@ class EmpiricalNormalizer:
     @property
     def count(self) -> int:
         """The samples behind ``mean`` and ``std``."""
-        return round(float((self.others + self.own)[0].flat[0])) if self.mode == "pooled" else int(self.own[0].flat[0])
+        own: NDArray[Any] = self.own
+        return round(float((self.others + own)[0].flat[0])) if self.mode == "pooled" else int(own[0].flat[0])
 
     def normalize(self, x: NDArray[Any]) -> NDArray[Any]:
-        return (x - self.mean) / (self.std + self.eps)
+        out: NDArray[Any] = (x - self.mean) / (self.std + self.eps)
+        return out
 
     def update(self, x: NDArray[Any]) -> None:
         """Learn from a batch (rows are samples)."""

@@ -66,9 +66,10 @@ class FailureEma:
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
         self._take_view()
-        if self.mode == "pooled":
-            return self._fleet + self.own
-        return self._fleet if self.follows_fleet else self.own
+        ema: NDArray[Any] = (
+            self._fleet + self.own if self.mode == "pooled" else (self._fleet if self.follows_fleet else self.own)
+        )
+        return ema
 
     def write_sampling_ema(self, out: NDArray[Any]) -> None:
         """:meth:`sampling_ema` written into ``out`` in place (the caller's dtype, held at its largest
@@ -139,7 +140,7 @@ class AdaptiveMotionSampler:
         num_envs: int | None = None,
     ):
         self.grouped = not isinstance(num_frames, (int, np.integer))
-        frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
+        frames = (int(num_frames),) if isinstance(num_frames, (int, np.integer)) else tuple(int(f) for f in num_frames)
         formulas.check_sampler_arguments(
             MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, None
         )
@@ -173,7 +174,10 @@ class AdaptiveMotionSampler:
         """Each time step's bin inside its group (BeyondMimic's ``t·B // T``, clamped)."""
         t = np.asarray(time_steps, dtype=np.int64)
         g = self._groups_of(group_ids, t.shape[0])
-        return formulas.bin_of(t, self.geometry.bins[g], np.maximum(self.frame_counts[g], 1), formulas.NUMPY)
+        bins: NDArray[Any] = formulas.bin_of(
+            t, self.geometry.bins[g], np.maximum(self.frame_counts[g], 1), formulas.NUMPY
+        )
+        return bins
 
     def record_failures(
         self, time_steps: NDArray[Any], failed: NDArray[Any], group_ids: NDArray[Any] | None = None
@@ -206,7 +210,7 @@ class AdaptiveMotionSampler:
     def probabilities(self) -> NDArray[Any]:
         """The start-bin distributions, ``[G, width]`` (zero past a group's bins), or ``[bins]``."""
         ema = self.sampling_ema()
-        probs = formulas.grouped_probabilities(
+        probs: NDArray[Any] = formulas.grouped_probabilities(
             formulas.NUMPY.cast(ema, self.ema),
             self.geometry,
             self.uniform_ratio,
@@ -236,12 +240,16 @@ class AdaptiveMotionSampler:
             bins[at] = np.searchsorted(rows[group], u[at], side="right")
         bins = np.minimum(bins, self.geometry.bins[g] - 1)
         offset = rng.random(n)
-        return ((bins + offset) / self.geometry.bins[g] * (self.frame_counts[g] - 1)).astype(np.int64)
+        frames: NDArray[np.int64] = ((bins + offset) / self.geometry.bins[g] * (self.frame_counts[g] - 1)).astype(
+            np.int64
+        )
+        return frames
 
     def group_probabilities(self) -> NDArray[Any]:
         """The distribution over groups: failure mass with a uniform floor (the torch term's formula)."""
         mass = formulas.group_sums(np.asarray(self.sampling_ema(), dtype=np.float64), self.geometry, formulas.NUMPY)
-        return formulas.group_weights(mass, self.group_uniform_ratio, self.groups, formulas.NUMPY)
+        weights: NDArray[Any] = formulas.group_weights(mass, self.group_uniform_ratio, self.groups, formulas.NUMPY)
+        return weights
 
     def _groups_of(self, group_ids: NDArray[Any] | None, n: int) -> NDArray[Any]:
         if group_ids is None:
@@ -267,7 +275,7 @@ class AdaptiveMotionSampler:
         self.state.apply_shard_state(fleet)
 
 
-def _caller_array(array: NDArray[Any] | None, shape: tuple[int, ...], dtype: np.dtype, name: str) -> NDArray[Any]:
+def _caller_array(array: NDArray[Any] | None, shape: tuple[int, ...], dtype: np.dtype[Any], name: str) -> NDArray[Any]:
     """The caller's array, checked (it is written in place, never replaced), or a new one."""
     if array is None:
         return np.zeros(shape, dtype=dtype)

@@ -245,7 +245,8 @@ class TerrainLevels:
 
     def fleet_histogram(self) -> NDArray[Any]:
         """The fleet's histogram: everybody else's as last pulled plus ours as of now."""
-        return self._others + self.histogram()
+        fleet: NDArray[Any] = self._others + self.histogram()
+        return fleet
 
     def mean_level(self) -> float:
         """The fleet's (pooled) or this shard's (local) mean terrain level, IsaacLab's logged metric."""

@@ -44,6 +44,16 @@ Mode = Literal["local", "pooled", "learner"]
 
 
 class SyncedEmpiricalNormalization(nn.Module):
+    # buffers (they move with the module; _mean, _var, _std and count are its checkpoint, as rsl_rl's)
+    _mean: torch.Tensor
+    _var: torch.Tensor
+    _std: torch.Tensor
+    count: torch.Tensor
+    _offset: torch.Tensor
+    _own: torch.Tensor  # count, Σ, Σ²
+    _others: torch.Tensor
+    _prior: torch.Tensor
+
     def __init__(
         self,
         shape: int | tuple[int, ...] | list[int],
@@ -66,17 +76,19 @@ class SyncedEmpiricalNormalization(nn.Module):
         self.register_buffer("_var", torch.ones(self.shape).unsqueeze(0))
         self.register_buffer("_std", torch.ones(self.shape).unsqueeze(0))
         self.register_buffer("count", torch.tensor(0, dtype=torch.long))
-        f64 = {"dtype": torch.float64}
+        f64 = torch.float64
         self.register_buffer(
-            "_offset", torch.broadcast_to(torch.as_tensor(offset, **f64), self.shape).clone(), persistent=False
+            "_offset", torch.broadcast_to(torch.as_tensor(offset, dtype=f64), self.shape).clone(), persistent=False
         )
-        self.register_buffer("_own", torch.zeros((3, *self.shape), **f64), persistent=False)  # count, Σ, Σ²
-        self.register_buffer("_others", torch.zeros((3, *self.shape), **f64), persistent=False)
-        self.register_buffer("_prior", torch.zeros((3, *self.shape), **f64), persistent=False)  # a loaded checkpoint's
+        self.register_buffer("_own", torch.zeros((3, *self.shape), dtype=f64), persistent=False)  # count, Σ, Σ²
+        self.register_buffer("_others", torch.zeros((3, *self.shape), dtype=f64), persistent=False)
+        self.register_buffer(
+            "_prior", torch.zeros((3, *self.shape), dtype=f64), persistent=False
+        )  # a loaded checkpoint's
         self.resumed = False
         self._shared: Any = NOT_SHARED  # brackets the writes to the own statistics once they live in shared memory
         self._received: dict[str, Any] = {}  # the fleet's parts once they are received in shared memory
-        self.register_load_state_dict_post_hook(_take_prior)
+        self.register_load_state_dict_post_hook(_take_prior)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
     @property
     def mean(self) -> torch.Tensor:
@@ -96,6 +108,7 @@ class SyncedEmpiricalNormalization(nn.Module):
     @torch.jit.unused
     def update(self, x: torch.Tensor) -> None:
         """Learn from a batch (rows are samples), as rsl_rl does in ``local`` mode."""
+
         if not self.training or (self.mode == "learner" and not self.writer):
             return
         if self.until is not None and self.count >= self.until:
@@ -182,7 +195,8 @@ class SyncedEmpiricalNormalization(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
-        return dict(super().__getstate__()) | {"_shared": NOT_SHARED, "_received": {}}
+        state = dict(super().__getstate__())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        return state | {"_shared": NOT_SHARED, "_received": {}}
 
     def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own count, Σ and Σ² move to shared memory, where the
@@ -240,6 +254,6 @@ class SyncedEmpiricalNormalization(nn.Module):
             self._set(value[:size], value[size : 2 * size], round(float(value[-1])))
 
 
-def _take_prior(module: nn.Module, incompatible: Any) -> None:
+def _take_prior(module: SyncedEmpiricalNormalization, incompatible: Any) -> None:
     if module.mode == "pooled":
         module._load_prior()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -9,31 +11,31 @@ from torch import nn
 class TorchOps:
     """:class:`~redisync.terms.formulas.ArrayOps` for torch tensors (the formulas are :mod:`redisync.terms.formulas`)."""
 
-    def cat(self, parts, axis):
+    def cat(self, parts: Any, axis: Any) -> Any:
         return torch.cat(list(parts), dim=axis)
 
-    def where(self, cond, a, b):
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
         return torch.where(cond, a, b)
 
-    def minimum(self, a, b):
+    def minimum(self, a: Any, b: Any) -> Any:
         return torch.minimum(a, b) if isinstance(b, torch.Tensor) else a.clamp(max=b)
 
-    def zeros_like(self, x):
+    def zeros_like(self, x: Any) -> Any:
         return torch.zeros_like(x)
 
-    def pad_index(self, index, pad):
+    def pad_index(self, index: Any, pad: Any) -> Any:
         return torch.cat([index, index[:, -1:].expand(-1, pad)], dim=1)
 
-    def wide(self, x):
+    def wide(self, x: Any) -> Any:
         return x.to(torch.float64)
 
-    def cast(self, x, like):
+    def cast(self, x: Any, like: Any) -> Any:
         return torch.as_tensor(x, device=like.device).to(like.dtype)
 
-    def row_max(self, x):
+    def row_max(self, x: Any) -> Any:
         return x.amax(dim=1, keepdim=True)
 
-    def smooth(self, p, kernel):
+    def smooth(self, p: Any, kernel: Any) -> Any:
         return nn.functional.conv1d(p.unsqueeze(1), kernel.view(1, 1, -1)).squeeze(1)
 
 

@@ -65,6 +65,13 @@ class BinLayout(nn.Module):
     """A :class:`~redisync.terms.formulas.BinGeometry` as non-persistent buffers, so that it moves with
     its sampler (``.to(device)``) and adds nothing to a checkpoint."""
 
+    bins: torch.Tensor
+    offsets: torch.Tensor
+    real: torch.Tensor
+    inverse_bins: torch.Tensor
+    last: torch.Tensor
+    zero: torch.Tensor
+
     def __init__(self, bin_counts: Sequence[int], device: torch.device | str | None = None):
         super().__init__()
         geometry = formulas.BinGeometry.of(bin_counts)
@@ -74,10 +81,12 @@ class BinLayout(nn.Module):
             self.register_buffer(name, torch.as_tensor(getattr(geometry, name), device=device), persistent=False)
 
     def grid(self, flat: torch.Tensor, pad: int = 0) -> torch.Tensor:
-        return formulas.grid(flat, self, pad, TORCH)
+        out: torch.Tensor = formulas.grid(flat, self, pad, TORCH)
+        return out
 
     def group_sums(self, flat: torch.Tensor) -> torch.Tensor:
-        return formulas.group_sums(flat, self, TORCH)
+        out: torch.Tensor = formulas.group_sums(flat, self, TORCH)
+        return out
 
 
 def grouped_probabilities(
@@ -85,7 +94,8 @@ def grouped_probabilities(
 ) -> torch.Tensor:
     """Every group's start-bin distribution at once from the flat EMA (vectorised, on its device):
     ``[G, width]`` (:func:`redisync.terms.formulas.grouped_probabilities`)."""
-    return formulas.grouped_probabilities(ema, layout, uniform_ratio, kernel, TORCH, mix)
+    probs: torch.Tensor = formulas.grouped_probabilities(ema, layout, uniform_ratio, kernel, TORCH, mix)
+    return probs
 
 
 def sampling_probabilities(
@@ -108,6 +118,15 @@ class AdaptiveMotionSampler(nn.Module):
     With a sequence of ``num_frames`` (groups), pass each env's group to both. ``num_envs`` (the envs
     this shard runs), if given, lets a ``local`` sampler with the code's mix warn below 256 envs.
     """
+
+    # buffers (they move with the module and the persistent ones are in its checkpoint)
+    kernel: torch.Tensor
+    bin_failed_count: torch.Tensor  # the OWN failure EMA
+    _current_bin_failed: torch.Tensor
+    _fleet: torch.Tensor
+    _own_at_build: torch.Tensor
+    _frames: torch.Tensor
+    _probs: torch.Tensor
 
     def __init__(
         self,
@@ -135,7 +154,7 @@ class AdaptiveMotionSampler(nn.Module):
     ):
         super().__init__()
         self.grouped = not isinstance(num_frames, int)
-        frames = tuple(int(f) for f in num_frames) if self.grouped else (int(num_frames),)
+        frames = (int(num_frames),) if isinstance(num_frames, int) else tuple(int(f) for f in num_frames)
         formulas.check_sampler_arguments(
             MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names
         )
@@ -159,20 +178,25 @@ class AdaptiveMotionSampler(nn.Module):
         self.groups = len(frames)
         self.bin_count = sum(self.bin_counts)  # the flat EMA's length: the synced key's
         self.layout = BinLayout(self.bin_counts, device)
-        kw = {"device": device, "dtype": dtype}
-        kernel = torch.tensor([kernel_lambda**i for i in range(kernel_size)], **kw)
+        kernel = torch.tensor([kernel_lambda**i for i in range(kernel_size)], device=device, dtype=dtype)
         self.register_buffer("kernel", kernel / kernel.sum())  # in the sampler's dtype, as BeyondMimic's
-        self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, **kw))  # the OWN failure EMA
-        self.register_buffer("_current_bin_failed", torch.zeros(self.bin_count, **kw), persistent=False)
+        self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, device=device, dtype=dtype))
+        self.register_buffer(
+            "_current_bin_failed", torch.zeros(self.bin_count, device=device, dtype=dtype), persistent=False
+        )
         # the rest of the fleet as last applied (pooled), or the fleet value (broadcast)
         self.register_buffer(
             "_fleet", torch.zeros(self.bin_count, device=device, dtype=torch.float64), persistent=False
         )
-        self.register_buffer("_own_at_build", torch.full((self.bin_count,), float("nan"), **kw), persistent=False)
+        self.register_buffer(
+            "_own_at_build", torch.full((self.bin_count,), float("nan"), device=device, dtype=dtype), persistent=False
+        )
         self._fleet_view: Any = None  # the last fleet view applied, not yet read (see apply_shard_state)
         self._fleet_moved = True  # the fleet part changed since the last rebuild
         self.register_buffer("_frames", torch.tensor(frames, device=device), persistent=False)
-        self.register_buffer("_probs", torch.zeros(self.groups, self.layout.width, **kw), persistent=False)
+        self.register_buffer(
+            "_probs", torch.zeros(self.groups, self.layout.width, device=device, dtype=dtype), persistent=False
+        )
         self._cdf: torch.Tensor | None = None
         self._failures_since_report = 0.0
         self._fleet_version = 0
@@ -182,7 +206,7 @@ class AdaptiveMotionSampler(nn.Module):
         self._received_at_build = 0
         # loading a checkpoint restores the own EMA: this process then resumes its previous life's slot
         self.resumed = False
-        self.register_load_state_dict_post_hook(_mark_resumed)
+        self.register_load_state_dict_post_hook(_mark_resumed)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
     # ------------------------------------------------------------------ the algorithm
 
@@ -190,9 +214,11 @@ class AdaptiveMotionSampler(nn.Module):
         """Each time step's bin inside its group (BeyondMimic's ``t·B // T``, clamped)."""
         if group_ids is None:
             self._single_group("bin_of")
-            return formulas.bin_of(time_steps, self.bin_counts[0], max(self.frame_counts[0], 1), TORCH)
+            one: torch.Tensor = formulas.bin_of(time_steps, self.bin_counts[0], max(self.frame_counts[0], 1), TORCH)
+            return one
         g = self._checked_groups(group_ids, time_steps.shape[0])
-        return formulas.bin_of(time_steps, self.layout.bins[g], self._frames[g].clamp(min=1), TORCH)
+        bins: torch.Tensor = formulas.bin_of(time_steps, self.layout.bins[g], self._frames[g].clamp(min=1), TORCH)
+        return bins
 
     def record_failures(
         self, time_steps: torch.Tensor, failed: torch.Tensor, group_ids: torch.Tensor | None = None
@@ -245,7 +271,8 @@ class AdaptiveMotionSampler(nn.Module):
     @property
     def fleet_version(self) -> int:
         """The version of the fleet state this sampler holds (0: none yet)."""
-        return max(self._fleet_version, self._received.applied)
+        version: int = max(self._fleet_version, self._received.applied)
+        return version
 
     def _needs_rebuild(self) -> bool:
         if self._fleet_moved or self._received.applied != self._received_at_build:
@@ -254,8 +281,8 @@ class AdaptiveMotionSampler(nn.Module):
         if self.rebuild_tol == 0:
             return not torch.equal(own, built)
         if self.groups == 1:  # scalars: the cheapest check on the collector's reset path
-            moved = float((own - built).abs().sum())
-            return not moved <= self.rebuild_tol * (float(self.sampling_ema().sum()) + self.uniform_ratio)
+            total = float((own - built).abs().sum())
+            return not total <= self.rebuild_tol * (float(self.sampling_ema().sum()) + self.uniform_ratio)
         moved = self.layout.group_sums((own - built).abs())
         scale = self.layout.group_sums(self.sampling_ema()) + self.uniform_ratio
         return not bool((moved <= self.rebuild_tol * scale).all())
@@ -310,7 +337,7 @@ class AdaptiveMotionSampler(nn.Module):
         """The distribution over groups: each group's failure mass, mixed with a uniform floor
         ``group_uniform_ratio / G`` (the paper's form, so it does not depend on the env count)."""
         mass = self.layout.group_sums(self.sampling_ema().to(torch.float64))
-        weights = formulas.group_weights(mass, self.group_uniform_ratio, self.groups, TORCH)
+        weights: torch.Tensor = formulas.group_weights(mass, self.group_uniform_ratio, self.groups, TORCH)
         return weights.to(self.bin_failed_count.dtype)
 
     def sample_groups(self, n: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -390,7 +417,8 @@ class AdaptiveMotionSampler(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
-        return dict(super().__getstate__()) | {"_shared": NOT_SHARED, "_received": NOT_SHARED}
+        state = dict(super().__getstate__())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        return state | {"_shared": NOT_SHARED, "_received": NOT_SHARED}
 
     def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own EMA moves to shared memory, where the sidecar
@@ -485,7 +513,7 @@ def _summary(
     return out
 
 
-def _mark_resumed(module: nn.Module, incompatible: Any) -> None:
+def _mark_resumed(module: AdaptiveMotionSampler, incompatible: Any) -> None:
     module.resumed = True
 
 
