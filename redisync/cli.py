@@ -230,6 +230,7 @@ def bench(
     if (peers or scale or everything) and url is None:
         raise click.UsageError("--peers, --scale and --all need a Redis (--url or REDISYNC_URL)")
     if everything and as_json:
+        assert url is not None  # (refused above)
         from .bench.peers import run_peers
         from .bench.scale import run_scale
 
@@ -241,8 +242,10 @@ def bench(
         click.echo(json.dumps(doc, indent=2))
         return
     if peers or everything:
+        assert url is not None  # (refused above)
         _bench_peers(url, steps, as_json)
     if scale or everything:
+        assert url is not None
         _bench_scale(url, seconds, as_json)
     if peers or scale:
         return

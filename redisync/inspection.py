@@ -118,20 +118,21 @@ def _first_counts(r: redis.Redis, data_key: str, fields: list[str]) -> list[floa
     """The first count of each stored vector (0 for one not stored): the fold keeps counts in the
     vectors only, so that it formats no number for display on every report."""
     raw = r.hmget(data_key, fields) if fields else []
-    return [float(np.frombuffer(v[:8], "<f8")[0]) if v and len(v) >= 8 else 0.0 for v in raw]
+    return [float(np.frombuffer(v[:8], "<f8")[0]) if isinstance(v, bytes) and len(v) >= 8 else 0.0 for v in raw]
 
 
 def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:
     """Seconds since each shard's last accepted report."""
     now = now_us if now_us is not None else server_time_us(store.redis)
     raw = {_text(k): _text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
-    return {int(f.split(":")[0]): _age(now, v) for f, v in raw.items() if f.endswith(":at_us")}
+    ages = {int(f.split(":")[0]): _age(now, v) for f, v in raw.items() if f.endswith(":at_us")}
+    return {shard: age for shard, age in ages.items() if age is not None}
 
 
 def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, dict[int, dict[str, np.ndarray]]]:
     """A merge key's aggregate and every live slot, in parts (``count``, ``sum``, ``sumsq``), by shard."""
     spec = store.schema.keys[name]
-    data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items()}
+    data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items() if isinstance(v, bytes)}
     agg = data.get("agg")
     slots = {
         int(f.split(":")[1]): spec.parts_of(decode(raw, spec.width)) for f, raw in data.items() if f.startswith("slot:")

@@ -48,7 +48,8 @@ def test_ruff_lint_and_format_pass():
 
 
 def test_the_type_check_passes():
-    """mypy, strict on the store, the collector runtime and the terms (pyproject.toml's [tool.mypy]): no error."""
+    """mypy on the whole package, strict on the store, the collector runtime and the terms, basic elsewhere
+    (pyproject.toml's [tool.mypy]): no error."""
     out = subprocess.run([str(BIN / "mypy")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "Success: no issues found" in out.stdout

@@ -12,7 +12,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import redis
@@ -43,6 +43,7 @@ class SlowLog:
         # its own client, the entries raw: a fold's arguments are binary, which redis-py would decode
         self.redis, self.calls = redis.Redis(connection_pool=store.redis.connection_pool), calls
         self.redis.set_response_callback("SLOWLOG GET", lambda response, **options: response)
+        self.saved: dict[Any, Any] | None
         try:
             self.saved = self.redis.config_get("slowlog-*")
             self.redis.config_set("slowlog-log-slower-than", 0)
@@ -67,7 +68,7 @@ class SlowLog:
     def close(self) -> None:
         if self.saved is not None:
             for name, value in self.saved.items():
-                self.redis.config_set(name, value)
+                self.redis.config_set(str(name), str(value))
 
 
 def _new_run(url: str | None, n: int) -> Store:
@@ -100,7 +101,7 @@ def stubbed_publisher(url: str | None, n: int = 64) -> tuple[Callable[[], Any], 
             reply = type(store)._call(store, script, keys, args)
         return reply
 
-    store._call = call  # type: ignore[method-assign]
+    store._call = call
     report = _report(rng, n, 1)
     client.publish(report)
 
@@ -271,8 +272,8 @@ def _watch_publisher(url: str, run: str, n: int, shard: int, seconds: float, out
                 try:
                     pipe.watch(data)
                     agg, old = pipe.hmget(data, "agg", f"slot:{shard}")
-                    agg_vec = decode(agg) if agg else np.zeros(n + 1)
-                    folded = (agg_vec - decode(old)) + new_vec if old else agg_vec + new_vec
+                    agg_vec = decode(cast(bytes, agg)) if agg else np.zeros(n + 1)
+                    folded = (agg_vec - decode(cast(bytes, old))) + new_vec if old else agg_vec + new_vec
                     pipe.multi()
                     pipe.hset(data, mapping={"agg": encode([folded]), f"slot:{shard}": new})
                     pipe.hincrby(meta, "version", 1)

@@ -92,7 +92,10 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         ).start()
 
     straggles = scenario.straggler and rank == scenario.procs - 1
-    timings, kinds, floor, lags = [], [], [], []
+    timings: list[int] = []
+    kinds: list[str | None] = []
+    floor: list[int] = []
+    lags: list[int] = []
     out.put(("ready", rank))
     perf_ns = time.perf_counter_ns
     for step in range(steps + WARMUP):
@@ -100,7 +103,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
             started = time.perf_counter()
         time.sleep(STEP_S + (STRAGGLE_S if straggles and step % STRAGGLE_EVERY == 0 else 0.0))
         sampler.record_failures(
-            torch.randint(0, sampler.num_frames, (ENVS,), generator=g), torch.rand(ENVS, generator=g) < 0.02
+            torch.randint(0, sampler.frame_counts[0], (ENVS,), generator=g), torch.rand(ENVS, generator=g) < 0.02
         )
         sampler.step()
         # only the sync calls are timed; what the step did is worked out after
@@ -108,11 +111,11 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
             reported = syncer._last_report
             t = perf_ns()
             syncer.on_step()
-            applied = syncer.at_reset_boundary()
+            took_state = syncer.at_reset_boundary()
             t1 = perf_ns()
-            kinds.append("apply" if applied else "hand-over" if syncer._last_report != reported else "neither")
-            if applied and step >= WARMUP:  # how far behind the store the state just applied is, in versions
-                lags.append(int(store.redis.hget(store.keys.meta, "fleet_version")) - syncer._applied_version)
+            kinds.append("apply" if took_state else "hand-over" if syncer._last_report != reported else "neither")
+            if took_state and step >= WARMUP:  # how far behind the store the state just applied is, in versions
+                lags.append(int(store.redis.hget(store.keys.meta, "fleet_version") or 0) - syncer._applied_version)
         else:
             t = perf_ns()
             if step % scenario.every == 0:
@@ -130,7 +133,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         timings.append(t1 - t)
         floor.append(perf_ns() - f0)
     loop_s = time.perf_counter() - started
-    applied = None
+    applied: float | None = None
     if syncer is not None:
         syncer.stop(flush=False)
         applied = syncer.metrics()["redisync/fleet_version"]
@@ -161,7 +164,7 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     for p in procs:
         p.start()
-    results = []
+    results: list[Any] = []
     try:
         while len(results) < scenario.procs:
             try:

@@ -53,7 +53,7 @@ def _loop(
     for step in range(steps):
         for _ in range(reps):
             x @ x
-        ts = torch.randint(0, sampler.num_frames, (envs,), generator=g)
+        ts = torch.randint(0, sampler.frame_counts[0], (envs,), generator=g)
         sampler.record_failures(ts, torch.rand(envs, generator=g) < 0.02)
         sampler.step()
         norm.update(torch.randn(envs, 64, generator=g))
@@ -78,7 +78,9 @@ def measure_collector_overhead(url: str | None, steps: int = 2000, reset_every: 
     syncer = new_syncer(
         store, 0, list(on_terms), worker="thread", publish_every_steps=50, poll_every_s=0.5
     ).start()  # the sidecar: bench --peers
-    off, on, calls = [], [], []
+    off: list[Any] = []
+    on: list[Any] = []
+    calls: list[Any] = []
     try:
         block = max(steps // 10, 50)
         for _ in range(10):  # alternate, so that machine noise hits both alike

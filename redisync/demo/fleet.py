@@ -52,7 +52,10 @@ class Phase:
 
     def pooled(self, step: int) -> np.ndarray:
         """What one unsharded run would sample from: the EMA of all failures is the sum of the own EMAs."""
-        return sampling_probs(sum(self.own[step].values()))
+        total = np.zeros(0)
+        for n, own in enumerate(self.own[step].values()):  # 0 + own₁ + own₂ + … in shard order, as before
+            total = own if n == 0 else total + own
+        return sampling_probs(total)
 
     def tv(self, step: int, shard: int) -> float:
         return tv_distance(self.used[step][shard], self.pooled(step))
@@ -199,7 +202,8 @@ def run_demo(
     from tqdm import tqdm
 
     server = serve_embedded() if url is None else None
-    target = server.url if server else url
+    target = server.url if server is not None else url
+    assert target is not None
     try:
         if on_start is not None:
             on_start(target)

@@ -69,8 +69,8 @@ class TrackerSync:
                 self.episodes += env_ids.numel()
             update(env_ids, episode_lengths)
 
-        tracker.update = counted_update
-        tracker.get_average = self.pooled_average
+        tracker.update = counted_update  # type: ignore[method-assign]  # the drop-in wraps holosoma's method
+        tracker.get_average = self.pooled_average  # type: ignore[method-assign]  # likewise
 
     def _own(self) -> tuple[float, float]:
         weight = float(min(self.episodes, self.tracker.num_compute_average_epl))

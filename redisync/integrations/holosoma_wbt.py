@@ -189,7 +189,7 @@ class SyncedFastSacNormalization(FleetNormalization):
 
     def _running_update(self, x: torch.Tensor) -> None:
         # local mode is holosoma's own update, run on these buffers (the same names as holosoma's)
-        FastSacNormalization.update(self, x)
+        FastSacNormalization.update(self, x)  # type: ignore[arg-type]  # its buffers, by name: holosoma's method runs on them
 
 
 def sync_fastsac_normalizers(

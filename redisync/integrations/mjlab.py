@@ -142,7 +142,7 @@ def keyframe_motion(path: str | Path, seconds: float = 10.0, fps: int = 50, sway
     data = mujoco.MjData(model)
     hinges = [j for j in range(model.njnt) if model.jnt_type[j] != mujoco.mjtJoint.mjJNT_FREE]
     pose = np.zeros(len(hinges))
-    for pattern, value in KNEES_BENT_KEYFRAME.joint_pos.items():
+    for pattern, value in (KNEES_BENT_KEYFRAME.joint_pos or {}).items():
         for i, j in enumerate(hinges):
             if re.fullmatch(pattern, model.joint(j).name):
                 pose[i] = value

@@ -4,7 +4,7 @@ after each update (a hand-over and a swap in memory, never the network), and a c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -20,9 +20,10 @@ class FleetNormalization(SyncedEmpiricalNormalization):
     def replacing(cls, module: nn.Module, *, key: str, fleet: ProcessFleet | None, **sync: Any) -> FleetNormalization:
         """A synced normaliser with ``module``'s shape, settings, state (its buffers: rsl_rl's names),
         device and mode; ``fleet`` None: not synced (``local``)."""
-        replacement = cls(tuple(module._mean.shape[1:]), module.eps, module.until, key=key, **sync)
+        mean = cast(torch.Tensor, module._mean)  # (rsl_rl's buffers)
+        replacement = cls(tuple(mean.shape[1:]), float(module.eps), module.until, key=key, **sync)  # type: ignore[arg-type]
         replacement.load_state_dict(module.state_dict())
-        replacement.to(module._mean.device).train(module.training)
+        replacement.to(mean.device).train(module.training)
         replacement.fleet = fleet
         return replacement
 

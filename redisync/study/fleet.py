@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -28,8 +28,10 @@ from ..collector.seam import SyncedTerm, schema_of
 from ..inspection import slot_parts
 from ..store.client import Store, connect
 from ..store.schema import merge
+from ..terms.torch.normalization import Mode as NormMode
 from ..terms.torch.normalization import SyncedEmpiricalNormalization
 from ..terms.torch.sampler import AdaptiveMotionSampler, UniformMix, sampling_probabilities
+from ..terms.torch.sampler import Mode as SamplerMode
 from .evaluation import Evaluation
 from .learner import SAC, Actor, SACConfig
 from .task import SkillTracking, Step, TaskConfig, TrackingEnv
@@ -45,9 +47,9 @@ class Arm:
     the normaliser's mode, and the number of shards when it is not the configuration's (the
     fleet's envs stay the same, split among them)."""
 
-    sampler: str
-    mix: str = "code"
-    normalizer: str = "pooled"
+    sampler: Literal["uniform", "per-profile", "local", "pooled", "weighted", "broadcast"]
+    mix: UniformMix = "code"
+    normalizer: NormMode = "pooled"
     shards: int | None = None
 
 
@@ -183,7 +185,7 @@ class LockstepSync:
             self.client.publish(reports)
 
     def apply(self) -> None:
-        if self.client.pull() is not None:
+        if self.client.pull() is not None and self.client.known is not None:
             for term in self.terms:
                 term.apply_shard_state(self.client.known)
 
@@ -269,7 +271,9 @@ def make_collector(
     profiles = ids % profiles_n if shards == 1 else torch.full((per_shard,), shard % profiles_n)
     env = make_env(profiles, seed * 1_000 + shard)
     grouped = arm.sampler == "per-profile"
-    mode = {"uniform": "local", "per-profile": "pooled"}.get(arm.sampler, arm.sampler)
+    mode: SamplerMode = (
+        "local" if arm.sampler == "uniform" else "pooled" if arm.sampler == "per-profile" else arm.sampler
+    )
     frames = [env.num_frames] * profiles_n if grouped else env.num_frames
     sampler = AdaptiveMotionSampler(
         frames, env.step_dt, mode=mode, shard_id=shard, alpha=cfg.sampler_alpha, uniform_mix=arm.mix

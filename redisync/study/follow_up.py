@@ -16,11 +16,11 @@ Fixed here, in code, and in ``docs/ab/follow-up-plan.md``, before its first run 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats
 
 from .stats import differences
@@ -92,9 +92,9 @@ def cells() -> list[tuple[str, str, list[int]]]:
     return [(c, a, list(SEEDS[:n])) for (c, a), n in sorted(need.items())]
 
 
-def one_sided_sign_flip_p(d: Sequence[float], direction: str) -> float:
+def one_sided_sign_flip_p(values: ArrayLike, direction: str) -> float:
     """Exact one-sided p of the mean of ``d`` under random signs (all 2ⁿ patterns)."""
-    d = np.asarray(d, dtype=np.float64)
+    d = np.asarray(values, dtype=np.float64)
     result = stats.permutation_test(
         (d,), np.mean, permutation_type="samples", alternative=direction, n_resamples=math.inf
     )
@@ -111,7 +111,7 @@ def per_seed(runs: list[dict[str, Any]], h: Hypothesis, metric: str) -> tuple[li
     values = {arm: _values(runs, h.condition, arm, metric) for arm in h.arms()}
     seeds = sorted(set(SEEDS[: h.seeds]).intersection(*(set(v) for v in values.values())))
     d = differences([values[h.a][s] for s in seeds], [values[h.b][s] for s in seeds])
-    if h.c is not None:
+    if h.c is not None and h.d is not None:
         d = d - differences([values[h.c][s] for s in seeds], [values[h.d][s] for s in seeds])
     return seeds, d
 

@@ -12,11 +12,13 @@ the sign-flip p-values and the equivalence p-values. "No difference" is claimed 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats
 
 
@@ -65,24 +67,24 @@ def differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
     return x - y
 
 
-def sign_flip_p(d: Sequence[float]) -> float:
+def sign_flip_p(values: ArrayLike) -> float:
     """Exact two-sided p-value of the mean of ``d`` under random signs (all 2ⁿ patterns)."""
-    d = np.asarray(d, dtype=np.float64)
+    d = np.asarray(values, dtype=np.float64)
     result = stats.permutation_test(
         (d,), np.mean, permutation_type="samples", alternative="two-sided", n_resamples=math.inf
     )
     return float(result.pvalue)
 
 
-def t_interval(d: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    d = np.asarray(d, dtype=np.float64)
+def t_interval(values: ArrayLike, level: float = 0.95) -> tuple[float, float]:
+    d = np.asarray(values, dtype=np.float64)
     half = stats.t.ppf((1 + level) / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
     return float(d.mean() - half), float(d.mean() + half)
 
 
-def equivalence_p(d: Sequence[float], margin: float) -> float:
+def equivalence_p(values: ArrayLike, margin: float) -> float:
     """TOST: the p-value of "the mean difference lies outside ±margin" (small: equivalent)."""
-    d = np.asarray(d, dtype=np.float64)
+    d = np.asarray(values, dtype=np.float64)
     se = d.std(ddof=1) / math.sqrt(d.size)
     if se == 0:
         return 0.0 if abs(d.mean()) < margin else 1.0
@@ -103,10 +105,10 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted.tolist()
 
 
-def detectable_difference(d: Sequence[float], power: float = 0.8, alpha: float = 0.05) -> float:
+def detectable_difference(values: ArrayLike, power: float = 0.8, alpha: float = 0.05) -> float:
     """The mean difference a two-sided paired t-test at ``alpha`` detects with ``power``, for the
     spread and the number of seeds of ``d`` (the usual approximation by t quantiles)."""
-    d = np.asarray(d, dtype=np.float64)
+    d = np.asarray(values, dtype=np.float64)
     dof = d.size - 1
     return float((stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof)) * d.std(ddof=1) / math.sqrt(d.size))
 
@@ -138,6 +140,5 @@ def primary_family(contrasts: Sequence[Contrast]) -> list[Contrast]:
     differ = holm([c.p_sign_flip for c in contrasts])
     same = holm([c.p_equivalence for c in contrasts])
     return [
-        Contrast(**{**c.to_dict(), "p_holm": p, "p_equivalence_holm": q})
-        for c, p, q in zip(contrasts, differ, same, strict=False)
+        dataclasses.replace(c, p_holm=p, p_equivalence_holm=q) for c, p, q in zip(contrasts, differ, same, strict=False)
     ]

@@ -22,13 +22,14 @@ import queue
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from . import follow_up as follow_up_plan
 from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
 from .stats import contrast, primary_family
+from .task import Condition
 
 PRIMARY_METRIC = "completion_auc"
 GATE = 0.2
@@ -65,7 +66,7 @@ SUMMARY_METRICS = {
 }
 
 
-def condition_config(cfg: StudyConfig, condition: str) -> StudyConfig:
+def condition_config(cfg: StudyConfig, condition: Condition) -> StudyConfig:
     """The configuration of a fleet condition: X has profiles of its own and their observation offset."""
     task = replace(cfg.task, condition=condition, obs_offset=X_OBS_OFFSET if condition == "X" else 0.0)
     return replace(cfg, task=task)
@@ -197,7 +198,7 @@ def run_cells(
     desc: str,
 ) -> list[dict[str, Any]]:
     """Train every (condition, arm, seed) in worker processes; each run summarised."""
-    jobs = [(condition_config(cfg, c), arm, seed) for c, arm, seeds in cells for seed in seeds]
+    jobs = [(condition_config(cfg, cast(Condition, c)), arm, seed) for c, arm, seeds in cells for seed in seeds]
     bar = _progress_bar(len(jobs) * cfg.env_steps, show_progress, desc)
     runs: list[dict[str, Any]] = []
     ctx = mp.get_context("spawn")  # torch and the syncers' threads do not survive a fork
