@@ -19,6 +19,16 @@ import redisync
 from redisync.store.client import Store
 
 REAL_URL = os.environ.get("REDISYNC_TEST_URL", "redis://127.0.0.1:6379/9")
+# ``scripts/test --fast`` (the development tier) draws a quarter of each property test's examples; the
+# full tier, what CI runs, draws them all
+FAST = os.environ.get("REDISYNC_TIER") == "fast"
+
+
+def examples(n: int) -> int:
+    """A property test's example count in this tier: ``n`` in the full tier, a quarter (at least 5) in the fast one."""
+    return max(5, n // 4) if FAST else n
+
+
 BACKENDS = ["embedded", "real"]
 
 

@@ -687,6 +687,7 @@ def _busy() -> None:
         pass
 
 
+@pytest.mark.integration  # a machine's worth of load of its own: the full tier's
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_the_last_report_survives_a_loaded_machine(real_url, worker):
     """10. Every core kept busy by five processes each (load ~10 on 2 cores): stop() publishes the

@@ -19,7 +19,7 @@ import redisync
 from redisync.collector.workers import new_syncer
 from redisync.store.schema import broadcast, merge
 
-from ..conftest import real_redis_or_skip
+from ..conftest import examples, real_redis_or_skip
 
 SCHEMA = {
     "a/norm": merge(2, sumsq=True, lifecycle="history"),
@@ -102,7 +102,7 @@ def _outcome(store, syncer) -> tuple:
     return tuple(stored), reason
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(report=REPORTS)
 def test_both_workers_give_the_same_report_the_same_outcome(workers, report):
     outcomes = {}

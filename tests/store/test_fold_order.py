@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec, Schema, merge
 
+from ..conftest import examples
 from ..support import assert_same_state, reference_state
 
 SCHEMA = Schema.of(
@@ -32,7 +33,7 @@ def _payload(rng: np.random.Generator, count: float) -> np.ndarray:
     return np.concatenate([[count], rng.normal(0, 10, 2)])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     seed=st.integers(0, 2**16),
     lapsed=st.sets(st.sampled_from(SHARDS)),  # shards whose lease ran out (dead for good, or silent)

@@ -19,7 +19,7 @@ from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec, Schema, broadcast, maximum, merge
 
-from ..conftest import new_store
+from ..conftest import examples, new_store
 from ..support import assert_same_state, envelope, lua_state, reference_state, send_as
 
 SCHEMA = Schema.of(
@@ -132,7 +132,9 @@ def run_sequence(store, ops) -> None:
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(seed=st.integers(0, 2**32 - 1), length=st.integers(1, 80))
 def test_lua_fold_matches_reference(backend, seed, length):
@@ -144,7 +146,7 @@ def test_lua_fold_matches_reference(backend, seed, length):
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     n_shards=st.integers(1, 8),
     seed=st.integers(0, 2**32 - 1),

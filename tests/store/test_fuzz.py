@@ -18,7 +18,7 @@ from redisync import errors
 from redisync.store.codec import parse_publish
 from redisync.store.schema import Limits, Schema, broadcast, merge
 
-from ..conftest import new_store
+from ..conftest import examples, new_store
 
 SCHEMA = Schema.of(
     {
@@ -29,7 +29,7 @@ SCHEMA = Schema.of(
 )
 LIMITS = Limits(max_report_bytes=100)  # one key fits (56 bytes at most), two do not
 SHARD, INC = 1, 1_000
-CASES = 1200
+CASES = examples(1200)
 
 bad_numbers = st.sampled_from([math.nan, math.inf, -math.inf, -1.0, -1e-300, 1e308 * 10])
 junk = st.one_of(

@@ -39,7 +39,7 @@ from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MaximumSpec, MergeSpec, Schema, broadcast, maximum, merge
 
-from ..conftest import backend_url
+from ..conftest import backend_url, examples
 from ..support import assert_same_state, lua_state, reference_state
 
 SCHEMA = Schema.of(
@@ -373,7 +373,7 @@ class FleetLife(RuleBasedStateMachine):
 
 
 LIFE_SETTINGS = settings(
-    max_examples=50, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+    max_examples=examples(50), stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
 )
 
 

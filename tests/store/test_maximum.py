@@ -20,7 +20,7 @@ from redisync.inspection import describe_run
 from redisync.store.client import RunSnapshot
 from redisync.store.schema import MaximumSpec, Schema, maximum, merge
 
-from ..conftest import backend_url, new_store
+from ..conftest import backend_url, examples, new_store
 
 SCHEMA = Schema.of(
     {"command/range": maximum(3), "terrain/level": maximum(()), "obs/count": merge(1, lifecycle="history")}
@@ -29,7 +29,7 @@ LEVELS = st.lists(st.sampled_from([-3.0, -0.0, 0.0, 0.5, 1.0, 2.0, 1e300]), min_
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     reports=st.lists(st.tuples(st.integers(0, 3), LEVELS), min_size=1, max_size=12),
     order=st.randoms(use_true_random=False),

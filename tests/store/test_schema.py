@@ -7,6 +7,8 @@ from redisync import errors
 from redisync.store.codec import decode
 from redisync.store.schema import Limits, Schema, broadcast, encode_reports, merge
 
+from ..conftest import examples
+
 SCHEMA = Schema.of(
     {
         "motion/bin_failed": merge(8, lifecycle="history"),
@@ -159,7 +161,7 @@ def test_the_plain_way_of_a_report_agrees_with_the_models_on_everything():
         st.fixed_dictionaries({"value": part((3,)), "extra": number}).map(lambda r: ("level/value", r)),
     )
 
-    @settings(max_examples=600, deadline=None)
+    @settings(max_examples=examples(600), deadline=None)
     @given(reports)
     def agree(named):
         name, raw = named
