@@ -148,15 +148,25 @@ def test_the_tracker_and_penalty_decide_alike_through_redisync_and_through_holos
     assert out[1]["upstream"][-1][2] < owner_scales[-1]
 
 
-def _collector(rank: int, url: str, run: str, mode: str, rounds: int, out: dict) -> None:
+def _collector(rank: int, url: str, run: str, mode: str, rounds: int, handshake, shared) -> None:
     """One single-process collector (no process group): its env resets and steps; nobody calls
-    synchronize_curriculum_state (holosoma's agents call it only when multi-GPU)."""
+    synchronize_curriculum_state (holosoma's agents call it only when multi-GPU). The collectors
+    start together, and halfway the other one waits until it holds a fleet state with the owner's
+    reports (the test's own ordering: a loaded machine may start one process seconds late)."""
     env = LocomotionEnv()
     fleet = ProcessFleet(redisync.connect(url, run=run), rank, worker="thread", publish_every_steps=1)
     sync_curriculum(env, fleet=fleet, episode_length=mode, penalty_scale="broadcast")
     env.synchronize_curriculum_state = None  # never called in this topology: a call would fail
+    handshake.wait(timeout=120)
     rows = []
     for r in range(rounds):
+        if r == rounds // 2:
+            if rank == 0:
+                assert fleet.syncer.wait_synced(timeout=60)
+                shared["version"] = fleet.syncer._ready.fleet_version
+            handshake.wait(timeout=120)
+            if rank == 1:
+                assert fleet.syncer.wait_synced(at_least=shared["version"], timeout=60)
         env.end_episodes(episodes(rank, r))  # the curriculum manager's reset (the decisions) and step
         tracker = env._get_average_episode_tracker()
         rows.append(
@@ -164,7 +174,7 @@ def _collector(rank: int, url: str, run: str, mode: str, rounds: int, out: dict)
         )
         time.sleep(0.05)  # a collector's step time: the worker publishes and pulls meanwhile
     fleet.stop()
-    out[rank] = rows
+    shared[rank] = rows
 
 
 @pytest.mark.parametrize("mode", ["broadcast", "pooled"])
@@ -172,8 +182,10 @@ def test_single_process_collectors_sync_the_curriculum_without_its_sync_call(rea
     run, rounds = f"t-{uuid.uuid4().hex[:12]}", 40
     ctx = mp.get_context("spawn")
     with mp.Manager() as manager:
-        out = manager.dict()
-        procs = [ctx.Process(target=_collector, args=(rank, real_url, run, mode, rounds, out)) for rank in (0, 1)]
+        out, handshake = manager.dict(), manager.Barrier(2)
+        procs = [
+            ctx.Process(target=_collector, args=(rank, real_url, run, mode, rounds, handshake, out)) for rank in (0, 1)
+        ]
         for p in procs:
             p.start()
         for p in procs:
