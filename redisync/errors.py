@@ -23,6 +23,10 @@ class NotReplicated(ConnectionUnavailable):
     it may be lost in a failover, so the caller should publish again (reports are cumulative)."""
 
 
+class UnsupportedServer(ConnectionUnavailable):
+    """The server lacks what redisync needs (Redis Functions: Redis 7.0 or later, or Valkey)."""
+
+
 class ConfigurationError(RedisyncError, ValueError):
     """An argument that cannot work (an unknown worker, a process worker without a Redis URL)."""
 

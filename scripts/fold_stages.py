@@ -27,22 +27,22 @@ import numpy as np
 from redisync.bench.instructions import KEY, CountingServer, folds_for
 from redisync.store import client as store_client
 from redisync.store.client import connect
+from redisync.store.library import Library
 from redisync.store.schema import Schema, merge
 
 # (the line a cut comes before, what the stage that ends there does), in the order a fold runs them
 # (a cut inside a semantics' check returns its {'cut'} as the check's rejection, which the fold returns)
 LANDMARKS = (
-    ("local run = string.match(KEYS[1]", "EVALSHA envelope: arguments, KEYS and ARGV tables, the call"),
-    ("-- the envelope ---", "the run's meta (HMGET of 7 fields), reject()"),
+    ("local run = string.match(KEYS[1]", "FCALL envelope: the arguments, the keys and args tables, the call"),
+    ("-- the envelope ---", "the run's meta (HMGET of 7 fields)"),
     ("-- duplicates, retries and zombies", "envelope checks (KEYS, schema digest, ids and seq)"),
     ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),
     ("local t = redis.call('TIME')", "payload size"),
-    ("local epoch = meta[1]", "TIME and the restart check (INFO server)"),
-    ("local CHECKS = ", "the helper functions made (closures)"),
-    ("  local bad = check_key(", "the key's spec (HMGET) and shape"),
-    ("  -- What the fold reads of the data hash", "merge: the writers and the live slots"),
-    ("  local agg, why, of_agg = fold_values(", "merge: the reads, the proof of stored sums, the tree"),
-    ("  local cut = 8 * count_size", "the fused pass over the values"),
+    ("epoch = meta[1]", "TIME and the restart check (the server's identity)"),
+    ("local bad = check_key(", "the key's spec (HMGET) and shape"),
+    ("-- What the fold reads of the data hash", "merge: the writers and the live slots"),
+    ("local agg, why, of_agg = fold_values(", "merge: the reads, the proof of stored sums, the tree"),
+    ("local cut = 8 * count_size", "the fused pass over the values"),
     ("-- apply ---", "the sums to write, the rest of the key"),
     ("local versions = {}", "the stream entry (XADD)"),
     ("redis.call('PUBLISH'", "the writes (HSETs of data, key meta, run meta, shards)"),
@@ -51,13 +51,21 @@ LANDMARKS = (
 
 
 def cut_before(source: str, landmark: str | None) -> str:
+    """fold.lua returning {'cut'} just before the one line that starts (indentation aside) with ``landmark``."""
     if landmark is None:
         return source
     lines = source.split("\n")
-    at = [i for i, line in enumerate(lines) if line.startswith(landmark)]
+    at = [i for i, line in enumerate(lines) if line.lstrip().startswith(landmark)]
     if len(at) != 1:
         raise SystemExit(f"fold.lua has {len(at)} lines starting with {landmark!r}: update LANDMARKS")
     return "\n".join([*lines[: at[0]], "do return {'cut'} end", *lines[at[0] :]])
+
+
+def cut_library(client, landmark: str | None, source: str, n: int) -> Library:
+    """The library with fold.lua cut before ``landmark``, loaded under a name of its own."""
+    library = Library(client, name=f"redisync_cut{n}", version="cut", edit={"fold": cut_before(source, landmark)})
+    library.load()
+    return library
 
 
 def captured_fold(store, values: int, slots: int) -> tuple[list, list]:
@@ -85,7 +93,7 @@ def stage_costs(
         for landmark, what in landmarks:
             store = connect(server.url, run=f"stages-{uuid.uuid4().hex[:8]}", socket_timeout=600)
             keys, args = captured_fold(store, values, slots)
-            script = store.redis.register_script(cut_before(source, landmark))
+            script = cut_library(store.redis, landmark, source, len(out)).fold
             seq = int(args[3])
             script(keys=keys, args=[*args[:3], seq + 1, *args[4:]])  # loaded before counting
 
@@ -97,6 +105,7 @@ def stage_costs(
             total = server.count(fold, folds)
             out.append((what, total - before))
             before = total
+            script.library.unload()
             store.delete()
     finally:
         server.close()

@@ -76,7 +76,7 @@ class ReplyDroppingProxy:
 
 class HoldingProxy:
     """Forwards 127.0.0.1:<port> to a Redis, holding back the next ``hold`` requests that contain
-    ``match`` (e.g. a fold script's SHA): a request held is in flight — sent by the client, not yet
+    ``match`` (e.g. the fold function's name): a request held is in flight — sent by the client, not yet
     executed — and stays so when the client dies. :meth:`release` delivers what is held."""
 
     def __init__(self, target_port: int, match: bytes):

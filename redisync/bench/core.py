@@ -20,6 +20,7 @@ import redis
 from ..errors import RedisyncError
 from ..store.client import Store, connect
 from ..store.codec import decode, encode
+from ..store.library import Library
 from ..store.schema import Limits, Schema, merge
 
 SIZES = (64, 1024, 16384)
@@ -56,8 +57,8 @@ class SlowLog:
             self.redis.slowlog_reset()
 
     def median_us(self, *commands: str) -> float | None:
-        """Median duration of the entries of ``commands`` (e.g. EVALSHA and EVALSHA_RO, as the pull runs
-        where the server has it) logged since the last reset."""
+        """Median duration of the entries of ``commands`` (e.g. FCALL, FCALL_RO) logged since the
+        last reset."""
         if self.saved is None:
             return None
         entries = self.redis.execute_command("SLOWLOG GET", 2 * self.calls)  # [id, time, us, args, ...]
@@ -86,9 +87,9 @@ SHARDS = 4  # live slots of the benchmark's key, all in one group of the fold's 
 
 def stubbed_publisher(url: str | None, n: int = 64) -> tuple[Callable[[], Any], Callable[[], None]]:
     """``(publish, close)``: a publish of a report in the terms' form (N float64 sums and a float
-    count) whose EVALSHA returns at once with the reply the server gave to the first one, so that it
+    count) whose FCALL returns at once with the reply the server gave to the first one, so that it
     costs the client alone (checks, encoding, the arguments, the reply's parsing; not redis-py's own
-    path, which a raw EVALSHA costs too)."""
+    path, which a raw FCALL costs too)."""
     store = _new_run(url, n)
     client, rng = store.shard(0), np.random.default_rng(n)
     reply = None
@@ -144,7 +145,7 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
         pings = [_median_us(ping, calls)]
         log.reset()
         publish = _median_us(publish_one, calls)
-        server = log.median_us("EVALSHA")
+        server = log.median_us("FCALL")
         pings.append(_median_us(ping, calls))
         reader = shards[0]
         reader.pull()
@@ -176,11 +177,11 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- what a fold is made of
 
-# (phase, the line of fold.lua that starts it): the profile marks the server clock before each
+# (phase, the line of fold.lua that starts it, indentation aside): the profile marks the server clock before each
 PHASES = (
     ("envelope checks", "-- the envelope"),
     ("duplicate check, size, clock", "-- duplicates, retries and zombies"),
-    ("restart check (INFO server)", "local info = redis.pcall('INFO', 'server')"),
+    ("restart check (the server's identity)", "local info = redis.pcall('INFO', 'server')"),
     ("validate and compute", "-- validate and compute every key"),
     ("stream entry (the first write)", "-- apply ---"),
     ("write the state, PUBLISH", "local versions = {}"),
@@ -195,14 +196,17 @@ _MARKS = (
 
 def _profiled_fold() -> str:
     """fold.lua with ``TIME`` read before each phase, returning the readings instead of its reply."""
-    from ..store.client import _LUA
+    from ..store.library import _LUA
 
-    lines, out = _LUA.joinpath("fold.lua").read_text().split("\n"), [_MARKS]
+    lines, out = _LUA.joinpath("fold.lua").read_text().split("\n"), []
     starts = [start for _, start in PHASES]
     for line in lines:
-        if any(line.startswith(start) for start in starts):
+        code = line.lstrip()
+        if code.startswith("KEYS, ARGV = keys, args"):  # the fold's first line: a fresh series per call
+            out.append(_MARKS)
+        if any(code.startswith(start) for start in starts):
             out.append("__mark()")
-        if line.startswith("local reply = {'applied'"):
+        if code.startswith("local reply = {'applied'"):
             out.append("__mark() do return __t end")
         out.append(line)
     return "\n".join(out)
@@ -215,11 +219,13 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
     if url is None:
         return None
     store = _new_run(url, n)
+    profiled = Library(store.redis, name="redisync_profile", version="profile", edit={"fold": _profiled_fold()})
     try:
         rng = np.random.default_rng(n)
         for i in range(SHARDS):
             store.shard(i, incarnation=1).publish(_report(rng, n, 1))
-        script = store.redis.register_script(_profiled_fold())
+        profiled.load()
+        script = profiled.fold
         keys = [
             store.keys.meta,
             store.keys.shards,
@@ -239,6 +245,7 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
         medians = np.median(rows, axis=0)
         return {name: max(0.0, float(v) - mark) for (name, _), v in zip(PHASES, medians, strict=False)}
     finally:
+        profiled.unload()
         store.delete()
 
 

@@ -2,7 +2,7 @@
 
 ``connect()`` gives a :class:`Store` for one run, on a real Redis (``redis://``, ``rediss://``,
 ``unix://``) or on the embedded default: an in-process fakeredis server running the very
-same Lua, with a pure-Lua stand-in for the ``struct`` library.
+same Lua library (see ``library.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
-import importlib.resources
 import os
 import re
 import secrets
@@ -26,24 +25,16 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from .. import errors
-from . import codec
+from . import codec, library
 from .keys import RunKeys
+from .library import Function, Library
 from .schema import KeySpec, Limits, Schema, encode_reports
 
 ENV_URL = "REDISYNC_URL"
 EMBEDDED = "embedded"
 
-_LUA = importlib.resources.files("redisync.store") / "lua"
 _embedded_lock = threading.Lock()
 _embedded_server: Any = None
-
-
-def _with_struct_standin() -> None:
-    """fakeredis' Lua runtime resolves ``require('struct')`` through LUA_PATH when it starts."""
-    lua_dir = str(_LUA)
-    path = os.environ.get("LUA_PATH", ";;")
-    if lua_dir not in path:
-        os.environ["LUA_PATH"] = f"{lua_dir}/?.lua;{path}"
 
 
 def _embedded_client() -> redis.Redis:
@@ -53,9 +44,8 @@ def _embedded_client() -> redis.Redis:
 
     with _embedded_lock:
         if _embedded_server is None:
-            _with_struct_standin()
             _embedded_server = fakeredis.FakeServer(version=(7, 0))
-        return fakeredis.FakeRedis(server=_embedded_server, lua_modules={"struct"})
+        return fakeredis.FakeRedis(server=_embedded_server)
 
 
 @dataclass
@@ -79,11 +69,8 @@ def serve_embedded(host: str = "127.0.0.1", port: int = 0) -> EmbeddedServer:
     """Start an embedded server on ``host:port`` (0: a free port) in a background thread."""
     import fakeredis
 
-    _with_struct_standin()
     tcp = fakeredis.TcpFakeServer((host, port), server_version=(7, 0))
     tcp.daemon_threads = True
-    # the server's Lua runtime starts with the first script: start it here, with the struct stand-in
-    fakeredis.FakeRedis(server=tcp.fake_server, lua_modules={"struct"}).eval("return 1", 0)
     thread = threading.Thread(target=tcp.serve_forever, name="redisync-embedded-server", daemon=True)
     thread.start()
     return EmbeddedServer(tcp, thread)
@@ -192,18 +179,6 @@ def connect(
     if url:  # what another process needs to open the same store (a sidecar)
         store.connect_args = (url, {"wait_replicas": wait_replicas, "wait_timeout_ms": wait_timeout_ms, **redis_kwargs})
     return store
-
-
-class Scripts:
-    """The package's Lua scripts registered on one client (EVALSHA, NOSCRIPT falls back to EVAL)."""
-
-    def __init__(self, client: redis.Redis):
-        self.fold = client.register_script(_LUA.joinpath("fold.lua").read_text())
-        self.pull = client.register_script(_LUA.joinpath("pull.lua").read_text())
-        self.register = client.register_script(_LUA.joinpath("register.lua").read_text())
-        self.claim = client.register_script(_LUA.joinpath("claim.lua").read_text())
-        self.restore = client.register_script(_LUA.joinpath("restore.lua").read_text())
-        self.lease = client.register_script(_LUA.joinpath("lease.lua").read_text())
 
 
 @dataclass(frozen=True)
@@ -331,7 +306,7 @@ class Store:
         self.redis = client
         self.keys = RunKeys(run)
         self.url = masked_url(url)  # only ever shown: messages, inspect, logs
-        self.scripts = Scripts(client)
+        self.scripts = Library(client)
         self._schema: Schema | None = None
         self._pull_keys: list[str] = []
         self.wait_replicas, self.wait_timeout_ms = 0, 1000
@@ -364,27 +339,19 @@ class Store:
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         return script(keys=keys, args=args)
 
-    _read_only_scripts: bool | None = None  # whether the server has EVALSHA_RO (None: not asked yet)
-
     @_translated
     def _call_read_only(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        """A read-only script by EVALSHA_RO, whose keys the server checks for reading only: a role
-        that may read the run and write nothing (the inspector) can run it. EVALSHA where the server
-        has no EVALSHA_RO (the embedded store, Redis before 7)."""
-        if self._read_only_scripts is not False:
-            try:
-                try:
-                    reply = self.redis.evalsha_ro(script.sha, len(keys), *keys, *args)
-                except redis.exceptions.NoScriptError:
-                    script.sha = self.redis.script_load(script.script)
-                    reply = self.redis.evalsha_ro(script.sha, len(keys), *keys, *args)
-                self._read_only_scripts = True
-                return reply
-            except redis.exceptions.ResponseError as e:
-                if "unknown command" not in str(e).lower():
-                    raise
-                self._read_only_scripts = False
-        return self._call(script, keys, args)
+        """A read-only function (FCALL_RO), whose keys the server checks for reading only: a role
+        that may read the run and write nothing (the inspector) can call it."""
+        return script(keys=keys, args=args)
+
+    @_translated
+    def load_functions(self) -> None:
+        """Load redisync's Redis Functions library onto the server (every primary of a Cluster). The
+        first call that finds it missing loads it anyway; a deployment whose collectors may not load
+        functions (deploy/users.acl) runs this once per server and redisync version with a role that
+        may, e.g. the learner's."""
+        self.scripts.load()
 
     @_translated
     def ping(self) -> None:
@@ -401,11 +368,21 @@ class Store:
     @_translated
     def _call_replicated(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, int]:
         """The script and a WAIT on one connection: the reply and how many replicas hold the write."""
-        pipe = self.redis.pipeline(transaction=False)
-        script(keys=keys, args=args, client=pipe)
-        pipe.wait(self.wait_replicas, self.wait_timeout_ms)
-        reply, acked = pipe.execute()
-        return reply, int(acked)
+
+        def send() -> tuple[Any, int]:
+            pipe = self.redis.pipeline(transaction=False)
+            script(keys=keys, args=args, client=pipe)
+            pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+            reply, acked = pipe.execute()
+            return reply, int(acked)
+
+        try:
+            return send()
+        except redis.ResponseError as e:
+            if not (library.missing(e) or Function.unsupported(e)):
+                raise
+        script.library.load()  # the library was not there (a flush, a node that never had it): ours, then again
+        return send()
 
     def _key_hashes(self, schema: Schema) -> list[str]:
         """KEYS of the pull and register scripts: the run's meta, then meta and data of every key."""
@@ -680,7 +657,7 @@ class ShardClient:
         return seq
 
     def publish(self, reports: Mapping[str, Any]) -> codec.PublishResult:
-        """Validate, then fold ``{key: report}`` in one EVALSHA. Raises a typed error on rejection."""
+        """Validate, then fold ``{key: report}`` in one FCALL. Raises a typed error on rejection."""
         store = self.store
         if self._limits is None:
             self._limits = store.limits()

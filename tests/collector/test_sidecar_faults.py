@@ -113,7 +113,7 @@ def _through_proxy(real_url: str, run: str):
     store = redisync.connect(real_url, run=run)
     store.register(redisync.Schema.of(Cumulative().schema_entries()))
     kwargs = redis.Redis.from_url(real_url).connection_pool.connection_kwargs
-    proxy = HoldingProxy(kwargs["port"], store.scripts.fold.sha.encode())
+    proxy = HoldingProxy(kwargs["port"], store.scripts.fold.name.encode())
     proxy.url = f"redis://127.0.0.1:{proxy.port}/{kwargs.get('db', 0)}"
     return store, proxy
 

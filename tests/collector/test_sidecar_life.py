@@ -395,7 +395,7 @@ class SidecarLife(RuleBasedStateMachine):
 def test_a_collector_with_a_sidecar_lives_through_kills_restarts_and_a_lost_store(tmp_path):
     server = RedisProcess(tmp_path, None, "--appendonly", "yes", "--appendfsync", "always").start()
     SidecarLife.server = server
-    SidecarLife.proxy = HoldingProxy(server.port, redisync.connect(server.url, run="life").scripts.fold.sha.encode())
+    SidecarLife.proxy = HoldingProxy(server.port, redisync.connect(server.url, run="life").scripts.fold.name.encode())
     try:
         run_state_machine_as_test(
             SidecarLife,

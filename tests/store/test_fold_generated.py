@@ -49,14 +49,15 @@ def test_every_landmark_of_the_stage_profiler_stands_once_in_fold_lua_and_is_rea
         keys, args = stages["captured_fold"](store, 64, 4)
         for n, (landmark, _) in enumerate(stages["LANDMARKS"]):
             cut = stages["cut_before"](text, landmark)
-            script = store.redis.register_script(cut)
-            reply = script(keys=keys, args=[*args[:3], int(args[3]) + 1 + n, *args[4:]])
+            library = stages["cut_library"](store.redis, landmark, text, n)
+            reply = library.fold(keys=keys, args=[*args[:3], int(args[3]) + 1 + n, *args[4:]])
             if landmark is None:
                 assert cut == text
                 assert reply[0] == b"applied"
             else:  # the cut runs: a fold reaches every landmark (none is in a branch it skips)
                 assert cut.count("do return {'cut'} end") == 1, landmark
                 assert reply == [b"cut"], landmark
+            library.unload()
     finally:
         store.delete()
     with pytest.raises(SystemExit, match="update LANDMARKS"):

@@ -24,6 +24,7 @@ SCHEMA = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale
 @pytest.fixture
 def acl_server(tmp_path):
     server = RedisProcess(tmp_path, None, "--aclfile", str(ACL)).start_authenticated("learner", "learner-change-me")
+    redisync.connect(url(server, "learner"), run=RUN).load_functions()  # as deploy/README.md says: the learner loads
     yield server
     server.kill()
 
@@ -105,11 +106,27 @@ def test_a_role_that_may_not_run_info_is_refused_at_register_with_the_permission
     )
     server = RedisProcess(tmp_path, None, "--aclfile", str(acl)).start_authenticated("learner", "learner-change-me")
     try:
+        redisync.connect(url(server, "learner"), run=RUN).load_functions()
         store = redisync.connect(url(server, "noinfo"), run=RUN)
         with pytest.raises(errors.PermissionDenied, match=r"may not run INFO.*grant \+info"):
             store.register(SCHEMA)
         assert redisync.connect(url(server, "learner"), run=RUN).redis.hgetall(f"redisync:{{{RUN}}}:meta") == {}
         redisync.connect(url(server, "collector"), run=RUN).register(SCHEMA)  # the deployed role may
+    finally:
+        server.kill()
+
+
+def test_a_collector_that_finds_no_library_is_refused_naming_the_permission_until_the_learner_loads_it(tmp_path):
+    server = RedisProcess(tmp_path, None, "--aclfile", str(ACL)).start_authenticated("learner", "learner-change-me")
+    try:
+        collector = redisync.connect(url(server, "collector"), run=RUN)
+        with pytest.raises(errors.PermissionDenied, match=r"\+function\|load"):
+            collector.register(SCHEMA)
+        learner = redisync.connect(url(server, "learner"), run=RUN)
+        assert learner.redis.hgetall(f"redisync:{{{RUN}}}:meta") == {}  # nothing written
+        learner.load_functions()
+        collector.register(SCHEMA)
+        collector.shard(0).publish({"obs/norm": {"count": 1, "sum": [1.0, 2.0]}})
     finally:
         server.kill()
 
@@ -144,6 +161,7 @@ def _operations(server) -> dict:
         assert sub.get_message(timeout=2)["type"] == "subscribe"
 
     return {
+        "load redisync's functions onto the server": lambda s: s.load_functions(),
         "register the run's schema": lambda s: s.register(SCHEMA),
         "publish a report (the fold)": lambda s: s.shard(1).publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}}),
         "pull the fleet state (`pull()`, `fleet()`)": lambda s: (

@@ -25,22 +25,18 @@
 -- by what once passed through a slot; semantics.py sums in the same order. Idempotent: a retried call
 -- returns 'duplicate'.
 
--- (string constants are made once, when the script is loaded; a string made at run time costs its length)
+-- (the library's function redisync_fold_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
+
+-- (string constants are made once, when the library is loaded; a string made at run time costs its length)
 local CHUNK = 32
 local FMT = '<dddddddddddddddddddddddddddddddd'
-local sunpack, spack = struct.unpack, struct.pack
+local sunpack, spack -- struct's unpack and pack, taken at the first call (see struct_library)
 
-local run = string.match(KEYS[1] or '', '^redisync:{([%w_%.:%-]+)}:meta$')
-if not run or #run > 128 then
-  return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'}
-end
-local prefix = 'redisync:{' .. run .. '}:'
-
-local meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'fleet_version',
-  'server', 'stream_payloads')
-local shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
--- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
-if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
+-- One fold's own state. fold() sets it at the start of each call and the helpers below read it:
+-- they are made once, when the library loads, not at every call (a closure costs ~500 instructions
+-- per variable it captures each time it is made), and the server runs one call at a time.
+local KEYS, ARGV, prefix, meta, shard, inc, seq, floor, resume
+local nkeys, fleet_version, cur, now_s, now, server, epoch
 
 local function reject(reason, key, detail)
   -- capped in entries and in bytes: an entry keeps at most dead_letter_max_bytes / dead_letter_maxlen
@@ -65,77 +61,10 @@ local function reject(reason, key, detail)
   return {'rejected', reason, key, detail}
 end
 
--- the envelope -------------------------------------------------------------------------------
-if KEYS[2] ~= prefix .. 'shards' or KEYS[3] ~= prefix .. 'reports' or KEYS[4] ~= prefix .. 'dead' then
-  return reject('malformed', '', 'KEYS[2..4] are not this run\'s shards, reports and dead-letter keys')
-end
-if ARGV[1] ~= meta[2] then
-  return reject('schema_mismatch', '', 'the report was made against schema ' .. tostring(ARGV[1]) ..
-    ', the run is registered with ' .. tostring(meta[2]))
-end
-if not string.match(shard, '^%d+$') or #shard > 9 or (#shard > 1 and string.sub(shard, 1, 1) == '0') then
-  return reject('malformed', '', 'shard id must be a decimal integer, got ' .. string.format('%q', shard))
-end
-if not string.match(inc, '^[1-9]%d*$') or #inc > 20 then
-  return reject('malformed', '', 'incarnation must be a positive decimal integer, got ' .. string.format('%q', inc))
-end
-if not string.match(seq, '^%d+$') or #seq > 15 then
-  return reject('malformed', '', 'seq must be a decimal integer below 1e15, got ' .. string.format('%q', seq))
-end
-if not string.match(floor, '^%d+$') or #floor > 15 then
-  return reject('malformed', '', 'the known fleet version must be a decimal integer, got ' .. string.format('%q', floor))
-end
-local nkeys = (#ARGV - 6) / 2
-if nkeys < 1 or nkeys ~= math.floor(nkeys) or #KEYS ~= 4 + 2 * nkeys then
-  return reject('malformed', '', 'expected one (name, payload) pair per reported key and two KEYS per key')
-end
-if #resume ~= nkeys or string.find(resume, '[^01]') then
-  return reject('malformed', '', 'ARGV[6] must hold one resume flag (0 or 1) per reported key')
-end
-local fleet_version = tonumber(meta[5])
-if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
-
--- duplicates, retries and zombies --------------------------------------------------------------
 local function newer(a, b) -- decimal strings without leading zeros: is a > b?
   if #a ~= #b then return #a > #b end
   return a > b
 end
-local cur = redis.call('HMGET', KEYS[2], shard .. ':incarnation', shard .. ':seq')
-if cur[1] then
-  if newer(cur[1], inc) then
-    return reject('stale_incarnation', '', 'incarnation ' .. inc .. ' is older than the shard\'s current ' .. cur[1])
-  end
-  if cur[1] == inc then
-    local last = tonumber(cur[2]) or 0
-    if seq + 0 == last then return {'duplicate', fleet_version} end -- (checked decimals: + 0, not a C call)
-    if seq + 0 < last then
-      return reject('seq_rollback', '', 'seq ' .. seq .. ' is below the last folded seq ' .. tostring(cur[2]))
-    end
-  end
-end
-
-local total = 0
-for i = 1, nkeys do total = total + #ARGV[6 + 2 * i] end
-if total > (tonumber(meta[3]) or 0) then
-  return reject('too_large', '', 'payload of ' .. total .. ' bytes exceeds max_report_bytes=' .. tostring(meta[3]))
-end
-
-local t = redis.call('TIME')
-local now_s = t[1] .. string.sub('00000' .. t[2], -6) -- (microseconds, without a float format)
-local now = t[1] * 1000000 + t[2]
-
--- The server process: a fold by another process than the previous fold's (a restart, a failover)
--- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
--- re-publishes, and no (epoch, version) pair ever names two states.
--- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
--- denies INFO leaves the field as it is)
-local info = redis.pcall('INFO', 'server')
--- (run_id is 40 characters; a plain search for it, where a pattern would be tried at every position)
-local rid = type(info) == 'string' and string.find(info, 'run_id:', 1, true)
-local server = rid and string.sub(info, rid + 7, rid + 46) or
-  (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
-local epoch = meta[1]
-if server and meta[6] and meta[6] ~= '' and meta[6] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
 
 -- vector helpers: vectors are decoded CHUNK values at a time ----------------------------------------
 local function fmt_of(len)
@@ -1059,77 +988,166 @@ local function apply_maximum(item)
   redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s)
 end
 
--- validate and compute every key before writing anything (a report applies all or none) ------------
+-- each semantics' check and apply, by name (fold() dispatches every key through them)
 local CHECKS = {broadcast = check_broadcast, merge = check_merge, maximum = check_maximum}
 local APPLIES = {broadcast = apply_broadcast, merge = apply_merge, maximum = apply_maximum}
-local items, seen = {}, {}
-for i = 1, nkeys do
-  local name, payload = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-  local resumed = string.sub(resume, i, i) == '1'
-  if seen[name] then return reject('malformed', name, 'key reported twice') end
-  seen[name] = true
-  local km, kd = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
-  if km ~= prefix .. 'key:' .. name or kd ~= prefix .. 'data:' .. name then
-    return reject('malformed', name, 'KEYS do not match the reported key names')
+
+local function fold(keys, args)
+  KEYS, ARGV = keys, args
+  if not sunpack then local struct = struct_library(); sunpack, spack = struct.unpack, struct.pack end
+  local run = string.match(KEYS[1] or '', '^redisync:{([%w_%.:%-]+)}:meta$')
+  if not run or #run > 128 then
+    return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'}
   end
-  -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
-  -- (what every fold needs; what only some need (owner, lifecycle) is read where they are)
-  local spec = redis.pcall('HMGET', km, 'semantics', 'width', 'count_size', 'size', 'version', 'writers',
-    'slot:' .. shard .. ':incarnation', 'stale_after_s', 'sums_layout', 'lease_grace_s')
-  if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
-  if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
-  local width, version = tonumber(spec[2]), tonumber(spec[5])
-  if not width or not version then return reject('corrupt_state', name, 'the key\'s width or version is missing') end
-  if #payload ~= width * 8 then
-    return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
-      ' (' .. width .. ' float64)')
+  prefix = 'redisync:{' .. run .. '}:'
+
+  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'fleet_version',
+    'server', 'stream_payloads')
+  shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
+  -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
+  if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
+
+
+  -- the envelope -------------------------------------------------------------------------------
+  if KEYS[2] ~= prefix .. 'shards' or KEYS[3] ~= prefix .. 'reports' or KEYS[4] ~= prefix .. 'dead' then
+    return reject('malformed', '', 'KEYS[2..4] are not this run\'s shards, reports and dead-letter keys')
   end
-  local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1}
-  local check_key = CHECKS[spec[1]]
-  if not check_key then
-    return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
+  if ARGV[1] ~= meta[2] then
+    return reject('schema_mismatch', '', 'the report was made against schema ' .. tostring(ARGV[1]) ..
+      ', the run is registered with ' .. tostring(meta[2]))
   end
-  local bad = check_key(item, spec, width, resumed)
-  if bad then return bad end
-  items[i] = item
+  if not string.match(shard, '^%d+$') or #shard > 9 or (#shard > 1 and string.sub(shard, 1, 1) == '0') then
+    return reject('malformed', '', 'shard id must be a decimal integer, got ' .. string.format('%q', shard))
+  end
+  if not string.match(inc, '^[1-9]%d*$') or #inc > 20 then
+    return reject('malformed', '', 'incarnation must be a positive decimal integer, got ' .. string.format('%q', inc))
+  end
+  if not string.match(seq, '^%d+$') or #seq > 15 then
+    return reject('malformed', '', 'seq must be a decimal integer below 1e15, got ' .. string.format('%q', seq))
+  end
+  if not string.match(floor, '^%d+$') or #floor > 15 then
+    return reject('malformed', '', 'the known fleet version must be a decimal integer, got ' .. string.format('%q', floor))
+  end
+  nkeys = (#ARGV - 6) / 2
+  if nkeys < 1 or nkeys ~= math.floor(nkeys) or #KEYS ~= 4 + 2 * nkeys then
+    return reject('malformed', '', 'expected one (name, payload) pair per reported key and two KEYS per key')
+  end
+  if #resume ~= nkeys or string.find(resume, '[^01]') then
+    return reject('malformed', '', 'ARGV[6] must hold one resume flag (0 or 1) per reported key')
+  end
+  fleet_version = tonumber(meta[5])
+  if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
+
+  -- duplicates, retries and zombies --------------------------------------------------------------
+  cur = redis.call('HMGET', KEYS[2], shard .. ':incarnation', shard .. ':seq')
+  if cur[1] then
+    if newer(cur[1], inc) then
+      return reject('stale_incarnation', '', 'incarnation ' .. inc .. ' is older than the shard\'s current ' .. cur[1])
+    end
+    if cur[1] == inc then
+      local last = tonumber(cur[2]) or 0
+      if seq + 0 == last then return {'duplicate', fleet_version} end -- (checked decimals: + 0, not a C call)
+      if seq + 0 < last then
+        return reject('seq_rollback', '', 'seq ' .. seq .. ' is below the last folded seq ' .. tostring(cur[2]))
+      end
+    end
+  end
+
+  local total = 0
+  for i = 1, nkeys do total = total + #ARGV[6 + 2 * i] end
+  if total > (tonumber(meta[3]) or 0) then
+    return reject('too_large', '', 'payload of ' .. total .. ' bytes exceeds max_report_bytes=' .. tostring(meta[3]))
+  end
+
+  local t = redis.call('TIME')
+  now_s = t[1] .. string.sub('00000' .. t[2], -6) -- (microseconds, without a float format)
+  now = t[1] * 1000000 + t[2]
+
+  -- The server process: a fold by another process than the previous fold's (a restart, a failover)
+  -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
+  -- re-publishes, and no (epoch, version) pair ever names two states.
+  -- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
+  -- denies INFO leaves the field as it is)
+  local info = redis.pcall('INFO', 'server')
+  -- (run_id is 40 characters; a plain search for it, where a pattern would be tried at every position)
+  local rid = type(info) == 'string' and string.find(info, 'run_id:', 1, true)
+  server = rid and string.sub(info, rid + 7, rid + 46) or
+    (string.find(string.lower(tostring(info['err'])), 'unknown', 1, true) and 'embedded') or nil
+  epoch = meta[1]
+  if server and meta[6] and meta[6] ~= '' and meta[6] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
+
+  -- validate and compute every key before writing anything (a report applies all or none) ------------
+  local items, seen = {}, {}
+  for i = 1, nkeys do
+    local name, payload = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+    local resumed = string.sub(resume, i, i) == '1'
+    if seen[name] then return reject('malformed', name, 'key reported twice') end
+    seen[name] = true
+    local km, kd = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+    if km ~= prefix .. 'key:' .. name or kd ~= prefix .. 'data:' .. name then
+      return reject('malformed', name, 'KEYS do not match the reported key names')
+    end
+    -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
+    -- (what every fold needs; what only some need (owner, lifecycle) is read where they are)
+    local spec = redis.pcall('HMGET', km, 'semantics', 'width', 'count_size', 'size', 'version', 'writers',
+      'slot:' .. shard .. ':incarnation', 'stale_after_s', 'sums_layout', 'lease_grace_s')
+    if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
+    if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
+    local width, version = tonumber(spec[2]), tonumber(spec[5])
+    if not width or not version then return reject('corrupt_state', name, 'the key\'s width or version is missing') end
+    if #payload ~= width * 8 then
+      return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
+        ' (' .. width .. ' float64)')
+    end
+    local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1}
+    local check_key = CHECKS[spec[1]]
+    if not check_key then
+      return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
+    end
+    local bad = check_key(item, spec, width, resumed)
+    if bad then return bad end
+    items[i] = item
+  end
+
+  -- apply ------------------------------------------------------------------------------------------
+  -- The stream entry is the first write: a reports key that is not a stream fails it, and the fold
+  -- then stops with nothing written. (A rejection checks the dead-letter key's type itself.)
+  fleet_version = math.max(fleet_version, floor + 0) + 1
+  local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
+    'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fleet_version}
+  for i = 1, nkeys do
+    -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
+    entry[#entry + 1] = 'report:' .. items[i].name
+    entry[#entry + 1] = meta[7] == '1' and items[i].payload or #items[i].payload .. ' bytes'
+  end
+  local added = redis.pcall(unpack(entry))
+  if type(added) == 'table' and added['err'] then
+    -- a role that may read the run but not write it (the inspector): its error, nothing written
+    if string.find(tostring(added['err']), 'NOPERM', 1, true) then return redis.error_reply(tostring(added['err'])) end
+    return {'rejected', 'corrupt_state', '', KEYS[3] .. ' is a ' .. redis.call('TYPE', KEYS[3])['ok'] .. ', not a stream'}
+  end
+
+  local versions = {}
+  for i = 1, nkeys do
+    local item = items[i]
+    APPLIES[item.semantics](item)
+    versions[i] = item.version
+  end
+
+  -- (what has not changed is not written again: the epoch and the server change with the server,
+  -- an incarnation with the process)
+  if epoch ~= meta[1] or (server and server ~= meta[6]) then
+    redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[6] or '')
+  end
+  redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
+  if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end
+  redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s)
+
+  redis.call('PUBLISH', prefix .. 'versions', fleet_version)
+
+  local reply = {'applied', fleet_version, now_s, epoch}
+  for i = 1, nkeys do reply[4 + i] = versions[i] end
+  return reply
 end
 
--- apply ------------------------------------------------------------------------------------------
--- The stream entry is the first write: a reports key that is not a stream fails it, and the fold
--- then stops with nothing written. (A rejection checks the dead-letter key's type itself.)
-fleet_version = math.max(fleet_version, floor + 0) + 1
-local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
-  'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fleet_version}
-for i = 1, nkeys do
-  -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
-  entry[#entry + 1] = 'report:' .. items[i].name
-  entry[#entry + 1] = meta[7] == '1' and items[i].payload or #items[i].payload .. ' bytes'
-end
-local added = redis.pcall(unpack(entry))
-if type(added) == 'table' and added['err'] then
-  -- a role that may read the run but not write it (the inspector): its error, nothing written
-  if string.find(tostring(added['err']), 'NOPERM', 1, true) then return redis.error_reply(tostring(added['err'])) end
-  return {'rejected', 'corrupt_state', '', KEYS[3] .. ' is a ' .. redis.call('TYPE', KEYS[3])['ok'] .. ', not a stream'}
-end
-
-local versions = {}
-for i = 1, nkeys do
-  local item = items[i]
-  APPLIES[item.semantics](item)
-  versions[i] = item.version
-end
-
--- (what has not changed is not written again: the epoch and the server change with the server,
--- an incarnation with the process)
-if epoch ~= meta[1] or (server and server ~= meta[6]) then
-  redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[6] or '')
-end
-redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
-if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end
-redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s)
-
-redis.call('PUBLISH', prefix .. 'versions', fleet_version)
-
-local reply = {'applied', fleet_version, now_s, epoch}
-for i = 1, nkeys do reply[4 + i] = versions[i] end
-return reply
+export('fold', fold)

@@ -14,37 +14,42 @@
 --         where value is the key's fleet value (merge: the aggregate count || sum [|| sumsq], stored as
 --         'agg'; broadcast and maximum: 'value'; '' if never written), and own_slot is the caller's
 --         slot as folded (merge; '' if none).
+-- (the library's function redisync_pull_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
 
-local meta = redis.call('HMGET', KEYS[1], 'epoch', 'fleet_version')
-if not meta[1] then return {'no_run'} end
-local same_epoch = meta[1] == ARGV[2]
-if same_epoch and meta[2] == ARGV[3] then return nil end
+local function pull(KEYS, ARGV)
+  local meta = redis.call('HMGET', KEYS[1], 'epoch', 'fleet_version')
+  if not meta[1] then return {'no_run'} end
+  local same_epoch = meta[1] == ARGV[2]
+  if same_epoch and meta[2] == ARGV[3] then return nil end
 
-local t = redis.call('TIME')
-local reply = {'changed', meta[1], meta[2], string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))}
-local shard = ARGV[1]
-for i = 1, (#KEYS - 1) / 2 do
-  local km, kd = KEYS[2 * i], KEYS[2 * i + 1]
-  local info = redis.call('HMGET', km, 'version', 'semantics')
-  if info[1] and (not same_epoch or info[1] ~= ARGV[3 + i]) then
-    local value, own, own_inc
-    if info[2] == 'merge' then
-      value = redis.call('HGET', kd, 'agg')
-      if shard ~= '' then
-        own = redis.call('HGET', kd, 'slot:' .. shard)
-        own_inc = redis.call('HGET', km, 'slot:' .. shard .. ':incarnation')
+  local t = redis.call('TIME')
+  local reply = {'changed', meta[1], meta[2], string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))}
+  local shard = ARGV[1]
+  for i = 1, (#KEYS - 1) / 2 do
+    local km, kd = KEYS[2 * i], KEYS[2 * i + 1]
+    local info = redis.call('HMGET', km, 'version', 'semantics')
+    if info[1] and (not same_epoch or info[1] ~= ARGV[3 + i]) then
+      local value, own, own_inc
+      if info[2] == 'merge' then
+        value = redis.call('HGET', kd, 'agg')
+        if shard ~= '' then
+          own = redis.call('HGET', kd, 'slot:' .. shard)
+          own_inc = redis.call('HGET', km, 'slot:' .. shard .. ':incarnation')
+        end
+      elseif info[2] == 'broadcast' or info[2] == 'maximum' then
+        value = redis.call('HGET', kd, 'value')
+      else
+        return {'corrupt_state', km, 'semantics ' .. string.format('%q', tostring(info[2])) ..
+          ' is not one this server\'s scripts know'}
       end
-    elseif info[2] == 'broadcast' or info[2] == 'maximum' then
-      value = redis.call('HGET', kd, 'value')
-    else
-      return {'corrupt_state', km, 'semantics ' .. string.format('%q', tostring(info[2])) ..
-        ' is not one this server\'s scripts know'}
+      reply[#reply + 1] = i
+      reply[#reply + 1] = tonumber(info[1])
+      reply[#reply + 1] = value or ''
+      reply[#reply + 1] = own or ''
+      reply[#reply + 1] = own_inc or ''
     end
-    reply[#reply + 1] = i
-    reply[#reply + 1] = tonumber(info[1])
-    reply[#reply + 1] = value or ''
-    reply[#reply + 1] = own or ''
-    reply[#reply + 1] = own_inc or ''
   end
+  return reply
 end
-return reply
+
+export('pull', pull)

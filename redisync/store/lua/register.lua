@@ -17,42 +17,48 @@
 
 -- the server process that holds the run: a fold on another one opens a new epoch (see fold.lua).
 -- fakeredis, which has no INFO, is one process for ever
-local info = redis.pcall('INFO', 'server')
-local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
-  (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
-if not server then return {'no_info', tostring(info['err'] or 'INFO server has no run_id')} end
+-- (the library's function redisync_register_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
 
--- the semantics fold.lua knows (its CHECKS and APPLIES): a schema with another is refused whole
-local KNOWN = {broadcast = true, merge = true, maximum = true}
-for i = 1, (#KEYS - 1) / 2 do
-  local semantics = ARGV[9 + 11 * (i - 1) + 1]
-  if not KNOWN[semantics] then
-    return {'unknown_semantics', tostring(ARGV[9 + 11 * (i - 1)]), 'semantics ' ..
-      string.format('%q', tostring(semantics)) .. ' is not one this server\'s scripts know'}
+local function register(KEYS, ARGV)
+  local info = redis.pcall('INFO', 'server')
+  local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
+    (string.find(string.lower(tostring(info['err'])), 'unknown', 1, true) and 'embedded') or nil
+  if not server then return {'no_info', tostring(info['err'] or 'INFO server has no run_id')} end
+
+  -- the semantics fold.lua knows (its CHECKS and APPLIES): a schema with another is refused whole
+  local KNOWN = {broadcast = true, merge = true, maximum = true}
+  for i = 1, (#KEYS - 1) / 2 do
+    local semantics = ARGV[9 + 11 * (i - 1) + 1]
+    if not KNOWN[semantics] then
+      return {'unknown_semantics', tostring(ARGV[9 + 11 * (i - 1)]), 'semantics ' ..
+        string.format('%q', tostring(semantics)) .. ' is not one this server\'s scripts know'}
+    end
   end
-end
 
-local cur = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'schema')
-if cur[1] then
-  return {cur[2] == ARGV[2] and 'exists' or 'mismatch', cur[1], cur[3]}
-end
-
-local t = redis.call('TIME')
-local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
-local nkeys = (#KEYS - 1) / 2
-redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
-  'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
-  'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8])
-for i = 1, nkeys do
-  local a = 9 + 11 * (i - 1)
-  local name, semantics, shape, size, width, owner, stale =
-    ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
-  redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
-    'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
-  if semantics == 'merge' then
-    redis.call('HSET', KEYS[2 * i], 'writers', '', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8],
-      'lifecycle', ARGV[a + 9], 'lease_grace_s', ARGV[a + 9] == 'state' and ARGV[a + 10] or '')
-    redis.call('HSET', KEYS[2 * i + 1], 'agg', string.rep('\0', 8 * tonumber(width)))
+  local cur = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'schema')
+  if cur[1] then
+    return {cur[2] == ARGV[2] and 'exists' or 'mismatch', cur[1], cur[3]}
   end
+
+  local t = redis.call('TIME')
+  local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  local nkeys = (#KEYS - 1) / 2
+  redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
+    'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
+    'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8])
+  for i = 1, nkeys do
+    local a = 9 + 11 * (i - 1)
+    local name, semantics, shape, size, width, owner, stale =
+      ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
+    redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
+      'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
+    if semantics == 'merge' then
+      redis.call('HSET', KEYS[2 * i], 'writers', '', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8],
+        'lifecycle', ARGV[a + 9], 'lease_grace_s', ARGV[a + 9] == 'state' and ARGV[a + 10] or '')
+      redis.call('HSET', KEYS[2 * i + 1], 'agg', string.rep('\0', 8 * tonumber(width)))
+    end
+  end
+  return {'created', ARGV[3], ARGV[1]}
 end
-return {'created', ARGV[3], ARGV[1]}
+
+export('register', register)

@@ -11,51 +11,56 @@
 -- current entry of every shard id the run knows (its live collectors keep publishing; a slot of
 -- another incarnation in the snapshot is a previous life to them) and takes the snapshot's entry
 -- only for ids the run does not know (zombies of the snapshot's time stay refused).
+-- (the library's function redisync_restore_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
 
-local function num(v) return tonumber(v) or 0 end
+local function restore(KEYS, ARGV)
+  local function num(v) return tonumber(v) or 0 end
 
--- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
--- denies INFO leaves the field as it is)
-local info = redis.pcall('INFO', 'server')
-local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
-  (string.find(tostring(info['err']), 'unknown command') and 'embedded') or nil
+  -- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
+  -- denies INFO leaves the field as it is)
+  local info = redis.pcall('INFO', 'server')
+  local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
+    (string.find(string.lower(tostring(info['err'])), 'unknown', 1, true) and 'embedded') or nil
 
-local current_fleet = num(redis.call('HGET', KEYS[1], 'fleet_version'))
-local current_versions = {}
-for h = 3, #KEYS, 2 do current_versions[h] = num(redis.call('HGET', KEYS[h], 'version')) end
-local current_shards = redis.call('HGETALL', KEYS[2])
-local known = {}
-for i = 1, #current_shards, 2 do known[string.match(current_shards[i], '^([^:]+):')] = true end
+  local current_fleet = num(redis.call('HGET', KEYS[1], 'fleet_version'))
+  local current_versions = {}
+  for h = 3, #KEYS, 2 do current_versions[h] = num(redis.call('HGET', KEYS[h], 'version')) end
+  local current_shards = redis.call('HGETALL', KEYS[2])
+  local known = {}
+  for i = 1, #current_shards, 2 do known[string.match(current_shards[i], '^([^:]+):')] = true end
 
-redis.call('DEL', unpack(KEYS))
-local pos = 2
-local snap_fleet, snap_versions = 0, {}
-for h = 1, #KEYS do
-  local n = tonumber(ARGV[pos])
-  pos = pos + 1
-  local batch = {}
-  for i = 0, n - 1 do
-    local field, value = ARGV[pos + 2 * i], ARGV[pos + 2 * i + 1]
-    if h == 1 and field == 'fleet_version' then snap_fleet = num(value) end
-    if h >= 3 and h % 2 == 1 and field == 'version' then snap_versions[h] = num(value) end
-    local id = h == 2 and string.match(field, '^([^:]+):')
-    if not (id and known[id]) then
-      batch[#batch + 1] = field
-      batch[#batch + 1] = value
+  redis.call('DEL', unpack(KEYS))
+  local pos = 2
+  local snap_fleet, snap_versions = 0, {}
+  for h = 1, #KEYS do
+    local n = tonumber(ARGV[pos])
+    pos = pos + 1
+    local batch = {}
+    for i = 0, n - 1 do
+      local field, value = ARGV[pos + 2 * i], ARGV[pos + 2 * i + 1]
+      if h == 1 and field == 'fleet_version' then snap_fleet = num(value) end
+      if h >= 3 and h % 2 == 1 and field == 'version' then snap_versions[h] = num(value) end
+      local id = h == 2 and string.match(field, '^([^:]+):')
+      if not (id and known[id]) then
+        batch[#batch + 1] = field
+        batch[#batch + 1] = value
+      end
+      if #batch >= 2000 then redis.call('HSET', KEYS[h], unpack(batch)); batch = {} end
     end
-    if #batch >= 2000 then redis.call('HSET', KEYS[h], unpack(batch)); batch = {} end
+    if #batch > 0 then redis.call('HSET', KEYS[h], unpack(batch)) end
+    pos = pos + 2 * n
   end
-  if #batch > 0 then redis.call('HSET', KEYS[h], unpack(batch)) end
-  pos = pos + 2 * n
-end
-for i = 1, #current_shards, 2000 do
-  redis.call('HSET', KEYS[2], unpack(current_shards, i, math.min(i + 1999, #current_shards)))
+  for i = 1, #current_shards, 2000 do
+    redis.call('HSET', KEYS[2], unpack(current_shards, i, math.min(i + 1999, #current_shards)))
+  end
+
+  local fleet_version = math.max(current_fleet, snap_fleet) + 1
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version)
+  if server then redis.call('HSET', KEYS[1], 'server', server) end
+  for h = 3, #KEYS, 2 do
+    redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
+  end
+  return {'restored', ARGV[1], fleet_version}
 end
 
-local fleet_version = math.max(current_fleet, snap_fleet) + 1
-redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version)
-if server then redis.call('HSET', KEYS[1], 'server', server) end
-for h = 3, #KEYS, 2 do
-  redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
-end
-return {'restored', ARGV[1], fleet_version}
+export('restore', restore)

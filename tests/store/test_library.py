@@ -1,0 +1,61 @@
+"""The store's Redis Functions library: loaded where it is missing or of another version, refused
+with a typed error by a server too old to hold it, and the same text on both backends."""
+
+from __future__ import annotations
+
+import fakeredis
+import pytest
+
+from redisync import errors
+from redisync.store.client import Store
+from redisync.store.library import FUNCTIONS, Library
+from redisync.store.schema import Schema, broadcast, merge
+
+SCHEMA = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale": broadcast(())})
+
+
+def _loaded(store: Store) -> set[str]:
+    """The names of the functions of the server's library named 'redisync'."""
+    out = set()
+    for library in store.redis.function_list(library="redisync"):
+        fields = dict(zip(library[::2], library[1::2], strict=True))
+        if fields[b"library_name"] == b"redisync":
+            out |= {dict(zip(f[::2], f[1::2], strict=True))[b"name"].decode() for f in fields[b"functions"]}
+    return out
+
+
+def test_a_library_of_another_version_is_replaced_by_ours(make_store):
+    store = make_store()
+    Library(store.redis, version="0ld").load()  # what an older redisync left on the server
+    assert _loaded(store) == {f"redisync_{f}_0ld" for f in FUNCTIONS}
+    store.register(SCHEMA)
+    store.shard(0).publish({"obs/norm": {"count": 1, "sum": [1.0, 2.0]}})
+    assert _loaded(store) == {f"redisync_{f}_{store.scripts.version}" for f in FUNCTIONS}
+    assert store.fleet().keys["obs/norm"].parts()["count"] == 1
+
+
+def test_a_flushed_library_is_loaded_again_by_the_next_call_and_nothing_is_lost(make_store):
+    store = make_store()
+    store.register(SCHEMA)
+    shard = store.shard(0)
+    shard.publish({"obs/norm": {"count": 1, "sum": [1.0, 2.0]}})
+    store.redis.function_flush()  # an operator's FUNCTION FLUSH, or a node that never had it
+    assert _loaded(store) == set()
+    shard.publish({"obs/norm": {"count": 3, "sum": [1.0, 2.0]}})  # the fold: through a pipeline with WAIT
+    store.redis.function_flush()
+    assert store.fleet().keys["obs/norm"].parts()["count"] == 3  # the pull: FCALL_RO
+    assert store.fleet().fleet_version == 2
+
+
+def test_a_server_without_functions_is_refused_with_a_typed_error_naming_the_minimum():
+    old = Store(fakeredis.FakeRedis(server=fakeredis.FakeServer(version=(6, 2))), "old-server")
+    with pytest.raises(errors.UnsupportedServer, match=r"Redis 7\.0 or later"):
+        old.register(SCHEMA)
+
+
+def test_the_version_is_the_texts_own_digest_so_an_edit_is_a_new_version():
+    ours = Library(fakeredis.FakeRedis())
+    edited = Library(fakeredis.FakeRedis(), edit={"lease": "local function lease() end\nexport('lease', lease)"})
+    assert ours.version != edited.version
+    assert ours.fold.name == f"redisync_fold_{ours.version}"
+    assert ours.text.startswith("#!lua name=redisync\n")
