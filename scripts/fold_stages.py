@@ -5,7 +5,7 @@ text, so the script follows fold.lua as it changes); a stage's cost is the diffe
 consecutive cuts. Counted as ``redisync bench --instructions`` counts (a redis-server of its own under
 callgrind, request handling only), on the same workload: one merge key of N values, every slot live,
 folds by shard 0, averaged over enough folds to include Lua's garbage-collector steps (four times the
-benchmark's: where a collection step lands moves a stage by a few thousand). The EVALSHA
+benchmark's: where a collection step lands moves a stage by a few thousand). The FCALL
 is sent directly (the client would read a cut reply as an error), with the arguments ``publish()``
 sends.
 

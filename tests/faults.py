@@ -13,7 +13,7 @@ class ReplyDroppingProxy:
     with probability ``p`` the server's reply is swallowed and the client's connection closed —
     the server applied the command, the client never heard of it."""
 
-    def __init__(self, target_port: int, p: float, match: bytes = b"EVALSHA", seed: int = 0):
+    def __init__(self, target_port: int, p: float, match: bytes = b"FCALL", seed: int = 0):
         self.target_port, self.p, self.match = target_port, p, match
         self.rng = random.Random(seed)
         self.dropped = 0

@@ -181,7 +181,7 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
 PHASES = (
     ("envelope checks", "-- the envelope"),
     ("duplicate check, size, clock", "-- duplicates, retries and zombies"),
-    ("restart check (the server's identity)", "local info = redis.pcall('INFO', 'server')"),
+    ("restart check (the server's identity)", "server = server_identity()"),
     ("validate and compute", "-- validate and compute every key"),
     ("stream entry (the first write)", "-- apply ---"),
     ("write the state, PUBLISH", "local versions = {}"),

@@ -59,3 +59,27 @@ def test_the_version_is_the_texts_own_digest_so_an_edit_is_a_new_version():
     assert ours.version != edited.version
     assert ours.fold.name == f"redisync_fold_{ours.version}"
     assert ours.text.startswith("#!lua name=redisync\n")
+
+
+def test_the_server_reads_its_identity_once_per_vm_not_once_per_fold(real_url):
+    """The restart check's INFO ran in every fold of an EVAL script; a library keeps the run_id for
+    the life of its VM (a restart starts a fresh one: tests/store/test_reliability.py's AOF restart
+    still opens a new epoch)."""
+    from redisync import connect
+
+    store = connect(real_url, run="identity-once")
+    try:
+        store.register(SCHEMA)
+        shard = store.shard(0)
+        shard.publish({"obs/norm": {"count": 1, "sum": [1.0, 2.0]}})
+
+        def info_calls() -> int:
+            return int(store.redis.info("commandstats").get("cmdstat_info", {}).get("calls", 0))
+
+        before = info_calls()
+        for k in range(20):
+            shard.publish({"obs/norm": {"count": k + 2, "sum": [1.0, 2.0]}})
+        assert info_calls() - before <= 1  # (the first reading of the stats is itself an INFO)
+        assert store.fleet().fleet_version == 21
+    finally:
+        store.delete()

@@ -1066,13 +1066,7 @@ local function fold(keys, args)
   -- The server process: a fold by another process than the previous fold's (a restart, a failover)
   -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
   -- re-publishes, and no (epoch, version) pair ever names two states.
-  -- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
-  -- denies INFO leaves the field as it is)
-  local info = redis.pcall('INFO', 'server')
-  -- (run_id is 40 characters; a plain search for it, where a pattern would be tried at every position)
-  local rid = type(info) == 'string' and string.find(info, 'run_id:', 1, true)
-  server = rid and string.sub(info, rid + 7, rid + 46) or
-    (string.find(string.lower(tostring(info['err'])), 'unknown', 1, true) and 'embedded') or nil
+  server = server_identity() -- (nil where the ACL denies INFO and no call has read it yet: the field stays)
   epoch = meta[1]
   if server and meta[6] and meta[6] ~= '' and meta[6] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
 

@@ -16,14 +16,11 @@
 --                              tell a restarted server (an epoch that lost writes) from the same one
 
 -- the server process that holds the run: a fold on another one opens a new epoch (see fold.lua).
--- fakeredis, which has no INFO, is one process for ever
 -- (the library's function redisync_register_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
 
 local function register(KEYS, ARGV)
-  local info = redis.pcall('INFO', 'server')
-  local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
-    (string.find(string.lower(tostring(info['err'])), 'unknown', 1, true) and 'embedded') or nil
-  if not server then return {'no_info', tostring(info['err'] or 'INFO server has no run_id')} end
+  local server, why = server_identity()
+  if not server then return {'no_info', why} end
 
   -- the semantics fold.lua knows (its CHECKS and APPLIES): a schema with another is refused whole
   local KNOWN = {broadcast = true, merge = true, maximum = true}

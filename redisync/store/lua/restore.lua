@@ -16,11 +16,7 @@
 local function restore(KEYS, ARGV)
   local function num(v) return tonumber(v) or 0 end
 
-  -- the server process (fakeredis, which has no INFO, is one process for ever; a user the ACL
-  -- denies INFO leaves the field as it is)
-  local info = redis.pcall('INFO', 'server')
-  local server = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or
-    (string.find(string.lower(tostring(info['err'])), 'unknown', 1, true) and 'embedded') or nil
+  local server = server_identity() -- the server process (nil: the field stays as it is)
 
   local current_fleet = num(redis.call('HGET', KEYS[1], 'fleet_version'))
   local current_versions = {}
