@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from redisync.bench.instructions import KEY, CountingServer, folds_for
-from redisync.store import client as store_client
+from redisync.store import library
 from redisync.store.client import connect
 from redisync.store.library import Library
 from redisync.store.schema import Schema, merge
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--fold", default=None, help="the fold.lua to cut (the package's by default)")
     parser.add_argument("--whole", action="store_true", help="the whole fold only, no stages")
     a = parser.parse_args()
-    source = Path(a.fold).read_text() if a.fold else store_client._LUA.joinpath("fold.lua").read_text()
+    source = Path(a.fold).read_text() if a.fold else library._LUA.joinpath("fold.lua").read_text()
     landmarks = ((None, "the whole fold"),) if a.whole else LANDMARKS
     costs = stage_costs(a.values, a.slots, a.folds or 4 * folds_for(a.values), source, landmarks)
     print(f"instructions per fold by stage of fold.lua, {a.values} values, {a.slots} slot(s) live, shard 0 folding")

@@ -52,6 +52,10 @@ def _detach_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_detach_in_forked_child)
 
 
+def _text(data: Any) -> str:
+    return data.decode() if isinstance(data, bytes) else str(data)
+
+
 class Wake:
     """A threading.Event for the worker's wake-up whose set() a signal handler may call at any moment
     (a trainer's SIGINT/SIGTERM handler calling flush() or stop() while on_step() was handing a report
@@ -130,9 +134,12 @@ class Syncer:
         self._applied_version = 0
         self._applied_at = time.monotonic()
         self._announced = 0
+        self._announced_epoch: str | None = None  # the epoch of the last announcement or result
         self._steps = 0
         self._last_report = time.monotonic()
         self._subscribed = False
+        self._subscriptions = 0  # subscriptions confirmed so far: after each, a pull is owed (what came before it)
+        self._pulled_after = 0  # the subscription the last pull came after
         self._registered = False
         self.stats = {
             "publishes": 0,
@@ -374,9 +381,13 @@ class Syncer:
                 self._attempt("lease", self._renew_lease)
             # a failed publish never stops the pulls: the view follows the store whatever happens to our reports
             published = self._attempt("publish", self._publish_pending)
-            wanted = wanted or bool(published) or self._announced > self._known_version()
+            wanted = wanted or bool(published) or self._announced_newer()
+            wanted = wanted or self._pulled_after != self._subscriptions
             since = time.monotonic() - last_pull
-            due = since >= self.poll_every_s or (wanted and since >= self.min_pull_interval_s)
+            # polled only while the subscription is down: a live one announces every new version
+            due = (since >= self.poll_every_s and not self._subscribed) or (
+                wanted and since >= self.min_pull_interval_s
+            )
             if due and self._attempt("pull", self._pull) is not None:
                 last_pull, wanted = time.monotonic(), False
             if self._problem is not None:
@@ -486,11 +497,14 @@ class Syncer:
             self.latencies_ms.append((time.perf_counter() - t) * 1e3)
             self.stats["publishes" if result.applied else "duplicates"] += 1
             self._announced = max(self._announced, result.fleet_version)
+            self._announced_epoch = result.epoch or self._announced_epoch
         return True
 
     def _pull(self) -> bool:
-        seen_before = self.shard.known is not None
-        changed = self.shard.pull()
+        seen_before, after = self.shard.known is not None, self._subscriptions
+        # announced: the state moved, one call reads it; else a plain read of the version first
+        changed = self.shard.pull(check_first=not self._announced_newer())
+        self._pulled_after = after
         if changed is not None and changed.epoch_changed and self._registered and self._zombie is None:
             # a new epoch: the store may have lost our lease with the rest (another process re-registered
             # the run first); renewed before the new state counts as seen, so no second process started
@@ -509,7 +523,16 @@ class Syncer:
             self._announced = (
                 known.fleet_version if changed.epoch_changed else max(self._announced, known.fleet_version)
             )
+            self._announced_epoch = known.epoch
         return True
+
+    def _announced_newer(self) -> bool:
+        """Whether what the worker heard (the channel, its own folds) is newer than the state it holds:
+        a higher version, or another epoch (a run lost and registered again starts its versions over)."""
+        known = self.shard.known
+        if known is None:
+            return True
+        return self._announced > known.fleet_version or self._announced_epoch not in (None, known.epoch)
 
     def _known_version(self) -> int:
         return self.shard.known.fleet_version if self.shard.known is not None else -1
@@ -531,15 +554,20 @@ class Syncer:
     def _listen(self) -> None:
         """Follow the run's channel; a new version wakes the worker. Polling covers the gaps."""
         while not self._stop.is_set():
-            pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            pubsub = self.store.redis.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             try:
                 pubsub.subscribe(self.store.keys.channel)
-                self._subscribed = True
                 while not self._stop.is_set():
                     msg = pubsub.get_message(timeout=0.2)
-                    if msg and msg.get("type") == "message":
-                        self._announced = max(self._announced, int(msg["data"]))
-                        if self._announced > self._known_version():
+                    if msg and msg.get("type") == "subscribe":  # confirmed: from here on, nothing is missed
+                        self._subscribed = True
+                        self._subscriptions += 1  # what changed before it was not announced to us: a pull is owed
+                        self._wake.set()
+                    elif msg and msg.get("type") == "message":
+                        version, _, epoch = _text(msg["data"]).partition(" ")  # '<fleet_version> <epoch>'
+                        self._announced = max(self._announced, int(version))
+                        self._announced_epoch = epoch or self._announced_epoch
+                        if self._announced_newer():
                             self._wake.set()
             except Exception as e:  # a dropped subscription must never end the listener
                 log.debug("subscription dropped: %s", e)

@@ -494,10 +494,17 @@ class Store:
         known: codec.PullResult | None = None,
         incarnation: int | None = None,
         resumed: Any = lambda name: False,
+        check_first: bool = False,
     ) -> codec.PullResult | None:
         """The state changed since ``known`` (all of it when None), with the slots of ``shard_id``'s
-        ``incarnation`` (and of its previous life where its next fold takes them out: see ``parse_pull``)."""
+        ``incarnation`` (and of its previous life where its next fold takes them out: see ``parse_pull``).
+
+        ``check_first``: read the run's epoch and fleet version first (one plain HMGET, about a PING)
+        and call the pull function only when they moved: for a poll that expects no change. A caller
+        that knows the state moved (an announcement on the versions channel) leaves it off."""
         schema = self.schema
+        if check_first and known is not None and self._unchanged(known):
+            return None
         args: list[Any] = ["" if shard_id is None else shard_id]
         if known is None:
             args += ["", -1] + [-1] * len(schema.keys)
@@ -507,6 +514,11 @@ class Store:
             ]
         reply = self._call_read_only(self.scripts.pull, self._pull_keys, args)
         return codec.parse_pull(reply, schema, None if known is None else known.epoch, incarnation, resumed)
+
+    @_translated
+    def _unchanged(self, known: codec.PullResult) -> bool:
+        epoch, version = self.redis.hmget(self.keys.meta, ["epoch", "fleet_version"])
+        return epoch is not None and _b(epoch) == known.epoch and _b(version) == str(known.fleet_version)
 
     def fleet(self) -> codec.PullResult:
         """The whole fleet state, read-only (for the learner, logging and inspection)."""
@@ -700,13 +712,15 @@ class ShardClient:
             )
         return result
 
-    def pull(self) -> codec.PullResult | None:
-        """The keys that changed since this shard's last pull, or None. One round trip.
+    def pull(self, check_first: bool = True) -> codec.PullResult | None:
+        """The keys that changed since this shard's last pull, or None. One round trip when nothing
+        changed (a plain read of the version), two when something did; ``check_first=False`` (the
+        caller knows it changed: an announcement) makes that one.
 
         ``self.known`` keeps the whole fleet state as last seen (every key, latest version).
         """
         with self._lock:
-            result = self.store.pull(self.shard_id, self.known, self.incarnation, self.resumes)
+            result = self.store.pull(self.shard_id, self.known, self.incarnation, self.resumes, check_first)
             if result is not None:
                 continued = self._continued_epoch
                 same_epoch = not result.epoch_changed or (

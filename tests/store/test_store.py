@@ -172,7 +172,7 @@ def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
     assert entries[0][1][b"fleet_version"] == b"1"
     msg = sub.get_message(timeout=1)
     assert msg
-    assert msg["data"] == b"1"
+    assert msg["data"] == b"1 " + store.fleet().epoch.encode()  # '<fleet_version> <epoch>'
     sub.close()
 
 

@@ -14,7 +14,8 @@
 --                    a checkpoint (it takes over its previous life's slot), '0' otherwise
 -- ARGV[5 + 2i]       name of the i-th key; ARGV[6 + 2i] its payload, little-endian float64:
 --                    a broadcast value, or a merge key's count || sum [|| sumsq]
--- returns {'applied', fleet_version, now_us, epoch, version_1, ..., version_k}
+-- returns {'applied', fleet_version, now_us, epoch, version_1, ..., version_k}, and announces
+--         '<fleet_version> <epoch>' on the run's versions channel
 --       | {'duplicate', fleet_version}
 --       | {'rejected', reason, key, detail}     (also appended to the dead-letter stream)
 --
@@ -1137,7 +1138,8 @@ local function fold(keys, args)
   if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end
   redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s)
 
-  redis.call('PUBLISH', prefix .. 'versions', fleet_version)
+  redis.call('PUBLISH', prefix .. 'versions', fleet_version .. ' ' .. epoch) -- (the epoch: a run lost and registered
+  -- again starts its versions over, so a version alone would not tell its followers)
 
   local reply = {'applied', fleet_version, now_s, epoch}
   for i = 1, nkeys do reply[4 + i] = versions[i] end

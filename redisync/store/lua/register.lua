@@ -55,6 +55,8 @@ local function register(KEYS, ARGV)
       redis.call('HSET', KEYS[2 * i + 1], 'agg', string.rep('\0', 8 * tonumber(width)))
     end
   end
+  -- a new epoch, announced as a fold's version is: followers of a run lost and registered again learn it here
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'versions', '0 ' .. ARGV[3])
   return {'created', ARGV[3], ARGV[1]}
 end
 

@@ -4,7 +4,8 @@
 -- KEYS[2i+1], [2i+2] key-meta and data hashes of the i-th key of the snapshot's schema
 -- ARGV[1]          the new epoch id
 -- ARGV[2 ...]      per KEYS[h], in order: the number of fields n, then n (field, value) pairs
--- returns {'restored', epoch, fleet_version}
+-- returns {'restored', epoch, fleet_version}, and announces '<fleet_version> <epoch>'
+--                  on the run's versions channel
 --
 -- The client validated every hash and vector before calling. Versions continue above both the
 -- current and the snapshot's, so no client sees one go backwards. The shards hash keeps the
@@ -56,6 +57,8 @@ local function restore(KEYS, ARGV)
   for h = 3, #KEYS, 2 do
     redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
   end
+  -- announced like a fold: a collector that follows the channel polls nothing while it is quiet
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'versions', fleet_version .. ' ' .. ARGV[1])
   return {'restored', ARGV[1], fleet_version}
 end
 

@@ -1,0 +1,105 @@
+"""When a collector's worker reads the fleet state: never while its subscription to the run's
+versions channel is live and quiet, one plain read of the version per poll while it is down, and
+one call of the pull function once a new version or epoch is announced (a fold, a restore, a run
+registered again). Decided by the server's command counts, never by timing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+import redisync
+from redisync.collector.workers import new_syncer
+
+from ..support import wait_for
+from .test_sidecar import KEY, Cumulative
+from .test_sidecar_faults import Versions
+
+READS = ("fcall_ro", "evalsha_ro", "evalsha", "hmget")  # every way a pull reached the server, then and now
+
+
+def _reads(store) -> dict[str, int]:
+    stats = store.redis.info("commandstats")
+    return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in READS}
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before[name] for name in READS}
+
+
+def _synced(syncer, term) -> None:
+    term.step()
+    syncer.on_step()
+    syncer.flush()
+    assert syncer.wait_synced(timeout=20)
+    assert wait_for(lambda: syncer.metrics()["redisync/subscribed"] == 1.0, timeout=20)
+    # the pull owed once the subscription is confirmed (what changed before it was not announced)
+    settled, last = time.monotonic() + 5, _reads(syncer.store)
+    while time.monotonic() < settled:
+        time.sleep(0.3)
+        now = _reads(syncer.store)
+        if now == last:
+            break
+        last = now
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, worker):
+    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
+    term = Cumulative()
+    syncer = new_syncer(store, 0, [term], worker=worker, poll_every_s=0.05, publish_every_steps=10**9).start()
+    try:
+        _synced(syncer, term)
+        before = _reads(store)
+        time.sleep(1.0)  # twenty poll intervals
+        assert _delta(before, _reads(store)) == dict.fromkeys(READS, 0)
+        # and an announced fold is still followed: another shard publishes, this one applies it
+        other = store.shard(5)
+        other.publish({KEY: {"count": 4.0, "sum": [1.0] * 8}})
+        assert wait_for(lambda: (syncer.at_reset_boundary(), term.fleet)[1] is not None and term.fleet["count"] == 5.0)
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
+def test_without_a_subscription_a_poll_is_one_plain_read_of_the_version(real_url, monkeypatch):
+    monkeypatch.setattr("redisync.collector.syncer.Syncer._listen", lambda self: None)  # never subscribed
+    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
+    term = Cumulative()
+    syncer = new_syncer(store, 0, [term], worker="thread", poll_every_s=0.05, publish_every_steps=10**9).start()
+    try:
+        term.step()
+        syncer.on_step()
+        syncer.flush()
+        assert syncer.wait_synced(timeout=20)
+        before = _reads(store)
+        time.sleep(1.0)
+        delta = _delta(before, _reads(store))
+        assert delta["hmget"] >= 5  # the polls went on
+        assert delta["fcall_ro"] == delta["evalsha_ro"] == delta["evalsha"] == 0  # none called the pull function
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_restore_is_announced_to_a_collector_that_never_polls(real_url, worker):
+    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
+    seen = Versions()
+    syncer = new_syncer(store, 0, [seen], worker=worker, poll_every_s=3600, publish_every_steps=10**9).start()
+    try:
+        _synced(syncer, seen)
+        snap = store.snapshot()
+        store.restore(snap)  # a new epoch, announced on the channel
+        epoch = store.fleet().epoch
+
+        def applied_restored() -> bool:
+            syncer.at_reset_boundary()
+            return bool(seen.applied) and seen.applied[-1][0] == epoch
+
+        assert wait_for(applied_restored, timeout=20)
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
