@@ -262,23 +262,37 @@ def bench(
                 s["elements"],
                 s["slots"],
                 f"{s['publish_us']:.0f}",
-                f"{s['publish_over_ping']:.2f}",
+                f"{s['publish_over_floor']:.2f}",
                 f"{s['pull_unchanged_us']:.0f}",
                 f"{s['pull_unchanged_over_ping']:.2f}",
                 f"{s['pull_changed_us']:.0f}",
+                f"{s['pull_changed_over_floor']:.2f}",
+                f"{s['pull_changed_polled_us']:.0f}",
                 "-" if srv is None else f"{srv:.0f}",
             ]
         )
     click.echo(
         _table(
-            ["N", "slots", "publish us", "x PING", "pull same us", "x PING", "pull changed us", "server fold us"],
+            [
+                "N",
+                "slots",
+                "publish us",
+                "x floor",
+                "pull same us",
+                "x PING",
+                "pull changed us",
+                "x floor",
+                "polled us",
+                "server fold us",
+            ],
             rows,
         )
     )
     marginal = res["server_fold_ns_per_value"]
     click.echo(
-        "(x PING: over the median of back-to-back PING series run around each series; server fold: the "
-        "SLOWLOG median)"
+        "(x floor: over the same request to a function that does nothing, in the same run; x PING: over the "
+        "median of back-to-back PING series run around each series; pull same: a poll, one read of the version; "
+        "pull changed: announced, one call; polled: the read, then the call; server fold: the SLOWLOG median)"
         + ("" if marginal is None else f"\nserver fold, marginal: {marginal:.0f} ns per value (N=1024 to 16384)")
     )
     profile = res["fold_profile_us"]
@@ -400,10 +414,11 @@ def _bench_peers(url: str, steps: int, as_json: bool) -> None:
             f"{r['p50_us']:.1f}",
             f"{r['p99_us']:.0f}",
             f"{r['mean_us']:.1f}",
+            r.get("freshness") or "-",
         ]
         for r in res["rows"]
     ]
-    click.echo(_table(["sync", "processes", "straggler", "p50 us", "p99 us", "mean us"], rows))
+    click.echo(_table(["sync", "processes", "straggler", "p50 us", "p99 us", "mean us", "freshness"], rows))
     rows = [
         [r["scenario"], r["procs"], "yes" if r["straggler"] else "no", f"{r['p50_ratio']:.1f}", f"{r['p99_ratio']:.1f}"]
         for r in res["ratios_over_redisync_process"]

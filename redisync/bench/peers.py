@@ -8,6 +8,9 @@ collector (its blocking time):
 
 - ``gloo broadcast/step``: holosoma's pattern, rank 0's sampler state broadcast every step;
 - ``gloo all_reduce/50``: the statistics all-reduced every 50 steps (rl_games' normaliser pattern);
+- ``gloo all_reduce async/step``: the fair peer of an asynchronous design, an overlapped collective:
+  every step issues ``all_reduce(async_op=True)`` and waits for the one issued a step earlier, so a
+  collector works with the fleet state of the step before;
 - ``redisync thread`` / ``redisync process``: ``Syncer.on_step()`` and ``at_reset_boundary()``
   every step, a publish every step (``/50``: every 50 steps), with the thread or the sidecar worker.
 
@@ -18,7 +21,9 @@ did (redisync: handed a report over, applied a fleet state, or neither, with the
 times) and the floor: the p99 of a fixed 5 µs of spinning timed in the same loop, which is what
 the machine's scheduling alone adds to a call that short. How fresh the applied fleet states are
 is measured too: how many a collector applies per second, and how many versions the store was
-ahead of the one it applied, at that moment (one HGET, outside the timed calls).
+ahead of the one it applied, at that moment (one HGET, outside the timed calls). Each row's
+freshness: for redisync, those versions behind; for a collective, the steps between the step whose
+statistics the state in hand holds and the current one (0: this step's; 1: the step before's).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def _spin(ns: int) -> None:
 
 @dataclass(frozen=True)
 class Scenario:
-    mode: str  # gloo-broadcast | gloo-allreduce | thread | process
+    mode: str  # gloo-broadcast | gloo-allreduce | gloo-allreduce-async | thread | process
     procs: int
     every: int = 1  # steps between publishes / collectives
     straggler: bool = False
@@ -59,6 +64,7 @@ class Scenario:
         name = {
             "gloo-broadcast": "gloo broadcast",
             "gloo-allreduce": "gloo all_reduce",
+            "gloo-allreduce-async": "gloo all_reduce async",
             "thread": "redisync thread",
             "process": "redisync process",
         }[self.mode]
@@ -96,6 +102,8 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
     kinds: list[str | None] = []
     floor: list[int] = []
     lags: list[int] = []
+    behind: list[int] = []  # collectives: steps between the state in hand and this step
+    held, pending = -1, None  # the step whose statistics the state in hand holds; the async op in flight
     out.put(("ready", rank))
     perf_ns = time.perf_counter_ns
     for step in range(steps + WARMUP):
@@ -123,11 +131,21 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
                     if rank == 0:
                         state.copy_(sampler.bin_failed_count)
                     dist.broadcast(state, src=0)
+                    held = step
+                elif scenario.mode == "gloo-allreduce-async":
+                    if pending is not None:
+                        pending.wait()  # the state of the step before, reduced while this step ran
+                        held = step - 1
+                    state.copy_(sampler.bin_failed_count)
+                    pending = dist.all_reduce(state, async_op=True)
                 else:
                     state.copy_(sampler.bin_failed_count)
                     dist.all_reduce(state)
+                    held = step
             t1 = perf_ns()
             kinds.append(None)
+            if step >= WARMUP and held >= 0:
+                behind.append(step - held)
         f0 = perf_ns()
         _spin(FLOOR_NS)
         timings.append(t1 - t)
@@ -140,6 +158,8 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
     else:
         import torch.distributed as dist
 
+        if pending is not None:
+            pending.wait()
         dist.destroy_process_group()
     out.put(
         (
@@ -148,6 +168,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
             None if straggles else list(zip(timings, kinds, floor, strict=False))[WARMUP:],
             applied,
             (lags, loop_s),
+            behind,
         )
     )
 
@@ -176,7 +197,7 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
                         f"{scenario.label} with {scenario.procs} processes: a collector died (exit codes {dead})"
                     ) from None
                 continue
-            if message[0] == "done":
+            if message[0] == "done":  # ("done", rank, steps, applied, (lags, loop_s), behind)
                 results.append(message)
     finally:
         for p in procs:
@@ -187,7 +208,7 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
             from ..store.client import connect
 
             connect(url, run=run).delete()
-    steps_kept = [s for _, _, ss, _, _ in results if ss is not None for s in ss]
+    steps_kept = [s for _, _, ss, _, _, _ in results if ss is not None for s in ss]
     times = sorted(t / 1e3 for t, _, _ in steps_kept)
     row = {
         "scenario": scenario.label,
@@ -199,14 +220,19 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
         "p99_us": _p99(times),
         "mean_us": statistics.fmean(times),
         "wall_s": time.perf_counter() - t0,
-        "fleet_versions_applied": [a for *_, a, _ in results if a is not None],
+        "fleet_versions_applied": [a for *_, a, _, _ in results if a is not None],
         "floor_p99_us": _p99(sorted(f / 1e3 for _, _, f in steps_kept)),
     }
-    if not scenario.mode.startswith("gloo"):  # what the steps did: handed a report over, applied a fleet state, neither
+    if scenario.mode.startswith("gloo"):
+        behind = [b for *_, bs in results for b in bs]
+        row["behind_steps_mean"] = statistics.fmean(behind) if behind else None
+        row["freshness"] = None if not behind else f"{statistics.fmean(behind):.1f} steps behind"
+    else:  # what the steps did: handed a report over, applied a fleet state, neither
         # how fresh the applied states are: how often one is applied, and how many versions the store was ahead then
-        lags = sorted(lag for *_, (ls, _) in results for lag in ls)
-        row["applies_per_s"] = statistics.fmean(len(ls) / loop_s for *_, (ls, loop_s) in results)
+        lags = sorted(lag for *_, (ls, _), _ in results for lag in ls)
+        row["applies_per_s"] = statistics.fmean(len(ls) / loop_s for *_, (ls, loop_s), _ in results)
         row["applied_lag_versions_p50"] = statistics.median(lags) if lags else None
+        row["freshness"] = None if not lags else f"{statistics.median(lags):g} versions behind (p50)"
         row["breakdown"] = {}
         for kind in ("hand-over", "apply", "neither"):
             ts = sorted(t / 1e3 for t, k, _ in steps_kept if k == kind)
@@ -226,7 +252,14 @@ SCENARIOS = tuple(
     Scenario(mode, procs, every, straggler)
     for straggler in (False, True)
     for procs in (2, 4)
-    for mode, every in (("gloo-broadcast", 1), ("gloo-allreduce", 50), ("thread", 50), ("thread", 1), ("process", 1))
+    for mode, every in (
+        ("gloo-broadcast", 1),
+        ("gloo-allreduce", 50),
+        ("gloo-allreduce-async", 1),
+        ("thread", 50),
+        ("thread", 1),
+        ("process", 1),
+    )
 )
 
 

@@ -719,8 +719,13 @@ class ShardClient:
 
         ``self.known`` keeps the whole fleet state as last seen (every key, latest version).
         """
+        known = self.known
+        if (
+            check_first and known is not None and self.store._unchanged(known)
+        ):  # (no lock: the poll's whole cost is a read)
+            return None
         with self._lock:
-            result = self.store.pull(self.shard_id, self.known, self.incarnation, self.resumes, check_first)
+            result = self.store.pull(self.shard_id, self.known, self.incarnation, self.resumes)
             if result is not None:
                 continued = self._continued_epoch
                 same_epoch = not result.epoch_changed or (

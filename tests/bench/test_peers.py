@@ -43,3 +43,19 @@ def test_the_peers_table_has_every_row_and_ratio(real_url):
         "gloo all_reduce/50",
         "redisync thread/step",
     ]
+
+
+def test_the_overlapped_collective_works_a_step_behind_and_each_row_says_how_fresh_it_is(real_url):
+    """The fair peer of an asynchronous store: all_reduce(async_op=True), waited a step later. Its
+    freshness (steps behind) and redisync's (versions behind) stand beside the latencies."""
+    res = run_peers(
+        real_url,
+        steps=200,
+        scenarios=(Scenario("gloo-allreduce-async", 2), Scenario("gloo-allreduce", 2, 50), Scenario("process", 2)),
+    )
+    overlapped, every50, ours = res["rows"]
+    assert overlapped["scenario"] == "gloo all_reduce async/step"
+    assert overlapped["behind_steps_mean"] == 1.0  # every step holds the fleet state of the step before
+    assert every50["behind_steps_mean"] == pytest.approx(24.5)  # 0 to 49 steps behind, evenly
+    assert overlapped["freshness"] == "1.0 steps behind"
+    assert ours["freshness"].endswith("versions behind (p50)") and ours["applied_lag_versions_p50"] >= 0
