@@ -503,7 +503,7 @@ class Store:
         and call the pull function only when they moved: for a poll that expects no change. A caller
         that knows the state moved (an announcement on the versions channel) leaves it off."""
         schema = self.schema
-        if check_first and known is not None and self._unchanged(known):
+        if check_first and known is not None and self._version() == codec.version_reply(known):
             return None
         args: list[Any] = ["" if shard_id is None else shard_id]
         if known is None:
@@ -516,9 +516,9 @@ class Store:
         return codec.parse_pull(reply, schema, None if known is None else known.epoch, incarnation, resumed)
 
     @_translated
-    def _unchanged(self, known: codec.PullResult) -> bool:
-        epoch, version = self.redis.hmget(self.keys.meta, ["epoch", "fleet_version"])
-        return epoch is not None and _b(epoch) == known.epoch and _b(version) == str(known.fleet_version)
+    def _version(self) -> Any:
+        """The run's epoch and fleet version as stored (bytes; None where missing): one plain read."""
+        return self.redis.execute_command("HMGET", self.keys.meta, "epoch", "fleet_version")  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
 
     def fleet(self) -> codec.PullResult:
         """The whole fleet state, read-only (for the learner, logging and inspection)."""
@@ -628,6 +628,8 @@ class ShardClient:
         self.resume: bool | frozenset[str] = resume if isinstance(resume, bool) else frozenset(resume)
         self.seq = 0
         self.known: codec.PullResult | None = None
+        self._polled: codec.PullResult | None = None  # the state a poll's expected reply was made for
+        self._poll_reply: list[bytes] = []
         self.highest_version = 0  # the highest fleet version this client has seen, in any epoch
         self._continued_epoch: int | None = None  # epoch_tag of highest_version when continued from another process
         self.reserve: Any = (
@@ -720,10 +722,11 @@ class ShardClient:
         ``self.known`` keeps the whole fleet state as last seen (every key, latest version).
         """
         known = self.known
-        if (
-            check_first and known is not None and self.store._unchanged(known)
-        ):  # (no lock: the poll's whole cost is a read)
-            return None
+        if check_first and known is not None:  # (no lock: a poll that finds nothing costs one read, about a PING)
+            if known is not self._polled:
+                self._polled, self._poll_reply = known, codec.version_reply(known)
+            if self.store._version() == self._poll_reply:
+                return None
         with self._lock:
             result = self.store.pull(self.shard_id, self.known, self.incarnation, self.resumes)
             if result is not None:

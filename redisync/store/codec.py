@@ -136,6 +136,11 @@ class PullResult:
     lost_writes: bool = False  # same epoch but older than a version already seen: re-publish
 
 
+def version_reply(known: PullResult) -> list[bytes]:
+    """What ``HMGET meta epoch fleet_version`` returns while the run is still at ``known``."""
+    return [known.epoch.encode(), str(known.fleet_version).encode()]
+
+
 def parse_pull(
     reply: Any,
     schema: Schema,
