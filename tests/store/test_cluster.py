@@ -107,7 +107,7 @@ def test_runs_live_in_one_slot_and_do_not_interfere(cluster):
         while seen is None and time.monotonic() < deadline:
             msg = sub.get_message(timeout=0.5)
             seen = msg["data"] if msg and msg["type"] == "message" else None
-        assert seen == b"2"
+        assert seen == b"2 " + a.fleet().epoch.encode()  # '<fleet_version> <epoch>'
         snap = a.snapshot()
         a.restore(snap)
         np.testing.assert_array_equal(a.fleet().keys["obs/norm"].parts()["count"], 3)
