@@ -125,7 +125,7 @@ def demo(
     keep = keep or url is not None
     if url is not None:
         store = _connected(url, run)
-        if store.redis.exists(store.keys.meta):
+        if store.registered():
             raise click.BadParameter(f"{store.url} already holds a run {run!r}: pick another --run", param_hint="--run")
     cfg = FleetConfig(shards=shards, envs=envs, steps=steps, bins=bins, seed=seed, snapshot_every=max(steps // 40, 1))
 

@@ -208,6 +208,29 @@ def masked_url(url: str) -> str:
     return re.sub(r"(?<=://)([^:@/,]*):[^@/]*@", r"\1:***@", url)
 
 
+def _denied(store: Store, error: Exception) -> errors.PermissionDenied:
+    """The server's refusal, said in redisync's words: who may not do what, and where to grant it."""
+    text = str(error)
+    found = re.search(r"(?<=://)([^:@/,]+):", store.url)
+    who = f"user {found.group(1)!r}" if found else "this connection (no user in the URL)"
+    command = re.search(r"permissions to run the '([\w|]+)' command", text)
+    if command:
+        why = (
+            f"{who} may not run {command.group(1).upper()} (its ACL lacks +{command.group(1)}; deploy/README.md's "
+            "roles table says what each role may do)"
+        )
+    elif any(s in text for s in ("HELLO must be called", "NOAUTH", "Authentication required")):
+        why = (
+            "the server requires a user and password: put them in the URL (redis://user:password@host:port/db; "
+            "deploy/users.acl defines a collector, a learner and an inspector)"
+        )
+    elif "invalid username-password pair" in text or "WRONGPASS" in text:
+        why = f"the server refused {who}: wrong password, or the user is disabled"
+    else:
+        why = text
+    return errors.PermissionDenied(f"{store.url}, run {store.run!r}: {why} (the server said: {text})")
+
+
 def _translated(method: Any) -> Any:
     """Redis failures as redisync's typed errors, naming the store's URL."""
 
@@ -220,7 +243,7 @@ def _translated(method: Any) -> Any:
             redis.exceptions.AuthenticationError,
             redis.exceptions.AuthorizationError,
         ) as e:  # before ConnectionError: some subclass it
-            raise errors.PermissionDenied(f"{self.url}, run {self.run!r}: {e}") from e
+            raise _denied(self, e) from e
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
         except (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError) as e:  # a failover's passing states
@@ -228,7 +251,7 @@ def _translated(method: Any) -> Any:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
         except redis.ResponseError as e:
             if "can't run this command" in str(e) or "NOPERM" in str(e):  # the ACL refused a command inside a script
-                raise errors.PermissionDenied(f"{self.url}, run {self.run!r}: {e}") from e
+                raise _denied(self, e) from e
             if any(state in str(e) for state in ("NOREPLICAS", "MASTERDOWN", "READONLY", "used with replica")):
                 self._forget_connections()
                 raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
@@ -344,6 +367,11 @@ class Store:
         """A read-only function (FCALL_RO), whose keys the server checks for reading only: a role
         that may read the run and write nothing (the inspector) can call it."""
         return script(keys=keys, args=args)
+
+    @_translated
+    def registered(self) -> bool:
+        """Whether the run is registered on the server (one HGET, which every role may run)."""
+        return self.redis.hget(self.keys.meta, "epoch") is not None
 
     @_translated
     def load_functions(self) -> None:

@@ -131,6 +131,21 @@ def test_a_collector_that_finds_no_library_is_refused_naming_the_permission_unti
         server.kill()
 
 
+def test_refusals_say_who_may_not_do_what_in_our_words(acl_server):
+    """Not Redis' raw text: the missing credentials, the missing permission by name, the bad password."""
+    anonymous = redisync.connect(f"redis://127.0.0.1:{acl_server.port}/0", run=RUN)
+    with pytest.raises(errors.PermissionDenied, match=r"requires a user and password: put them in the URL"):
+        anonymous.run_info()
+    collector = redisync.connect(url(acl_server, "collector"), run=RUN)
+    with pytest.raises(
+        errors.PermissionDenied, match=r"user 'collector' may not run HGETALL \(its ACL lacks \+hgetall"
+    ):
+        collector.run_info()  # inspecting is the learner's and the inspector's
+    wrong = redisync.connect(f"redis://collector:wrong@127.0.0.1:{acl_server.port}/0", run=RUN)
+    with pytest.raises(errors.PermissionDenied, match=r"refused user 'collector': wrong password"):
+        wrong.run_info()
+
+
 DEPLOY_README = ACL.parent / "README.md"
 
 
