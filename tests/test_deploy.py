@@ -114,3 +114,55 @@ def test_sentinel_conf_monitors_a_primary(tmp_path):
         proc.kill()
         proc.wait(timeout=10)
         primary.kill()
+
+
+def _readme_deploy_lines() -> list[str]:
+    """The README's deploy commands (its first bash block under 'Deploying Redis'), comments cut."""
+    text = (CONF.parents[1] / "README.md").read_text()
+    block = text[text.index("## Deploying Redis") :].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_deploy_steps_run_and_every_role_does_its_part(tmp_path):
+    """The README's `mkdir` and `redis-server` lines, run by bash from the repository root, with only
+    the data directory moved into the test's own (and the port where 6390 is taken); then the learner loads redisync's functions and registers the run, a
+    collector publishes and pulls, the inspector reads."""
+    import socket
+
+    mkdir, server_line = _readme_deploy_lines()[:2]
+    assert mkdir == "mkdir -p /var/lib/redisync"
+    assert "--dir /var/lib/redisync" in server_line  # a directory of its own, not the working one
+    data = tmp_path / "var-lib-redisync"
+    root = CONF.parents[1]
+    subprocess.run(["bash", "-c", mkdir.replace("/var/lib/redisync", str(data))], cwd=root, check=True)
+    with socket.socket() as s:
+        port = 6390 if s.connect_ex(("127.0.0.1", 6390)) != 0 else free_port()
+    line = server_line.replace("/var/lib/redisync", str(data)) + ("" if port == 6390 else f" --port {port}")
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {line} --daemonize no"], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        url = "redis://{0}:{0}-change-me@127.0.0.1:" + f"{port}/0"
+        client = redis.Redis.from_url(url.format("inspector"), retry=Retry(NoBackoff(), 0))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        learner = redisync.connect(url.format("learner"), run="humanoid-v3")
+        learner.load_functions()
+        learner.register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
+        collector = redisync.connect(url.format("collector"), run="humanoid-v3").shard(0)
+        collector.publish({"obs/norm": {"count": 2, "sum": [1.0, 2.0]}})
+        assert collector.pull() is not None
+        inspector = redisync.connect(url.format("inspector"), run="humanoid-v3")
+        assert float(inspector.fleet().keys["obs/norm"].parts()["count"]) == 2.0
+        assert (data / "appendonlydir").is_dir()  # its files went to its own directory
+        assert not (CONF.parents[1] / "appendonlydir").exists()
+    finally:
+        proc.kill()
+        proc.wait()
