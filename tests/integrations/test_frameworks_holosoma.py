@@ -88,10 +88,10 @@ class LocomotionEnv:
         )
 
 
-def episodes(rank: int, round_: int) -> torch.Tensor:
+def episodes(rank: int, round_: int, long: float = 900.0) -> torch.Tensor:
     """Rank 0 keeps its robots up (long episodes, the scale goes up); rank 1's fall early."""
     g = torch.Generator().manual_seed(100 * rank + round_)
-    base = 900.0 if rank == 0 else 100.0
+    base = long if rank == 0 else 100.0
     return (base + 40 * torch.randn(48, generator=g)).clamp(min=1).long()
 
 
@@ -167,7 +167,10 @@ def _collector(rank: int, url: str, run: str, mode: str, rounds: int, handshake,
             handshake.wait(timeout=120)
             if rank == 1:
                 assert fleet.syncer.wait_synced(at_least=shared["version"], timeout=60)
-        env.end_episodes(episodes(rank, r))  # the curriculum manager's reset (the decisions) and step
+        # (rank 0's 1 500 steps and rank 1's 100 pool to about 800, above holosoma's level-up threshold of
+        # 750: the owner's scale rises whether it decides on its own average or on the fleet's; alone,
+        # rank 1's 100, below the level-down threshold of 150, would lower its own)
+        env.end_episodes(episodes(rank, r, long=1500.0))  # the curriculum manager's reset (the decisions) and step
         tracker = env._get_average_episode_tracker()
         rows.append(
             (float(tracker.average_episode_length), float(env.average_episode_length), env.penalty.current_scale)
@@ -193,6 +196,8 @@ def test_single_process_collectors_sync_the_curriculum_without_its_sync_call(rea
             assert p.exitcode == 0
         out = dict(out)
     redisync.connect(real_url, run=run).delete()
+    assert 100 < PENALTY["level_down_threshold"]  # rank 1 alone would lower its scale
+    assert PENALTY["level_up_threshold"] < (1500 + 100) / 2  # the fleet's mean raises the owner's, in both modes
     owner, other = out[0], out[1]
     owner_scales = {row[2] for row in owner}
     assert owner[-1][2] > PENALTY["initial_scale"]  # the owner's long episodes raise its scale
