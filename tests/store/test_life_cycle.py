@@ -113,6 +113,7 @@ def test_a_restarted_pooled_sampler_is_counted_once(backend, resume, frames):
             assert second.resumed
         syncer = _sampler_fleet(url, 0, second, run)
         syncer.on_step()
+        syncer.flush()  # (the sidecar reads a shared term's report itself: flush asks it to publish now)
         assert syncer.wait_synced(timeout=10)
         syncer.at_reset_boundary()
         fleet_sum = store.fleet().keys["motion/bin_failed"].parts()["sum"]
