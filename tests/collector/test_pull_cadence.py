@@ -5,6 +5,7 @@ registered again). Decided by the server's command counts, never by timing."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -45,12 +46,22 @@ def _synced(syncer, term) -> None:
         last = now
 
 
+@contextlib.contextmanager
+def _collector(url: str, term, worker: str, poll_every_s: float):
+    """A run of its own and shard 0's Syncer on it (reports only when flushed); both gone afterwards."""
+    store = redisync.connect(url, run=f"cadence-{uuid.uuid4().hex[:8]}")
+    syncer = new_syncer(store, 0, [term], worker=worker, poll_every_s=poll_every_s, publish_every_steps=10**9)
+    try:
+        yield store, syncer.start()
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, worker):
-    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
     term = Cumulative()
-    syncer = new_syncer(store, 0, [term], worker=worker, poll_every_s=0.05, publish_every_steps=10**9).start()
-    try:
+    with _collector(real_url, term, worker, poll_every_s=0.05) as (store, syncer):
         _synced(syncer, term)
         before = _reads(store)
         time.sleep(1.0)  # twenty poll intervals
@@ -59,37 +70,26 @@ def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, w
         other = store.shard(5)
         other.publish({KEY: {"count": 4.0, "sum": [1.0] * 8}})
         assert wait_for(lambda: (syncer.at_reset_boundary(), term.fleet)[1] is not None and term.fleet["count"] == 5.0)
-    finally:
-        syncer.stop(flush=False)
-        store.delete()
 
 
 def test_without_a_subscription_a_poll_is_one_plain_read_of_the_version(real_url, monkeypatch):
     monkeypatch.setattr("redisync.collector.syncer.Syncer._listen", lambda self: None)  # never subscribed
-    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
     term = Cumulative()
-    syncer = new_syncer(store, 0, [term], worker="thread", poll_every_s=0.05, publish_every_steps=10**9).start()
-    try:
+    with _collector(real_url, term, "thread", poll_every_s=0.05) as (store, syncer):
         term.step()
         syncer.on_step()
         syncer.flush()
         assert syncer.wait_synced(timeout=20)
         before = _reads(store)
-        time.sleep(1.0)
+        assert wait_for(lambda: _delta(before, _reads(store))["hmget"] >= 5, timeout=20)  # the polls went on
         delta = _delta(before, _reads(store))
-        assert delta["hmget"] >= 5  # the polls went on
         assert delta["fcall_ro"] == delta["evalsha_ro"] == delta["evalsha"] == 0  # none called the pull function
-    finally:
-        syncer.stop(flush=False)
-        store.delete()
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_a_restore_is_announced_to_a_collector_that_never_polls(real_url, worker):
-    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
     seen = Versions()
-    syncer = new_syncer(store, 0, [seen], worker=worker, poll_every_s=3600, publish_every_steps=10**9).start()
-    try:
+    with _collector(real_url, seen, worker, poll_every_s=3600) as (store, syncer):
         _synced(syncer, seen)
         snap = store.snapshot()
         store.restore(snap)  # a new epoch, announced on the channel
@@ -100,6 +100,3 @@ def test_a_restore_is_announced_to_a_collector_that_never_polls(real_url, worker
             return bool(seen.applied) and seen.applied[-1][0] == epoch
 
         assert wait_for(applied_restored, timeout=20)
-    finally:
-        syncer.stop(flush=False)
-        store.delete()
