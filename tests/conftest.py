@@ -9,8 +9,11 @@ gets a run of its own, deleted afterwards. When ``REDISYNC_REQUIRE_REDIS=1`` (se
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -70,6 +73,46 @@ def make_store(backend):
         store.delete()
 
 
+# the modules the optional extras bring (``pip install '.[test]'`` alone has none of them)
+EXTRA_OF = {"torch": "torch", "tqdm": "demo", "matplotlib": "demo", "scipy": "demo", "gymnasium": "study"}
+
+
+class _ModuleNeedingExtras(pytest.Module):
+    """A test module that cannot import for want of an optional extra is skipped, naming the extra,
+    where the tier does not require everything (``scripts/test-pip-user``); scripts/test and CI
+    (``REDISYNC_REQUIRE_FRAMEWORKS=1``) keep the import error."""
+
+    def _getobj(self):
+        try:
+            return super()._getobj()
+        except self.CollectError as e:
+            cause = e.__cause__
+            missing = getattr(cause, "name", None) if isinstance(cause, ModuleNotFoundError) else None
+            top = (missing or "").split(".")[0]
+            if top in EXTRA_OF and os.environ.get("REDISYNC_REQUIRE_FRAMEWORKS") != "1":
+                pytest.skip(f"needs the {EXTRA_OF[top]} extra ({top} is not installed)", allow_module_level=True)
+            raise
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    return _ModuleNeedingExtras.from_parent(parent, path=module_path)
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.extras("torch", ...)``: a test that needs optional modules (or the dev extra's
+    tools, by executable name) is skipped without them where the tier does not require everything."""
+    for mark in item.iter_markers("extras"):
+        missing = [m for m in mark.args if not _available(m)]
+        if missing and os.environ.get("REDISYNC_REQUIRE_FRAMEWORKS") != "1":
+            pytest.skip(f"needs {', '.join(missing)} (an optional extra: scripts/setup installs them all)")
+
+
+def _available(name: str) -> bool:
+    if name in EXTRA_OF:
+        return importlib.util.find_spec(name) is not None
+    return (Path(sys.executable).parent / name).exists()  # a tool of the dev extra, beside the interpreter
+
+
 def framework_or_skip(module: str):
     """Import a framework the drop-ins are tested inside (scripts/setup installs them); when
     ``REDISYNC_REQUIRE_FRAMEWORKS=1`` (scripts/test, CI) a missing one fails instead of skipping."""
@@ -78,7 +121,7 @@ def framework_or_skip(module: str):
     except ImportError as e:
         if os.environ.get("REDISYNC_REQUIRE_FRAMEWORKS") == "1":
             pytest.fail(f"{module} is required (scripts/setup installs it) but does not import: {e}")
-        pytest.skip(f"{module} is not installed (scripts/setup installs it): {e}")
+        pytest.skip(f"{module} is not installed (scripts/setup installs it): {e}", allow_module_level=True)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
+@pytest.mark.extras("torch", "tqdm", "matplotlib")
 def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     url = ["--url", real_redis_or_skip()] if backend == "real" else []
     run = f"demo-test-{uuid.uuid4().hex[:8]}"
@@ -248,9 +249,10 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
         (["restore", "--url", "{url}", "--run", "x", "/nonexistent/snap.json"], "/nonexistent/snap.json: no such file"),
         (["restore", "--url", "{url}", "--run", "x", __file__], "is not a redisync snapshot"),
         (["demo", "--shards", "0"], "--shards"),
-        (
+        pytest.param(
             ["demo", "--url", "redis://127.0.0.1:1", "--no-progress", "--steps", "200", "--shards", "1"],
             "Connection refused",
+            marks=pytest.mark.extras("torch", "tqdm", "matplotlib"),
         ),
     ],
 )
@@ -310,6 +312,7 @@ def test_url_help_lists_every_scheme_connect_takes():
         assert scheme in out.stdout
 
 
+@pytest.mark.extras("torch")
 def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
     blocker = tmp_path / "sitecustomize.py"  # the interpreter as a plain `pip install redisync` leaves it: no tqdm
     blocker.write_text(
@@ -435,6 +438,7 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
         store.delete()
 
 
+@pytest.mark.extras("torch", "tqdm", "matplotlib")
 def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
     """The newcomer's path: the demo names its run and URL up front, ends with the commands that show
     it, and those commands work while the demo serves the run; Ctrl-C ends it cleanly."""

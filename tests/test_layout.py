@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -20,12 +22,14 @@ def lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.extras("lint-imports")
 def test_the_import_contracts_hold():
     out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "3 kept, 0 broken" in out.stdout
 
 
+@pytest.mark.extras("lint-imports")
 def test_an_upward_import_breaks_a_contract(tmp_path):
     """A copy of the package whose store imports the collector: lint-imports refuses it."""
     shutil.copytree(ROOT / "redisync", tmp_path / "redisync", ignore=shutil.ignore_patterns("__pycache__"))
@@ -38,6 +42,7 @@ def test_an_upward_import_breaks_a_contract(tmp_path):
     assert "redisync.store.keys -> redisync.collector.syncer" in out.stdout, out.stdout[-3000:]
 
 
+@pytest.mark.extras("ruff")
 def test_ruff_lint_and_format_pass():
     lint = subprocess.run([str(BIN / "ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert lint.returncode == 0, lint.stdout[-3000:]
@@ -47,6 +52,7 @@ def test_ruff_lint_and_format_pass():
     assert fmt.returncode == 0, fmt.stdout[-3000:]
 
 
+@pytest.mark.extras("mypy")
 def test_the_type_check_passes():
     """mypy on the whole package, strict on the store, the collector runtime and the terms, basic elsewhere
     (pyproject.toml's [tool.mypy]): no error."""

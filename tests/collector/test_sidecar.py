@@ -147,6 +147,7 @@ def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
         store.delete()
 
 
+@pytest.mark.extras("torch")
 def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group(real_url, tmp_path):
     """SIGKILL of the whole group (the resource tracker dies too): the sidecar exits and nothing is
     left in /dev/shm (the blocks are anonymous memory files)."""
@@ -254,6 +255,7 @@ def _train(sampler, norm, g, syncer, steps: int) -> list:
     return seen
 
 
+@pytest.mark.extras("torch")
 def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
     import torch
 
@@ -297,6 +299,7 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
         store.delete()
 
 
+@pytest.mark.extras("torch")
 def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
     import torch
 
@@ -325,6 +328,7 @@ def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
         store.delete()
 
 
+@pytest.mark.extras("torch")
 def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
     import torch
 
@@ -356,6 +360,7 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
         store.delete()
 
 
+@pytest.mark.extras("torch")
 def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url):
     import torch
 

@@ -262,6 +262,7 @@ print(json.dumps({{"alive": alive, "same": same, "count": float(parts["t/stats"]
 """
 
 
+@pytest.mark.extras("torch")
 def test_a_forked_child_never_stops_or_writes_into_its_parents_sync(real_url):
     """6. A child inherits the fleet and its atexit hook: its exit stops nothing, and its terms write
     into private copies, not into the parent's shared reports."""
@@ -276,6 +277,7 @@ def test_a_forked_child_never_stops_or_writes_into_its_parents_sync(real_url):
         redisync.connect(real_url, run=run).delete()
 
 
+@pytest.mark.extras("torch")
 def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sidecar(real_url, tmp_path):
     """8. The sidecar imports redisync from the collector's sys.path, not only from site-packages."""
     import site
