@@ -1,0 +1,43 @@
+"""The ``redisync`` command line: demo, ab (the study), bench, and inspect, watch, snapshot, restore.
+
+Every command takes ``--url`` (default: ``REDISYNC_URL``, else the embedded store; the commands on
+a run refuse to start without one). A failure prints one line naming what went wrong and exits with
+status 1; a missing extra is named before any work.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import redis
+
+from .. import __version__, errors
+from .bench import bench
+from .demo import demo
+from .runs import inspect, restore, snapshot
+from .study import ab
+from .watch import watch
+
+
+@click.group()
+@click.version_option(__version__, prog_name="redisync")
+def cli() -> None:
+    """redisync: one versioned fleet state for every collector of an RL trainer."""
+
+
+for command in (demo, ab, bench, inspect, watch, snapshot, restore):
+    cli.add_command(command)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except (errors.RedisyncError, redis.RedisError, OSError) as e:
+        click.echo(f"redisync: error: {e}", err=True)
+        sys.exit(1)

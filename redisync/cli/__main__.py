@@ -1,0 +1,5 @@
+"""``python -m redisync.cli``."""
+
+from . import main
+
+main()

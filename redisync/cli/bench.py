@@ -1,0 +1,292 @@
+"""``redisync bench``: what a publish, a pull and a fold cost, beside their floors and peers."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..store.client import EMBEDDED
+from .common import URL, connected, needs, table
+
+
+@click.command()
+@URL
+@click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
+@click.option("--calls", default=1000, show_default=True, type=click.IntRange(10, 10**6), help="calls per median")
+@click.option("--procs", default=8, show_default=True, type=click.IntRange(1, 64), help="concurrent publishers")
+@click.option(
+    "--seconds", default=3.0, show_default=True, type=click.FloatRange(0.1, 600), help="concurrency phase length"
+)
+@click.option(
+    "--peers", is_flag=True, help="instead: collector processes syncing through redisync vs torch.distributed (gloo)"
+)
+@click.option(
+    "--steps", default=2000, show_default=True, type=click.IntRange(100, 10**6), help="--peers: steps per collector"
+)
+@click.option("--scale", is_flag=True, help="instead: cost against slots, keys, memory, connections; the largest fleet")
+@click.option(
+    "--instructions",
+    is_flag=True,
+    help="instead: the server's instructions per fold (a redis-server of its own under valgrind's callgrind)",
+)
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="the core figures, --peers and --scale in one run (with --json: one document)",
+)
+def bench(
+    url: str | None,
+    as_json: bool,
+    calls: int,
+    procs: int,
+    seconds: float,
+    peers: bool,
+    steps: int,
+    scale: bool,
+    instructions: bool,
+    everything: bool,
+) -> None:
+    """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
+    With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
+    With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves."""
+    if instructions:
+        from ..bench.instructions import format_table, run_instructions
+
+        result = run_instructions()
+        click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+        return
+    if peers or everything:
+        needs("peers")
+    from ..bench.core import run_all
+
+    connected(url)
+    if (peers or scale or everything) and url is None:
+        raise click.UsageError("--peers, --scale and --all need a Redis (--url or REDISYNC_URL)")
+    if everything and as_json:
+        assert url is not None  # (refused above)
+        from ..bench.peers import run_peers
+        from ..bench.scale import run_scale
+
+        doc = {
+            "core": run_all(url, calls=calls, procs=procs, seconds=seconds),
+            "peers": run_peers(url, steps=steps),
+            "scale": run_scale(url, seconds=seconds),
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if peers or everything:
+        assert url is not None  # (refused above)
+        _bench_peers(url, steps, as_json)
+    if scale or everything:
+        assert url is not None
+        _bench_scale(url, seconds, as_json)
+    if peers or scale:
+        return
+    res = run_all(url, calls=calls, procs=procs, seconds=seconds)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo(f"store {res['url']}: PING median {res['ping_us']:.0f} us ({calls} calls per median)")
+    rows = []
+    for s in res["sizes"]:
+        srv = s["server_fold_us"]
+        rows.append(
+            [
+                s["elements"],
+                s["slots"],
+                f"{s['publish_us']:.0f}",
+                f"{s['publish_over_floor']:.2f}",
+                f"{s['pull_unchanged_us']:.0f}",
+                f"{s['pull_unchanged_over_ping']:.2f}",
+                f"{s['pull_changed_us']:.0f}",
+                f"{s['pull_changed_over_floor']:.2f}",
+                f"{s['pull_changed_polled_us']:.0f}",
+                "-" if srv is None else f"{srv:.0f}",
+            ]
+        )
+    click.echo(
+        table(
+            [
+                "N",
+                "slots",
+                "publish us",
+                "x floor",
+                "pull same us",
+                "x PING",
+                "pull changed us",
+                "x floor",
+                "polled us",
+                "server fold us",
+            ],
+            rows,
+        )
+    )
+    marginal = res["server_fold_ns_per_value"]
+    click.echo(
+        "(x floor: over the same request to a function that does nothing, in the same run; x PING: over the "
+        "median of back-to-back PING series run around each series; pull same: a poll, one read of the version; "
+        "pull changed: announced, one call; polled: the read, then the call; server fold: the SLOWLOG median)"
+        + ("" if marginal is None else f"\nserver fold, marginal: {marginal:.0f} ns per value (N=1024 to 16384)")
+    )
+    profile = res["fold_profile_us"]
+    if profile.get(64):
+        click.echo(
+            table(
+                ["fold phase (server clock, median)", "N=64 us", "N=1024 us"],
+                [[name, f"{profile[64][name]:.0f}", f"{profile[1024][name]:.0f}"] for name in profile[64]],
+            )
+        )
+    c = res["concurrency"]
+    if c is None:
+        click.echo("concurrency: not measured on the embedded store (each process would have its own); use --url")
+    else:
+        click.echo(
+            f"{c['processes']} publishers, N={c['elements']}: Lua fold {c['lua_publishes_per_s']:.0f}/s, WATCH/MULTI "
+            f"{c['watch_publishes_per_s']:.0f}/s ({c['watch_retries']} retries), ratio {c['lua_over_watch']:.2f}x"
+        )
+    col = res.get("collector")
+    if col:
+        click.echo(
+            f"collector loop: {col['step_ms_sync_off']:.3f} ms/step sync off, {col['step_ms_sync_on']:.3f} ms/step sync on "
+            f"({col['overhead_pct_of_step']:+.1f}%); syncer calls median {col['syncer_call_us_median']:.1f} us, "
+            f"p99 {col['syncer_call_us_p99']:.0f} us"
+        )
+        rows = [
+            [
+                r["device"],
+                r["groups"],
+                r["bins"],
+                f"{r['rebuild_us_kernel1']:.1f}",
+                f"{r['rebuild_us_kernel5']:.1f}",
+                f"{r['sample_4096_us']:.0f}",
+            ]
+            for r in res["rebuild"]
+        ]
+        click.echo(
+            table(
+                ["device", "groups", "bins per group", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows
+            )
+        )
+    if res["url"] == EMBEDDED:
+        click.echo("(the targets are set for a real Redis on loopback; the embedded store is Python)")
+    for name, t in res["targets"].items():
+        m = t["measured"]
+        click.echo(
+            f"target {name}: " + ("not measurable here" if m is None else f"{m:.2f} {'met' if t['met'] else 'MISSED'}")
+        )
+
+
+def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
+    from ..bench.scale import run_scale
+
+    res = run_scale(url, seconds=seconds)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo("server time per call (INFO commandstats), one merge key of 1 024 values:")
+    click.echo(
+        table(
+            ["shard slots", "fold us", "pull us"],
+            [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_slots"]],
+        )
+    )
+    click.echo(
+        table(
+            ["keys per report (256 values each, 8 slots)", "fold us", "pull us"],
+            [[r["keys"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fold_vs_keys"]],
+        )
+    )
+    click.echo(
+        table(
+            ["shard slots", "fold us (sampler 1024 + normaliser 256)", "pull us"],
+            [[r["slots"], f"{r['fold_us']:.0f}", f"{r['pull_us']:.0f}"] for r in res["fleet_report_vs_slots"]],
+        )
+    )
+    click.echo(
+        table(
+            ["shards", "values per key", "payloads in the stream", "MB in Redis"],
+            [
+                [m["slots"], m["elements"], "yes" if m["stream_payloads"] else "no", f"{m['bytes_total'] / 1e6:.2f}"]
+                for m in res["memory"]
+            ],
+        )
+    )
+    click.echo(
+        table(
+            ["connections", "publishes/s", "Redis CPU (share of a core)"],
+            [
+                [t["connections"], f"{t['publishes_per_s']:.0f}", f"{t['redis_cpu_share']:.2f}"]
+                for t in res["throughput"]
+            ],
+        )
+    )
+    f = res["fleet"]
+    click.echo(
+        f"fleet: a report every {f['interval_s']:g} s per collector costs Redis "
+        + ", ".join(f"{s:.3f} s/s at {n}" for n, s in f["server_s_per_s"].items())
+        + f"; the largest fleet within {f['core_budget']:g} of a core: {f['largest_fleet']} collectors"
+    )
+
+
+def _bench_peers(url: str, steps: int, as_json: bool) -> None:
+    from ..bench.peers import run_peers
+
+    res = run_peers(url, steps=steps)
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    click.echo(
+        f"{steps} steps per collector, an env step of {res['step_s'] * 1e3:g} ms (sleep), a 64-bin pooled sampler; "
+        "blocking time of the sync calls per step, without the straggler's own steps"
+    )
+    rows = [
+        [
+            r["scenario"],
+            r["procs"],
+            "yes" if r["straggler"] else "no",
+            f"{r['p50_us']:.1f}",
+            f"{r['p99_us']:.0f}",
+            f"{r['mean_us']:.1f}",
+            r.get("freshness") or "-",
+        ]
+        for r in res["rows"]
+    ]
+    click.echo(table(["sync", "processes", "straggler", "p50 us", "p99 us", "mean us", "freshness"], rows))
+    rows = [
+        [r["scenario"], r["procs"], "yes" if r["straggler"] else "no", f"{r['p50_ratio']:.1f}", f"{r['p99_ratio']:.1f}"]
+        for r in res["ratios_over_redisync_process"]
+    ]
+    click.echo(table(["vs redisync process/step", "processes", "straggler", "p50 ratio", "p99 ratio"], rows))
+    rows = [
+        [
+            r["scenario"],
+            r["procs"],
+            "yes" if r["straggler"] else "no",
+            *(f"{b['share']:.1%} {b['p50_us'] or 0:.0f}/{b['p99_us'] or 0:.0f}" for b in r["breakdown"].values()),
+            f"{r['floor_p99_us']:.0f}",
+            f"{r['applies_per_s']:.1f}",
+            f"{r['applied_lag_versions_p50']}",
+        ]
+        for r in res["rows"]
+        if "breakdown" in r
+    ]
+    click.echo(
+        table(
+            [
+                "redisync steps: share p50/p99 us",
+                "processes",
+                "straggler",
+                "hand-over",
+                "apply",
+                "neither",
+                "floor p99 us (5 us spin)",
+                "applies/s",
+                "versions behind (p50)",
+            ],
+            rows,
+        )
+    )
+    for name, t in res["targets"].items():
+        click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")

@@ -1,0 +1,129 @@
+"""What the commands share: the --url options, the extras check, connecting, waiting for a run,
+reading a snapshot file, and the figures' formatting."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from .. import errors
+from ..store.client import ENV_URL, RunSnapshot, connect, masked_url
+
+URL = click.option(
+    "--url",
+    envvar=ENV_URL,
+    default=None,
+    help=f"redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL (env {ENV_URL}); unset: embedded",
+)
+SERVER_URL = click.option(
+    "--url",
+    envvar=ENV_URL,
+    default=None,
+    help=f"the Redis that holds the run: redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL "
+    f"(env {ENV_URL}; required: the embedded store would start empty)",
+)
+EXTRAS = {
+    "demo": ("torch", "tqdm", "matplotlib"),
+    "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium"),
+    "peers": ("torch",),
+}
+
+
+def needs(what: str) -> None:
+    """Before any work: the modules a command needs, or one line saying which extra brings them."""
+    missing = [m for m in EXTRAS[what] if not importable(m)]
+    if missing:
+        extra = {"peers": "torch", "study": "study"}.get(what, "demo")
+        raise errors.RedisyncError(
+            f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
+            f"({', '.join(missing)} missing): pip install 'redisync[{extra}]'"
+        )
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def not_embedded(url: str | None, command: str) -> str:
+    """A command that reads or writes a run needs a Redis: the embedded store starts empty and is gone at exit."""
+    if url is None:
+        raise click.UsageError(
+            f"{command} works on a run in a Redis: pass --url or set {ENV_URL} "
+            "(the embedded store would start empty and be gone when this command exits)"
+        )
+    return url
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def num(x: float, digits: int) -> str:
+    """``x`` to ``digits`` decimals, never as a negative zero."""
+    return f"{round(x, digits) + 0.0:.{digits}f}"
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+
+
+def connected(url: str | None, run: str = "default") -> Any:
+    """A store that answered a PING: every connection problem ends here, naming the URL."""
+    store = connect(url, run=run)
+    store.ping()
+    return store
+
+
+def run_store(url: str | None, run: str) -> Any:
+    store = connected(url, run)
+    store.schema  # noqa: B018  (raises RunNotFound, naming the run, when there is none)
+    return store
+
+
+def wait_for_run(url: str, run: str, interval: float) -> Any:
+    """The run's store, once it is registered (saying once that it waits)."""
+    waiting = False
+    while True:
+        try:
+            return run_store(url, run)
+        except errors.RunNotFound:
+            if not waiting:
+                click.echo(f"waiting for run {run!r} at {masked_url(url)} to be registered (Ctrl-C to stop)")
+                waiting = True
+            time.sleep(interval)
+
+
+def read_snapshot(path: str) -> RunSnapshot:
+    """The snapshot in ``path``, or a CorruptSnapshot that names the file and says what is wrong."""
+    try:
+        return RunSnapshot.model_validate_json(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise errors.CorruptSnapshot(f"{path}: no such file") from None
+    except OSError as e:
+        raise errors.CorruptSnapshot(f"{path}: cannot read it ({e.strerror})") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(map(str, err.get("loc", ())))
+        if err["type"] == "json_invalid":
+            problem = f"not JSON ({err['msg']})"
+        elif err["type"] == "missing":
+            problem = f"the field {where!r} is missing"
+        else:
+            problem = f"the field {where!r} is wrong: {err['msg']}"
+        raise errors.CorruptSnapshot(f"{path} is not a redisync snapshot: {problem}") from None

@@ -1,0 +1,131 @@
+"""``redisync ab``: the pre-registered study of when drift between shards hurts training."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from .. import errors
+from .common import URL, needs, table
+
+
+@click.command()
+@URL
+@click.option(
+    "--out",
+    "out_dir",
+    default="out/ab",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="folder for results.json, the plots and report.md (the committed study: --out docs/ab)",
+)
+@click.option(
+    "--seeds", default=8, show_default=True, type=click.IntRange(2, 1000), help="seeds per arm of the primary contrasts"
+)
+@click.option(
+    "--secondary-seeds",
+    default=3,
+    show_default=True,
+    type=click.IntRange(2, 1000),
+    help="seeds per arm of the secondary (descriptive) contrasts",
+)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256), help="runs trained side by side")
+@click.option("--smoke", is_flag=True, help="the small CI configuration (minutes, not an hour)")
+@click.option("--gate-only", is_flag=True, help="run the gate (single vs uniform on H) and stop")
+@click.option(
+    "--follow-up",
+    is_flag=True,
+    help="after the gate, the pre-registered follow-up (P1-P4, docs/ab/follow-up-plan.md) instead of the study",
+)
+@click.option(
+    "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
+)
+@click.option(
+    "--env", "env_spec", default=None, help="'module:function' making your own TrackingEnv batches (see README)"
+)
+@click.option("--report-only", is_flag=True, help="rebuild the plots and report.md from OUT/results.json")
+@click.option("--no-progress", is_flag=True, help="no progress bar")
+def ab(
+    url: str | None,
+    out_dir: str,
+    seeds: int,
+    secondary_seeds: int,
+    workers: int,
+    smoke: bool,
+    gate_only: bool,
+    follow_up: bool,
+    env_steps: int | None,
+    env_spec: str | None,
+    report_only: bool,
+    no_progress: bool,
+) -> None:
+    """The drift study: the gate, then every sync arm on H and X trained with SAC; figures and report in OUT."""
+    needs("study")
+    from ..study.fleet import StudyConfig
+    from ..study.report import write_report
+    from ..study.study import load_env_factory, run_study
+
+    out = Path(out_dir)
+    command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
+    if report_only:
+        try:
+            results = json.loads((out / "results.json").read_text())
+        except (OSError, ValueError) as e:
+            raise click.BadParameter(f"{out / 'results.json'}: {e}", param_hint="--out") from None
+        click.echo(f"report: {write_report(results, out, results.get('command', command))}")
+        return
+    cfg = StudyConfig().smoke() if smoke else StudyConfig()
+    if env_steps is not None:
+        cfg = replace(cfg, env_steps=env_steps)
+    try:
+        load_env_factory(env_spec, cfg)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--env") from None
+    click.echo(f"{cfg.env_steps:,} env steps per run, {workers} workers; store: {url or 'embedded (one per worker)'}")
+    results = run_study(
+        cfg,
+        primary_seeds=seeds,
+        secondary_seeds=min(secondary_seeds, seeds),
+        url=url,
+        env_spec=env_spec,
+        workers=workers,
+        show_progress=not no_progress,
+        gate_only=gate_only,
+        follow_up=follow_up,
+        on_stage=click.echo,
+    )
+    results["command"] = command
+    report = write_report(results, out, command)
+    g = results["gate"]
+    click.echo(
+        f"gate: single - uniform = {g['mean_difference']:+.3f} (needs >= {g['threshold']}): "
+        f"{'passed' if g['passed'] else 'FAILED'}"
+    )
+    for h in results.get("follow_up") or []:
+        verdict = ("rejected: " if h["rejected"] else "not rejected: ") if h["tested"] else "not tested (descriptive): "
+        click.echo(f"{h['name']} {h['contrast']}: {h['mean']:+.3f}, one-sided p {h['p_one_sided']:.3g}; {verdict}"
+                   f"{h['decision']}")  # fmt: skip
+    if results["analysis"]:
+        rows = [
+            [
+                c["name"],
+                f"{c['mean']:+.3f}",
+                f"[{c['lo']:+.3f}, {c['hi']:+.3f}]",
+                f"{c['p_holm']:.3g}",
+                f"{c['p_equivalence_holm']:.3g}",
+                c["verdict"],
+            ]
+            for c in results["analysis"]["primary"]
+        ]
+        click.echo(
+            table(["primary contrast", "mean", "95% t-interval", "Holm p", "Holm p (equivalence)", "verdict"], rows)
+        )
+    click.echo(f"report: {report}")
+    if not g["passed"]:  # a study whose gate failed answers nothing: say so in the exit status too
+        raise errors.RedisyncError(
+            f"the gate failed (single - uniform = {g['mean_difference']:+.3f}); report: {report}"
+        )
