@@ -123,10 +123,22 @@ def _first_counts(r: redis.Redis, data_key: str, fields: list[str]) -> list[floa
 
 def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:
     """Seconds since each shard's last accepted report."""
+    return {shard: row["age_s"] for shard, row in shard_reports(store, now_us).items()}
+
+
+def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str, Any]]:
+    """Per shard that has reported: ``age_s``, the seconds since its last accepted report, and
+    ``seen``, the highest fleet version it had seen when it made that report (None before the fold
+    recorded it)."""
     now = now_us if now_us is not None else server_time_us(store.redis)
     raw = {_text(k): _text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
-    ages = {int(f.split(":")[0]): _age(now, v) for f, v in raw.items() if f.endswith(":at_us")}
-    return {shard: age for shard, age in ages.items() if age is not None}
+    out: dict[int, dict[str, Any]] = {}
+    for field, value in raw.items():
+        shard, what = field.split(":", 1)
+        if what == "at_us" and (age := _age(now, value)) is not None:
+            seen = raw.get(f"{shard}:seen")
+            out[int(shard)] = {"age_s": age, "seen": int(seen) if seen else None}
+    return out
 
 
 def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, dict[int, dict[str, np.ndarray]]]:
@@ -185,12 +197,56 @@ def _merge_drift(store: Store, name: str, spec: MergeSpec) -> dict[str, Any] | N
     pooled = _distribution(agg["sum"])
     if pooled is None:
         return None
-    rows = {}
+    shards: dict[int, dict[str, Any]] = {}
     for shard, parts in slots.items():
         own = _distribution(parts["sum"])
         if own is not None:
-            rows[shard] = {"tv": 0.5 * float(np.abs(own - pooled).sum()), "entropy": _entropy(own)}
-    return {"kind": "distribution", "pooled_entropy": _entropy(pooled), "shards": rows}
+            shards[shard] = {
+                "tv": 0.5 * float(np.abs(own - pooled).sum()),
+                "entropy": _entropy(own),
+                "sum": np.ravel(parts["sum"]),
+            }
+    return {
+        "kind": "distribution",
+        "pooled_entropy": _entropy(pooled),
+        "pooled_sum": np.ravel(agg["sum"]),
+        "shards": shards,
+    }
+
+
+class SampledDistance:
+    """How far what each synced shard *samples* is from the pooled distribution now.
+
+    A shard of a pooled key samples from the rest of the fleet as it was at the fleet version it
+    holds, plus its own current EMA: ``pooled(v) − own(v) + own(now)``. The store keeps only the
+    current state, so an observer that polls (``redisync watch``) records the states it sees and
+    judges each shard at the newest recorded version at or below the one the shard had seen — an
+    upper bound on its lag, so the distance errs high. None where no such record exists yet.
+    """
+
+    def __init__(self, keep: int = 256):
+        self._keep = keep
+        self._records: dict[int, dict[str, dict[str, Any]]] = {}
+
+    def observe(self, fleet_version: int, drifts: dict[str, dict[str, Any]]) -> None:
+        self._records[fleet_version] = {k: d for k, d in drifts.items() if d["kind"] == "distribution"}
+        for old in sorted(self._records)[: max(0, len(self._records) - self._keep)]:
+            del self._records[old]
+
+    def distance(self, key: str, shard: int, seen: int | None, drifts: dict[str, dict[str, Any]]) -> float | None:
+        now = drifts.get(key)
+        if seen is None or now is None or now["kind"] != "distribution" or shard not in now["shards"]:
+            return None
+        held = [v for v in self._records if v <= seen and key in self._records[v]]
+        if not held:
+            return None
+        then = self._records[max(held)][key]
+        own_then = then["shards"].get(shard, {}).get("sum", 0.0)
+        sampled = _distribution(np.maximum(then["pooled_sum"] - own_then + now["shards"][shard]["sum"], 0.0))
+        pooled = _distribution(now["pooled_sum"])
+        if sampled is None or pooled is None:
+            return None
+        return 0.5 * float(np.abs(sampled - pooled).sum())
 
 
 def _moments(parts: dict[str, np.ndarray]) -> tuple[np.ndarray | None, np.ndarray]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,10 +162,84 @@ def test_watch_shows_per_shard_drift_and_stops(populated):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("fleet version 4") == 2
     assert "rejected reports 1" in out.stdout
-    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if l[:1].isdigit()}
+    rows = watch_rows(out.stdout)
     # each shard's own distribution is mostly its own hot bin: far from the pooled one
     assert set(rows) == {"0", "1", "2"}
-    assert all(0.4 < float(r[2]) < 0.7 for r in rows.values())
+    assert all(0.4 < float(r["motion/bin_failed TV without sync"]) < 0.7 for r in rows.values())
+    # each report came from a new client that had seen no fleet version: 4 behind the newest
+    assert {shard: r["behind"] for shard, r in rows.items()} == {"0": "4", "1": "4", "2": "4"}
+    # no state this view recorded is as old as what they had seen: not judged yet
+    assert {r["motion/bin_failed TV sampling"] for r in rows.values()} == {"-"}
+
+
+def watch_rows(stdout: str) -> dict[str, dict[str, str]]:
+    """The last frame's shard rows of ``redisync watch``'s piped output, by column header (the
+    columns are at least two spaces apart; a header has single spaces)."""
+    lines = stdout.splitlines()
+    start = max(i for i, l in enumerate(lines) if l.startswith("shard  "))
+    headers = re.split(r"\s{2,}", lines[start].strip())
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line[:1].isdigit():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[cells[0]] = dict(zip(headers, cells, strict=True))
+    return rows
+
+
+def test_watch_judges_what_each_shard_samples_from_the_fleet_state_it_had_seen(cli_url):
+    """A synced shard samples the rest of the fleet as of the version it held, plus its own EMA: the
+    view shows that distance beside the one without sync, and catches a shard that saw an old state."""
+    store = redisync_api.connect(cli_url, run=f"cli-sampled-{uuid.uuid4().hex[:8]}")
+    store.register(Schema.of({"motion/bin_failed": merge(4, lifecycle="state")}))
+    own = {0: np.eye(4)[0] + 0.1, 1: np.eye(4)[1] + 0.1}
+    shards = {i: store.shard(i) for i in own}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisync.cli", "watch", "--url", cli_url, "--run", store.run, "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for i in own:
+            shards[i].publish({"motion/bin_failed": {"count": 1, "sum": own[i]}})  # versions 1, 2
+
+        def frame_at(version: int) -> str:
+            """The first whole frame showing ``version`` (each ends with the dim legend's last line)."""
+            text = ""
+            while True:
+                line = proc.stdout.readline()
+                assert line, proc.stderr.read()
+                text = line if line.startswith("run ") else text + line
+                if line.startswith("pooled entropy") and f"fleet version {version} " in text:
+                    return text
+
+        frame_at(2)  # the view has recorded version 2
+        for i in own:
+            shards[i].pull()  # both see version 2
+        shards[0].publish({"motion/bin_failed": {"count": 1, "sum": own[0]}})  # version 3, had seen 2
+        own[1] = np.eye(4)[2] + 0.1  # shard 1's failures moved to bin 2
+        shards[1].publish({"motion/bin_failed": {"count": 1, "sum": own[1]}})  # version 4, had seen 2
+        rows = watch_rows(frame_at(4))
+    finally:
+        proc.kill()
+        proc.communicate()
+        store.delete()
+    pooled_then = np.eye(4)[0] + np.eye(4)[1] + 0.2
+    pooled_now = own[0] + own[1]
+
+    def tv(a, b):
+        return 0.5 * np.abs(a / a.sum() - b / b.sum()).sum()
+
+    sampled = {0: pooled_then - own[0] + own[0], 1: pooled_then - (np.eye(4)[1] + 0.1) + own[1]}
+    for i in own:
+        row = rows[str(i)]
+        assert row["behind"] == str(4 - 2)
+        assert float(row["motion/bin_failed TV sampling"]) == pytest.approx(tv(sampled[i], pooled_now), abs=1e-4)
+        assert float(row["motion/bin_failed TV without sync"]) == pytest.approx(tv(own[i], pooled_now), abs=1e-4)
+    # shard 0 samples a fleet that no longer holds shard 1's move; shard 1 holds all of it
+    assert float(rows["0"]["motion/bin_failed TV sampling"]) > 0.2
+    assert float(rows["1"]["motion/bin_failed TV sampling"]) == 0.0
 
 
 def test_watch_started_before_the_run_exists_waits_for_it(real_url):
@@ -422,17 +497,16 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
             )
         out = cli("watch", "--url", cli_url, "--run", store.run, "--count", "1")
         assert out.returncode == 0, out.stderr
-        header = next(l for l in out.stdout.splitlines() if l.startswith("shard"))
-        assert "obs/norm |mean offset| (pooled sd)" in header
-        assert "motion/bin_failed TV" in header
         assert "curriculum/delta" not in out.stdout
         assert "motion/one" not in out.stdout
-        rows = {l.split()[0]: l.split() for l in out.stdout.splitlines() if l[:1].isdigit()}
+        rows = watch_rows(out.stdout)
         # pooled: mean (1, 0), variance 1 + 1 = 2; each shard's mean is 1 away in the first element
-        # columns: shard, last report, motion/bin_failed TV and entropy, obs/norm offset
         assert set(rows) == {"0", "1"}
-        assert all(float(r[4]) == pytest.approx(0.71, abs=0.01) for r in rows.values())
-        assert all(r[2] == "0.0000" and r[3] == "1.000" for r in rows.values())
+        assert all(
+            float(r["obs/norm |mean offset| (pooled sd)"]) == pytest.approx(0.71, abs=0.01) for r in rows.values()
+        )
+        assert all(r["motion/bin_failed TV without sync"] == "0.0000" for r in rows.values())
+        assert all(r["motion/bin_failed entropy"] == "1.000" for r in rows.values())
         assert "-0.0" not in out.stdout
     finally:
         store.delete()

@@ -4,12 +4,19 @@ reading a snapshot file, and the figures' formatting."""
 from __future__ import annotations
 
 import importlib.util
+import io
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import ValidationError
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from .. import errors
 from ..store.client import ENV_URL, RunSnapshot, connect, masked_url
@@ -62,12 +69,34 @@ def not_embedded(url: str | None, command: str) -> str:
     return url
 
 
+def terminal() -> bool:
+    """Whether stdout is a terminal: colour, live views and the terminal's width only then."""
+    return sys.stdout.isatty()
+
+
+def render(*things: Any) -> str:
+    """Rich renderables as text: coloured for a terminal, plain (and 200 columns wide, so that a
+    table is never folded) for a pipe or a file."""
+    buf = io.StringIO()
+    tty = terminal()
+    width = shutil.get_terminal_size().columns if tty else 200
+    Console(file=buf, force_terminal=tty, no_color=not tty, width=width, highlight=False).print(*things)
+    return buf.getvalue().rstrip("\n")
+
+
+def rich_table(headers: list[str], rows: list[list[Any]], title: str | None = None) -> Table:
+    """A table in the house style: a bold header, a rule under it, no frame; cells are text
+    (never read as markup), a cell that is already a rich Text keeps its style."""
+    out = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold cyan", title=title)
+    for h in headers:
+        out.add_column(h)
+    for row in rows:
+        out.add_row(*(c if isinstance(c, Text) else Text(str(c)) for c in row))
+    return out
+
+
 def table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[str(c) for c in r] for r in [headers, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return render(rich_table(headers, rows))
 
 
 def num(x: float, digits: int) -> str:

@@ -1,15 +1,130 @@
-"""``redisync watch``: a live view of one run."""
+"""``redisync watch``: a live view of one run.
+
+Per shard: how long ago its last report was folded, how many fleet versions it was behind when it
+made it, and — for each distribution it samples from (a pooled merge key: a failure EMA, a
+histogram) — the distance of what it *samples* from the pooled distribution beside the distance
+it would have *without sync* (its own slot alone). Above the table, a short history of the
+version rate and of the worst distances. In a terminal the view redraws in place; piped, it
+prints one frame per refresh.
+"""
 
 from __future__ import annotations
 
-import sys
 import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
 
 import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
 
-from ..inspection import drift, shard_ages
+from ..inspection import SampledDistance, drift, shard_reports
 from ..store.client import masked_url
-from .common import SERVER_URL, age, not_embedded, num, table, wait_for_run
+from .common import SERVER_URL, age, not_embedded, num, render, rich_table, terminal, wait_for_run
+
+SPARKS = "▁▂▃▄▅▆▇█"
+HISTORY = 40  # refreshes kept for the sparklines
+BEHIND_WARN = 10  # fleet versions behind at its last report: a shard this far back is shown in yellow
+
+
+def sparkline(values: list[float], top: float | None = None) -> str:
+    """``values`` as block characters scaled to ``top`` (default: their maximum)."""
+    if not values:
+        return ""
+    top = max(values) if top is None else top
+    if top <= 0:
+        return SPARKS[0] * len(values)
+    return "".join(SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1) + 0.5))] for v in values)
+
+
+@dataclass
+class WatchState:
+    """What the view remembers between refreshes."""
+
+    sampled: SampledDistance = field(default_factory=SampledDistance)
+    last: tuple[float, int, int] | None = None  # (monotonic time, fleet version, dead letters)
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    worst_sampled: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    worst_unsynced: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+
+def frame(store: Any, url: str, state: WatchState) -> Group:
+    """One refresh of the view, read from the store."""
+    t = time.monotonic()
+    version = int(store.run_info()["fleet_version"])
+    dead = int(store.redis.xlen(store.keys.dead_letters))
+    last = state.last
+    rate = (version - last[1]) / (t - last[0]) if last else 0.0
+    new_dead = dead - last[2] if last else 0
+    state.last = (t, version, dead)
+    reports, drifts = shard_reports(store), drift(store)
+    state.sampled.observe(version, drifts)
+
+    headers = ["shard", "last report", "behind"]
+    for name, d in drifts.items():
+        if d["kind"] == "moments":
+            headers.append(f"{name} |mean offset| (pooled sd)")
+        else:
+            headers += [f"{name} TV sampling", f"{name} TV without sync", f"{name} entropy"]
+    rows, sampled_tvs, unsynced_tvs = [], [], []
+    for shard in sorted(reports):
+        seen = reports[shard]["seen"]
+        behind = None if seen is None else max(version - seen, 0)
+        row: list[Any] = [
+            shard,
+            age(reports[shard]["age_s"]),
+            Text("-" if behind is None else str(behind), style="yellow" if (behind or 0) >= BEHIND_WARN else ""),
+        ]
+        for name, d in drifts.items():
+            s = d["shards"].get(shard)
+            if d["kind"] == "moments":
+                row.append("-" if s is None else num(s["offset_sd"], 2))
+                continue
+            sampled = state.sampled.distance(name, shard, seen, drifts)
+            if sampled is not None:
+                sampled_tvs.append(sampled)
+            if s is not None:
+                unsynced_tvs.append(s["tv"])
+            row += [
+                Text("-" if sampled is None else num(sampled, 4), style="green"),
+                "-" if s is None else num(s["tv"], 4),
+                "-" if s is None else num(s["entropy"], 3),
+            ]
+        rows.append(row)
+    state.rates.append(rate)
+    state.worst_sampled.append(max(sampled_tvs, default=0.0))
+    state.worst_unsynced.append(max(unsynced_tvs, default=0.0))
+
+    parts: list[Any] = [
+        Text.assemble((f"run {store.run}", "bold"), f" at {masked_url(url)}   {time.strftime('%H:%M:%S')}"),
+        Text.assemble(
+            f"fleet version {version}   {rate:.1f} versions/s   ",
+            (f"rejected reports {dead} (+{new_dead})", "red" if new_dead else ""),
+        ),
+        "",
+        rich_table(headers, rows) if rows else Text("no shard has reported yet", style="dim"),
+    ]
+    if any(d["kind"] == "distribution" for d in drifts.values()):
+        top = max([*state.worst_unsynced, *state.worst_sampled, 1e-12])
+        parts += [
+            "",
+            Text(f"versions/s          {sparkline(list(state.rates))}"),
+            Text(f"worst TV sampling   {sparkline(list(state.worst_sampled), top)}", style="green"),
+            Text(f"worst TV w/o sync   {sparkline(list(state.worst_unsynced), top)}"),
+            Text(
+                "TV sampling: the distance from the pooled distribution of what the shard samples (the fleet "
+                "state it had seen at its last report, judged from the states this view recorded: '-' until one "
+                "is). TV without sync: its own slot alone, what it would sample unsynced. behind: fleet versions "
+                "it had not seen when it reported.",
+                style="dim",
+            ),
+        ]
+        for name, d in drifts.items():
+            if d["kind"] == "distribution":
+                parts.append(Text(f"pooled entropy of {name}: {num(d['pooled_entropy'], 3)}", style="dim"))
+    return Group(*parts)
 
 
 @click.command()
@@ -20,49 +135,30 @@ from .common import SERVER_URL, age, not_embedded, num, table, wait_for_run
 )
 @click.option("--count", default=0, type=click.IntRange(0), help="stop after this many refreshes (0: until Ctrl-C)")
 def watch(url: str | None, run: str, interval: float, count: int) -> None:
-    """A live view of one run: version rate, per-shard staleness and drift, rejected reports. Started
-    before the run exists (watching a training about to start), it waits for it."""
+    """A live view of one run: per shard its report age, how far behind it was, and the distance of
+    what it samples from the pooled distribution beside its distance without sync. Started before
+    the run exists (beside a training about to start), it waits for it."""
     url = not_embedded(url, "watch")
-    last: tuple[float, int, int] | None = None
-    shown = 0
+    state, shown = WatchState(), 0
+    live: Live | None = None
     try:
         store = wait_for_run(url, run, interval)
+        if terminal():
+            live = Live(console=Console(highlight=False), auto_refresh=False, transient=False)
+            live.start()
         while True:
             t = time.monotonic()
-            info = store.run_info()
-            version, dead = int(info["fleet_version"]), int(store.redis.xlen(store.keys.dead_letters))
-            rate = (version - last[1]) / (t - last[0]) if last else 0.0
-            new_dead = dead - last[2] if last else 0
-            last = (t, version, dead)
-            ages, drifts = shard_ages(store), drift(store)
-            lines = [
-                f"run {run} at {masked_url(url)}   {time.strftime('%H:%M:%S')}",
-                f"fleet version {version}   {rate:.1f} versions/s   rejected reports {dead} (+{new_dead})",
-                "",
-            ]
-            rows = []
-            for shard in sorted(ages):
-                row = [shard, age(ages[shard])]
-                for d in drifts.values():
-                    s = d["shards"].get(shard)
-                    if d["kind"] == "moments":
-                        row += ["-" if s is None else num(s["offset_sd"], 2)]
-                    else:
-                        row += ["-", "-"] if s is None else [num(s["tv"], 4), num(s["entropy"], 3)]
-                rows.append(row)
-            headers = ["shard", "last report"]
-            for name, d in drifts.items():
-                headers += (
-                    [f"{name} |mean offset| (pooled sd)"] if d["kind"] == "moments" else [f"{name} TV", "entropy"]
-                )
-            lines.append(table(headers, rows) if rows else "no shard has reported yet")
-            for name, d in drifts.items():
-                if d["kind"] == "distribution":
-                    lines.append(f"pooled entropy of {name}: {num(d['pooled_entropy'], 3)}")
-            click.echo(("\x1b[H\x1b[2J" if sys.stdout.isatty() else "") + "\n".join(lines), nl=True)
+            view = frame(store, url, state)
+            if live is not None:
+                live.update(view, refresh=True)
+            else:
+                click.echo(render(view) + "\n")
             shown += 1
             if count and shown >= count:
                 return
             time.sleep(max(0.0, interval - (time.monotonic() - t)))
     except KeyboardInterrupt:
         click.echo("\nstopped")
+    finally:
+        if live is not None:
+            live.stop()
