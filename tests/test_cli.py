@@ -73,6 +73,18 @@ def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_prints_figures_and_the_targets_only_for_developers(real_url):
+    """A user read 'target ...: MISSED' lines as a broken install: targets are behind --targets."""
+    args = ("bench", "--url", real_url, "--calls", "20", "--procs", "2", "--seconds", "0.3")
+    plain, dev = cli(*args), cli(*args, "--targets")
+    assert plain.returncode == 0, plain.stderr
+    assert dev.returncode == 0, dev.stderr
+    assert "PING median" in plain.stdout
+    assert "publish us" in plain.stdout
+    assert "target" not in plain.stdout
+    assert "target pull_unchanged_over_ping<=1.15:" in dev.stdout
+
+
 def test_bench_json_on_real_redis(real_url):
     out = cli("bench", "--url", real_url, "--json", "--calls", "20", "--procs", "2", "--seconds", "0.5")
     assert out.returncode == 0, out.stderr

@@ -36,6 +36,12 @@ from .common import URL, connected, needs, table
     is_flag=True,
     help="the core figures, --peers and --scale in one run (with --json: one document)",
 )
+@click.option(
+    "--targets",
+    "show_targets",
+    is_flag=True,
+    help="for redisync's developers: also print the project's performance targets and whether this run met them",
+)
 def bench(
     url: str | None,
     as_json: bool,
@@ -47,6 +53,7 @@ def bench(
     scale: bool,
     instructions: bool,
     everything: bool,
+    show_targets: bool,
 ) -> None:
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
     With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
@@ -78,7 +85,7 @@ def bench(
         return
     if peers or everything:
         assert url is not None  # (refused above)
-        _bench_peers(url, steps, as_json)
+        _bench_peers(url, steps, as_json, show_targets)
     if scale or everything:
         assert url is not None
         _bench_scale(url, seconds, as_json)
@@ -169,6 +176,8 @@ def bench(
                 ["device", "groups", "bins per group", "rebuild us (k=1)", "rebuild us (k=5)", "sample 4096 us"], rows
             )
         )
+    if not show_targets:
+        return
     if res["url"] == EMBEDDED:
         click.echo("(the targets are set for a real Redis on loopback; the embedded store is Python)")
     for name, t in res["targets"].items():
@@ -230,7 +239,7 @@ def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
     )
 
 
-def _bench_peers(url: str, steps: int, as_json: bool) -> None:
+def _bench_peers(url: str, steps: int, as_json: bool, show_targets: bool) -> None:
     from ..bench.peers import run_peers
 
     res = run_peers(url, steps=steps)
@@ -288,5 +297,6 @@ def _bench_peers(url: str, steps: int, as_json: bool) -> None:
             rows,
         )
     )
-    for name, t in res["targets"].items():
-        click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")
+    if show_targets:
+        for name, t in res["targets"].items():
+            click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
-from typing import Any
 
 from .. import errors
 from ..store.client import Store
@@ -22,16 +21,50 @@ def stores_in_order() -> bool:
 
 
 def new_syncer(
-    store: Store, shard_id: int, terms: Sequence[SyncedTerm], *, worker: str = "auto", **kwargs: Any
+    store: Store,
+    shard_id: int,
+    terms: Sequence[SyncedTerm],
+    *,
+    worker: str = "auto",
+    publish_every_steps: int = 50,
+    publish_every_s: float = 1.0,
+    poll_every_s: float = 1.0,
+    min_pull_interval_s: float = 0.1,
+    retry_every_s: float = 0.5,
+    incarnation: int | None = None,
+    resume: bool | frozenset[str] | None = None,
+    start_timeout_s: float = 5.0,
+    take_over: bool = False,
 ) -> Syncer:
-    """A collector's Syncer. ``worker="process"`` runs the network in a sidecar process of its own,
-    which keeps the collector's interpreter lock free for its hot path; ``worker="thread"`` in a
-    thread of the collector's process. ``"auto"`` (the default) takes the sidecar for a Redis URL and
-    the thread for the embedded store, which lives inside the process. Same API, same rules.
+    """A collector's Syncer: it publishes ``terms``' reports as shard ``shard_id`` of ``store``'s run
+    and hands the fleet state to them at reset boundaries, without the collector ever waiting.
 
-    The sidecar's seqlocks are plain stores from Python, with no memory fences: they rely on a CPU
-    that keeps stores in order (x86's TSO). Elsewhere ``"auto"`` takes the thread, and asking for the
-    process is refused. ``kwargs`` go to :class:`~redisync.collector.syncer.Syncer`."""
+    Args:
+        store: the run's store (:func:`redisync.connect`).
+        shard_id: this collector's shard, unique in the fleet (0, 1, ...).
+        terms: the synced terms (samplers, normalisers, curriculum terms) whose state is shared.
+        worker: where the network runs. ``"process"``: a sidecar process of its own, which keeps
+            the collector's interpreter lock free for its hot path; ``"thread"``: a thread of this
+            process; ``"auto"``: the sidecar for a Redis URL, the thread for the embedded store
+            (which lives inside this process). Same API, same rules. The sidecar's seqlocks are
+            plain stores with no memory fences: they rely on a CPU that keeps stores in order
+            (x86); elsewhere ``"auto"`` takes the thread and ``"process"`` is refused.
+        publish_every_steps: a report is due after this many ``on_step()`` calls ...
+        publish_every_s: ... or after this many seconds, whichever comes first.
+        poll_every_s: how often the worker reads the fleet version when no announcement on the
+            run's versions channel arrives (the channel makes a change known at once).
+        min_pull_interval_s: the shortest time between two pulls of a changed fleet state.
+        retry_every_s: the wait before retrying after the store could not be reached.
+        incarnation: this process's incarnation of the shard (default: claimed from the store at
+            ``start()``, one above the last).
+        resume: whether the terms resume their own cumulative statistics from a checkpoint (their
+            previous life's slots are taken over, not counted twice): ``True``/``False`` for every
+            key, a set of key names, or ``None`` to ask each term (``term.resumed``).
+        start_timeout_s: how long ``start()`` waits for the store before it returns and goes on
+            registering in the background.
+        take_over: claim the shard even while another live process holds its lease (a restarted
+            collector whose old process is known to be gone).
+    """
     if worker not in WORKERS:
         raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
     if worker == "auto":
@@ -41,4 +74,17 @@ def new_syncer(
             f"worker='process' needs a CPU that keeps stores in order (x86); this one is {platform.machine()!r}: "
             "use worker='thread'"
         )
-    return (SidecarSyncer if worker == "process" else Syncer)(store, shard_id, terms, **kwargs)
+    return (SidecarSyncer if worker == "process" else Syncer)(
+        store,
+        shard_id,
+        terms,
+        publish_every_steps=publish_every_steps,
+        publish_every_s=publish_every_s,
+        poll_every_s=poll_every_s,
+        min_pull_interval_s=min_pull_interval_s,
+        retry_every_s=retry_every_s,
+        incarnation=incarnation,
+        resume=resume,
+        start_timeout_s=start_timeout_s,
+        take_over=take_over,
+    )

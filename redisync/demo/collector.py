@@ -3,6 +3,7 @@ differ in difficulty, with failure rates of its own shard, synced (or not) throu
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,11 +43,27 @@ class FleetConfig:
         return np.clip(base * profile, 0.0, 1.0)
 
 
+class LogToParent(logging.Handler):
+    """redisync's log records of a collector process, sent to the demo's process as ``("log", shard,
+    line)``: it prints them on lines of their own above the progress bar (written straight to
+    stderr from here, they were glued onto the bar)."""
+
+    def __init__(self, out: Any, shard: int):
+        super().__init__(logging.INFO)
+        self.out, self.shard = out, shard
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.out.put(("log", self.shard, f"collector {self.shard}: {record.levelname.lower()}: {record.getMessage()}"))
+
+
 def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, out: Any, go: Any) -> None:
     """Step this shard's envs; report progress, periodic snapshots and a summary on ``out``.
 
     Every collector says it is ready, then waits for ``go``, so that the fleet starts together.
     """
+    logger = logging.getLogger("redisync")
+    logger.addHandler(LogToParent(out, shard))
+    logger.propagate = False
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(cfg.seed * 1000 + shard)
     rates = torch.as_tensor(cfg.failure_rates()[shard], dtype=torch.float32)

@@ -130,6 +130,8 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: boo
                 phase.used.setdefault(step, {})[shard] = used
             elif kind == "progress":
                 progress.update(msg[2])
+            elif kind == "log":
+                progress.write(msg[2])  # on a line of its own above the bar
             else:
                 phase.summaries[shard] = msg[2]
                 done += 1
@@ -145,7 +147,9 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: boo
     return phase
 
 
-def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
+def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> tuple[float, float]:
+    """Writes the demo's picture to ``path``; returns the y-range of its two distribution panels,
+    one scale for both (so that a flatter panel is not stretched to look as peaked as the other)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,6 +167,10 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
         ax.set_xlabel("motion bin (1 s each)")
         ax.set_ylabel("sampling probability")
         ax.legend(fontsize=8)
+    top = max(max(float(p.max()) for p in ph.used[ph.last].values()) for ph in phases.values())
+    top = max(top, *(float(ph.pooled(ph.last).max()) for ph in phases.values()))
+    for ax in axes[:2]:
+        ax.set_ylim(0.0, top * 1.05)
     ax = axes[2]
     for sync, style in ((False, "--"), (True, "-")):
         ph = phases[sync]
@@ -182,7 +190,10 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    ylim = axes[0].get_ylim()
+    assert ylim == axes[1].get_ylim()
     plt.close(fig)
+    return ylim
 
 
 def run_demo(

@@ -211,3 +211,19 @@ def test_a_paused_redis_never_stalls_the_shared_hot_path_and_the_fleet_catches_u
         for s in syncers:
             s.stop(flush=False)
         server.kill()
+
+
+def test_new_syncer_names_every_option_with_the_syncers_defaults():
+    """It took ``**kwargs``: help() and IDEs showed none of the options a user tunes."""
+    import inspect
+
+    from redisync.collector.syncer import Syncer
+    from redisync.collector.workers import new_syncer
+
+    ours = inspect.signature(new_syncer).parameters
+    theirs = {n: p for n, p in inspect.signature(Syncer.__init__).parameters.items() if n != "self"}
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ours.values())
+    for name, p in theirs.items():
+        assert name in ours, name
+        assert ours[name].default == p.default, name
+        assert f"{name}:" in (new_syncer.__doc__ or ""), f"{name} is not described"

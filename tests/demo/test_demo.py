@@ -1,0 +1,49 @@
+"""The demo's parts that the CLI test does not look at: its picture's scales and its collectors' logs."""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.extras("torch", "matplotlib")
+
+
+def test_both_distribution_panels_share_one_y_scale(tmp_path):
+    """Each panel once had its own scale: the flat synced panel was stretched to look as peaked."""
+    from redisync.demo.collector import FleetConfig
+    from redisync.demo.fleet import Phase, plot
+
+    cfg = FleetConfig(shards=2, bins=5)
+    peaked, flat = np.array([0.8, 0.05, 0.05, 0.05, 0.05]), np.full(5, 0.2)
+    phases = {}
+    for sync, shapes in ((False, (peaked, peaked[::-1])), (True, (flat, flat))):
+        ph = Phase(sync)
+        for step in (10, 20):
+            ph.own[step] = {s: shapes[s] * 10 for s in range(2)}
+            ph.used[step] = {s: shapes[s] for s in range(2)}
+        phases[sync] = ph
+    low, high = plot(phases, cfg, tmp_path / "demo.png")
+    assert (tmp_path / "demo.png").stat().st_size > 0
+    assert low == 0.0
+    assert high == pytest.approx(0.8 * 1.05)  # the peaked panel's top, for the flat one too
+
+
+def test_a_collectors_warning_reaches_the_demo_as_a_line_of_its_own():
+    from redisync.demo.collector import LogToParent
+
+    out: queue.Queue = queue.Queue()
+    logger = logging.getLogger("redisync.collector.test-demo")
+    handler = LogToParent(out, 3)
+    logging.getLogger("redisync").addHandler(handler)
+    try:
+        logger.warning("redisync shard %d: stopped with the last report not published", 3)
+    finally:
+        logging.getLogger("redisync").removeHandler(handler)
+    assert out.get_nowait() == (
+        "log",
+        3,
+        "collector 3: warning: redisync shard 3: stopped with the last report not published",
+    )
