@@ -127,17 +127,21 @@ def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:
 
 
 def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str, Any]]:
-    """Per shard that has reported: ``age_s``, the seconds since its last accepted report, and
-    ``seen``, the highest fleet version it had seen when it made that report (None before the fold
-    recorded it)."""
+    """Per shard that has reported: ``age_s``, the seconds since its last accepted report; ``seen``,
+    the highest fleet version it had seen when it made that report, and ``behind``, how many versions
+    before the one its report made it had not seen (None where the fold did not record them)."""
     now = now_us if now_us is not None else server_time_us(store.redis)
     raw = {_text(k): _text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
     out: dict[int, dict[str, Any]] = {}
     for field, value in raw.items():
         shard, what = field.split(":", 1)
         if what == "at_us" and (age := _age(now, value)) is not None:
-            seen = raw.get(f"{shard}:seen")
-            out[int(shard)] = {"age_s": age, "seen": int(seen) if seen else None}
+            seen, made = raw.get(f"{shard}:seen"), raw.get(f"{shard}:made")
+            out[int(shard)] = {
+                "age_s": age,
+                "seen": int(seen) if seen else None,
+                "behind": max(int(made) - 1 - int(seen), 0) if seen and made else None,
+            }
     return out
 
 

@@ -27,7 +27,7 @@ def lua_state(store: Store) -> dict:
         sid, what = field.split(":")
         if what == "lease_until_us":
             out["leases"][int(sid)] = int(v)
-        elif what not in ("at_us", "claimed", "seen"):  # (when, and what it had seen: for the operator)
+        elif what not in ("at_us", "claimed", "seen", "made"):  # (when, and what it had seen: for the operator)
             out["shards"].setdefault(int(sid), {})[what] = int(v)
     for name, spec in store.schema.keys.items():
         meta = {_s(k): _s(v) for k, v in r.hgetall(store.keys.key_meta(name)).items()}

@@ -178,8 +178,8 @@ def test_watch_shows_per_shard_drift_and_stops(populated):
     # each shard's own distribution is mostly its own hot bin: far from the pooled one
     assert set(rows) == {"0", "1", "2"}
     assert all(0.4 < float(r["motion/bin_failed TV without sync"]) < 0.7 for r in rows.values())
-    # each report came from a new client that had seen no fleet version: 4 behind the newest
-    assert {shard: r["behind"] for shard, r in rows.items()} == {"0": "4", "1": "4", "2": "4"}
+    # each report came from a new client that had seen no fleet version: the versions before its own
+    assert {shard: r["behind"] for shard, r in rows.items()} == {"0": "3", "1": "1", "2": "2"}
     # no state this view recorded is as old as what they had seen: not judged yet
     assert {r["motion/bin_failed TV sampling"] for r in rows.values()} == {"-"}
 
@@ -246,7 +246,7 @@ def test_watch_judges_what_each_shard_samples_from_the_fleet_state_it_had_seen(c
     sampled = {0: pooled_then - own[0] + own[0], 1: pooled_then - (np.eye(4)[1] + 0.1) + own[1]}
     for i in own:
         row = rows[str(i)]
-        assert row["behind"] == str(4 - 2)
+        assert row["behind"] == str(i)  # shard 0 made version 3 having seen 2, shard 1 made 4
         assert float(row["motion/bin_failed TV sampling"]) == pytest.approx(tv(sampled[i], pooled_now), abs=1e-4)
         assert float(row["motion/bin_failed TV without sync"]) == pytest.approx(tv(own[i], pooled_now), abs=1e-4)
     # shard 0 samples a fleet that no longer holds shard 1's move; shard 1 holds all of it

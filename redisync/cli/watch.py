@@ -1,7 +1,7 @@
 """``redisync watch``: a live view of one run.
 
-Per shard: how long ago its last report was folded, how many fleet versions it was behind when it
-made it, and — for each distribution it samples from (a pooled merge key: a failure EMA, a
+Per shard: how long ago its last report was folded, how many fleet versions made before that
+report it had not seen, and — for each distribution it samples from (a pooled merge key: a failure EMA, a
 histogram) — the distance of what it *samples* from the pooled distribution beside the distance
 it would have *without sync* (its own slot alone). Above the table, a short history of the
 version rate and of the worst distances. In a terminal the view redraws in place; piped, it
@@ -70,8 +70,7 @@ def frame(store: Any, url: str, state: WatchState) -> Group:
             headers += [f"{name} TV sampling", f"{name} TV without sync", f"{name} entropy"]
     rows, sampled_tvs, unsynced_tvs = [], [], []
     for shard in sorted(reports):
-        seen = reports[shard]["seen"]
-        behind = None if seen is None else max(version - seen, 0)
+        seen, behind = reports[shard]["seen"], reports[shard]["behind"]
         row: list[Any] = [
             shard,
             age(reports[shard]["age_s"]),
@@ -116,8 +115,8 @@ def frame(store: Any, url: str, state: WatchState) -> Group:
             Text(
                 "TV sampling: the distance from the pooled distribution of what the shard samples (the fleet "
                 "state it had seen at its last report, judged from the states this view recorded: '-' until one "
-                "is). TV without sync: its own slot alone, what it would sample unsynced. behind: fleet versions "
-                "it had not seen when it reported.",
+                "is). TV without sync: its own slot alone, what it would sample unsynced. behind: the fleet "
+                "versions made before its last report that it had not seen.",
                 style="dim",
             ),
         ]

@@ -1136,8 +1136,10 @@ local function fold(keys, args)
   end
   redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
   if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end
-  -- (seen: the highest fleet version the shard had seen when it reported, for `redisync watch`'s staleness)
-  redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s, shard .. ':seen', floor)
+  -- (seen: the highest fleet version the shard had seen when it reported, made: the version its report
+  -- made; for `redisync watch`: how far behind the shard's view was, and what it samples)
+  redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s, shard .. ':seen', floor,
+    shard .. ':made', fleet_version)
 
   redis.call('PUBLISH', prefix .. 'versions', fleet_version .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)
