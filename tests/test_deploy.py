@@ -116,20 +116,20 @@ def test_sentinel_conf_monitors_a_primary(tmp_path):
         primary.kill()
 
 
-def _readme_deploy_lines() -> list[str]:
-    """The README's deploy commands (its first bash block under 'Deploying Redis'), comments cut."""
-    text = (CONF.parents[1] / "README.md").read_text()
+def _guide_deploy_lines() -> list[str]:
+    """The deploy guide's commands (its first bash block under 'Deploying Redis'), comments cut."""
+    text = (CONF.parents[1] / "docs" / "guides" / "deploying.md").read_text()
     block = text[text.index("## Deploying Redis") :].split("```bash\n", 1)[1].split("```", 1)[0]
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
-def test_the_readme_deploy_steps_run_and_every_role_does_its_part(tmp_path):
-    """The README's `mkdir` and `redis-server` lines, run by bash from the repository root, with only
+def test_the_deploy_guides_steps_run_and_every_role_does_its_part(tmp_path):
+    """The deploy guide's `mkdir` and `redis-server` lines, run by bash from the repository root, with only
     the data directory moved into the test's own (and the port where 6390 is taken); then the learner loads redisync's functions and registers the run, a
     collector publishes and pulls, the inspector reads."""
     import socket
 
-    mkdir, server_line = _readme_deploy_lines()[:2]
+    mkdir, server_line = _guide_deploy_lines()[:2]
     assert mkdir == "mkdir -p /var/lib/redisync"
     assert "--dir /var/lib/redisync" in server_line  # a directory of its own, not the working one
     data = tmp_path / "var-lib-redisync"

@@ -1,7 +1,7 @@
 """The mjlab drop-in inside the real mjlab 1.6.0: its G1 tracking task with a generated motion, a few
 envs per collector on the CPU. ``local`` mode is mjlab's own sampling bit for bit; two collector
 processes syncing through a real Redis hold, together, the failure EMA of one process fed every
-failure; and the README's collector (the synced command plus rsl_rl's runner with synced
+failure; and the frameworks guide's collector (the synced command plus rsl_rl's runner with synced
 normalisers) trains in two processes as printed."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 import redisync
 
 from ..conftest import framework_or_skip
-from ..test_readme import README
+from ..test_docs import block_after
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow]
 framework_or_skip("mjlab.tasks")
@@ -34,12 +34,12 @@ from redisync.integrations.mjlab import SyncedMotionCommand, keyframe_motion, sy
 
 TASK = "Mjlab-Tracking-Flat-Unitree-G1"
 ALPHA = 0.001
-README_MARKER = "<!-- the mjlab collector: tests/integrations/test_frameworks_mjlab.py runs this block -->"
+GUIDE_MARKER = "<!-- the mjlab collector: tests/integrations/test_frameworks_mjlab.py runs this block -->"
 
 
-def readme_collector() -> str:
-    text = README.read_text()
-    return re.search(r"```python\n(.*?)```", text[text.index(README_MARKER) :], re.S).group(1)
+def guide_collector() -> str:
+    """The mjlab collector of the frameworks guide (docs/guides/frameworks.md)."""
+    return block_after(GUIDE_MARKER)[1]
 
 
 def slots(store: redisync.store.client.Store, key: str) -> set[str]:
@@ -209,8 +209,8 @@ def test_two_pooled_collectors_hold_the_failure_ema_of_one_process_fed_every_fai
         assert not np.allclose(out[rank]["own"], aggregate)
 
 
-def test_the_readme_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
-    code = readme_collector()
+def test_the_guides_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
+    code = guide_collector()
     run = f"t-{uuid.uuid4().hex[:12]}"
     procs = []
     for shard in (0, 1):

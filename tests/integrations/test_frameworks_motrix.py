@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 
@@ -202,18 +201,17 @@ def test_broadcast_collectors_sample_from_the_owners_ema(fleet_run):
 # MotrixLab builds its probe env before spawning the collectors
 
 
-def test_the_readmes_motrix_block_registers_a_synced_manager_env():
+def test_the_guides_motrix_block_registers_a_synced_manager_env():
     from motrix_env_core import registry
 
-    from ..test_readme import README
+    from ..test_docs import block_after
 
-    text = README.read_text()
     marker = "<!-- the MotrixLab registration: tests/integrations/test_frameworks_motrix.py runs this block -->"
-    block = re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.S).group(1)
+    block = block_after(marker)[1]
     name = f"readme-wbt-{uuid.uuid4().hex[:6]}"
     registry.envcfg(name)(TrackingCfg)  # MotrixLab's task package registers the G1 config under its name
     scope: dict = {}
-    exec(compile(block.replace('"g1-wbt-dance"', repr(name)), "README.md", "exec"), scope)
+    exec(compile(block.replace('"g1-wbt-dance"', repr(name)), "frameworks.md", "exec"), scope)
     spec = registry.resolve(name)
     assert spec.env_cls is SyncedManagerEnv
     env = spec.make(num_envs=2)  # outside a collector process: no fleet, local sampling

@@ -472,7 +472,7 @@ def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
 
 def test_the_committed_report_and_the_readme_follow_the_committed_results():
     """docs/ab/report.md is what its results.json renders to (led by the follow-up's answers once
-    docs/ab/follow-up holds them), and the README's summary quotes it."""
+    docs/ab/follow-up holds them), the study's page quotes it, and the README's one line."""
     from redisync.study.report import follow_up_lead, render_markdown
 
     root = Path(__file__).resolve().parents[2]
@@ -483,8 +483,8 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     assert render_markdown(results, results["command"], ["completion.png", "mechanism.png"], lead) == report
     primary = {c["name"]: c for c in results["analysis"]["primary"]}
     secondary = {c["name"]: c for c in results["analysis"]["secondary"]}
-    readme = (root / "README.md").read_text()
-    summary = " ".join(readme[readme.index("## Does drift hurt training?") : readme.index("How it was asked.")].split())
+    page = (root / "docs" / "study.md").read_text()
+    summary = " ".join(page[page.index("# Does drift hurt training?") : page.index("How it was asked.")].split())
 
     def interval(c):
         return f"{c['mean']:+.2f} [{c['lo']:+.2f}, {c['hi']:+.2f}]".replace("-", "−")
@@ -510,7 +510,13 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
         assert f"{h['mean']:+.2f}".replace("-", "−") in summary, h["name"]
         assert f"p {h['p_one_sided']:.3f}" in summary, h["name"]
     assert summary.index("pre-registered follow-up") < summary.index("The study of record")
-    assert f"{results['gate']['mean_difference']:+.3f}" in readme
+    assert f"{results['gate']['mean_difference']:+.3f}" in " ".join(page.split())
+    # the README's one line quotes the first hypothesis: its estimate and its seeds, all of one sign
+    readme = " ".join((root / "README.md").read_text().split())
+    p1 = follow[0]
+    assert f"{p1['mean']:.2f} in completion AUC".replace("-", "−") in readme
+    assert all(d < 0 for d in p1["differences"])
+    assert f"{len(p1['differences'])} of {len(p1['differences'])} seeds" in readme
 
 
 def test_a_failed_gate_exits_nonzero_and_the_default_out_is_a_scratch_folder(monkeypatch, tmp_path):

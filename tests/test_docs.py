@@ -1,0 +1,292 @@
+"""The README and the documentation site: every code block runs as written in a test, or is
+labelled a fragment naming the tests that make its calls; the site builds with warnings as errors;
+the README stays short and speaks of the product."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import redisync
+from redisync.store import codec
+from redisync.terms.torch.sampler import grouped_probabilities
+
+from .conftest import backend_url
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# the pages a user reads (docs/ab holds the study's generated reports, which tests/study checks;
+# docs/bench the dated records of benchmark runs, which the performance page cites)
+DOCS = [
+    README,
+    ROOT / "CHANGELOG.md",
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if not {"ab", "bench"} & set(p.parts)),
+]
+
+
+def example(marker: str) -> str:
+    """The python block right after ``<!-- {marker}...`` in whichever page holds it."""
+    return block_after(f"<!-- {marker}")[1]
+
+
+def block_after(marker: str) -> tuple[Path, str]:
+    """The page holding ``marker`` and the first fenced block after it."""
+    for page in DOCS:
+        text = page.read_text()
+        if marker in text:
+            return page, re.search(r"```[a-z]*\n(.*?)```", text[text.index(marker) :], re.S).group(1)
+    raise AssertionError(f"no page holds {marker!r}")
+
+
+def use_backend(backend: str, monkeypatch) -> None:
+    """Point REDISYNC_URL at the backend, as a user would (unset: the embedded store)."""
+    url = backend_url(backend)
+    if url:
+        monkeypatch.setenv("REDISYNC_URL", url)
+    else:
+        monkeypatch.delenv("REDISYNC_URL", raising=False)
+
+
+def test_the_store_api_example_runs(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
+    redisync.connect(run="humanoid-v3").delete()
+    namespace: dict = {}
+    try:
+        exec(compile(example("the trainer example"), "store-api.md", "exec"), namespace)
+        assert namespace["result"].status == "applied"
+        assert namespace["pooled"]["sum"][3] == 0.02
+        assert namespace["pooled"]["count"] == 1
+        assert namespace["fleet"].fleet_version == 1
+    finally:
+        redisync.connect(run="humanoid-v3").delete()
+
+
+def test_the_collector_loop_runs(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
+    namespace: dict = {}
+    try:
+        exec(compile(example("the collector loop"), "README.md", "exec"), namespace)
+        metrics = namespace["metrics"]
+        assert metrics["redisync/publishes"] >= 1
+        assert metrics["redisync/worker_errors"] == 0
+        assert "redisync/motion/bin_failed/drift_tv" in metrics
+    finally:
+        redisync.connect(run="humanoid-v3-collectors").delete()
+
+
+def _block_after(marker: str) -> str:
+    """The text from ``marker`` to the end of its fenced block, in whichever page holds it."""
+    for page in DOCS:
+        text = page.read_text()
+        if marker in text:
+            start = text.index(marker)
+            return text[start : text.index("```", start)]
+    raise AssertionError(f"no page holds {marker!r}")
+
+
+def test_the_redis_cli_section_matches_what_the_store_writes(real_url):
+    import subprocess
+
+    from redisync.store.schema import Schema, broadcast, merge
+
+    run = "readme-cli-check"
+    store = redisync.connect(real_url, run=run)
+    store.delete()
+    db = real_url.rsplit("/", 1)[1]
+    try:
+        store.register(
+            Schema.of(
+                {
+                    "motion/bin_failed": merge(8, stale_after_s=120, lifecycle="state"),
+                    "curriculum/penalty_scale": broadcast((), owner=0),
+                }
+            )
+        )
+        for shard in (0, 1):
+            store.shard(shard).publish({"motion/bin_failed": {"count": 1, "sum": np.ones(8)}})
+        store.shard(0).publish({"curriculum/penalty_scale": {"value": 0.5}})
+        with pytest.raises(
+            redisync.errors.NotOwner
+        ):  # a client that skips the client-side check: refused, dead-lettered
+            store.shard(1).publish_payloads({"curriculum/penalty_scale": codec.encode([np.array([0.9])])}, seq=1)
+
+        def cli(*args: str) -> list[str]:
+            host, port = real_url.split("//")[1].split("/")[0].split(":")
+            out = subprocess.run(
+                ["redis-cli", "-h", host, "-p", port, "-n", db, *args],
+                capture_output=True,
+                text=True,
+                errors="backslashreplace",
+                check=True,
+            )
+            return out.stdout.splitlines()
+
+        # the key layout the README lists is the one SCAN finds
+        listed = {
+            line.split()[0].replace("{demo}", f"{{{run}}}")
+            for line in _block_after("--scan --pattern 'redisync:{demo}:*'").splitlines()[1:]
+            if line.strip()
+        }
+        assert set(cli("--scan", "--pattern", f"redisync:\\{{{run}\\}}:*")) == listed | {
+            f"redisync:{{{run}}}:data:curriculum/penalty_scale",
+            f"redisync:{{{run}}}:key:curriculum/penalty_scale",
+            f"redisync:{{{run}}}:dead",
+        }  # a run that rejected a report has its dead-letter stream too
+        # every field the README shows for a key is in its HGETALL
+        fields = set(cli("HGETALL", f"redisync:{{{run}}}:key:motion/bin_failed")[::2])
+        shown = {
+            seg.split()[0]
+            for line in _block_after("HGETALL 'redisync:{demo}").splitlines()[1:]
+            for seg in re.split(r"\s{2,}", line.strip())
+            if seg
+        }
+        assert shown <= fields, shown - fields
+        assert {"name", "size", "owner", "count_size", "sumsq"} <= fields
+        # the dead-letter and report streams hold the fields the README names
+        dead = cli("XRANGE", f"redisync:{{{run}}}:dead", "-", "+")
+        for name in ("reason", "key", "detail", "shard", "incarnation", "seq", "report:curriculum/penalty_scale"):
+            assert name in dead, name
+        reports = cli("XRANGE", f"redisync:{{{run}}}:reports", "-", "+", "COUNT", "1")
+        for name in ("shard", "incarnation", "seq", "fleet_version", "report:motion/bin_failed"):
+            assert name in reports, name
+    finally:
+        store.delete()
+
+
+def test_the_multi_motion_loop_runs(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
+    redisync.connect(run="motion-library").delete()
+    namespace: dict = {}
+    try:
+        exec(compile(example("the multi-motion loop"), "many-motions.md", "exec"), namespace)
+        fleet, collectors = namespace["fleet"], namespace["collectors"]
+        assert tuple(fleet.shape) == (4, 60)
+        # the learner sees the fleet sum of every collector's own EMA: what one unsharded sampler uses
+        pooled = sum(sampler.bin_failed_count.double() for sampler, *_ in collectors)
+        sampler = collectors[0][0]
+        want = grouped_probabilities(pooled, sampler.layout, sampler.uniform_ratio, sampler.kernel.double(), "paper")
+        assert torch.allclose(fleet.double(), want.double(), rtol=1e-5, atol=1e-7)
+        assert int(fleet[1, :11].argmax()) >= 6  # the cartwheel's hard landing gets the starts
+        assert namespace["monitor"].metrics()["redisync/motion/bin_failed/sampling_entropy_min"] < 0.99
+    finally:
+        redisync.connect(run="motion-library").delete()
+
+
+def test_the_store_api_example_run_three_times_counts_its_one_writer_once(backend, monkeypatch):
+    """Each run is a new process of shard 0: the EMA (state) keeps one slot, the normaliser's
+    moments (history) keep every run's samples."""
+    use_backend(backend, monkeypatch)
+    redisync.connect(run="humanoid-v3").delete()
+    try:
+        for _ in range(3):
+            exec(compile(example("the trainer example"), "store-api.md", "exec"), {})
+        fleet = redisync.connect(run="humanoid-v3").fleet()
+        assert float(fleet.keys["motion/bin_failed"].parts()["count"]) == 1
+        assert float(fleet.keys["obs/norm"].parts()["count"]) == 3 * 4096
+    finally:
+        redisync.connect(run="humanoid-v3").delete()
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_code_block_is_run_by_a_test_or_labelled(page):
+    """A block right after ``<!-- ... <tests/file.py> runs this block -->`` is run by that file (which
+    finds it by its marker); one after ``<!-- a fragment: why ... tests/file.py ... -->`` cannot run as
+    written (the user's env, hosts) and names the tests that make its calls; one after
+    ``<!-- output ... tests/file.py ... -->`` shows what a command printed, which that file checks."""
+    lines = page.read_text().splitlines()
+    tests = Path(__file__).parent
+    inside = False
+    for n, line in enumerate(lines):
+        if not line.startswith("```"):
+            continue
+        inside = not inside
+        if not inside:
+            continue
+        where = f"{page.relative_to(ROOT)}:{n + 1}"
+        marker = lines[n - 1]
+        assert marker.startswith("<!-- "), f"{where}: a code block without a marker"
+        assert marker.endswith(" -->"), f"{where}: a code block without a marker"
+        named = re.findall(r"tests/((?:\w+/)?test_\w+\.py)", marker)
+        assert named, f"{where}: {marker}"
+        assert all((tests / name).exists() for name in named), f"{where}: {marker}"
+        if "runs this block" in marker:
+            source = (tests / named[0]).read_text()
+            label = marker.removeprefix("<!-- ").split(":")[0]
+            assert marker in source or f'example("{label}")' in source, f"{where}: {named[0]} does not run {label!r}"
+        else:
+            assert marker.startswith(("<!-- a fragment: ", "<!-- output")), (
+                f"{where}: neither run by a test nor labelled"
+            )
+
+
+def test_the_own_term_example_runs_and_both_shards_decide_on_the_fleets_rate(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
+    redisync.connect(run="own-term").delete()
+    namespace: dict = {}
+    try:
+        exec(compile(example("the own term"), "own-term.md", "exec"), namespace)
+        terms = namespace["terms"]
+        fleet = redisync.connect(run="own-term").fleet().keys["curriculum/successes"].parts()
+        assert float(fleet["count"]) == sum(t.attempts for t in terms)  # every attempt, counted once
+        want = sum(t.successes for t in terms) / sum(t.attempts for t in terms)
+        assert [t.fleet_rate for t in terms] == [pytest.approx(want)] * 2
+        assert 0.3 < want < 0.5  # between shard 0's 0.2 and shard 1's 0.6
+    finally:
+        redisync.connect(run="own-term").delete()
+
+
+def test_the_checkpoint_example_resumes_into_its_old_slot(backend, monkeypatch):
+    use_backend(backend, monkeypatch)
+    redisync.connect(run="resume-example").delete()
+    namespace: dict = {}
+    try:
+        exec(compile(example("the checkpoint and resume"), "checkpoints.md", "exec"), namespace)
+        own = namespace["sampler"].bin_failed_count.double().numpy()
+        np.testing.assert_allclose(namespace["pooled"], own, rtol=1e-6)  # counted once, not twice
+        store = redisync.connect(run="resume-example")
+        assert store.fleet().keys["motion/bin_failed"].parts()["count"] == 1  # one slot: the resumed one
+    finally:
+        redisync.connect(run="resume-example").delete()
+
+
+def test_the_readme_is_short_and_speaks_of_the_product():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    for page in DOCS:
+        body = page.read_text()
+        for phrase in (r"\bissue \d+", r"\bthis round\b", r"\bthe morning's run\b", r"\bhas not run yet\b"):
+            assert not re.search(phrase, body, re.I), f"{page.relative_to(ROOT)}: {phrase}"
+
+
+def test_the_readmes_demo_figures_are_the_committed_runs():
+    runs = (ROOT / "docs" / "demo-runs-2026-12-01.txt").read_text()
+    largest = [float(x) for x in re.findall(r"largest TV distance from the pooled distribution: ([0-9.]+)", runs)]
+    off, on = largest[0::2], largest[1::2]
+    assert len(off) == len(on) == 3
+    assert all(round(x, 2) == 0.42 for x in off)
+    assert all(x < 0.02 for x in on)
+    assert "largest 0.42 without sync, below 0.02 with\nit in three runs on 2026-12-01" in README.read_text()
+
+
+@pytest.mark.extras("mkdocs")
+def test_the_documentation_site_builds_with_warnings_as_errors(tmp_path):
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
+    assert "new_syncer" in api
+    assert "publish_every_steps" in api  # the parameters, from the docstrings
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    for command in ("demo", "watch", "inspect", "snapshot", "restore", "bench", "ab"):
+        assert f"redisync {command}" in cli, command
