@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from ..collector.seam import SyncedTerm
@@ -57,10 +59,14 @@ class ProcessFleet:
         self.terms: list[SyncedTerm] = []
         self.syncer: Syncer | None = None
         self._stopped = False
+        self._logged: dict[str, float] = {}
+        self._logged_at = float("-inf")
+        self._put_at: dict[int, float] = {}  # id of a framework's metric dict -> the reading last put there
 
     def configure(
         self, *, store: Store | None = None, shard_id: int | None = None, **syncer_kwargs: Any
     ) -> ProcessFleet:
+        """Change the store, the shard id or the Syncer's options before the Syncer starts."""
         if self.syncer is not None:
             raise ConfigurationError("the fleet's Syncer has started: configure it before the first env step")
         self._store = store if store is not None else self._store
@@ -69,6 +75,7 @@ class ProcessFleet:
         return self
 
     def add(self, *terms: SyncedTerm) -> None:
+        """Add terms to the process's Syncer; only before it starts (the first env step)."""
         if self.syncer is not None:
             raise ConfigurationError(
                 "a term was added after the fleet's Syncer started (at the first env step): "
@@ -84,7 +91,30 @@ class ProcessFleet:
             atexit.register(self.stop)
         return self.syncer
 
+    def log_metrics(self, every_s: float = 1.0) -> dict[str, float]:
+        """The Syncer's metrics for the trainer's own logger, under ``redisync/...``: the worker's
+        health, the staleness of the fleet state applied, publish latencies, counters and each term's
+        drift (``redisync/<key>/drift_tv``, ...). Read afresh at most every ``every_s`` seconds (a
+        logger's cadence: reading a term's drift costs device work), the last reading otherwise;
+        empty before the Syncer starts. The drop-ins put these into each framework's logging."""
+        if self.syncer is None:
+            return {}
+        now = time.monotonic()
+        if now - self._logged_at >= every_s:
+            self._logged, self._logged_at = self.syncer.metrics(), now
+        return self._logged
+
+    def put_metrics(self, into: MutableMapping[str, Any], convert: Callable[[float], Any] = float) -> None:
+        """Write :meth:`log_metrics` into a framework's own metric dict (holosoma's ``env.log_dict``,
+        MotrixLab's ``state.metrics``), each value converted the way that framework holds its values;
+        only when they were read afresh (once a second), so a per-step call costs a clock read."""
+        metrics = self.log_metrics()
+        if metrics and self._put_at.get(id(into)) != self._logged_at:
+            into.update({name: convert(value) for name, value in metrics.items()})
+            self._put_at[id(into)] = self._logged_at
+
     def on_step(self) -> None:
+        """One env step of this process: counts toward the next report (starts the Syncer once)."""
         (self.syncer or self.start()).on_step()
 
     def at_reset_boundary(self) -> bool:

@@ -143,6 +143,11 @@ class PenaltyScaleSync:
         self.env.reward_penalty_scale = self._owners
 
 
+def log_value(value: float) -> torch.Tensor:
+    """A metric as holosoma's ``log_dict`` holds its own: a float tensor."""
+    return torch.tensor(value, dtype=torch.float)
+
+
 class CurriculumSync:
     """``env.synchronize_curriculum_state`` through the store: hands this shard's curriculum state
     to the fleet's worker, takes in the last fleet state it pulled, and applies the owner's
@@ -172,10 +177,11 @@ class CurriculumSync:
         if penalty_scale == "broadcast" and (penalty is not None or hasattr(env, "reward_penalty_scale")):
             self.terms.append(PenaltyScaleSync(env, penalty, shard, owner))
         self.fleet.add(*self.terms)
-        self._hook(env.curriculum_manager)
+        self._hook(env.curriculum_manager, getattr(env, "log_dict", None))
 
-    def _hook(self, manager: Any) -> None:
-        """Sync where the curriculum decides: its manager's reset and step, on this instance."""
+    def _hook(self, manager: Any, log_dict: dict[str, Any] | None) -> None:
+        """Sync where the curriculum decides: its manager's reset and step, on this instance; each
+        step the fleet's metrics join the env's ``log_dict``, which holosoma's agents log as ``Env/...``."""
         reset, step = manager.reset, manager.step
 
         def synced_reset(env_ids: Any) -> None:
@@ -188,10 +194,13 @@ class CurriculumSync:
         def synced_step() -> None:
             step()
             self.fleet.on_step()
+            if log_dict is not None:
+                self.fleet.put_metrics(log_dict, log_value)
 
         manager.reset, manager.step = synced_reset, synced_step
 
     def enforce(self) -> None:
+        """Each term applies the owner's (or the fleet's) decision over this shard's own."""
         for term in self.terms:
             term.enforce()
 

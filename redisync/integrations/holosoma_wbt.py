@@ -38,6 +38,7 @@ from ..errors import ConfigurationError
 from ..terms.torch.normalization import Mode as NormMode
 from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, process_fleet
+from .holosoma import log_value
 from .normalizers import FleetNormalization
 from .sampler_attribute import SamplerAttribute
 
@@ -111,12 +112,19 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
     bin_failed_count = SamplerAttribute("state", "ema")
     current_bin_failed_count = SamplerAttribute("state", "current")
 
+    # the env's ``log_dict`` (holosoma's agents log it as ``Env/...``): the fleet's metrics join it each step
+    log_dict: dict[str, Any] | None = None
+
     def update_bin_failed_count(self) -> None:
+        """holosoma's per-step EMA fold; then one env step counts toward the fleet's next report."""
         super().update_bin_failed_count()
         if self.mode != "local":
             self.fleet.on_step()
+            if self.log_dict is not None:
+                self.fleet.put_metrics(self.log_dict, log_value)
 
     def sample(self, num_samples: int) -> torch.Tensor:
+        """holosoma's draw of start frames, from the fleet's EMA (swapped in first) in a synced mode."""
         if self.mode != "local":
             self.fleet.at_reset_boundary()
         self._drawing = True
@@ -161,7 +169,7 @@ def sync_motion_command(
         )
     fleet = fleet if fleet is not None else process_fleet()
     for command in commands:
-        command.adaptive_timesteps_sampler = SyncedAdaptiveTimestepsSampler.replacing(
+        synced = SyncedAdaptiveTimestepsSampler.replacing(
             command.adaptive_timesteps_sampler,
             mode=mode,
             key=key,
@@ -169,6 +177,8 @@ def sync_motion_command(
             stale_after_s=stale_after_s,
             fleet=fleet,
         )
+        synced.log_dict = getattr(target, "log_dict", None)  # an env: its metrics reach holosoma's logger
+        command.adaptive_timesteps_sampler = synced
     if start:
         fleet.start()
     return fleet

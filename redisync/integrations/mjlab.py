@@ -130,6 +130,19 @@ class SyncedMotionCommand(MotionCommand):
         if env_ids is None and self.cfg.sync_mode != "local":  # the per-step path: one env step
             self.fleet.on_step()
 
+    def reset(self, env_ids: torch.Tensor | slice | None) -> dict[str, float]:
+        """mjlab's reset, whose returned metrics its command manager puts into the env's
+        ``extras["log"]`` as ``Metrics/<term>/<name>``: the fleet's metrics join them there, as
+        ``Metrics/<term>/redisync/...`` (health, staleness, the drift gauge), read at most once a
+        second."""
+        if self.cfg.sync_mode != "local":
+            for name, value in self.fleet.log_metrics().items():
+                held = self.metrics.get(name)
+                if held is None:  # mjlab's metrics are per env; the fleet's are one value for all
+                    held = self.metrics[name] = torch.zeros(self.num_envs, device=self.device)
+                held.fill_(value)
+        return super().reset(env_ids)
+
 
 def keyframe_motion(path: str | Path, seconds: float = 10.0, fps: int = 50, sway: float = 0.3) -> Path:
     """Write a motion file for mjlab's G1 tracking task (the npz its ``MotionLoader`` reads) in which

@@ -147,6 +147,9 @@ class SyncedCommands:
         state = super().compute_transition(state)  # type: ignore[misc]  # the terms' on_transition(): the EMA fold
         if self.redisync_fleet is not None:
             self.redisync_fleet.on_step()
+            # scalar gauges in the env's live metrics view: MotrixLab reduces it into info["metrics"], which
+            # its collectors send to the learner's console and logger
+            self.redisync_fleet.put_metrics(state.metrics)
         return state
 
     def reset(self, env_ids: np.ndarray, *args: Any, **kwargs: Any) -> Any:

@@ -79,7 +79,8 @@ def sync_normalizers(
 
     ``start`` (default): the task and the runner are built, so the fleet starts here — its
     registration and its sidecar's start happen now, not in the first env step. ``start=False``
-    leaves that to the first step, for terms still to be added.
+    leaves that to the first step, for terms still to be added. Given a runner, the fleet's metrics
+    join its logging (:func:`log_fleet_metrics`).
     """
     slots = normalizer_slots(root)
     if not slots:
@@ -105,4 +106,26 @@ def sync_normalizers(
     fleet.add(*synced)
     if start:
         fleet.start()
+    if hasattr(getattr(root, "logger", None), "process_env_step"):  # an rsl_rl runner
+        log_fleet_metrics(root.logger, fleet)
     return fleet
+
+
+def log_fleet_metrics(logger: Any, fleet: ProcessFleet) -> None:
+    """Put the fleet's metrics (:meth:`ProcessFleet.log_metrics`: health, staleness, drift) into
+    rsl_rl's logger: each env step's ``extras["log"]`` (or ``extras["episode"]``) gains the
+    ``redisync/...`` values, which rsl_rl averages over the iteration and writes to TensorBoard, W&B
+    or Neptune with the env's own. :func:`sync_normalizers` does this for a runner it is given."""
+    if getattr(logger, "_redisync_logged", None) is fleet:
+        return  # (once per logger)
+    original = logger.process_env_step
+
+    def process_env_step(rewards: Any, dones: Any, extras: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        metrics = fleet.log_metrics()
+        if metrics:
+            log = extras["episode"] if "episode" in extras else extras.setdefault("log", {})
+            log.update(metrics)
+        original(rewards, dones, extras, *args, **kwargs)
+
+    logger.process_env_step = process_env_step
+    logger._redisync_logged = fleet

@@ -239,6 +239,11 @@ def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):
         for env in envs:
             assert env.average_episode_length == pytest.approx(want, rel=1e-6)  # what the penalty decides on
         assert float(trackers[0].average_episode_length) != float(trackers[1].average_episode_length)  # own, unchanged
+        for env in envs:  # the env's log_dict, which holosoma's agents log as Env/...: the fleet's metrics
+            env.curriculum_manager.step()
+            assert torch.is_tensor(env.log_dict["redisync/healthy"])
+            assert float(env.log_dict["redisync/healthy"]) == 1.0
+            assert "redisync/staleness_versions" in env.log_dict
     finally:
         for fleet in fleets:
             fleet.stop()

@@ -245,3 +245,25 @@ def test_rsl_rls_sync_normalizers_points_a_holosoma_agent_to_its_own_drop_in():
         match=r"obs_normalizer, critic_obs_normalizer is holosoma FastSAC's.*sync_fastsac_normalizers",
     ):
         sync_normalizers(FastSacAgent(), fleet=ProcessFleet(redisync.connect(None), 0))
+
+
+def test_the_envs_log_dict_carries_the_fleets_metrics(real_url):
+    """holosoma's agents log the env's ``log_dict`` as ``Env/...``: synced through the env, the motion
+    command's sampler puts the fleet's health, staleness and drift gauge there each step."""
+    fleet = ProcessFleet(redisync.connect(real_url, run=f"t-{uuid.uuid4().hex[:12]}"), 0, worker="thread")
+    command = type("MotionCommand", (), {})()
+    command.adaptive_timesteps_sampler = AdaptiveTimestepsSampler(T, "cpu", FPS)
+    manager = type("CommandManager", (), {})()  # the env's command manager keeps its terms in _state_terms
+    manager._state_terms = {"motion": command}
+    env = type("WbtEnv", (), {})()
+    env.command_manager, env.log_dict = manager, {}
+    try:
+        sync_motion_command(env, fleet=fleet)
+        drive(command.adaptive_timesteps_sampler, 0, 5)
+        assert torch.is_tensor(env.log_dict["redisync/healthy"])
+        assert float(env.log_dict["redisync/healthy"]) == 1.0
+        assert "redisync/staleness_versions" in env.log_dict
+        assert 0.0 <= float(env.log_dict["redisync/holosoma/motion.bin_failed/drift_tv"]) <= 1.0  # the key's drift
+    finally:
+        fleet.stop()
+        fleet.syncer.store.delete()

@@ -154,7 +154,12 @@ def _collector(rank: int, motion: str, url: str, run: str, steps: int, barrier, 
 
     command._update_command = recorded_fold
     env.reset()
-    random_steps(env, steps, seed=10 + rank)
+    logged: dict = {}  # what mjlab's env put into extras["log"] for its logger, redisync's part
+
+    def log_seen():
+        logged.update({k: float(v) for k, v in env.extras.get("log", {}).items() if "redisync" in k})
+
+    random_steps(env, steps, seed=10 + rank, each=log_seen)
     fleet.flush()
     assert fleet.syncer.wait_synced(timeout=20)
     barrier.wait()  # both collectors' last reports are folded
@@ -175,6 +180,7 @@ def _collector(rank: int, motion: str, url: str, run: str, steps: int, barrier, 
         "own": command.sampler.bin_failed_count.double().numpy(),
         "view": command.sampler.sampling_ema().numpy(),
         "drawn_from": drawn_from[0].numpy(),
+        "logged": logged,
     }
     fleet.stop()
     env.close()
@@ -203,6 +209,11 @@ def test_two_pooled_collectors_hold_the_failure_ema_of_one_process_fed_every_fai
     np.testing.assert_allclose(aggregate, single, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(aggregate, out[0]["own"] + out[1]["own"], rtol=1e-12)
     ratio = 0.1 / aggregate.size  # mjlab's ε / B
+    for rank in (0, 1):  # mjlab's own logging carries the fleet's health, staleness and drift gauge
+        logged = out[rank]["logged"]
+        assert logged["Metrics/motion/redisync/healthy"] == 1.0, logged
+        assert "Metrics/motion/redisync/staleness_versions" in logged
+        assert 0.0 <= logged["Metrics/motion/redisync/motion/bin_failed/drift_tv"] <= 1.0
     for rank in (0, 1):  # each collector samples from the fleet's EMA: everybody else's plus its own
         np.testing.assert_allclose(out[rank]["view"], aggregate, rtol=1e-12)
         np.testing.assert_allclose(out[rank]["drawn_from"], (aggregate + ratio) / (aggregate + ratio).sum(), rtol=1e-5)

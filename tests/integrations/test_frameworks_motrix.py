@@ -352,8 +352,11 @@ def _lockstep_collector(index: int, url: str, run: str, collectors: int, barrier
         rows.append(cdf.copy())
         barrier.wait(60)
     same = addresses == {a.__array_interface__["data"][0] for a in (ema, current, cdf)}
+    from motrix_rl.utils import env_infos  # the step infos MotrixLab's collectors send to the learner's logger
+
+    logged = {k: v for k, v in env_infos(env.state)["metrics"].items() if k.startswith("redisync/")}
     env.redisync_fleet.stop()
-    out[index] = (np.array(rows), same, ema.dtype.str)
+    out[index] = (np.array(rows), same, ema.dtype.str, logged)
 
 
 @pytest.mark.parametrize("collectors", [3])
@@ -384,9 +387,11 @@ def test_lockstep_collectors_build_the_cdf_of_one_unsharded_command(real_url, co
         unsharded = ALPHA * seen + (np.float32(1.0) - ALPHA) * unsharded
         want = command_cdf(unsharded)
         for i in range(collectors):
-            rows, same, dtype = out[i]
+            rows, same, dtype, _ = out[i]
             np.testing.assert_allclose(rows[t], want, rtol=0, atol=2e-6, err_msg=f"collector {i}, round {t}")
     for i in range(collectors):
-        _, same, dtype = out[i]
+        _, same, dtype, logged = out[i]
         assert same
         assert dtype == "<f4"
+        assert logged["redisync/healthy"] == 1.0, logged  # in the infos MotrixLab's learner logs
+        assert "redisync/staleness_versions" in logged

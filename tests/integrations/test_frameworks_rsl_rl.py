@@ -245,3 +245,33 @@ def test_data_parallel_ppo_keeps_its_gradient_collectives_so_a_straggler_still_c
     assert synced.get("broadcast", 0) >= 1
     assert synced.get("all_reduce", 0) >= 1
     assert seen[True][0][1] > 1.5  # rank 0 still waited for rank 1's gradients
+
+
+def test_a_runners_logger_writes_the_fleets_metrics_to_tensorboard(tmp_path):
+    """rsl_rl's own Logger, with its TensorBoard writer: given a runner, sync_normalizers puts the
+    fleet's health, staleness and drift into each step's extras, which rsl_rl writes as scalars."""
+    from rsl_rl.utils.logger import Logger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = Logger(
+        str(tmp_path), {"algorithm": {}, "logger": "tensorboard", "num_steps_per_env": 2}, {}, 4, False, 1, 0, "cpu"
+    )
+    logger.init_logging_writer()
+    runner = type("Runner", (), {})()  # what sync_normalizers reads of an OnPolicyRunner: alg and logger
+    runner.alg, runner.logger = Algorithm(*models()), logger
+    fleet = ProcessFleet(redisync.connect(None, run=f"t-{uuid.uuid4().hex[:12]}"), 0)
+    try:
+        sync_normalizers(runner, fleet=fleet)
+        for _ in range(2):
+            logger.process_env_step(torch.zeros(4), torch.zeros(4), {"log": {"Episode_Reward/x": torch.tensor(1.0)}})
+        logger.log(1, 0, 2, 0.1, 0.1, {"value": 0.0}, 1e-3, torch.ones(2), None, print_minimal=True)
+        logger.writer.flush()
+    finally:
+        fleet.stop()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "redisync/healthy" in tags, tags
+    assert events.Scalars("redisync/healthy")[-1].value == 1.0
+    assert "redisync/staleness_versions" in tags
+    assert "Episode_Reward/x" in tags  # the env's own extras are still there
