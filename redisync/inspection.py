@@ -21,6 +21,7 @@ from .store.schema import BroadcastSpec, MaximumSpec, MergeSpec
 
 
 def list_runs(client: redis.Redis) -> list[str]:
+    """The names of every run on the server (by their meta keys)."""
     found = {
         run_of(k.decode() if isinstance(k, bytes) else k)
         for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)
@@ -233,11 +234,13 @@ class SampledDistance:
         self._records: dict[int, dict[str, dict[str, Any]]] = {}
 
     def observe(self, fleet_version: int, drifts: dict[str, dict[str, Any]]) -> None:
+        """Record the drift rows read at ``fleet_version`` (the newest ``keep`` versions are kept)."""
         self._records[fleet_version] = {k: d for k, d in drifts.items() if d["kind"] == "distribution"}
         for old in sorted(self._records)[: max(0, len(self._records) - self._keep)]:
             del self._records[old]
 
     def distance(self, key: str, shard: int, seen: int | None, drifts: dict[str, dict[str, Any]]) -> float | None:
+        """The TV distance of what ``shard`` samples from the pooled distribution now, or None."""
         now = drifts.get(key)
         if seen is None or now is None or now["kind"] != "distribution" or shard not in now["shards"]:
             return None

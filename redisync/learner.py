@@ -16,9 +16,13 @@ from .store.schema import BroadcastSpec, MaximumSpec, MergeSpec, Schema
 class FleetMonitor:
     """Follows a run without a slot of its own. ``refresh()`` costs one round trip.
 
-    ``terms`` are the learner's copies of collector terms (the same configuration, no slot): a term
-    with ``fleet_metrics(state)`` adds its own view of the fleet to :meth:`metrics`, one with
-    ``fleet_probabilities(state)`` (the adaptive sampler, per group) shows in :meth:`distributions`.
+    Args:
+        store: the run's store.
+        schema: registered first, when given (a learner that may start before any collector).
+        terms: the learner's copies of collector terms (the same configuration, no slot): a term
+            with ``fleet_metrics(state)`` adds its own view of the fleet to :meth:`metrics`, one
+            with ``fleet_probabilities(state)`` (the adaptive sampler, per group) shows in
+            :meth:`distributions`.
     """
 
     def __init__(self, store: Store, schema: Schema | None = None, terms: Iterable[Any] = ()):

@@ -31,6 +31,7 @@ for command in (demo, ab, bench, inspect, watch, snapshot, restore):
 
 
 def main() -> None:
+    """The ``redisync`` command: one line and status 1 for a failure, 130 for Ctrl-C."""
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

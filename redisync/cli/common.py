@@ -53,6 +53,7 @@ def needs(what: str) -> None:
 
 
 def importable(module: str) -> bool:
+    """Whether ``module`` can be imported (without importing it)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -96,6 +97,7 @@ def rich_table(headers: list[str], rows: list[list[Any]], title: str | None = No
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A table in the house style, as text (see :func:`render`)."""
     return render(rich_table(headers, rows))
 
 
@@ -105,6 +107,7 @@ def num(x: float, digits: int) -> str:
 
 
 def age(seconds: float | None) -> str:
+    """An age for a table: seconds below two minutes, then minutes, then hours."""
     if seconds is None:
         return "-"
     if seconds < 120:
@@ -120,6 +123,7 @@ def connected(url: str | None, run: str = "default") -> Any:
 
 
 def run_store(url: str | None, run: str) -> Any:
+    """The store of a registered run (RunNotFound, naming the run, otherwise)."""
     store = connected(url, run)
     store.schema  # noqa: B018  (raises RunNotFound, naming the run, when there is none)
     return store

@@ -51,6 +51,7 @@ STATUS_BYTES = 16 << 10
 
 
 def pack_handed(epoch: str, version: int) -> int:
+    """The hand-over word: the number of reports handed to the sidecar, packed with its flags."""
     return epoch_tag(epoch) << 32 | (version & 0xFFFFFFFF)
 
 
@@ -125,6 +126,7 @@ class Mailbox:
 
     @classmethod
     def create(cls, outbox_bytes: int, inbox_bytes: int) -> Mailbox:
+        """A new mailbox in anonymous shared memory (memfd), sized for the schema's reports."""
         sizes = (outbox_bytes, inbox_bytes, STATUS_BYTES)
         block = Block(HEADER * 8 + sum(sizes), "redisync-mailbox")  # zero-filled
 
@@ -141,6 +143,7 @@ class Mailbox:
         return cls(name, mapped, sizes, mapped.close)
 
     def seq(self, slot: int) -> int:
+        """The sequence number of a slot (odd while it is being written: the seqlock)."""
         return self.header[2 * slot]
 
     def write(self, slot: int, message: Any) -> int:

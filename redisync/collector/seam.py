@@ -31,6 +31,8 @@ from ..store.schema import KeySpec, Schema
 
 @runtime_checkable
 class SyncedTerm(Protocol):
+    """What the Syncer calls on a term: its keys, its report, the fleet state (see the module)."""
+
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (empty when the term does not sync)."""
 

@@ -130,6 +130,7 @@ class ReportCodec:
             ) from None
 
     def decode(self, vectors: list[tuple[int, Any]]) -> dict[str, Mapping[str, Any]]:
+        """The reports back from the flat vectors :meth:`encode` made."""
         reports: dict[str, dict[str, Any]] = {}
         for tag, flat in vectors:
             name, part = self.names[tag // 4], self.PARTS[tag % 4]
@@ -194,6 +195,7 @@ class SidecarSyncer(Syncer):
 
     @stats.setter
     def stats(self, value: dict[str, int]) -> None:  # Syncer.__init__'s zeros: the sidecar's status replaces them
+        """The sidecar worker's counters as last reported through shared memory."""
         self._sidecar_stats = value
 
     @property  # type: ignore[override]
@@ -203,6 +205,7 @@ class SidecarSyncer(Syncer):
 
     @latencies_ms.setter
     def latencies_ms(self, value: Any) -> None:  # the thread worker's deque: unused here
+        """The publish latencies the sidecar measured, newest last."""
         pass
 
     def on_step(self) -> None:
@@ -303,6 +306,7 @@ class SidecarSyncer(Syncer):
             self._ready, self._ready_at = self._decode(message), time.monotonic()
 
     def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
+        """As :meth:`Syncer.wait_synced`; a shared term's report is read by the sidecar itself."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self._start_failed is None:
             self._fetch()
@@ -604,6 +608,7 @@ class SidecarSyncer(Syncer):
 
     @property
     def sidecar_pid(self) -> int | None:
+        """The sidecar process's pid (None before it starts)."""
         return self._process.pid if self._process is not None else None
 
 
@@ -621,13 +626,16 @@ class MailboxTerm:
         self.shared: dict[str, Mapping[str, Any]] = {}
 
     def schema_entries(self) -> Mapping[str, Any]:
+        """The keys of the terms whose reports travel through the mailbox."""
         return self.schema.keys
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """The reports the collector handed over, decoded from the mailbox."""
         return {**self.copied, **self.shared}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         # first: a successor must know of this state before the collector can have applied it
+        """Stage the fleet state in the mailbox for the collector's next reset boundary."""
         self.mailbox.header[HANDED] = pack_handed(fleet.epoch, fleet.fleet_version)
         if self.shared_state is not None:  # staged first: once the inbox shows a version, the staging holds it
             self.shared_state.stage(fleet)
@@ -660,6 +668,7 @@ class SharedCadence:
         self.covered = 0  # the last flush request a copy was taken after
 
     def due(self, now: float, busy: bool) -> bool:
+        """Whether a report is due: enough steps or seconds since the last one."""
         if self.header[FLUSH] > self.covered:
             return True
         steps = self.header[STEPS]
@@ -808,6 +817,7 @@ def serve(config: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    """The sidecar process's entry point: read its configuration from stdin and serve."""
     config = pickle.load(sys.stdin.buffer)
     logging.basicConfig(level=logging.WARNING, format=f"redisync sidecar {os.getpid()}: %(levelname)s %(message)s")
     serve(config)

@@ -67,9 +67,11 @@ class Wake:
         self._queue: queue.SimpleQueue[None] = queue.SimpleQueue()
 
     def set(self) -> None:
+        """Wake the worker (reentrant: safe from a signal handler)."""
         self._queue.put(None)
 
     def clear(self) -> None:
+        """Forget wake-ups not yet taken."""
         try:
             while True:
                 self._queue.get_nowait()
@@ -77,6 +79,7 @@ class Wake:
             pass
 
     def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a wake-up, at most ``timeout`` seconds; whether one came."""
         try:
             self._queue.get(timeout=timeout)
         except queue.Empty:

@@ -77,17 +77,20 @@ class TrackerSync:
         return weight, weight * float(self.tracker.average_episode_length)
 
     def pooled_average(self) -> torch.Tensor:
+        """The fleet's mean episode length, each tracker weighted by the episodes behind it."""
         others = self._fleet if isinstance(self._fleet, tuple) else (0.0, 0.0)
         weight, _ = self._own()
         value = formulas.pooled_average(weight, float(self.tracker.average_episode_length), others)
         return torch.as_tensor(value, device=self.tracker.average_episode_length.device, dtype=torch.float)
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         return {self.key: merge((), lifecycle="state")}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode == "pooled":
             count, total = self._own()
             return {self.key: {"count": count, "sum": total}}
@@ -96,6 +99,7 @@ class TrackerSync:
         return {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
@@ -122,20 +126,25 @@ class PenaltyScaleSync:
 
     @property
     def scale(self) -> float:
+        """The penalty scale this shard's curriculum holds."""
         return float(self.term.current_scale if self.term is not None else self.env.reward_penalty_scale)
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return {self.key: broadcast((), owner=self.owner)}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return {self.key: {"value": self.scale}} if self.shard_id == self.owner else {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is not None and view.value is not None:
             self._owners = float(view.parts()["value"])
 
     def enforce(self) -> None:
+        """Set the owner's penalty scale on this shard (the env's and the term's own)."""
         if self.shard_id == self.owner or self._owners is None:
             return
         if self.term is not None:

@@ -189,6 +189,7 @@ class SyncedFastSacNormalization(FleetNormalization):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, center: bool = True, update: bool = True) -> torch.Tensor:
+        """holosoma FastSAC's normalise (and update, when training) with the synced statistics."""
         if x.shape[1:] != self._mean.shape[1:]:
             raise ValueError(f"Expected input of shape (*,{self._mean.shape[1:]}), got {x.shape}")
         if self.training and update:

@@ -52,6 +52,7 @@ class SyncedMotionCommandCfg(MotionCommandCfg):
     sync_lifecycle: Lifecycle = "state"  # what a new process of a shard means for its previous life's slot
 
     def build(self, env: Any) -> SyncedMotionCommand:
+        """mjlab builds the command from its config: the synced command."""
         return SyncedMotionCommand(self, env)
 
 

@@ -144,6 +144,7 @@ class SyncedCommands:
         return command
 
     def compute_transition(self, state: Any) -> Any:
+        """ManagerEnv's transition (the command terms' EMA fold), then one env step for the fleet."""
         state = super().compute_transition(state)  # type: ignore[misc]  # the terms' on_transition(): the EMA fold
         if self.redisync_fleet is not None:
             self.redisync_fleet.on_step()
@@ -153,6 +154,7 @@ class SyncedCommands:
         return state
 
     def reset(self, env_ids: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        """ManagerEnv's reset with the fleet's EMA in the command's own array while it builds the CDF."""
         ema = self.redisync_ema
         if ema is None or self.redisync_fleet is None or not np.size(env_ids):
             return super().reset(env_ids, *args, **kwargs)  # type: ignore[misc]

@@ -14,6 +14,8 @@ from . import ProcessFleet
 
 
 class FleetNormalization(SyncedEmpiricalNormalization):
+    """A synced normaliser as a framework's models hold it: the torch term with the framework's calls."""
+
     fleet: ProcessFleet | None = None
 
     @classmethod
@@ -35,6 +37,7 @@ class FleetNormalization(SyncedEmpiricalNormalization):
 
     @torch.jit.unused
     def update(self, x: torch.Tensor) -> None:
+        """Fold a batch of observations into this shard's statistics."""
         super().update(x)
         if self.fleet is not None and self.training:
             self.fleet.on_step()

@@ -57,10 +57,12 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
+        """The URL other processes reach the embedded store at."""
         host, port = self.tcp.server_address[:2]
         return f"redis://{host}:{port}/0"
 
     def close(self) -> None:
+        """Stop serving and close the listening socket."""
         self.tcp.shutdown()
         self.tcp.server_close()
 
@@ -168,10 +170,17 @@ def connect(
     wait_timeout_ms: int = 1000,
     **redis_kwargs: Any,
 ) -> Store:
-    """A store for ``run``. ``url=None`` reads ``REDISYNC_URL``; unset, it is the embedded default.
+    """A store for ``run``: the handle a collector, the learner or a tool works through.
 
-    ``wait_replicas=n`` makes a publish count as done only once ``n`` replicas hold it (``WAIT``):
-    with it, a failover never loses an acknowledged report.
+    Args:
+        url: ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` or ``redis+cluster://``.
+            ``None`` reads ``REDISYNC_URL``; unset, it is the embedded store (fakeredis in this
+            process, for one process or a test).
+        run: the run's name; every key of a run carries it as a hash tag (one Cluster slot per run).
+        wait_replicas: a publish counts as done only once this many replicas hold it (``WAIT``):
+            with it, a failover never loses an acknowledged report.
+        wait_timeout_ms: how long that ``WAIT`` may take before the publish is refused.
+        redis_kwargs: passed to redis-py's client (``socket_timeout``, ``ssl_ca_certs``, ...).
     """
     url = url if url is not None else os.environ.get(ENV_URL) or None
     store = Store(redis_client(url, **redis_kwargs), run, url=url or EMBEDDED)
@@ -183,6 +192,8 @@ def connect(
 
 @dataclass(frozen=True)
 class Registration:
+    """What :meth:`Store.register` found: whether this call created the run, and the run's epoch."""
+
     created: bool
     epoch: str
 
@@ -337,6 +348,7 @@ class Store:
 
     @property
     def run(self) -> str:
+        """The run's name."""
         return self.keys.run
 
     @property
@@ -420,7 +432,16 @@ class Store:
         return out
 
     def register(self, schema: Schema | Mapping[str, Any], limits: Limits | None = None) -> Registration:
-        """Store the run's schema (the first registration wins) or check ours against it."""
+        """Store the run's schema (the first registration wins) or check ours against it.
+
+        Args:
+            schema: ``{key: spec}`` (:func:`merge`, :func:`broadcast`, :func:`maximum`) or a
+                :class:`Schema`.
+            limits: the run's size limits (:class:`Limits`; the defaults suit fleet reports).
+
+        Raises:
+            SchemaMismatch: the run holds another schema, naming the key that differs.
+        """
         schema = schema if isinstance(schema, Schema) else Schema.of(schema)
         limits = limits or Limits()
         args: list[Any] = [
@@ -471,6 +492,7 @@ class Store:
 
     @_translated
     def limits(self) -> Limits:
+        """The run's size limits, as registered."""
         raw = self.redis.hmget(
             self.keys.meta,
             "max_report_bytes",
@@ -561,6 +583,7 @@ class Store:
 
     @_translated
     def run_info(self) -> dict[str, str]:
+        """The run's metadata hash: epoch, fleet version, times."""
         return {_b(k): _b(v) for k, v in self.redis.hgetall(self.keys.meta).items()}
 
     @_translated
@@ -680,6 +703,7 @@ class ShardClient:
 
     @incarnation.setter
     def incarnation(self, value: int) -> None:
+        """This process's incarnation of the shard, claimed from the server on first use."""
         self._incarnation = int(value)
 
     def continue_from(self, epoch_tag: int, version: int) -> None:
@@ -690,6 +714,7 @@ class ShardClient:
         self._continued_epoch = epoch_tag
 
     def resumes(self, name: str) -> bool:
+        """Whether this incarnation takes over its previous life's slot of ``key``."""
         return self.resume if isinstance(self.resume, bool) else name in self.resume
 
     def last_folded_seq(self) -> int:
@@ -699,7 +724,20 @@ class ShardClient:
         return seq
 
     def publish(self, reports: Mapping[str, Any]) -> codec.PublishResult:
-        """Validate, then fold ``{key: report}`` in one FCALL. Raises a typed error on rejection."""
+        """Validate, then fold this shard's reports in one FCALL, all or nothing.
+
+        Args:
+            reports: ``{key: report}``: a merge key's ``{"count": ..., "sum": ...[, "sumsq": ...]}``
+                (this shard's cumulative own values), a broadcast or maximum key's ``{"value": ...}``;
+                numbers as Python scalars, numpy arrays or tensors.
+
+        Returns:
+            The fold's outcome: ``applied`` with the new fleet version, or ``duplicate`` for a retry.
+
+        Raises:
+            RedisyncError: a typed subclass naming the key and what is wrong (a bad shape, a value
+                that is not finite, a writer that is not the owner, a stale incarnation, ...).
+        """
         store = self.store
         if self._limits is None:
             self._limits = store.limits()

@@ -56,6 +56,7 @@ class PublishResult:
 
     @property
     def applied(self) -> bool:
+        """Whether the fold applied the report (not a duplicate)."""
         return self.status == "applied"
 
 

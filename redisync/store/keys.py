@@ -38,32 +38,40 @@ class RunKeys:
 
     @functools.cached_property
     def prefix(self) -> str:
+        """The prefix every key of the run shares: ``redisync:{run}:``."""
         return f"{ROOT}:{{{self.run}}}:"
 
     @property
     def meta(self) -> str:
+        """The run's metadata hash."""
         return self.prefix + "meta"
 
     @property
     def shards(self) -> str:
+        """The hash of each shard's incarnation, sequence, lease and report times."""
         return self.prefix + "shards"
 
     @property
     def reports(self) -> str:
+        """The stream of accepted reports."""
         return self.prefix + "reports"
 
     @property
     def dead_letters(self) -> str:
+        """The stream of rejected reports with their reasons."""
         return self.prefix + "dead"
 
     @property
     def channel(self) -> str:
+        """The channel on which each new fleet version is announced."""
         return self.prefix + "versions"
 
     def key_meta(self, name: str) -> str:
+        """A key's metadata hash."""
         return self.prefix + "key:" + name
 
     def key_data(self, name: str) -> str:
+        """A key's data hash: its vectors (aggregate, slots, retired history) or its value."""
         return self.prefix + "data:" + name
 
     @property

@@ -163,6 +163,7 @@ class Function:
         return self.send(target, keys, args)
 
     def send(self, target: Any, keys: list[str], args: list[Any]) -> Any:
+        """Call the function (loading the library first when the server lacks it)."""
         call = target.fcall_ro if self.read_only else target.fcall
         return call(self.name, len(keys), *keys, *args)
 

@@ -23,6 +23,8 @@ Status = Literal["applied", "duplicate", "rejected"]
 
 @dataclass(frozen=True)
 class Outcome:
+    """The reference fold's result: status, fleet version and the keys' versions."""
+
     status: Status
     fleet_version: int = 0
     reason: str | None = None
@@ -31,6 +33,8 @@ class Outcome:
 
 @dataclass
 class ShardState:
+    """The reference's record of a shard: incarnation, sequence and when it last reported."""
+
     incarnation: int
     seq: int
     at_us: int

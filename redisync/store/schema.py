@@ -98,12 +98,14 @@ class Schema(BaseModel):
 
     @classmethod
     def of(cls, keys: Mapping[str, Any]) -> Schema:
+        """A schema from ``{key: spec}``."""
         try:
             return cls(keys=dict(keys))
         except ValidationError as e:
             raise errors.InvalidSchema(first_error(e)) from None
 
     def canonical_json(self) -> str:
+        """The schema as canonical JSON (its digest is the run's schema digest)."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
     @functools.cached_property

@@ -28,43 +28,71 @@ MIXES = ("code", "paper")
 class ArrayOps(Protocol):
     """Where numpy and torch spell an operation differently (``Any`` is an array of the backend)."""
 
-    def cat(self, parts: Sequence[Any], axis: int) -> Any: ...
-    def where(self, cond: Any, a: Any, b: Any) -> Any: ...
-    def minimum(self, a: Any, b: Any) -> Any: ...
-    def zeros_like(self, x: Any) -> Any: ...
-    def pad_index(self, index: Any, pad: int) -> Any: ...  # [G, W] -> [G, W + pad], the last column repeated
-    def wide(self, x: Any) -> Any: ...  # float64
-    def cast(self, x: Any, like: Any) -> Any: ...  # x in like's dtype
-    def row_max(self, x: Any) -> Any: ...  # [G, W] -> [G, 1]
-    def smooth(self, p: Any, kernel: Any) -> Any: ...  # rows of p (padded by k - 1) correlated with kernel
+    def cat(self, parts: Sequence[Any], axis: int) -> Any:
+        """Concatenate ``parts`` along ``axis``."""
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        """Element-wise choice: ``a`` where ``cond`` holds, else ``b``."""
+
+    def minimum(self, a: Any, b: Any) -> Any:
+        """Element-wise minimum."""
+
+    def zeros_like(self, x: Any) -> Any:
+        """Zeros of ``x``'s shape and dtype."""
+
+    def pad_index(self, index: Any, pad: int) -> Any:
+        """``[G, W] -> [G, W + pad]``, the last column repeated: a ragged layout's indices on its grid."""
+
+    def wide(self, x: Any) -> Any:
+        """``x`` in float64 (sums and the fleet's part are kept in float64)."""
+
+    def cast(self, x: Any, like: Any) -> Any:
+        """``x`` in ``like``'s dtype."""
+
+    def row_max(self, x: Any) -> Any:
+        """``[G, W] -> [G, 1]``: the maximum of each row."""
+
+    def smooth(self, p: Any, kernel: Any) -> Any:
+        """The rows of ``p`` (padded by ``k - 1``) correlated with ``kernel``: BeyondMimic's smoothing."""
 
 
 class NumpyOps:
+    """The formulas' operations in numpy's spelling."""
+
     def cat(self, parts: Any, axis: Any) -> Any:
+        """Concatenate ``parts`` along ``axis``."""
         return np.concatenate(parts, axis=axis)
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
+        """Element-wise choice: ``a`` where ``cond`` holds, else ``b``."""
         return np.where(cond, a, b)
 
     def minimum(self, a: Any, b: Any) -> Any:
+        """Element-wise minimum."""
         return np.minimum(a, b)
 
     def zeros_like(self, x: Any) -> Any:
+        """Zeros of ``x``'s shape and dtype."""
         return np.zeros_like(x)
 
     def pad_index(self, index: Any, pad: Any) -> Any:
+        """The indices that pad a ragged layout to its grid."""
         return np.concatenate([index, np.repeat(index[:, -1:], pad, axis=1)], axis=1)
 
     def wide(self, x: Any) -> Any:
+        """``x`` in float64 (sums and the fleet's part are kept in float64)."""
         return np.asarray(x, dtype=np.float64)
 
     def cast(self, x: Any, like: Any) -> Any:
+        """``x`` in ``like``'s dtype."""
         return np.asarray(x).astype(like.dtype, copy=False)
 
     def row_max(self, x: Any) -> Any:
+        """The maximum of each row."""
         return x.max(axis=1, keepdims=True)
 
     def smooth(self, p: Any, kernel: Any) -> Any:
+        """BeyondMimic's kernel smoothing along the bins (a 1-D convolution per row)."""
         width = p.shape[1] - kernel.shape[0] + 1
         out = kernel[0] * p[:, :width]
         for j in range(1, kernel.shape[0]):
@@ -91,22 +119,27 @@ class BinGeometry:
 
     @property
     def groups(self) -> int:
+        """The number of groups."""
         return len(self.bin_counts)
 
     @property
     def width(self) -> int:
+        """The widest group's bin count (the grid's width)."""
         return max(self.bin_counts)
 
     @property
     def size(self) -> int:
+        """The total number of bins, every group's end to end."""
         return sum(self.bin_counts)
 
     @property
     def ragged(self) -> bool:
+        """Whether the groups' bin counts differ."""
         return len(set(self.bin_counts)) > 1
 
     @classmethod
     def of(cls, bin_counts: Sequence[int]) -> BinGeometry:
+        """The geometry of groups with these frame counts at this step."""
         counts = tuple(int(b) for b in bin_counts)
         bins = np.asarray(counts, dtype=np.int64)
         offsets = np.cumsum(bins) - bins

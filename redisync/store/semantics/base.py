@@ -102,6 +102,7 @@ class SpecBase(BaseModel):
 
     @property
     def size(self) -> int:
+        """The number of elements of the key's value."""
         return math.prod(self.shape)
 
     @property

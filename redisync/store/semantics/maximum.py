@@ -19,6 +19,8 @@ from .base import Fold, KeyState, Part, ReportBase, SpecBase, Vector, build
 
 
 class MaximumReport(ReportBase):
+    """A maximum key's report: ``{"value": ...}``."""
+
     value: Any
 
 
@@ -31,12 +33,15 @@ class MaximumSpec(SpecBase):
     report_model: ClassVar[type[ReportBase]] = MaximumReport
 
     def payload_parts(self) -> tuple[Part, ...]:
+        """The parts a report of this key carries: its value."""
         return (("value", self.shape, self.size, False),)
 
     def check_payload(self, payload: Vector) -> str | None:
+        """Check a decoded payload's length against the shape."""
         return None if np.isfinite(payload).all() else "non_finite"
 
     def fold(self, state: KeyState, report: Fold) -> KeyState | str:
+        """The reference fold of one report: the element-wise maximum with the key's value."""
         bad = self.check_payload(report.payload)
         if bad:
             return bad
@@ -50,5 +55,10 @@ class MaximumSpec(SpecBase):
 
 
 def maximum(shape: int | tuple[int, ...]) -> MaximumSpec:
-    """A grow-only key any shard may raise (a monotone curriculum level)."""
+    """A grow-only key any shard may raise (a monotone curriculum level): the fleet value is the
+    element-wise maximum of every value reported in the run.
+
+    Args:
+        shape: the value's shape (``()`` for a scalar).
+    """
     return build(MaximumSpec, shape=shape)

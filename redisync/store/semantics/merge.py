@@ -91,11 +91,14 @@ def summed(vectors: list[Vector], width: int) -> Vector:
 
 
 class MergeReport(ReportBase):
+    """A merge key's report: this shard's cumulative ``count``, ``sum`` (and ``sumsq``)."""
+
     count: Any
     sum: Any
     sumsq: Any = None
 
     def vectors(self, name: str, spec: SpecBase) -> list[Vector]:
+        """The report's parts as float64 vectors, in the payload's order."""
         assert isinstance(spec, MergeSpec)
         if spec.sumsq and self.sumsq is None:
             raise errors.MalformedReport(name, "the key tracks sumsq but the report has none")
@@ -142,14 +145,17 @@ class MergeSpec(SpecBase):
 
     @property
     def parts(self) -> tuple[str, ...]:
+        """The parts of a slot: count, sum (and sumsq)."""
         return ("count", "sum", "sumsq") if self.sumsq else ("count", "sum")
 
     @property
     def count_size(self) -> int:
+        """The number of counts per slot (1, or the size with ``elementwise_count``)."""
         return self.size if self.elementwise_count else 1
 
     @property
     def count_shape(self) -> tuple[int, ...]:
+        """The shape of ``count``."""
         return self.shape if self.elementwise_count else ()
 
     def payload_parts(self) -> tuple[Part, ...]:
@@ -161,6 +167,7 @@ class MergeSpec(SpecBase):
         )  # fmt: skip
 
     def register_fields(self) -> dict[str, str]:
+        """The key's metadata fields, as the fold reads them."""
         grace = self.lease_grace_s if self.lifecycle == "state" else None
         return super().register_fields() | {
             "stale_after_s": "" if self.stale_after_s is None else repr(float(self.stale_after_s)),
@@ -171,6 +178,7 @@ class MergeSpec(SpecBase):
         }
 
     def check_payload(self, payload: Vector) -> str | None:
+        """Check a decoded payload's length and its counts."""
         signed = range(self.count_size, self.count_size + self.size)  # the sum part
         for i, v in enumerate(payload):
             if not np.isfinite(v):
@@ -180,9 +188,11 @@ class MergeSpec(SpecBase):
         return None
 
     def new_state(self) -> KeyState:
+        """The reference's empty state of the key."""
         return KeyState(value=np.zeros(self.width))
 
     def fold(self, state: KeyState, report: Fold) -> KeyState | str:
+        """The reference fold of one report: the slot replaced, the aggregate re-made from the live slots."""
         bad = self.check_payload(report.payload)
         if bad:
             return bad
@@ -282,14 +292,22 @@ def merge(
     lifecycle: Lifecycle | None = None,
     lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
 ) -> MergeSpec:
-    """A pooled-statistics key (failure EMA, normaliser moments, histograms).
+    """A pooled-statistics key (failure EMA, normaliser moments, histograms): one slot per shard
+    holding its cumulative own ``count``, ``sum`` (and ``sumsq``); the fleet value is their exact sum.
 
-    ``lifecycle`` has no default, because either default is wrong for half the keys: ``"state"``
-    for a current value (a failure EMA: a fresh restart replaces the previous life's slot, which
-    ``"history"`` would count twice), ``"history"`` for counts that accumulate over the run
-    (normaliser moments: the previous life's slot stays counted, which ``"state"`` would drop).
-    ``lease_grace_s`` (``state`` keys): how long a shard's lease may have lapsed before its slot
-    leaves the aggregate (``None``: never by the lease)."""
+    Args:
+        shape: the shape of ``sum`` (an int for a vector; ``()`` or ``1`` for a scalar).
+        stale_after_s: a ``state`` key's slot not refreshed for this long leaves the aggregate at the
+            next fold (a process alive but silent); ``None``: never by age.
+        sumsq: the slots also hold a sum of squares (a normaliser's second moment).
+        elementwise_count: ``count`` has ``shape`` too (a count per element), not one number.
+        lifecycle: no default, because either default is wrong for half the keys: ``"state"`` for a
+            current value (a failure EMA: a fresh restart replaces the previous life's slot, which
+            ``"history"`` would count twice), ``"history"`` for counts that accumulate over the run
+            (normaliser moments: the previous life's slot stays counted, which ``"state"`` would drop).
+        lease_grace_s: (``state`` keys) how long a shard's lease may have lapsed before its slot
+            leaves the aggregate (``None``: never by the lease).
+    """
     if lifecycle is None:
         raise errors.InvalidSchema(
             "merge(): say lifecycle='state' (a current value, e.g. a failure EMA: a fresh restart replaces the "

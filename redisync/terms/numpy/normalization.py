@@ -61,6 +61,7 @@ class EmpiricalNormalizer:
         return round(float((self.others + own)[0].flat[0])) if self.mode == "pooled" else int(own[0].flat[0])
 
     def normalize(self, x: NDArray[Any]) -> NDArray[Any]:
+        """Normalise ``x`` with the statistics held (the fleet's, when pooled)."""
         out: NDArray[Any] = (x - self.mean) / (self.std + self.eps)
         return out
 
@@ -86,14 +87,17 @@ class EmpiricalNormalizer:
     # ------------------------------------------------------------------ the seam
 
     def schema_entries(self) -> Mapping[str, MergeSpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return {self.key: merge(self.shape, sumsq=True, lifecycle="history")} if self.mode == "pooled" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode != "pooled":
             return {}
         return {self.key: {"count": float(self.own[0].flat[0]), "sum": self.own[1].copy(), "sumsq": self.own[2].copy()}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None or self.mode != "pooled":
             return

@@ -78,6 +78,7 @@ class FailureEma:
         np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         shape = self.own.shape if self.own.ndim > 1 else self.own.size
         return ema_seam.declared(
             self.mode,
@@ -90,6 +91,7 @@ class FailureEma:
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
         return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner)
 
@@ -205,6 +207,7 @@ class AdaptiveMotionSampler:
         return self.state.sampling_ema()
 
     def write_sampling_ema(self, out: NDArray[Any]) -> None:
+        """Write the EMA that decides the start distribution into ``out`` in place."""
         self.state.write_sampling_ema(out)
 
     def probabilities(self) -> NDArray[Any]:
@@ -266,12 +269,15 @@ class AdaptiveMotionSampler:
     # ------------------------------------------------------------------ the seam: the state's
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return self.state.schema_entries()
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return self.state.report_shard_state()
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         self.state.apply_shard_state(fleet)
 
 

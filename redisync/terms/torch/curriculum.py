@@ -68,6 +68,7 @@ class AverageEpisodeLength:
         self.resumed = False
 
     def update(self, episode_lengths: torch.Tensor) -> None:
+        """Fold the lengths of the episodes that ended."""
         if self._suppress_next_update:  # holosoma skips the first batch after a restored or set average
             self._suppress_next_update = False
             return
@@ -80,6 +81,7 @@ class AverageEpisodeLength:
         self.episodes += num
 
     def suppress_next_update(self) -> None:
+        """Skip the next update (holosoma's first reset after a load)."""
         self._suppress_next_update = True
 
     def _own_weight(self) -> float:
@@ -95,6 +97,7 @@ class AverageEpisodeLength:
         return formulas.pooled_average(self._own_weight(), self.own_average, self._others)
 
     def state_dict(self) -> dict[str, Any]:
+        """holosoma's checkpoint entries of the tracker."""
         return {
             "average_episode_length": torch.tensor(self.own_average),
             "suppress_next_update": self._suppress_next_update,
@@ -110,6 +113,7 @@ class AverageEpisodeLength:
         self.resumed = True
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
@@ -118,6 +122,7 @@ class AverageEpisodeLength:
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode == "broadcast":
             return {self.key: {"value": self.own_average}} if self.shard_id == self.owner else {}
         if self.mode != "pooled":
@@ -126,6 +131,7 @@ class AverageEpisodeLength:
         return {self.key: {"count": w, "sum": w * self.own_average}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if self.mode == "local" or view is None or view.value is None:
             return
@@ -188,19 +194,24 @@ class PenaltyCurriculum:
         return self.scale
 
     def state_dict(self) -> dict[str, Any]:
+        """holosoma's checkpoint entry: the current scale."""
         return {"current_scale": self.scale}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load holosoma's checkpoint entry."""
         value = state["current_scale"] if "current_scale" in state else state["reward_penalty_scale"]
         self.scale = self._clipped(float(value))
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return {self.key: broadcast((), owner=self.owner)} if self.mode == "broadcast" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return {self.key: {"value": self.scale}} if self.mode == "broadcast" and self.decides else {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if self.mode == "broadcast" and not self.decides and view is not None and view.value is not None:
             self.scale = float(view.parts()["value"])
@@ -235,6 +246,7 @@ class TerrainLevels:
         self._others: NDArray[Any] = np.zeros(num_levels)
 
     def update(self, env_ids: torch.Tensor, move_up: torch.Tensor, move_down: torch.Tensor) -> None:
+        """IsaacLab's terrain-level moves for the envs that ended an episode."""
         levels = self.levels[env_ids] + 1 * move_up - 1 * move_down
         random = torch.randint(0, self.num_levels, levels.shape, device=levels.device, generator=self.generator)
         self.levels[env_ids] = torch.where(levels >= self.num_levels, random, torch.clip(levels, 0))
@@ -255,15 +267,18 @@ class TerrainLevels:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         # where the shard's envs are now: a state, dropped on a fresh restart
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         merged = merge(self.num_levels, stale_after_s=self.stale_after_s, lifecycle="state")
         return {self.key: merged} if self.mode == "pooled" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode != "pooled":
             return {}
         return {self.key: {"count": float(self.levels.numel()), "sum": self.histogram()}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if self.mode != "pooled" or view is None or view.value is None:
             return

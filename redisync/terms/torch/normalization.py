@@ -44,6 +44,21 @@ Mode = Literal["local", "pooled", "learner"]
 
 
 class SyncedEmpiricalNormalization(nn.Module):
+    """rsl_rl's ``EmpiricalNormalization`` (same buffers, ``state_dict`` keys and calls), synced.
+
+    Args:
+        shape: the observation's shape.
+        eps: added to the standard deviation before dividing (rsl_rl's).
+        until: stop updating after this many samples (rsl_rl's; ``None``: never).
+        mode: ``"local"`` (rsl_rl's own update, nothing synced), ``"pooled"`` (the fleet's exact
+            moments) or ``"learner"`` (the writer's statistics, applied by every collector).
+        key: the store key of its statistics.
+        writer: in ``"learner"`` mode, whether this one writes (the learner's).
+        owner: in ``"learner"`` mode, the shard id the writer publishes as.
+        offset: a fixed per-element shift ``c`` of the summed values (``Σ(x − c)``), where
+            cancellation in ``Σx²`` would matter (observations far from zero).
+    """
+
     # buffers (they move with the module; _mean, _var, _std and count are its checkpoint, as rsl_rl's)
     _mean: torch.Tensor
     _var: torch.Tensor
@@ -92,17 +107,21 @@ class SyncedEmpiricalNormalization(nn.Module):
 
     @property
     def mean(self) -> torch.Tensor:
+        """The mean it normalises with (rsl_rl's ``_mean``)."""
         return self._mean.squeeze(0).clone()
 
     @property
     def std(self) -> torch.Tensor:
+        """The standard deviation it normalises with (rsl_rl's ``_std``)."""
         return self._std.squeeze(0).clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` (rsl_rl's call)."""
         return (x - self._mean) / (self._std + self.eps)
 
     @torch.jit.unused
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """Undo the normalisation (rsl_rl's call)."""
         return y * (self._std + self.eps) + self._mean
 
     @torch.jit.unused
@@ -176,6 +195,7 @@ class SyncedEmpiricalNormalization(nn.Module):
     # ------------------------------------------------------------------ the seam
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         size = int(np.prod(self.shape))
         if self.mode == "pooled":
             return {self.key: merge(self.shape, sumsq=True, lifecycle="history")}
@@ -184,6 +204,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         return {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode == "pooled":
             own = self._own.cpu().numpy()
             return {self.key: {"count": float(own[0].flatten()[0]), "sum": own[1].copy(), "sumsq": own[2].copy()}}
@@ -240,6 +261,7 @@ class SyncedEmpiricalNormalization(nn.Module):
             self._set(value[:size], value[size : 2 * size], round(float(value[-1])))
 
     def apply_shard_state(self, fleet: PullResult) -> None:
+        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return

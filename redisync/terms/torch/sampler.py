@@ -81,10 +81,12 @@ class BinLayout(nn.Module):
             self.register_buffer(name, torch.as_tensor(getattr(geometry, name), device=device), persistent=False)
 
     def grid(self, flat: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        """A flat per-bin vector on the ``[groups, max bins]`` grid (padded with ``pad``)."""
         out: torch.Tensor = formulas.grid(flat, self, pad, TORCH)
         return out
 
     def group_sums(self, flat: torch.Tensor) -> torch.Tensor:
+        """The sum of a flat per-bin vector over each group's bins."""
         out: torch.Tensor = formulas.group_sums(flat, self, TORCH)
         return out
 
@@ -115,8 +117,33 @@ class AdaptiveMotionSampler(nn.Module):
 
     Call :meth:`record_failures` once per env step with the time steps and failure flags of the
     envs being reset, :meth:`step` once per env step, and :meth:`sample` for the new start frames.
-    With a sequence of ``num_frames`` (groups), pass each env's group to both. ``num_envs`` (the envs
-    this shard runs), if given, lets a ``local`` sampler with the code's mix warn below 256 envs.
+    With a sequence of ``num_frames`` (groups), pass each env's group to both.
+
+    Args:
+        num_frames: the motion's length in frames, or one length per group (motions or profiles).
+        step_dt: the env step in seconds; a bin is one second of motion.
+        mode: ``"local"`` (its own EMA), ``"pooled"`` (the sum of every shard's own EMA: what one
+            unsharded sampler would hold), ``"weighted"`` (the failure-weighted mean) or
+            ``"broadcast"`` (the owner's EMA).
+        key: the store key of the failure EMA.
+        shard_id: this collector's shard.
+        owner: the shard whose EMA ``"broadcast"`` follows.
+        alpha: the EMA's rate per env step (BeyondMimic's 0.001).
+        uniform_ratio: ε, the uniform share mixed into the start distribution.
+        uniform_mix: ``"code"`` (BeyondMimic's code: ``ema + ε/B``) or ``"paper"`` (a fixed share ε).
+        group_uniform_ratio: the uniform floor when :meth:`sample_groups` draws a group.
+        group_names: names for the groups in the metrics.
+        worst_groups: how many of the sharpest and most drifted groups the metrics name.
+        kernel_size: the smoothing kernel's width in bins (BeyondMimic's; 1: none).
+        kernel_lambda: the kernel's decay.
+        stale_after_s: the merge key's ``stale_after_s`` (a silent shard leaves the pool).
+        lifecycle: the merge key's life cycle (``"state"``: a current value).
+        rebuild_tol: the distribution is rebuilt at a reset when the EMA it was built from moved by
+            more than this share of its mass (0: whenever it changed at all).
+        device: where the buffers live.
+        dtype: the EMA's dtype (the fleet part is float64 whatever it is).
+        num_envs: the envs this shard runs; given, a ``local`` sampler with the code's mix warns
+            when the shard is small enough for its EMA to be flattened.
     """
 
     # buffers (they move with the module and the persistent ones are in its checkpoint)
@@ -399,6 +426,7 @@ class AdaptiveMotionSampler(nn.Module):
     # ------------------------------------------------------------------ the seam
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         return ema_seam.declared(
             self.mode,
             self.key,
@@ -409,6 +437,7 @@ class AdaptiveMotionSampler(nn.Module):
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         own = self.bin_failed_count.to("cpu", torch.float64, copy=True).numpy()  # one op: this runs on the hot path
         count = 1.0
         if self.mode == "weighted":
