@@ -73,6 +73,7 @@ def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.integration  # two bench runs, each with publisher processes of its own
 def test_bench_prints_figures_and_the_targets_only_for_developers(real_url):
     """A user read 'target ...: MISSED' lines as a broken install: targets are behind --targets."""
     args = ("bench", "--url", real_url, "--calls", "20", "--procs", "2", "--seconds", "0.3")

@@ -18,7 +18,7 @@ import numpy as np
 import redis
 
 from ..errors import RedisyncError
-from ..store.client import Store, connect
+from ..store.client import Store, connect, masked_url
 from ..store.codec import decode, encode
 from ..store.library import Library
 from ..store.schema import Limits, Schema, merge
@@ -422,7 +422,7 @@ def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float =
     ]
     targets = dict(zip(limits, measured, strict=False))
     result: dict[str, Any] = {
-        "url": url or "embedded",
+        "url": masked_url(url) if url else "embedded",  # (a password never reaches the output)
         "calls": calls,
         "ping_us": ping,
         "sizes": sizes,

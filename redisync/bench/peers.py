@@ -290,8 +290,10 @@ def run_peers(url: str, steps: int = 2000, scenarios: tuple[Scenario, ...] = SCE
                 "process_worker_p50_us<=5": {"measured": row["p50_us"], "limit": 5.0, "met": row["p50_us"] <= 5.0},
                 "process_worker_p99_us<=50": {"measured": row["p99_us"], "limit": 50.0, "met": row["p99_us"] <= 50.0},
             }
+    from ..store.client import masked_url
+
     return {
-        "url": url,
+        "url": masked_url(url),
         "steps": steps,
         "step_s": STEP_S,
         "rows": rows,

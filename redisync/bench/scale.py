@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..store.client import Store, connect
+from ..store.client import Store, connect, masked_url
 from ..store.schema import Limits, Schema, merge
 from .core import SlowLog, _run_processes
 
@@ -217,7 +217,7 @@ def run_scale(url: str, seconds: float = 3.0) -> dict[str, Any]:
     ]
     tp = [throughput(url, c, seconds) for c in CONNECTIONS]
     return {
-        "url": url,
+        "url": masked_url(url),
         "fold_vs_slots": slots,
         "fold_vs_keys": keys,
         "fleet_report_vs_slots": fleet_rows,

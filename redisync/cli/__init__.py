@@ -20,10 +20,16 @@ from .study import ab
 from .watch import watch
 
 
-@click.group()
+@click.group(
+    epilog="Start with 'redisync demo --keep' (no Redis needed); with a Redis, 'redisync watch --url "
+    "redis://HOST:6379/0 --run RUN' follows a training run. 'redisync COMMAND --help' says more."
+)
 @click.version_option(__version__, prog_name="redisync")
 def cli() -> None:
-    """redisync: one versioned fleet state for every collector of an RL trainer."""
+    """redisync: one versioned fleet state for every collector of an RL trainer.
+
+    Collectors publish what their shard saw; the store folds it into one fleet state that every
+    collector takes at its next reset boundary. These commands show it, measure it and study it."""
 
 
 for command in (demo, ab, bench, inspect, watch, snapshot, restore):
