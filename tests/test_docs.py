@@ -292,3 +292,13 @@ def test_the_documentation_site_builds_with_warnings_as_errors(tmp_path):
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     for command in ("demo", "watch", "inspect", "snapshot", "restore", "bench", "ab"):
         assert f"redisync {command}" in cli, command
+
+
+def test_the_troubleshooting_page_names_every_error_a_user_can_meet():
+    import inspect
+
+    import redisync.errors as errors
+
+    page = (ROOT / "docs" / "guides" / "troubleshooting.md").read_text()
+    named = [n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.RedisyncError)]
+    assert [n for n in named if f"`{n}`" not in page] == []
