@@ -34,7 +34,11 @@ from .common import URL, needs, table
     help="seeds per arm of the secondary (descriptive) contrasts",
 )
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256), help="runs trained side by side")
-@click.option("--smoke", is_flag=True, help="the small CI configuration (minutes, not an hour)")
+@click.option(
+    "--smoke",
+    is_flag=True,
+    help="the small CI configuration (minutes, not an hour): it checks the pipeline; its gate decision means nothing",
+)
 @click.option("--gate-only", is_flag=True, help="run the gate (single vs uniform on H) and stop")
 @click.option(
     "--follow-up",
@@ -86,6 +90,11 @@ def ab(
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--env") from None
     click.echo(f"{cfg.env_steps:,} env steps per run, {workers} workers; store: {url or 'embedded (one per worker)'}")
+    if smoke:
+        click.echo(
+            "--smoke checks the pipeline at CI's size: its gate decision means nothing at this size, and "
+            "it may fail ('the gate failed', status 1)"
+        )
     results = run_study(
         cfg,
         primary_seeds=seeds,

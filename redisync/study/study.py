@@ -21,11 +21,14 @@ import multiprocessing as mp
 import queue
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
 
+from ..errors import RedisyncError
 from . import follow_up as follow_up_plan
 from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
 from .stats import contrast, primary_family
@@ -202,17 +205,25 @@ def run_cells(
     bar = _progress_bar(len(jobs) * cfg.env_steps, show_progress, desc)
     runs: list[dict[str, Any]] = []
     ctx = mp.get_context("spawn")  # torch and the syncers' threads do not survive a fork
-    with ctx.Manager() as manager, ctx.Pool(workers) as pool:
+    # an executor, not multiprocessing's Pool: a Pool replaces a worker that dies (one that cannot even
+    # start, on a loaded machine) with another, endlessly; a broken executor fails every pending run
+    with ctx.Manager() as manager, ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         progress = manager.Queue()
-        pending = [
-            pool.apply_async(_worker, (c.to_dict(), arm, seed, url, env_spec, progress)) for c, arm, seed in jobs
-        ]
+        pending = [pool.submit(_worker, c.to_dict(), arm, seed, url, env_spec, progress) for c, arm, seed in jobs]
         while pending:
             with contextlib.suppress(queue.Empty):
                 bar.update(progress.get(timeout=0.5))
-            for job in [p for p in pending if p.ready()]:
+            for job in [p for p in pending if p.done()]:
                 pending.remove(job)
-                run = job.get()  # a failed run raises here, with its worker's traceback
+                try:
+                    run = job.result()  # a failed run raises here, with its worker's traceback
+                except BrokenProcessPool as e:
+                    for other in pending:
+                        other.cancel()
+                    raise RedisyncError(
+                        f"a study worker process died before finishing its run ({e}); "
+                        "nothing more is run: the runs already finished are lost with this call"
+                    ) from None
                 run["summary"] = summarise_run(run)
                 runs.append(run)
                 bar.set_postfix_str(

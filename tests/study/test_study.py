@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -370,6 +371,30 @@ def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
     assert "--env" in out.stderr
     assert "no_such_module" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_study_worker_that_dies_ends_the_study_with_the_error(tmp_path):
+    """multiprocessing's Pool replaced a worker that died at start with another, endlessly (315
+    tracebacks in 10 minutes on a loaded machine, and no end): the study now stops, saying why."""
+    (tmp_path / "dies_in_workers.py").write_text(
+        "import multiprocessing, os\n"
+        "if multiprocessing.current_process().name != 'MainProcess':\n"
+        "    os._exit(3)  # a worker process that cannot start\n"
+        "from redisync.study.fleet import default_env as make  # the parent's check builds the built-in task\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "redisync.cli", "ab", "--smoke", "--gate-only", "--env", "dies_in_workers:make"),
+            *("--out", str(tmp_path / "out"), "--no-progress"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "a study worker process died before finishing its run" in out.stderr
 
 
 @pytest.mark.slow
