@@ -368,7 +368,12 @@ def run_arm(
                 timing["learn_s"] += time.perf_counter() - t
             if env_steps // cfg.drift_every > before // cfg.drift_every:
                 drift.append(
-                    {"env_steps": env_steps, **fleet_drift(monitor, collectors[0].sampler.uniform_ratio, arm.mix)}
+                    {
+                        "env_steps": env_steps,
+                        **fleet_drift(monitor, collectors[0].sampler.uniform_ratio, arm.mix),
+                        # each shard's own EMA as the sampler's warning judges it (redisync.terms.formulas.EmaWatch)
+                        "ema": [c.sampler.ema_statistics() for c in collectors],
+                    }
                 )
             if env_steps // cfg.eval_every > before // cfg.eval_every or env_steps >= cfg.env_steps:
                 t = time.perf_counter()

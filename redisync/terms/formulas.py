@@ -257,24 +257,107 @@ def pooled_average(own_weight: float, own_average: float, others: tuple[float, f
     return (others[1] + own_weight * own_average) / count if count > 0 else own_average
 
 
-SMALL_SHARD_ENVS = 256  # the follow-up's P1: unsynced shards of 64 envs (code mix) did worse than pooled ones
+# A failure EMA's statistics, from the formulas (code mix, kernel 1): ``p_b ∝ ema_b + ε/B``, and the
+# EMA of per-step failure counts has mass F = failures per env step (its weights sum to 1).
+# - noise: a bin's EMA averages about n = F / (B·α) failures (its share of the EMA's window of 1/α
+#   steps); for Poisson counts its relative standard deviation is sqrt(α / (2 f_b)) = 1 / sqrt(2n).
+# - flattening: the uniform share of the distribution is ε / (F + ε) with the code's mix (ε with the
+#   paper's): a shard that sees 1/N of the fleet's failures mixes in more of it than the fleet would.
+NOISY_RELATIVE_SD = 0.5  # a bin's EMA noise at half its mean or more: the noise decides where starts go
+FLAT_UNIFORM_SHARE = 0.5  # the uniform part at half the distribution or more: the failures barely count
 
 
-class SmallUnsyncedShardWarning(UserWarning):
-    """A ``local`` sampler with the code's uniform mix on a shard of fewer than 256 envs."""
+def ema_statistics(ema_mass: float, bins: int, alpha: float, uniform_ratio: float, mix: str) -> dict[str, float]:
+    """What a failure EMA of mass ``ema_mass`` (failures per env step, as the EMA sees them) over
+    ``bins`` bins gives the sampler: ``failures_per_bin_window`` (n), ``ema_relative_noise``
+    (1/sqrt(2n)) and ``uniform_share`` (the uniform part of the start distribution)."""
+    n = ema_mass / (bins * alpha)
+    return {
+        "failures_per_bin_window": n,
+        "ema_relative_noise": float("inf") if n <= 0 else (2 * n) ** -0.5,
+        "uniform_share": uniform_ratio if mix == "paper" else uniform_ratio / (ema_mass + uniform_ratio),
+    }
 
 
-def warn_if_small_unsynced_shard(mode: str, mix: str, num_envs: int | None) -> None:
-    """Warn (once per call site) where the pre-registered follow-up found that not syncing hurt: a
-    ``local`` sampler with ``uniform_mix="code"`` on fewer than :data:`SMALL_SHARD_ENVS` envs."""
-    if mode == "local" and mix == "code" and num_envs is not None and num_envs < SMALL_SHARD_ENVS:
-        warnings.warn(
-            f"AdaptiveMotionSampler(mode='local', uniform_mix='code') on {num_envs} envs per shard: in redisync's "
-            f"pre-registered follow-up (docs/ab/follow-up/report.md) unsynced shards of 64 envs tracked less of the "
-            f"motion than pooled ones; below {SMALL_SHARD_ENVS} envs per shard, sync the sampler (mode='pooled')",
-            SmallUnsyncedShardWarning,
-            stacklevel=3,
+def ema_warning(stats: dict[str, float], where: str) -> str | None:
+    """Why a shard's own failure EMA is a poor guide for its start frames, with the numbers, or None:
+    dominated by noise (relative noise of a bin at least :data:`NOISY_RELATIVE_SD`) or flattened
+    (a uniform share of at least :data:`FLAT_UNIFORM_SHARE`). Syncing pools the fleet's failures: N
+    shards' EMA has N times the failures per bin (noise / sqrt(N)) and, with the code's mix, a uniform
+    share of ε / (N·F + ε)."""
+    reasons = []
+    if stats["ema_relative_noise"] >= NOISY_RELATIVE_SD:
+        reasons.append(
+            f"about {stats['failures_per_bin_window']:.2g} failures per bin in the EMA's window, a relative noise of "
+            f"{stats['ema_relative_noise']:.2f} per bin"
         )
+    if stats["uniform_share"] >= FLAT_UNIFORM_SHARE:
+        reasons.append(f"a uniform share of {stats['uniform_share']:.2f} in its start distribution")
+    if not reasons:
+        return None
+    return (
+        f"{where}: this shard's own failure EMA has {' and '.join(reasons)}: too few failures for its "
+        "start frames to follow them. Sync the sampler (mode='pooled') so that it samples from the fleet's "
+        "failures, or use more envs per shard"
+    )
+
+
+class EmaStatisticsWarning(UserWarning):
+    """A ``local`` sampler whose own failure EMA is dominated by noise or flattened (see :func:`ema_warning`)."""
+
+
+def warn_for_ema(stats: dict[str, float], where: str) -> bool:
+    """Warn (with the numbers) when :func:`ema_warning` finds a reason; whether it did."""
+    why = ema_warning(stats, where)
+    if why is not None:
+        warnings.warn(why, EmaStatisticsWarning, stacklevel=4)
+    return why is not None
+
+
+class EmaWatch:
+    """A sampler's watch on its own failure EMA, the same for the numpy and the torch sampler.
+
+    :meth:`metrics` gives the EMA's statistics (:func:`ema_statistics`, for its worst group) under
+    ``ema_failures_per_bin_window``, ``ema_relative_noise`` and ``ema_uniform_share``, whatever the
+    mode (with sync, what the shard would have without it). A ``local`` sampler warns once, with the
+    numbers, when :func:`ema_warning` finds a reason: at construction if even ``num_envs`` failures
+    per step (every env failing at every step) would leave its EMA noise-dominated, and at run time
+    once the EMA's window (1/α steps) has filled, from what the shard saw."""
+
+    def __init__(
+        self, mode: str, mix: str, alpha: float, uniform_ratio: float, bins: Sequence[int], num_envs: int | None
+    ):
+        self.mix, self.alpha, self.uniform_ratio, self.bins = mix, alpha, uniform_ratio, tuple(bins)
+        self.local, self.steps, self.warned = mode == "local", 0, False
+        if self.local and num_envs is not None:
+            most = ema_statistics(float(num_envs), max(self.bins), alpha, uniform_ratio, mix)
+            self.warned = warn_for_ema(
+                {**most, "uniform_share": 0.0},  # (the uniform share is an upper bound's; only the noise is known)
+                f"AdaptiveMotionSampler(mode='local') on {num_envs} envs, even if every env failed at every step",
+            )
+
+    def statistics(self, group_masses: Sequence[float]) -> dict[str, float]:
+        """The worst group's statistics: the fewest failures per bin, the most noise, the largest uniform share."""
+        per = [
+            ema_statistics(m, b, self.alpha, self.uniform_ratio, self.mix)
+            for m, b in zip(group_masses, self.bins, strict=True)
+        ]
+        return {
+            "failures_per_bin_window": min(p["failures_per_bin_window"] for p in per),
+            "ema_relative_noise": max(p["ema_relative_noise"] for p in per),
+            "uniform_share": max(p["uniform_share"] for p in per),
+        }
+
+    def metrics(self, group_masses: Sequence[float]) -> dict[str, float]:
+        """The statistics as metrics; warns once where a ``local`` sampler's EMA is a poor guide."""
+        stats = self.statistics(group_masses)
+        if self.local and not self.warned and self.steps * self.alpha >= 1.0:
+            self.warned = warn_for_ema(stats, f"AdaptiveMotionSampler(mode='local') after {self.steps} steps")
+        return {
+            "ema_failures_per_bin_window": stats["failures_per_bin_window"],
+            "ema_relative_noise": min(stats["ema_relative_noise"], 1e9),  # (finite, for a logger)
+            "ema_uniform_share": stats["uniform_share"],
+        }
 
 
 def check_sampler_arguments(

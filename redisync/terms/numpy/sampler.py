@@ -18,6 +18,7 @@ EMA: what one unsharded sampler fed every shard's failures would use, up to floa
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -115,8 +116,9 @@ class AdaptiveMotionSampler:
     Per env step: :meth:`record_failures` (at reset, the envs that failed) and :meth:`step` (the EMA
     fold); before drawing: :meth:`rebuild` (or :meth:`sample`, which rebuilds when the EMA it uses
     moved). With a sequence of ``num_frames`` (groups: motions of a library, env profiles), pass
-    each env's group. ``num_envs`` (the envs this shard runs), if given, lets a ``local`` sampler with
-    the code's mix warn below 256 envs.
+    each env's group. ``num_envs`` (the envs this shard runs), if given, lets a ``local`` sampler warn
+    at construction when even that many failures per step would leave its EMA dominated by noise; at
+    run time :meth:`metrics` judges from what it saw (:class:`~redisync.terms.formulas.EmaWatch`).
     """
 
     def __init__(
@@ -146,12 +148,13 @@ class AdaptiveMotionSampler:
         formulas.check_sampler_arguments(
             MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, None
         )
-        formulas.warn_if_small_unsynced_shard(mode, uniform_mix, num_envs)
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
         self.group_uniform_ratio = group_uniform_ratio
         self.frame_counts = np.asarray(frames, dtype=np.int64)
         self.geometry = formulas.BinGeometry.of(formulas.bin_counts_of(frames, step_dt))
         self.bin_count, self.groups, self.width = self.geometry.size, self.geometry.groups, self.geometry.width
+        bins = formulas.bin_counts_of(frames, step_dt)
+        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, bins, num_envs)
         dtype = np.dtype(dtype if ema is None else ema.dtype)
         self.ema = _caller_array(ema, (self.bin_count,), dtype, "ema")
         grid = (self.groups, self.width) if self.grouped else (self.bin_count,)
@@ -201,6 +204,14 @@ class AdaptiveMotionSampler:
         """Once per env step: fold this step's failures into the own EMA (in place) and clear them."""
         formulas.ema_step(self.ema, self.current, self.alpha)
         self.current[:] = 0
+        self._watch.steps += 1
+
+    def metrics(self) -> dict[str, float]:
+        """The own failure EMA's statistics (:class:`~redisync.terms.formulas.EmaWatch`), for a logger;
+        a ``local`` sampler whose EMA is a poor guide warns once, with the numbers."""
+        offsets = np.cumsum([0, *self._watch.bins])
+        own = np.asarray(self.ema, dtype=np.float64).ravel()
+        return self._watch.metrics([float(own[a:b].sum()) for a, b in itertools.pairwise(offsets)])
 
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from (:meth:`FailureEma.sampling_ema`)."""

@@ -142,8 +142,9 @@ class AdaptiveMotionSampler(nn.Module):
             more than this share of its mass (0: whenever it changed at all).
         device: where the buffers live.
         dtype: the EMA's dtype (the fleet part is float64 whatever it is).
-        num_envs: the envs this shard runs; given, a ``local`` sampler with the code's mix warns
-            when the shard is small enough for its EMA to be flattened.
+        num_envs: the envs this shard runs; given, a ``local`` sampler warns at construction when
+            even that many failures per step would leave its EMA dominated by noise (at run time it
+            judges from what it sees: :class:`~redisync.terms.formulas.EmaWatch`).
     """
 
     # buffers (they move with the module and the persistent ones are in its checkpoint)
@@ -185,7 +186,6 @@ class AdaptiveMotionSampler(nn.Module):
         formulas.check_sampler_arguments(
             MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names
         )
-        formulas.warn_if_small_unsynced_shard(mode, uniform_mix, num_envs)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.frame_counts = frames
         self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
@@ -205,6 +205,7 @@ class AdaptiveMotionSampler(nn.Module):
         self.groups = len(frames)
         self.bin_count = sum(self.bin_counts)  # the flat EMA's length: the synced key's
         self.layout = BinLayout(self.bin_counts, device)
+        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, self.bin_counts, num_envs)
         kernel = torch.tensor([kernel_lambda**i for i in range(kernel_size)], device=device, dtype=dtype)
         self.register_buffer("kernel", kernel / kernel.sum())  # in the sampler's dtype, as BeyondMimic's
         self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, device=device, dtype=dtype))
@@ -263,6 +264,7 @@ class AdaptiveMotionSampler(nn.Module):
 
     def step(self) -> None:
         """Once per env step: fold this step's failures into the own EMA."""
+        self._watch.steps += 1
         self._shared.begin()
         try:
             formulas.ema_step(self.bin_failed_count, self._current_bin_failed, self.alpha)
@@ -377,7 +379,16 @@ class AdaptiveMotionSampler(nn.Module):
         used = self.probabilities().view(self.groups, -1)
         own = self._distributions(self.bin_failed_count)
         drift = 0.5 * (own - used).abs().sum(dim=1)
-        return _summary(used, self.layout.bins, drift, self.group_names if self.grouped else None, self.worst_groups)
+        out = _summary(used, self.layout.bins, drift, self.group_names if self.grouped else None, self.worst_groups)
+        return {**out, **self._watch.metrics(self._group_masses())}  # (and, once, a local sampler's warning)
+
+    def ema_statistics(self) -> dict[str, float]:
+        """The own failure EMA's statistics for its worst group (:meth:`~redisync.terms.formulas.EmaWatch.statistics`)."""
+        return self._watch.statistics(self._group_masses())
+
+    def _group_masses(self) -> list[float]:
+        masses: list[float] = self.layout.group_sums(self.bin_failed_count.to(torch.float64)).tolist()
+        return masses
 
     def fleet_probabilities(self, fleet: PullResult) -> torch.Tensor | None:
         """What the fleet samples, from a learner's view of the key (``FleetMonitor.state``): the
