@@ -5,7 +5,8 @@ record, each shard's own failure-EMA statistics and whether the rule would warn.
     python scripts/ema_statistics_arms.py local-16-shards single --seed 700 > docs/ab/ema-statistics-DATE.txt
 
 The rule must fire on the 64-env code-mix arm (local-16-shards: 16 shards of 64 envs, each sampling
-from its own EMA) and stay quiet on the single-collector arm (single: one collector of 1 024 envs)."""
+from its own EMA) and stay quiet on the single-collector arm (single: one collector of 1 024 envs,
+whose own EMA is its fleet's)."""
 
 import argparse
 import json
@@ -37,16 +38,19 @@ def main() -> None:
         print(
             f"\n## {arm}: {run['shards']} shard(s); completion AUC {statistics.mean(r['completion'] for r in run['curve']):.3f}"
         )
-        print("env_steps  shards warning  median n  min n  max noise  max uniform share")
+        print(
+            "env_steps  shards warning  median n  min n  max noise  max uniform share  fleet n  fleet noise  fleet share"
+        )
         fired = 0
         for row in run["drift"]:
-            stats = row["ema"]
-            warns = sum(ema_warning(s, "shard") is not None for s in stats)
+            stats, fleet = row["ema"], row["ema_fleet"]
+            warns = sum(ema_warning(s, fleet, "shard") is not None for s in stats)
             fired += warns
             n = sorted(s["failures_per_bin_window"] for s in stats)
             print(
                 f"{row['env_steps']:>9}  {warns:>2}/{len(stats):<4}      {statistics.median(n):8.2f}  {n[0]:5.2f}  "
-                f"{max(s['ema_relative_noise'] for s in stats):9.2f}  {max(s['uniform_share'] for s in stats):17.3f}"
+                f"{max(s['ema_relative_noise'] for s in stats):9.2f}  {max(s['uniform_share'] for s in stats):17.3f}  "
+                f"{fleet['failures_per_bin_window']:7.2f}  {fleet['ema_relative_noise']:11.2f}  {fleet['uniform_share']:11.3f}"
             )
         print(
             json.dumps(
@@ -56,7 +60,9 @@ def main() -> None:
                     "shard_records_warning": fired,
                     "shard_records": sum(len(r["ema"]) for r in run["drift"]),
                     # every shard's statistics at every record, so that a test can judge them by today's rule
-                    "ema": [{"env_steps": r["env_steps"], "shards": r["ema"]} for r in run["drift"]],
+                    "ema": [
+                        {"env_steps": r["env_steps"], "shards": r["ema"], "fleet": r["ema_fleet"]} for r in run["drift"]
+                    ],
                 }
             )
         )

@@ -34,6 +34,12 @@ def store_from_env(run: str | None = None) -> Store:
     return connect(run=run or os.environ.get(ENV_RUN) or "default")
 
 
+def fleet_shards_from_env() -> int | None:
+    """The number of shards in the fleet where the launcher says (torchrun's ``WORLD_SIZE``), else None."""
+    value = os.environ.get("WORLD_SIZE")
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
+
+
 def shard_from_env() -> int:
     """This process's shard id: ``REDISYNC_SHARD``, else ``RANK``, else 0."""
     value = os.environ.get(ENV_SHARD) or os.environ.get("RANK") or "0"

@@ -37,7 +37,7 @@ from holosoma.managers.command.terms.wbt import AdaptiveTimestepsSampler
 from ..errors import ConfigurationError
 from ..terms.torch.normalization import Mode as NormMode
 from ..terms.torch.sampler import AdaptiveMotionSampler
-from . import ProcessFleet, process_fleet
+from . import ProcessFleet, fleet_shards_from_env, process_fleet
 from .holosoma import log_value
 from .normalizers import FleetNormalization
 from .sampler_attribute import SamplerAttribute
@@ -82,6 +82,7 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
             kernel_size=self.adaptive_kernel_size,
             kernel_lambda=self.adaptive_lambda,
             stale_after_s=stale_after_s,
+            fleet_shards=fleet_shards_from_env(),
             device=device,
         )
         if self.state.bin_count != self.num_bins:

@@ -34,7 +34,7 @@ from mjlab.tasks.tracking.mdp import MotionCommand, MotionCommandCfg
 from ..errors import ConfigurationError
 from ..store.schema import Lifecycle
 from ..terms.torch.sampler import AdaptiveMotionSampler
-from . import ProcessFleet, process_fleet
+from . import ProcessFleet, fleet_shards_from_env, process_fleet
 from .sampler_attribute import SamplerAttribute
 
 SyncMode = Literal["local", "pooled", "broadcast"]
@@ -102,7 +102,7 @@ class SyncedMotionCommand(MotionCommand):
             kernel_lambda=cfg.adaptive_lambda,
             stale_after_s=cfg.sync_stale_after_s,
             lifecycle=cfg.sync_lifecycle,
-            num_envs=env.num_envs,
+            fleet_shards=fleet_shards_from_env(),
             device=self.device,
         )
         assert self.sampler.bin_count == self.bin_count, (self.sampler.bin_count, self.bin_count)

@@ -276,7 +276,13 @@ def make_collector(
     )
     frames = [env.num_frames] * profiles_n if grouped else env.num_frames
     sampler = AdaptiveMotionSampler(
-        frames, env.step_dt, mode=mode, shard_id=shard, alpha=cfg.sampler_alpha, uniform_mix=arm.mix
+        frames,
+        env.step_dt,
+        mode=mode,
+        shard_id=shard,
+        alpha=cfg.sampler_alpha,
+        uniform_mix=arm.mix,
+        fleet_shards=shards,
     )
     normalizer = SyncedEmpiricalNormalization(env.obs_dim, mode=arm.normalizer)
     probe = DriftProbe(
@@ -371,8 +377,10 @@ def run_arm(
                     {
                         "env_steps": env_steps,
                         **fleet_drift(monitor, collectors[0].sampler.uniform_ratio, arm.mix),
-                        # each shard's own EMA as the sampler's warning judges it (redisync.terms.formulas.EmaWatch)
+                        # each shard's own EMA and the fleet's pooled one, as the sampler's warning judges
+                        # them (redisync.terms.formulas.EmaWatch)
                         "ema": [c.sampler.ema_statistics() for c in collectors],
+                        "ema_fleet": collectors[0].sampler.ema_statistics(pooled_with=[c.sampler for c in collectors]),
                     }
                 )
             if env_steps // cfg.eval_every > before // cfg.eval_every or env_steps >= cfg.env_steps:

@@ -263,6 +263,7 @@ def pooled_average(own_weight: float, own_average: float, others: tuple[float, f
 #   steps); for Poisson counts its relative standard deviation is sqrt(α / (2 f_b)) = 1 / sqrt(2n).
 # - flattening: the uniform share of the distribution is ε / (F + ε) with the code's mix (ε with the
 #   paper's): a shard that sees 1/N of the fleet's failures mixes in more of it than the fleet would.
+# A fleet of N such shards pools N·F failures per step: n·N per bin, noise / sqrt(N), ε / (N·F + ε).
 NOISY_RELATIVE_SD = 0.5  # a bin's EMA noise at half its mean or more: the noise decides where starts go
 FLAT_UNIFORM_SHARE = 0.5  # the uniform part at half the distribution or more: the failures barely count
 
@@ -279,12 +280,8 @@ def ema_statistics(ema_mass: float, bins: int, alpha: float, uniform_ratio: floa
     }
 
 
-def ema_warning(stats: dict[str, float], where: str) -> str | None:
-    """Why a shard's own failure EMA is a poor guide for its start frames, with the numbers, or None:
-    dominated by noise (relative noise of a bin at least :data:`NOISY_RELATIVE_SD`) or flattened
-    (a uniform share of at least :data:`FLAT_UNIFORM_SHARE`). Syncing pools the fleet's failures: N
-    shards' EMA has N times the failures per bin (noise / sqrt(N)) and, with the code's mix, a uniform
-    share of ε / (N·F + ε)."""
+def _poor(stats: dict[str, float]) -> list[str]:
+    """Why an EMA with these statistics is a poor guide for start frames (none: a fair one)."""
     reasons = []
     if stats["ema_relative_noise"] >= NOISY_RELATIVE_SD:
         reasons.append(
@@ -293,25 +290,27 @@ def ema_warning(stats: dict[str, float], where: str) -> str | None:
         )
     if stats["uniform_share"] >= FLAT_UNIFORM_SHARE:
         reasons.append(f"a uniform share of {stats['uniform_share']:.2f} in its start distribution")
-    if not reasons:
+    return reasons
+
+
+def ema_warning(shard: dict[str, float], fleet: dict[str, float], where: str) -> str | None:
+    """Why a shard's own failure EMA is a poor guide for its start frames while the fleet's pooled EMA
+    would be a fair one, with the numbers; None otherwise. Poor: a relative noise per bin of at least
+    :data:`NOISY_RELATIVE_SD`, or a uniform share of at least :data:`FLAT_UNIFORM_SHARE`. (Where the
+    fleet's EMA is poor too — a policy that hardly fails any more — syncing would not help, and
+    nothing is said.)"""
+    reasons = _poor(shard)
+    if not reasons or _poor(fleet):
         return None
     return (
-        f"{where}: this shard's own failure EMA has {' and '.join(reasons)}: too few failures for its "
-        "start frames to follow them. Sync the sampler (mode='pooled') so that it samples from the fleet's "
-        "failures, or use more envs per shard"
+        f"{where}: this shard's own failure EMA has {' and '.join(reasons)}, where the fleet's pooled EMA would "
+        f"have a relative noise of {fleet['ema_relative_noise']:.2f} and a uniform share of "
+        f"{fleet['uniform_share']:.2f}: sync the sampler (mode='pooled') so that it samples from the fleet's failures"
     )
 
 
 class EmaStatisticsWarning(UserWarning):
-    """A ``local`` sampler whose own failure EMA is dominated by noise or flattened (see :func:`ema_warning`)."""
-
-
-def warn_for_ema(stats: dict[str, float], where: str) -> bool:
-    """Warn (with the numbers) when :func:`ema_warning` finds a reason; whether it did."""
-    why = ema_warning(stats, where)
-    if why is not None:
-        warnings.warn(why, EmaStatisticsWarning, stacklevel=4)
-    return why is not None
+    """A ``local`` sampler whose own failure EMA is a poor guide where the fleet's would not be (:func:`ema_warning`)."""
 
 
 class EmaWatch:
@@ -319,27 +318,24 @@ class EmaWatch:
 
     :meth:`metrics` gives the EMA's statistics (:func:`ema_statistics`, for its worst group) under
     ``ema_failures_per_bin_window``, ``ema_relative_noise`` and ``ema_uniform_share``, whatever the
-    mode (with sync, what the shard would have without it). A ``local`` sampler warns once, with the
-    numbers, when :func:`ema_warning` finds a reason: at construction if even ``num_envs`` failures
-    per step (every env failing at every step) would leave its EMA noise-dominated, and at run time
-    once the EMA's window (1/α steps) has filled, from what the shard saw."""
+    mode (with sync, what the shard would have without it). A ``local`` sampler that knows the size of
+    its fleet (``fleet_shards``: the shards that would pool their failures) warns once, with the
+    numbers, where :func:`ema_warning` says its own EMA is a poor guide while the fleet's would be a
+    fair one — judged at run time from what the shard saw, once the EMA's window (1/α steps) has
+    filled, taking the other shards to see as many failures as this one."""
 
     def __init__(
-        self, mode: str, mix: str, alpha: float, uniform_ratio: float, bins: Sequence[int], num_envs: int | None
+        self, mode: str, mix: str, alpha: float, uniform_ratio: float, bins: Sequence[int], fleet_shards: int | None
     ):
         self.mix, self.alpha, self.uniform_ratio, self.bins = mix, alpha, uniform_ratio, tuple(bins)
+        self.fleet_shards = fleet_shards
         self.local, self.steps, self.warned = mode == "local", 0, False
-        if self.local and num_envs is not None:
-            most = ema_statistics(float(num_envs), max(self.bins), alpha, uniform_ratio, mix)
-            self.warned = warn_for_ema(
-                {**most, "uniform_share": 0.0},  # (the uniform share is an upper bound's; only the noise is known)
-                f"AdaptiveMotionSampler(mode='local') on {num_envs} envs, even if every env failed at every step",
-            )
 
-    def statistics(self, group_masses: Sequence[float]) -> dict[str, float]:
-        """The worst group's statistics: the fewest failures per bin, the most noise, the largest uniform share."""
+    def statistics(self, group_masses: Sequence[float], shards: int = 1) -> dict[str, float]:
+        """The worst group's statistics (the fewest failures per bin, the most noise, the largest
+        uniform share) of an EMA that pools ``shards`` shards like this one."""
         per = [
-            ema_statistics(m, b, self.alpha, self.uniform_ratio, self.mix)
+            ema_statistics(shards * m, b, self.alpha, self.uniform_ratio, self.mix)
             for m, b in zip(group_masses, self.bins, strict=True)
         ]
         return {
@@ -349,10 +345,14 @@ class EmaWatch:
         }
 
     def metrics(self, group_masses: Sequence[float]) -> dict[str, float]:
-        """The statistics as metrics; warns once where a ``local`` sampler's EMA is a poor guide."""
+        """The statistics as metrics; warns once where a ``local`` shard's EMA is poor and the fleet's not."""
         stats = self.statistics(group_masses)
-        if self.local and not self.warned and self.steps * self.alpha >= 1.0:
-            self.warned = warn_for_ema(stats, f"AdaptiveMotionSampler(mode='local') after {self.steps} steps")
+        if self.local and self.fleet_shards and not self.warned and self.steps * self.alpha >= 1.0:
+            fleet = self.statistics(group_masses, self.fleet_shards)
+            why = ema_warning(stats, fleet, f"AdaptiveMotionSampler(mode='local') after {self.steps} steps")
+            if why is not None:
+                warnings.warn(why, EmaStatisticsWarning, stacklevel=3)
+                self.warned = True
         return {
             "ema_failures_per_bin_window": stats["failures_per_bin_window"],
             "ema_relative_noise": min(stats["ema_relative_noise"], 1e9),  # (finite, for a logger)

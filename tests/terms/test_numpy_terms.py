@@ -142,23 +142,113 @@ def test_a_grouped_ema_array_pools_bin_by_bin(make_store):
         np.testing.assert_array_equal(term.sampling_ema(), (own[0] + own[1]).astype(np.float64))
 
 
+def test_the_ema_statistics_follow_from_the_formulas():
+    """n = F / (B·α) failures per bin in the EMA's window, relative noise 1/sqrt(2n), uniform share
+    ε / (F + ε) with the code's mix (ε with the paper's)."""
+    from redisync.terms.formulas import ema_statistics, ema_warning
+
+    stats = ema_statistics(0.64, 120, 0.01, 0.1, "code")
+    assert stats["failures_per_bin_window"] == pytest.approx(0.64 / 1.2)
+    assert stats["ema_relative_noise"] == pytest.approx((2 * 0.64 / 1.2) ** -0.5)
+    assert stats["uniform_share"] == pytest.approx(0.1 / 0.74)
+    assert ema_statistics(0.64, 120, 0.01, 0.1, "paper")["uniform_share"] == 0.1
+    # a Poisson-fed EMA's relative noise, simulated: what the formula says
+    rng = np.random.default_rng(0)
+    f, alpha, ema, seen = 0.05, 0.01, 0.0, []
+    for step in range(200_000):
+        ema = alpha * rng.poisson(f) + (1 - alpha) * ema
+        if step > 2_000:
+            seen.append(ema)
+    assert np.std(seen) / np.mean(seen) == pytest.approx(
+        ema_statistics(f, 1, alpha, 0.1, "code")["ema_relative_noise"], rel=0.1
+    )
+    # one fleet split into 16 shards: the fleet's EMA is a fair guide, a shard's own is not
+    fleet = ema_statistics(16 * 0.64, 120, 0.01, 0.1, "code")
+    why = ema_warning(stats, fleet, "shard")
+    assert why is not None
+    assert "0.53 failures per bin" in why
+    assert "relative noise of 0.97" in why
+    assert ema_warning(fleet, fleet, "fleet") is None  # a fair EMA: nothing to say
+    # a policy that hardly fails: the fleet's EMA is poor too, and syncing would not help
+    idle = ema_statistics(0.001, 120, 0.01, 0.1, "code")
+    assert ema_warning(idle, ema_statistics(16 * 0.001, 120, 0.01, 0.1, "code"), "shard") is None
+
+
+def feed_failures(sampler, steps: int, failures_per_step: float, torch_terms: bool) -> None:
+    """``steps`` env steps in which, on average, ``failures_per_step`` envs fail, in random bins."""
+    rng = np.random.default_rng(1)
+    for _ in range(steps):
+        k = rng.poisson(failures_per_step)
+        if k:
+            t = rng.integers(0, 500, size=k)
+            if torch_terms:
+                import torch
+
+                sampler.record_failures(torch.as_tensor(t), torch.ones(k, dtype=torch.bool))
+            else:
+                sampler.record_failures(t, np.ones(k, dtype=bool))
+        sampler.step()
+
+
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
-def test_an_unsynced_sampler_on_a_small_shard_warns_as_the_follow_up_decided(kind):
-    """The pre-registered follow-up's P1 (docs/ab/follow-up-plan.md): unsynced shards of 64 envs with
-    the code's mix did worse than pooled ones, so such a sampler says so once, at construction."""
+def test_an_unsynced_sampler_warns_from_what_its_shard_sees(kind):
+    """Not from the env count: from the failures its own EMA holds, once the EMA's window has filled,
+    once, with the numbers; and its metrics say the same for a logger."""
     import warnings
 
-    from redisync.terms.formulas import SmallUnsyncedShardWarning
+    from redisync.terms.formulas import EmaStatisticsWarning
 
     if kind == "torch":
         from redisync.terms.torch.sampler import AdaptiveMotionSampler as Sampler
     else:
         from redisync.terms.numpy.sampler import AdaptiveMotionSampler as Sampler
-    with pytest.warns(SmallUnsyncedShardWarning, match="64 envs per shard"):
-        Sampler(500, 0.02, mode="local", num_envs=64)
+    few = Sampler(500, 0.02, mode="local", alpha=0.01, fleet_shards=64)  # 10 bins, one of 64 shards
+    feed_failures(few, 50, 0.05, kind == "torch")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Sampler(500, 0.02, mode="local", num_envs=256)  # the size where no harm was shown
-        Sampler(500, 0.02, mode="pooled", num_envs=64)  # synced
-        Sampler(500, 0.02, mode="local", uniform_mix="paper", num_envs=64)  # the mix that does not flatten
-        Sampler(500, 0.02, mode="local")  # the shard's size unknown
+        few.metrics()  # the EMA's window (100 steps) has not filled: nothing judged yet
+    feed_failures(few, 200, 0.05, kind == "torch")
+    with pytest.warns(
+        EmaStatisticsWarning,
+        match=r"failures per bin in the EMA's window, a relative noise of .* where the fleet's pooled EMA would have a relative noise of 0\.\d\d",
+    ):
+        metrics = few.metrics()
+    assert metrics["ema_relative_noise"] > 0.5
+    assert metrics["ema_uniform_share"] > 0.5  # 0.05 failures per step: the uniform part dominates too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        few.metrics()  # once
+        many = Sampler(500, 0.02, mode="local", alpha=0.01, fleet_shards=64)
+        feed_failures(many, 250, 20.0, kind == "torch")  # 20 failures per step: 200 per bin in the window
+        assert many.metrics()["ema_relative_noise"] < 0.1
+        synced = Sampler(500, 0.02, mode="pooled", alpha=0.01, fleet_shards=64)
+        feed_failures(synced, 250, 0.05, kind == "torch")
+        assert synced.metrics()["ema_relative_noise"] > 0.5  # what it would have alone, as a metric ...
+        # ... but it samples from the fleet's failures: no warning
+        alone = Sampler(500, 0.02, mode="local", alpha=0.01)  # its fleet's size unknown: nothing to compare
+        feed_failures(alone, 250, 0.05, kind == "torch")
+        alone.metrics()
+
+
+def test_the_warning_fires_on_the_studys_small_unsynced_shards_and_not_on_its_single_collector():
+    """The rule judged on the statistics recorded from the drift study's arms (one seed at the study's
+    size, scripts/ema_statistics_arms.py): every shard of 64 envs with the code's mix warns at some
+    record (its own EMA poor, the 16 shards' pooled EMA fair); the single collector of 1 024 envs,
+    whose EMA is its fleet's, never does."""
+    import json
+    from pathlib import Path
+
+    from redisync.terms.formulas import ema_statistics, ema_warning
+
+    record = Path(__file__).resolve().parents[2] / "docs" / "ab" / "ema-statistics-2026-12-02.txt"
+    arms = {d["arm"]: d for d in (json.loads(line) for line in record.read_text().splitlines() if line.startswith("{"))}
+    small, single = arms["local-16-shards"], arms["single"]
+    assert len(small["ema"][0]["shards"]) == 16
+    assert len(single["ema"][0]["shards"]) == 1
+    for row in small["ema"]:  # the recorded fleet figures are the pooled sum of the shards' EMAs
+        mass = sum(s["failures_per_bin_window"] for s in row["shards"]) * 120 * 0.01
+        want = ema_statistics(mass, 120, 0.01, 0.1, "code")
+        assert row["fleet"]["failures_per_bin_window"] == pytest.approx(want["failures_per_bin_window"], rel=1e-9)
+    fired = [[ema_warning(s, row["fleet"], "shard") is not None for s in row["shards"]] for row in small["ema"]]
+    assert all(any(shard) for shard in zip(*fired, strict=True))  # every small shard, at some record
+    assert not any(ema_warning(s, row["fleet"], "shard") for row in single["ema"] for s in row["shards"])

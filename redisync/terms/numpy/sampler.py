@@ -116,9 +116,9 @@ class AdaptiveMotionSampler:
     Per env step: :meth:`record_failures` (at reset, the envs that failed) and :meth:`step` (the EMA
     fold); before drawing: :meth:`rebuild` (or :meth:`sample`, which rebuilds when the EMA it uses
     moved). With a sequence of ``num_frames`` (groups: motions of a library, env profiles), pass
-    each env's group. ``num_envs`` (the envs this shard runs), if given, lets a ``local`` sampler warn
-    at construction when even that many failures per step would leave its EMA dominated by noise; at
-    run time :meth:`metrics` judges from what it saw (:class:`~redisync.terms.formulas.EmaWatch`).
+    each env's group. ``fleet_shards`` (the shards of its fleet), if given, lets a ``local`` sampler
+    warn once when its own EMA is a poor guide where the fleet's would be fair; :meth:`metrics` gives the
+    EMA's statistics (:class:`~redisync.terms.formulas.EmaWatch`).
     """
 
     def __init__(
@@ -141,7 +141,7 @@ class AdaptiveMotionSampler:
         dtype: Any = np.float32,
         ema: NDArray[Any] | None = None,
         cdf: NDArray[Any] | None = None,
-        num_envs: int | None = None,
+        fleet_shards: int | None = None,
     ):
         self.grouped = not isinstance(num_frames, (int, np.integer))
         frames = (int(num_frames),) if isinstance(num_frames, (int, np.integer)) else tuple(int(f) for f in num_frames)
@@ -154,7 +154,7 @@ class AdaptiveMotionSampler:
         self.geometry = formulas.BinGeometry.of(formulas.bin_counts_of(frames, step_dt))
         self.bin_count, self.groups, self.width = self.geometry.size, self.geometry.groups, self.geometry.width
         bins = formulas.bin_counts_of(frames, step_dt)
-        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, bins, num_envs)
+        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, bins, fleet_shards)
         dtype = np.dtype(dtype if ema is None else ema.dtype)
         self.ema = _caller_array(ema, (self.bin_count,), dtype, "ema")
         grid = (self.groups, self.width) if self.grouped else (self.bin_count,)

@@ -142,9 +142,10 @@ class AdaptiveMotionSampler(nn.Module):
             more than this share of its mass (0: whenever it changed at all).
         device: where the buffers live.
         dtype: the EMA's dtype (the fleet part is float64 whatever it is).
-        num_envs: the envs this shard runs; given, a ``local`` sampler warns at construction when
-            even that many failures per step would leave its EMA dominated by noise (at run time it
-            judges from what it sees: :class:`~redisync.terms.formulas.EmaWatch`).
+        fleet_shards: the shards of the fleet this one belongs to (torchrun's world size, the
+            collectors of an async trainer); given, a ``local`` sampler warns once when its own EMA
+            is a poor guide where the fleet's pooled one would be fair
+            (:class:`~redisync.terms.formulas.EmaWatch`).
     """
 
     # buffers (they move with the module and the persistent ones are in its checkpoint)
@@ -178,7 +179,7 @@ class AdaptiveMotionSampler(nn.Module):
         rebuild_tol: float = 1e-4,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
-        num_envs: int | None = None,
+        fleet_shards: int | None = None,
     ):
         super().__init__()
         self.grouped = not isinstance(num_frames, int)
@@ -205,7 +206,7 @@ class AdaptiveMotionSampler(nn.Module):
         self.groups = len(frames)
         self.bin_count = sum(self.bin_counts)  # the flat EMA's length: the synced key's
         self.layout = BinLayout(self.bin_counts, device)
-        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, self.bin_counts, num_envs)
+        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, self.bin_counts, fleet_shards)
         kernel = torch.tensor([kernel_lambda**i for i in range(kernel_size)], device=device, dtype=dtype)
         self.register_buffer("kernel", kernel / kernel.sum())  # in the sampler's dtype, as BeyondMimic's
         self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, device=device, dtype=dtype))
@@ -382,9 +383,15 @@ class AdaptiveMotionSampler(nn.Module):
         out = _summary(used, self.layout.bins, drift, self.group_names if self.grouped else None, self.worst_groups)
         return {**out, **self._watch.metrics(self._group_masses())}  # (and, once, a local sampler's warning)
 
-    def ema_statistics(self) -> dict[str, float]:
-        """The own failure EMA's statistics for its worst group (:meth:`~redisync.terms.formulas.EmaWatch.statistics`)."""
-        return self._watch.statistics(self._group_masses())
+    def ema_statistics(self, pooled_with: Sequence[AdaptiveMotionSampler] = ()) -> dict[str, float]:
+        """The own failure EMA's statistics for its worst group (:meth:`~redisync.terms.formulas.EmaWatch.statistics`);
+        with ``pooled_with`` (samplers of the same layout, this one among them or not), those of the
+        sum of their own EMAs and this one's: what a pooled EMA of them holds."""
+        masses = self._group_masses()
+        for other in pooled_with:
+            if other is not self:
+                masses = [a + b for a, b in zip(masses, other._group_masses(), strict=True)]
+        return self._watch.statistics(masses)
 
     def _group_masses(self) -> list[float]:
         masses: list[float] = self.layout.group_sums(self.bin_failed_count.to(torch.float64)).tolist()
