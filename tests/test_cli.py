@@ -34,6 +34,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
+@pytest.mark.integration  # a fleet of collector processes
 @pytest.mark.extras("torch", "tqdm", "matplotlib")
 def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
     url = ["--url", real_redis_or_skip()] if backend == "real" else []
@@ -525,6 +526,7 @@ def test_watch_measures_each_key_by_its_kind(cli_url):
         store.delete()
 
 
+@pytest.mark.integration  # a fleet of collector processes
 @pytest.mark.extras("torch", "tqdm", "matplotlib")
 def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
     """The newcomer's path: the demo names its run and URL up front, ends with the commands that show

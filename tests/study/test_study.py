@@ -373,6 +373,7 @@ def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.integration  # a pool of worker processes
 def test_a_study_worker_that_dies_ends_the_study_with_the_error(tmp_path):
     """multiprocessing's Pool replaced a worker that died at start with another, endlessly (315
     tracebacks in 10 minutes on a loaded machine, and no end): the study now stops, saying why."""
