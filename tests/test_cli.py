@@ -600,3 +600,16 @@ def test_inspect_lists_every_readable_run_and_says_which_keys_it_skipped(populat
         assert store.run in [r["run"] for r in json.loads(as_json.stdout)]
     finally:
         store.redis.delete(*fake)
+
+
+@pytest.mark.integration  # the study's pool of worker processes
+def test_the_study_names_its_store_with_the_password_masked(tmp_path):
+    """``redisync ab`` printed the URL it was given, password and all, before its first run."""
+    out = cli(
+        *("ab", "--smoke", "--gate-only", "--no-progress", "--out", str(tmp_path)),
+        *("--url", "redis://operator:s3cret@127.0.0.1:1/0"),
+    )
+    assert out.returncode == 1
+    assert "store: redis://operator:***@127.0.0.1:1/0" in out.stdout
+    assert "s3cret" not in out.stdout + out.stderr
+    assert "Connection refused" in out.stderr

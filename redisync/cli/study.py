@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from .. import errors
+from ..store.client import masked_url
 from .common import URL, needs, table
 
 
@@ -89,7 +90,9 @@ def ab(
         load_env_factory(env_spec, cfg)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--env") from None
-    click.echo(f"{cfg.env_steps:,} env steps per run, {workers} workers; store: {url or 'embedded (one per worker)'}")
+    click.echo(
+        f"{cfg.env_steps:,} env steps per run, {workers} workers; store: {masked_url(url) if url else 'embedded (one per worker)'}"
+    )
     if smoke:
         click.echo(
             "--smoke checks the pipeline at CI's size: its gate decision means nothing at this size, and "
