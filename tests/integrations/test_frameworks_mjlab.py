@@ -226,10 +226,13 @@ def test_the_guides_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
     procs = []
     for shard in (0, 1):
         env = {**os.environ, "REDISYNC_URL": real_url, "REDISYNC_RUN": run, "REDISYNC_SHARD": str(shard)}
+        # a folder each, as two hosts would have: rsl_rl writes logs/git/<repo>.diff with a check-then-create
+        # that two processes starting together in one folder race on (FileExistsError, seen in a rehearsal)
+        (tmp_path / f"shard{shard}").mkdir()
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", code],
-                cwd=tmp_path,
+                cwd=tmp_path / f"shard{shard}",
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
