@@ -47,6 +47,12 @@ from .common import URL, needs, table
     help="after the gate, the pre-registered follow-up (P1-P4, docs/ab/follow-up-plan.md) instead of the study",
 )
 @click.option(
+    "--second-follow-up",
+    is_flag=True,
+    help="after the gate, the second pre-registered follow-up (A-C, docs/ab/second-follow-up-plan.md); every run is "
+    "kept in OUT/runs as it finishes, and the same command again resumes where it stopped",
+)
+@click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
 )
 @click.option(
@@ -63,6 +69,7 @@ def ab(
     smoke: bool,
     gate_only: bool,
     follow_up: bool,
+    second_follow_up: bool,
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
@@ -83,6 +90,8 @@ def ab(
             raise click.BadParameter(f"{out / 'results.json'}: {e}", param_hint="--out") from None
         click.echo(f"report: {write_report(results, out, results.get('command', command))}")
         return
+    if follow_up and second_follow_up:
+        raise click.UsageError("--follow-up and --second-follow-up are two studies: run one at a time")
     cfg = StudyConfig().smoke() if smoke else StudyConfig()
     if env_steps is not None:
         cfg = replace(cfg, env_steps=env_steps)
@@ -108,6 +117,8 @@ def ab(
         show_progress=not no_progress,
         gate_only=gate_only,
         follow_up=follow_up,
+        second_follow_up=second_follow_up,
+        saved=out / "runs" if second_follow_up else None,
         on_stage=click.echo,
     )
     results["command"] = command
@@ -121,6 +132,11 @@ def ab(
         verdict = ("rejected: " if h["rejected"] else "not rejected: ") if h["tested"] else "not tested (descriptive): "
         click.echo(f"{h['name']} {h['contrast']}: {h['mean']:+.3f}, one-sided p {h['p_one_sided']:.3g}; {verdict}"
                    f"{h['decision']}")  # fmt: skip
+    for c in results.get("second_follow_up") or []:
+        test = f", one-sided p {c['p_one_sided']:.3g}" if "p_one_sided" in c else ""
+        verdict = f"; {c['verdict']}" if "verdict" in c else ""
+        click.echo(f"{c['question']} {c['contrast']}: {c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] over "
+                   f"{len(c['seeds'])} seeds{test}{verdict}")  # fmt: skip
     if results["analysis"]:
         rows = [
             [

@@ -66,6 +66,12 @@ ARMS: dict[str, Arm] = {
     "local-16-shards": Arm("local", shards=16),
     "pooled-16-shards": Arm("pooled", shards=16),
     "local-paper-16-shards": Arm("local", mix="paper", shards=16),  # the follow-up's mechanism arm
+    # the second follow-up's: the mechanism's pooled twin, the semantics at 64 envs per shard, 128 per shard
+    "pooled-paper-16-shards": Arm("pooled", mix="paper", shards=16),
+    "broadcast-16-shards": Arm("broadcast", shards=16),  # shard 0 owns the state (holosoma's rank 0)
+    "weighted-16-shards": Arm("weighted", shards=16),
+    "local-8-shards": Arm("local", shards=8),
+    "pooled-8-shards": Arm("pooled", shards=8),
     "norm-local": Arm("pooled", normalizer="local"),
 }
 

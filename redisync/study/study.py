@@ -17,19 +17,23 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib
+import json
 import multiprocessing as mp
+import os
 import queue
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from ..errors import RedisyncError
 from . import follow_up as follow_up_plan
+from . import second_follow_up as second_plan
 from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
 from .stats import contrast, primary_family
 from .task import Condition
@@ -199,11 +203,18 @@ def run_cells(
     workers: int,
     show_progress: bool,
     desc: str,
+    saved: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Train every (condition, arm, seed) in worker processes; each run summarised."""
+    """Train every (condition, arm, seed) in worker processes; each run summarised. With ``saved``, a
+    folder, each finished run is written there at once and a run already there is kept, not run
+    again: a study stopped part way resumes where it stopped."""
     jobs = [(condition_config(cfg, cast(Condition, c)), arm, seed) for c, arm, seeds in cells for seed in seeds]
-    bar = _progress_bar(len(jobs) * cfg.env_steps, show_progress, desc)
     runs: list[dict[str, Any]] = []
+    if saved is not None:
+        kept = [load_run(saved, c, arm, seed) for c, arm, seed in jobs]
+        runs = [run for run in kept if run is not None]
+        jobs = [job for job, run in zip(jobs, kept, strict=True) if run is None]
+    bar = _progress_bar(len(jobs) * cfg.env_steps, show_progress, desc)
     ctx = mp.get_context("spawn")  # torch and the syncers' threads do not survive a fork
     # an executor, not multiprocessing's Pool: a Pool replaces a worker that dies (one that cannot even
     # start, on a loaded machine) with another, endlessly; a broken executor fails every pending run
@@ -225,6 +236,8 @@ def run_cells(
                         "nothing more is run: the runs already finished are lost with this call"
                     ) from None
                 run["summary"] = summarise_run(run)
+                if saved is not None:
+                    save_run(saved, cfg_of(jobs, run), run)
                 runs.append(run)
                 bar.set_postfix_str(
                     f"{run['condition']}/{run['arm']} seed {run['seed']}: AUC {run['summary'][PRIMARY_METRIC]:.2f}"
@@ -234,6 +247,44 @@ def run_cells(
     bar.close()
     runs.sort(key=lambda r: (r["condition"], r["arm"], r["seed"]))
     return runs
+
+
+def _run_path(saved: Path, condition: str, arm: str, seed: int) -> Path:
+    return saved / f"{condition}-{arm}-{seed}.json"
+
+
+def cfg_of(jobs: Sequence[tuple[StudyConfig, str, int]], run: dict[str, Any]) -> StudyConfig:
+    """The configuration a finished run was trained with (its job's)."""
+    return next(
+        c for c, arm, seed in jobs if (c.task.condition, arm, seed) == (run["condition"], run["arm"], run["seed"])
+    )
+
+
+def save_run(saved: Path, cfg: StudyConfig, run: dict[str, Any]) -> None:
+    """One finished run, with the configuration it was trained with, written whole or not at all."""
+    saved.mkdir(parents=True, exist_ok=True)
+    path = _run_path(saved, run["condition"], run["arm"], run["seed"])
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"config": cfg.to_dict(), "run": run}))
+    os.replace(tmp, path)
+
+
+def load_run(saved: Path, cfg: StudyConfig, arm: str, seed: int) -> dict[str, Any] | None:
+    """The run saved for this job, or None; one saved with another configuration is refused (two
+    studies in one folder would mix)."""
+    path = _run_path(saved, cfg.task.condition, arm, seed)
+    if not path.is_file():
+        return None
+    try:
+        held = json.loads(path.read_text())
+    except ValueError as e:
+        raise RedisyncError(f"{path}: not a saved run ({e}); delete it to run it again") from None
+    if held.get("config") != json.loads(json.dumps(cfg.to_dict())):
+        raise RedisyncError(
+            f"{path} was trained with another configuration than this study's: use another --out folder, or delete "
+            "the saved runs to start over"
+        )
+    return cast(dict[str, Any], held["run"])
 
 
 def run_study(
@@ -247,10 +298,14 @@ def run_study(
     show_progress: bool = True,
     gate_only: bool = False,
     follow_up: bool = False,
+    second_follow_up: bool = False,
+    saved: Path | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The gate, then (if it passes) the plan, or with ``follow_up`` the pre-registered follow-up
-    (:mod:`redisync.study.follow_up`); returns what ``results.json`` holds."""
+    (:mod:`redisync.study.follow_up`), or with ``second_follow_up`` the second one
+    (:mod:`redisync.study.second_follow_up`); returns what ``results.json`` holds. With ``saved``
+    (a folder) every run is kept there as it finishes, and a call again resumes (see :func:`run_cells`)."""
     say = on_stage or (lambda _: None)
     started = time.monotonic()
     say(f"gate: single vs uniform on H, seeds {list(GATE_SEEDS)}")
@@ -262,6 +317,7 @@ def run_study(
         workers=workers,
         show_progress=show_progress,
         desc="gate",
+        saved=saved,
     )
     result: dict[str, Any] = {
         "config": cfg.to_dict(),
@@ -277,6 +333,16 @@ def run_study(
         "analysis": None,
     }
     if gate_only or not result["gate"]["passed"]:
+        result["wall_s"] = time.monotonic() - started
+        return result
+    if second_follow_up:
+        cells = second_plan.order(second_plan.arms_needed())
+        say(f"second follow-up: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
+        result["runs"] = run_cells(
+            cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress,
+            desc="second follow-up", saved=saved,
+        )  # fmt: skip
+        result["second_follow_up"] = second_plan.analyse(result["runs"])
         result["wall_s"] = time.monotonic() - started
         return result
     if follow_up:
