@@ -166,6 +166,18 @@ local function refuse(key, reason, detail)
   return reject(reason, key.name, detail)
 end
 
+-- The decimal name of a small whole number (a sub-group's, a group's), made once per Lua VM: Lua
+-- makes a string of a number with a float printf, a library's upvalues outlive the call.
+local DECIMAL = {}
+local function decimal(n)
+  local s = DECIMAL[n]
+  if not s then
+    s = string.format('%d', n)
+    if n < 65536 then DECIMAL[n] = s end
+  end
+  return s
+end
+
 -- cache[key], made by make(key) the first time: the decimal names of numbers (Lua makes a string of
 -- a number with a printf), the joined string of blocks that several sums share
 local function once(cache, key, make)
@@ -578,7 +590,7 @@ end
 
 local function apply_broadcast(item)
   redis.call('HSET', item.data, 'value', item.payload)
-  redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'writer', shard,
+  redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s, 'writer', shard,
     'writer_incarnation', inc)
 end
 
@@ -600,7 +612,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
   -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
   -- sub-groups and groups are made once each, and loops over lists count)
-  local idname, qname, gname = {[me] = shard}, {}, {}
+  local idname = {[me] = shard}
   -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
   -- each last wrote
   -- (ids made numbers by coercion once one search has found nothing but digits and commas: a C call
@@ -704,7 +716,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
 
   return nil, {
     count_size = count_size, size = size, width = width, name = name, payload = payload, km = km, me = me,
-    sumsq = sumsq, idname = idname, qname = qname, gname = gname, was_writer = was_writer, prior = prior,
+    sumsq = sumsq, idname = idname, was_writer = was_writer, prior = prior,
     rebuild = rebuild, myq = myq, live = live, tsub = tsub, subs = subs, ends = ends, groups = groups,
     gorder = gorder, tgroup = tgroup,
   }
@@ -712,9 +724,9 @@ end
 
 -- what the fold reads of the data hash, and the history this fold retires
 local function merge_read(item, spec, resumed, k)
-  local count_size, size, width, name, payload, me, sumsq, idname, qname, gname, rebuild, live, tsub, subs, ends,
+  local count_size, size, width, name, payload, me, sumsq, idname, rebuild, live, tsub, subs, ends,
     groups, gorder, tgroup, km =
-    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.qname, k.gname, k.rebuild, k.live,
+    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.rebuild, k.live,
       k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup, k.km
   -- What the fold reads of the data hash, in as few HMGETs as the stored sums allow (one, unless a
   -- sum is missing): the history; this shard's count record (and its previous slot, when a new
@@ -734,24 +746,24 @@ local function merge_read(item, spec, resumed, k)
   for k = 1, #gorder do
     local g = gorder[k]
     if tgroup[g] then
-      gread[k] = 'counts:group:' .. once(gname, g, tostring)
+      gread[k] = 'counts:group:' .. decimal(g)
       if not rebuild then ask(plan, gread[k], part) end
       local qs = groups[g]
       for j = 1, #qs do
         local q = qs[j]
         if not rebuild then
-          local qs_name = once(qname, q, tostring)
+          local qs_name = decimal(q)
           if tsub[q] then ask(plan, 'counts:sub:' .. qs_name, part) else ask(plan, 'sub:' .. qs_name, whole) end
         end
         if tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
       end
     else
-      gread[k] = 'group:' .. once(gname, g, tostring)
+      gread[k] = 'group:' .. decimal(g)
       if not rebuild then ask(plan, gread[k], whole) end
     end
   end
   for q in pairs(tsub) do
-    if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. once(qname, q, tostring), part) end
+    if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. decimal(q), part) end
   end
   for k = 1, #item.forget do local id = item.forget[k] ask(plan, 'slot:' .. idname[id], whole, id) end
   local bad = fetch(plan, item, idname)
@@ -762,7 +774,7 @@ local function merge_read(item, spec, resumed, k)
     redo[g] = tgroup[g] or not got[gread[k]]
     if redo[g] and not tgroup[g] then
       local qs = groups[g]
-      for j = 1, #qs do ask(plan, 'sub:' .. once(qname, qs[j], tostring), whole) end
+      for j = 1, #qs do ask(plan, 'sub:' .. decimal(qs[j]), whole) end
     end
   end
   if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
@@ -773,13 +785,13 @@ local function merge_read(item, spec, resumed, k)
       local qs = groups[g]
       for j = 1, #qs do
         local q = qs[j]
-        qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. once(qname, q, tostring)]
+        qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. decimal(q)]
         resum[q] = tsub[q] or not qstored[q]
         if resum[q] and not tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
       end
     end
   end
-  for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. once(qname, q, tostring)] end end
+  for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. decimal(q)] end end
   if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
   local retired, own_counts = got['retired'], got['counts:' .. own_field]
   local old = retiring and got[own_field]
@@ -845,9 +857,9 @@ end
 
 -- the aggregate's sums, re-made in one fused pass, and what the apply writes
 local function merge_sums(item, k)
-  local count_size, size, width, name, payload, me, sumsq, idname, qname, gname, rebuild, live, tsub, subs, ends,
+  local count_size, size, width, name, payload, me, sumsq, idname, rebuild, live, tsub, subs, ends,
     groups, gorder, tgroup, qstored, slots, got, gread, redo, resum, retired =
-    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.qname, k.gname, k.rebuild, k.live,
+    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.rebuild, k.live,
       k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup, k.qstored, k.slots, k.got, k.gread, k.redo, k.resum,
       k.retired
   -- the aggregate's terms in order: the retired history, then the groups in ascending order, each
@@ -863,20 +875,20 @@ local function merge_sums(item, k)
       for j = 1, #qs do
         local q = qs[j]
         if resum[q] then
-          local vs, field = {}, 'sub:' .. once(qname, q, tostring)
+          local vs, field = {}, 'sub:' .. decimal(q)
           for x = subs[q], ends[q] do local id = live[x] vs[#vs + 1] = id == me or slots[id] end
           parts[j] = {members = vs, out = {}}
           made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
         else
           parts[j] = {stored = qstored[q]}
           if #qs == 1 then -- the sub-group left alone in its group (the others emptied): its sum is the group's
-            item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
-            item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
+            item.emptied[#item.emptied + 1] = 'sub:' .. decimal(q)
+            item.emptied[#item.emptied + 1] = 'counts:sub:' .. decimal(q)
           end
         end
       end
       tree[#tree + 1] = {parts = parts, out = {}}
-      local field = 'group:' .. once(gname, g, tostring)
+      local field = 'group:' .. decimal(g)
       made[#made + 1] = {field, tree[#tree], false, rebuild or got['counts:' .. field] or got[field]}
     else
       tree[#tree + 1] = {stored = got[gread[k]]}
@@ -915,14 +927,14 @@ local function merge_sums(item, k)
   end
   for q in pairs(tsub) do
     if not subs[q] then
-      item.emptied[#item.emptied + 1] = 'sub:' .. once(qname, q, tostring)
-      item.emptied[#item.emptied + 1] = 'counts:sub:' .. once(qname, q, tostring)
+      item.emptied[#item.emptied + 1] = 'sub:' .. decimal(q)
+      item.emptied[#item.emptied + 1] = 'counts:sub:' .. decimal(q)
     end
   end
   for g in pairs(tgroup) do
     if not groups[g] then
-      item.emptied[#item.emptied + 1] = 'group:' .. once(gname, g, tostring)
-      item.emptied[#item.emptied + 1] = 'counts:group:' .. once(gname, g, tostring)
+      item.emptied[#item.emptied + 1] = 'group:' .. decimal(g)
+      item.emptied[#item.emptied + 1] = 'counts:group:' .. decimal(g)
     end
   end
   item.agg = agg
@@ -949,7 +961,8 @@ local function apply_merge(item)
   if item.rebuild then redis.call('HSET', item.meta, 'sums_layout', LAYOUT) end
   if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
   if item.incarnation ~= inc then redis.call('HSET', item.meta, 'slot:' .. shard .. ':incarnation', inc) end
-  redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s, 'slot:' .. shard .. ':seq', seq,
+  redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s,
+    'slot:' .. shard .. ':seq', seq,
     'slot:' .. shard .. ':at_us', now_s)
 end
 
@@ -986,7 +999,7 @@ end
 local function apply_maximum(item)
   if item.unchanged then return end
   redis.call('HSET', item.data, 'value', item.value)
-  redis.call('HSET', item.meta, 'version', item.version, 'updated_at_us', now_s)
+  redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s)
 end
 
 -- each semantics' check and apply, by name (fold() dispatches every key through them)
@@ -1108,8 +1121,13 @@ local function fold(keys, args)
   -- The stream entry is the first write: a reports key that is not a stream fails it, and the fold
   -- then stops with nothing written. (A rejection checks the dead-letter key's type itself.)
   fleet_version = math.max(fleet_version, floor + 0) + 1
-  local entry = {'XADD', KEYS[3], 'MAXLEN', '~', tonumber(meta[4]) or 1000, '*',
-    'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fleet_version}
+  -- (numbers go to redis.call as decimal strings made once: Redis makes a string of a Lua number with
+  -- a float printf, at every argument)
+  local fv = string.format('%d', fleet_version)
+  local maxlen = meta[4]
+  if not maxlen or not string.match(maxlen, '^%d+$') then maxlen = '1000' end
+  local entry = {'XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*',
+    'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fv}
   for i = 1, nkeys do
     -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
     entry[#entry + 1] = 'report:' .. items[i].name
@@ -1134,14 +1152,14 @@ local function fold(keys, args)
   if epoch ~= meta[1] or (server and server ~= meta[6]) then
     redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[6] or '')
   end
-  redis.call('HSET', KEYS[1], 'fleet_version', fleet_version, 'updated_at_us', now_s)
+  redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s)
   if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end
   -- (seen: the highest fleet version the shard had seen when it reported, made: the version its report
   -- made; for `redisync watch`: how far behind the shard's view was, and what it samples)
   redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s, shard .. ':seen', floor,
-    shard .. ':made', fleet_version)
+    shard .. ':made', fv)
 
-  redis.call('PUBLISH', prefix .. 'versions', fleet_version .. ' ' .. epoch) -- (the epoch: a run lost and registered
+  redis.call('PUBLISH', prefix .. 'versions', fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)
 
   local reply = {'applied', fleet_version, now_s, epoch}
