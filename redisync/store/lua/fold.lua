@@ -87,6 +87,7 @@ local SUB, SUBS = 4, 4
 local LAYOUT = '4/16/lone'
 -- END GENERATED constants
 local mfloor = math.floor
+local NONE = {} -- an empty table read where nothing was read into one (never written)
 
 -- One string of many pieces. Redis' Lua hashes every byte of every string it makes, so a string
 -- costs its length each time one is made: table.concat makes each byte several times over (its
@@ -120,15 +121,17 @@ local function join(t)
   return join(out)
 end
 
--- HMGET of any number of fields (unpack fails past ~8000 values); nil if the key is not a hash
-local function hmget(key, fields)
-  if #fields <= 4096 then
-    local got = redis.pcall('HMGET', key, unpack(fields))
+-- HMGET of any number of fields (unpack fails past ~8000 values): fields[1 .. n], n = #fields unless
+-- given; nil if the key is not a hash
+local function hmget(key, fields, n)
+  n = n or #fields
+  if n <= 4096 then
+    local got = redis.pcall('HMGET', key, unpack(fields, 1, n))
     return not got['err'] and got or nil
   end
   local out = {}
-  for first = 1, #fields, 4096 do
-    local got = redis.pcall('HMGET', key, unpack(fields, first, math.min(first + 4095, #fields)))
+  for first = 1, n, 4096 do
+    local got = redis.pcall('HMGET', key, unpack(fields, first, math.min(first + 4095, n)))
     if got['err'] then return nil end
     for k = 1, #got do out[first + k - 1] = got[k] end
   end
@@ -203,7 +206,7 @@ end
 
 local function fetch(plan, key, idname) -- nil, or the rejection
   local fields, sizes, owners, got, slots = plan.fields, plan.sizes, plan.owners, plan.got, plan.slots
-  local values = hmget(key.data, fields)
+  local values = hmget(key.data, fields, plan.n)
   if not values then return refuse(key, 'corrupt_state', not_hash(key.data)) end
   for k = 1, plan.n do
     local v, field = values[k], fields[k]
@@ -217,7 +220,7 @@ local function fetch(plan, key, idname) -- nil, or the rejection
       slots[id] = v
     end
   end
-  plan.n, plan.fields, plan.sizes, plan.owners = 0, {}, {}, {}
+  plan.n = 0 -- (the next read's fields overwrite these: the tables are made once per fold)
 end
 
 -- ``0 + v1 + v2 + ...`` of payload strings, in order; ``check(a, base, len)``, if given, sees each
@@ -629,7 +632,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
     prior[#prior + 1] = id
     if id ~= me then nids = nids + 1; ids[nids] = id; idname[id] = w else was_writer = true end
   end
-  local at = {}
+  local at = NONE -- (tables made only where something is read into them)
   if stale and nids > 0 then
     local atf = {}
     for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
@@ -640,8 +643,9 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   -- lease ran out (it lived on: whichever fold comes first, the slot's fate is the same); a shard
   -- that never leased is not judged. (When each slot was written is read for those shards only:
   -- usually none.)
-  local grace, lapsed = tonumber(spec[10]), {}
+  local grace, lapsed = tonumber(spec[10]), NONE
   if grace and nids > 0 then
+    lapsed = {}
     local lf = {}
     for k = 1, nids do lf[k] = idname[ids[k]] .. ':lease_until_us' end
     local leased = hmget(KEYS[2], lf) or {}
@@ -654,6 +658,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
       local f = {}
       for j = 1, #cand do f[j] = 'slot:' .. idname[ids[cand[j]]] .. ':at_us' end
       local got = hmget(km, f) or {}
+      at = {}
       for j = 1, #cand do at[cand[j]] = got[j] end
     end
   end
@@ -1107,7 +1112,12 @@ local function fold(keys, args)
       return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
         ' (' .. width .. ' float64)')
     end
-    local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1}
+    -- (every field the check and the apply may set is made here, so the table is sized once: a
+    -- Lua table that grows is made again, its fields hashed anew)
+    local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1,
+      width = false, count_size = false, size = false, rebuild = false, forget = false, lapsed = false,
+      was = false, incarnation = false, writers = false, idname = false, retired = false, emptied = false,
+      sums = false, agg = false, value = false, unchanged = false}
     local check_key = CHECKS[spec[1]]
     if not check_key then
       return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
