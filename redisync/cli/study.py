@@ -83,6 +83,15 @@ def ab(
 
     out = Path(out_dir)
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
+    if report_only and second_follow_up:  # from the runs saved so far: the study may still be going
+        from ..study.study import saved_results
+
+        if not (out / "runs").is_dir():
+            raise click.BadParameter(f"{out / 'runs'}: no saved runs of the second follow-up", param_hint="--out")
+        results = saved_results(out / "runs", StudyConfig(), command.replace(" --report-only", ""))
+        click.echo(f"{len(results['runs'])} of {results['planned_runs']} runs done")
+        click.echo(f"report: {write_report(results, out, results['command'])}")
+        return
     if report_only:
         try:
             results = json.loads((out / "results.json").read_text())

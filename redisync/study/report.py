@@ -8,11 +8,15 @@ Holm-corrected sign-flip test finds one, "no difference" only where the equivale
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .follow_up import DECISIONS, one_sided_sign_flip_p
+from .second_follow_up import MARGIN_B, QUESTIONS, TIE, untied
+from .stats import t_interval
 from .study import GATE_SEEDS, MARGIN, PRIMARY_METRIC, SUMMARY_METRICS
 
 COLORS = {
@@ -32,6 +36,7 @@ COLORS = {
 
 
 PLAN_COMMIT = "16d6584"  # the commit of docs/ab/follow-up-plan.md, made before the follow-up's first run
+SECOND_PLAN_COMMIT = "30c7625"  # the commit of docs/ab/second-follow-up-plan.md, before its first run
 
 
 def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
@@ -42,11 +47,32 @@ def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
     plots = [plot_completion(results, out_dir)]
     if results["runs"] and results.get("analysis"):
         plots.append(plot_mechanism(results, out_dir))
-    follow = out_dir / "follow-up" / "results.json"
-    lead = follow_up_lead(json.loads(follow.read_text())) if follow.is_file() and not results.get("follow_up") else []
+    lead = study_lead(out_dir) if not results.get("follow_up") and not results.get("second_follow_up") else []
     path = out_dir / "report.md"
     path.write_text(render_markdown(results, command, [p.name for p in plots], lead))
     return path
+
+
+def study_lead(out_dir: Path) -> list[str]:
+    """What leads the study of record: the follow-ups' answers, the latest first, from their folders."""
+    second, first = out_dir / "second-follow-up" / "results.json", out_dir / "follow-up" / "results.json"
+    lead = second_follow_up_lead(json.loads(second.read_text())) if second.is_file() else []
+    return lead + (follow_up_lead(json.loads(first.read_text())) if first.is_file() else [])
+
+
+def second_follow_up_lead(second: dict[str, Any]) -> list[str]:
+    """The second follow-up's answers (those its runs allow so far), ahead of everything else."""
+    if not second.get("second_follow_up"):
+        return []
+    planned = second.get("planned_runs")
+    state = f" ({len(second['runs'])} of its {planned} runs done)" if planned else ""
+    return [
+        "## First: the second follow-up's answers" + state,
+        f"Its report is [second-follow-up/report.md](second-follow-up/report.md)"
+        f"{' (' + second['date'] + ')' if second.get('date') else ''}.",
+        "",
+        *second_follow_up_section(second["second_follow_up"], SECOND_PLAN_COMMIT)[1:],
+    ]
 
 
 def follow_up_lead(follow: dict[str, Any]) -> list[str]:
@@ -54,7 +80,7 @@ def follow_up_lead(follow: dict[str, Any]) -> list[str]:
     if not follow.get("follow_up"):
         return []
     return [
-        "## First: the pre-registered follow-up's answers",
+        "## The pre-registered follow-up's answers",
         f"The follow-up asked when not syncing hurts; its plan and decision rules were committed in {PLAN_COMMIT} "
         f"([follow-up-plan.md](follow-up-plan.md)) before its first run, and its report is "
         f"[follow-up/report.md](follow-up/report.md){' (' + follow['date'] + ')' if follow.get('date') else ''}. "
@@ -173,37 +199,166 @@ def budget(results: dict[str, Any]) -> str:
     train_min = sum(r["wall_s"] for r in runs) / 60
     wall = results.get("wall_s")
     wall_text = f"{wall / 60:.0f} min wall" if wall else f"about {train_min / workers:.0f} min wall"
+    planned = results.get("planned_runs")
+    done = f"; {len(results['runs'])} of the {planned} planned runs done so far" if planned else ""
     return (
         f"- Budget: {len(runs)} runs ({len(results['gate_runs'])} of them the gate), {train_min:.0f} min of training "
-        f"on {workers} workers side by side: {wall_text} on this 2-core machine."
+        f"on {workers} workers side by side: {wall_text} on this 2-core machine{done}."
     )
 
 
+TASK_CAVEAT = (
+    "The task is a 2-D point mass tracking a Lissajous reference whose skill segments rotate the actuation by 90° "
+    "(skill cannot transfer between segments by construction): a fair toy for start-frame allocation, not a proxy "
+    "for humanoid tracking."
+)
+
+# What the product does after the first follow-up, read with ties: P1 shown, the rest not (see
+# follow_up_section). P1's planned decision named a 256-env threshold that no run measured; the sampler
+# warns from its own EMA's statistics instead.
+FOLLOW_UP_PRODUCT = {
+    "P1": "the sampler warns from its own failure EMA (failures per bin in its window, its uniform share) when a "
+    "shard's EMA is poor while the fleet's pooled one would be fair; the 256-env threshold the plan named was not a "
+    "measured boundary and is not used",
+}
+
+
+def _dz(x: float) -> str:
+    return "—" if x != x else f"{x:+.2f}"
+
+
+def effect_size(d: Sequence[float]) -> float:
+    """dz: the mean per-seed difference over its standard deviation."""
+    x = np.asarray(d, dtype=np.float64)
+    sd = float(x.std(ddof=1)) if x.size >= 2 else 0.0
+    return float(x.mean() / sd) if sd > 0 else float("nan")
+
+
+def with_ties(hypotheses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first follow-up read with ties: a per-seed difference within the plateau jitter
+    (:data:`~redisync.study.second_follow_up.TIE`) counts as 0, the fixed sequence kept. (Its plan
+    named no tie rule; the second follow-up's does, and this is that rule applied to the first.)"""
+    out, open_ = [], True
+    for h in hypotheses:
+        d = np.asarray(h["differences"], dtype=np.float64)
+        p = one_sided_sign_flip_p(untied(d), h["direction"])
+        shown = open_ and p < 0.05
+        out.append({"ties": int(np.sum(np.abs(d) <= TIE)), "p": p, "tested": open_, "shown": shown})
+        open_ = shown
+    return out
+
+
 def follow_up_section(hypotheses: list[dict[str, Any]] | None) -> list[str]:
-    """The pre-registered follow-up's answers, in their fixed sequence, each with its decision."""
+    """The pre-registered follow-up's answers, in their fixed sequence, each with its 95 % t-interval
+    and effect size; as planned, and read with ties (what the product acts on)."""
     if not hypotheses:
         return []
+    tied = with_ties(hypotheses)
     lines = [
         "## The follow-up's pre-registered answers (fixed sequence, α = 0.05)",
         "The plan, its hypotheses and what each outcome changes were committed before the first run "
         "(`docs/ab/follow-up-plan.md`, `redisync/study/follow_up.py`). A hypothesis is tested only if every one "
-        "before it was rejected; exact one-sided sign-flip tests on the per-seed differences in completion AUC.",
+        "before it was rejected; exact one-sided sign-flip tests on the per-seed differences in completion AUC "
+        "(sampler α = 0.01). " + TASK_CAVEAT,
         "",
-        "| | question | contrast | seeds | mean difference | one-sided p | answer | final completion | "
-        "steps to complete |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| | question | contrast | seeds | mean difference [95% t-interval] | effect size dz | one-sided p, as "
+        f"planned | ties (within ±{TIE}) | p with ties as 0 | answer | final completion | steps to complete |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for h in hypotheses:
-        answer = ("**rejected**" if h["rejected"] else "not rejected") if h["tested"] else "not tested (descriptive)"
+    for h, t in zip(hypotheses, tied, strict=True):
+        lo, hi = t_interval(h["differences"])
+        answer = ("**shown**" if t["shown"] else "not shown") if t["tested"] else "descriptive (not tested)"
         sec = h["secondary"]
         lines.append(
             f"| {h['name']} | {h['question']} | {h['contrast']} ({h['direction']}) | {len(h['seeds'])} | "
-            f"{h['mean']:+.3f} | {h['p_one_sided']:.3g} | {answer} | {sec['final_completion']:+.3f} | "
+            f"{h['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {_dz(effect_size(h['differences']))} | "
+            f"{h['p_one_sided']:.3g} | {t['ties']} | {t['p']:.3g} | {answer} | {sec['final_completion']:+.3f} | "
             f"{sec['steps_to_complete']:+,.0f} |"
         )
-    lines += ["", "What the product does, as the plan said it would:"]
-    lines += [f"- {h['name']}: {h['decision']}." for h in hypotheses if h["tested"]]
+    planned = [h["name"] for h in hypotheses if h["rejected"]]
+    first_out = next((h for h, t in zip(hypotheses, tied, strict=True) if not t["shown"]), None)
+    lines += [""]
+    if first_out is not None:
+        t = tied[hypotheses.index(first_out)]
+        rest = [h["name"] for h in hypotheses[hypotheses.index(first_out) + 1 :]]
+        lines.append(
+            f"As planned, {', '.join(planned) or 'none'} {'was' if len(planned) == 1 else 'were'} rejected. The plan "
+            f"named no rule for differences inside the plateau jitter ({TIE}: the 99th percentile, rounded up, of how "
+            f"much completion moves while a run stays on one plateau); {t['ties']} of {first_out['name']}'s "
+            f"{len(first_out['differences'])} are, and "
+            f"with them counted as ties its p is {t['p']:.3g}: {first_out['name']} is not shown"
+            + (f", and under the fixed sequence {' and '.join(rest)} are descriptive only." if rest else ".")
+        )
+        lines.append("")
+    lines.append("What the product does:")
+    for h, t in zip(hypotheses, tied, strict=True):
+        if t["shown"]:
+            lines.append(f"- {h['name']}: {FOLLOW_UP_PRODUCT.get(h['name'], DECISIONS[h['name']][0])}.")
+        else:
+            lines.append(f"- {h['name']}: {DECISIONS[h['name']][1]}.")
     return [*lines, ""]
+
+
+def second_follow_up_section(rows: list[dict[str, Any]] | None, plan_commit: str | None = None) -> list[str]:
+    """The second follow-up's answers, question by question, each contrast with its 95 % t-interval
+    and effect size; a question whose runs are not all done is said to be running."""
+    if not rows:
+        return []
+    lines = [
+        "## The second follow-up's pre-registered answers (α = 0.05 per question)",
+        "The plan, its tests, the tie rule and what each outcome changes were committed before the first run"
+        + (f" ({plan_commit})" if plan_commit else "")
+        + " (`docs/ab/second-follow-up-plan.md`, `redisync/study/second_follow_up.py`). "
+        + f"A per-seed difference within ±{TIE} (the plateau jitter) counts as 0 in the sign-flip tests. "
+        + TASK_CAVEAT,
+        "",
+    ]
+    for q, question in QUESTIONS.items():
+        mine = [r for r in rows if r["question"] == q]
+        done = all(r["complete"] for r in mine)
+        lines += [f"**{q} — {question}**" + ("" if done else " *(runs still going: not tested yet)*"), ""]
+        lines += [
+            "| contrast | seeds | mean difference [95% t-interval] | effect size dz | ties | test | answer |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in mine:
+            if "verdict" in r:
+                test = f"Holm p {r['p_holm']:.3g}; equivalence (±{MARGIN_B}) Holm p {r['p_equivalence_holm']:.3g}"
+                answer = f"**{r['verdict']}**"
+            elif "p_one_sided" in r:
+                test = f"one-sided p {r['p_one_sided']:.3g}"
+                answer = ("**shown**" if r["rejected"] else "not shown") if r["confirmatory"] else "descriptive"
+            else:
+                test, answer = "—", "descriptive" if not r["confirmatory"] else "running"
+            mean = "—" if not r["seeds"] else f"{r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
+            lines.append(
+                f"| {r['contrast']} | {len(r['seeds'])} | {mean} | {_dz(r['effect_size'])} | {r['ties']} | {test} | "
+                f"{answer} |"
+            )
+        decisions = sorted({r["decision"] for r in mine if "decision" in r})
+        if decisions:
+            lines += ["", "What the product does:", *[f"- {d}." for d in decisions]]
+        lines.append("")
+    return lines
+
+
+def tests_line(results: dict[str, Any]) -> str:
+    """What the report's tests are, for the kind of study it reports."""
+    if results.get("follow_up"):
+        return (
+            "exact one-sided sign-flip tests in a fixed sequence at α = 0.05 (no equivalence tests, no Holm: the "
+            "sequence holds the family's error); each hypothesis with its 95% t-interval and effect size dz."
+        )
+    if results.get("second_follow_up"):
+        return (
+            f"per question at α = 0.05: A and C exact one-sided sign-flip tests, B exact two-sided sign-flip and TOST "
+            f"within ±{MARGIN_B} (90% interval), each Holm-corrected over B's four; ties within ±{TIE} count as 0; "
+            "each contrast with its 95% t-interval and effect size dz."
+        )
+    return (
+        f"an exact sign-flip test, TOST equivalence within ±{MARGIN} with its 90% interval, Holm's correction over the "
+        "primary family for both, a 95% t-interval and the difference detectable with 80% power."
+    )
 
 
 def render_markdown(results: dict[str, Any], command: str, plots: list[str], lead: list[str] | None = None) -> str:
@@ -231,6 +386,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str], lea
         f"Mean difference **{g['mean_difference']:+.3f}**: the gate **{'passed' if g['passed'] else 'FAILED'}**.",
         "",
         *follow_up_section(results.get("follow_up")),
+        *second_follow_up_section(results.get("second_follow_up"), SECOND_PLAN_COMMIT),
         "## Set-up",
         f"- Task: {results['env']}. A {task['bins']} s reference motion at 50 Hz ({task['bins']} one-second bins) with "
         f"{task['skill_segments']} skill segments per profile in which the actuation is rotated (±{task['skill_angle_deg']:g}°, "
@@ -248,13 +404,11 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str], lea
         f"- Learner: FastSAC-style SAC, hidden {cfg['sac']['hidden']}, batch {cfg['sac']['batch_size']}, "
         f"{cfg['updates_per_step']} updates per fleet step, a replay buffer of {cfg['sac']['buffer_size']:,} transitions; "
         f"{cfg['env_steps']:,} env steps per run. How the task and budget were tuned until the gate passed: "
-        f"[pilots.md]({'../' if results.get('follow_up') else ''}pilots.md).",  # (a follow-up's report: one folder down)
+        f"[pilots.md]({'../' if results.get('follow_up') or results.get('second_follow_up') else ''}pilots.md).",  # (a follow-up's report: one folder down)
         f"- Evaluation every {cfg['eval_every']:,} env steps: {cfg['eval_rollouts']} rollouts per profile of the "
         "deterministic policy from frame 0 through the whole motion; completion = share tracked before the first fall.",
         f"- Primary metric `{PRIMARY_METRIC}`: the mean completion over the run's evaluations. Arms share seeds "
-        "(same networks, env noise and generators), so contrasts are paired by seed: an exact sign-flip test, "
-        f"TOST equivalence within ±{MARGIN} with its 90% interval, Holm's correction over the primary family for "
-        "both, a 95% t-interval and the difference detectable with 80% power.",
+        "(same networks, env noise and generators), so contrasts are paired by seed: " + tests_line(results),
         budget(results),
         "",
     ]

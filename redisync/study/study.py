@@ -287,6 +287,34 @@ def load_run(saved: Path, cfg: StudyConfig, arm: str, seed: int) -> dict[str, An
     return cast(dict[str, Any], held["run"])
 
 
+def saved_results(saved: Path, cfg: StudyConfig, command: str) -> dict[str, Any]:
+    """What ``results.json`` of the second follow-up holds, from the runs saved so far (a study still
+    going, or stopped to be resumed): the gate, the runs done and the analysis of what they allow."""
+    runs = []
+    for path in sorted(saved.glob("*.json")):
+        held = json.loads(path.read_text())
+        runs.append(held["run"])
+    gate_runs = [r for r in runs if r["arm"] in ("single", "uniform") and r["seed"] in GATE_SEEDS]
+    plan_runs = sorted((r for r in runs if r not in gate_runs), key=lambda r: (r["condition"], r["arm"], r["seed"]))
+    cells = second_plan.arms_needed()
+    return {
+        "config": cfg.to_dict(),
+        "env": "built-in skill tracking",
+        "store": "embedded",
+        "date": datetime.date.today().isoformat(),
+        "workers": 2,
+        "gate": gate(gate_runs),
+        "gate_runs": gate_runs,
+        "sync": f"synced in lockstep every {cfg.publish_every_steps} fleet steps (every shard publishes, then every "
+        "shard takes the fleet state)",
+        "runs": plan_runs,
+        "planned_runs": sum(len(seeds) for *_, seeds in cells),
+        "analysis": None,
+        "second_follow_up": second_plan.analyse(plan_runs),
+        "command": command,
+    }
+
+
 def run_study(
     cfg: StudyConfig,
     *,

@@ -500,14 +500,19 @@ def test_the_whole_plan_runs_in_miniature_and_reports_every_contrast(tmp_path):
 def test_the_committed_report_and_the_readme_follow_the_committed_results():
     """docs/ab/report.md is what its results.json renders to (led by the follow-up's answers once
     docs/ab/follow-up holds them), the study's page quotes it, and the README's one line."""
-    from redisync.study.report import follow_up_lead, render_markdown
+    from redisync.study.report import render_markdown, study_lead
 
     root = Path(__file__).resolve().parents[2]
     results = json.loads((root / "docs" / "ab" / "results.json").read_text())
     report = (root / "docs" / "ab" / "report.md").read_text()
-    follow = root / "docs" / "ab" / "follow-up" / "results.json"
-    lead = follow_up_lead(json.loads(follow.read_text())) if follow.is_file() else []
+    lead = study_lead(root / "docs" / "ab")
     assert render_markdown(results, results["command"], ["completion.png", "mechanism.png"], lead) == report
+    for folder in ("follow-up", "second-follow-up"):  # each follow-up's report is what its results.json renders to
+        held = json.loads((root / "docs" / "ab" / folder / "results.json").read_text())
+        assert (
+            render_markdown(held, held["command"], ["completion.png"])
+            == (root / "docs" / "ab" / folder / "report.md").read_text()
+        )
     primary = {c["name"]: c for c in results["analysis"]["primary"]}
     secondary = {c["name"]: c for c in results["analysis"]["secondary"]}
     page = (root / "docs" / "study.md").read_text()
@@ -729,7 +734,7 @@ def test_the_follow_up_runs_in_miniature_and_its_report_leads_with_the_answers(t
     assert report.index("follow-up's pre-registered answers") < report.index("## Set-up")
     study = {**results, "follow_up": None, "analysis": None}  # the study of record beside it: led by the answers
     led = write_report(study, tmp_path, "redisync ab (test)").read_text()
-    assert led.index("the pre-registered follow-up's answers") < led.index("## The gate")
+    assert led.index("The pre-registered follow-up's answers") < led.index("## The gate")
     assert "16d6584" in led
 
 
