@@ -105,6 +105,18 @@ def pytest_runtest_setup(item):
         missing = [m for m in mark.args if not _available(m)]
         if missing and os.environ.get("REDISYNC_REQUIRE_FRAMEWORKS") != "1":
             pytest.skip(f"needs {', '.join(missing)} (an optional extra: scripts/setup installs them all)")
+    if item.get_closest_marker("cuda") is not None and not _cuda():
+        pytest.skip(
+            "needs a CUDA device: torch.cuda.is_available() is false here (scripts/gpu-check runs these on a GPU)"
+        )
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _available(name: str) -> bool:

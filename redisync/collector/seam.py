@@ -17,6 +17,11 @@ and the fleet state off the collector's hot path (:mod:`redisync.collector.share
 
 Either returns False when the term cannot (a CUDA buffer, a report that is not a slice of its
 state); the term then stays on the copy path.
+
+A term whose state lives on a CUDA device reports without waiting for the device: its hot-path
+report is the newest copy that has landed, up to a publish interval old
+(:mod:`redisync.terms.torch.device`). It also has ``settle() -> reports``, its current report,
+which the syncers call instead where waiting is right: a flush, a stop.
 """
 
 from __future__ import annotations

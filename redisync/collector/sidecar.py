@@ -81,7 +81,7 @@ from .mailbox import (
 )
 from .seam import SyncedTerm
 from .shared_state import SharedState, SidecarState
-from .syncer import Syncer, _live
+from .syncer import Syncer, _live, report_of
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class SidecarSyncer(Syncer):
     def flush(self) -> bool:
         """Hand over the copied terms' reports and ask the sidecar to publish the shared ones now;
         False when no sidecar can publish them (it could not start, or the syncer stopped)."""
-        self._take_reports()
+        self._take_reports(settle=True)
         if self._header is not None and self._shared is not None and self._shared.parts:
             self._header[FLUSH] += 1
             self._flush_request = self._header[FLUSH]
@@ -536,7 +536,7 @@ class SidecarSyncer(Syncer):
         assert self.mailbox is not None
         reports: dict[str, Mapping[str, Any]] = {}
         for term in self.terms:
-            reports.update(term.report_shard_state())
+            reports.update(report_of(term, settle=True))
         if not reports:
             return True
         self.shard.seq = max(self.shard.seq, int(self.mailbox.header[SEQ]))

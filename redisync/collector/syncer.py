@@ -87,6 +87,13 @@ class Wake:
         return True
 
 
+def report_of(term: SyncedTerm, settle: bool = False) -> Mapping[str, Mapping[str, Any]]:
+    """A term's report; with ``settle`` (a flush, a stop: never the hot path) its current one, from
+    a term whose state lives on a device and whose hot-path reports lag by a publish (``settle()``)."""
+    settled = getattr(term, "settle", None) if settle else None
+    return settled() if settled is not None else term.report_shard_state()
+
+
 class Syncer:
     """A collector's sync: publishes its terms' reports and prefetches the fleet state in the
     background, hands the state over at reset boundaries; the network runs in a thread of this
@@ -186,7 +193,7 @@ class Syncer:
     def flush(self) -> bool:
         """Hand over the current reports now (e.g. before a checkpoint or at the end of training);
         False when no worker can publish them (it could not start, or stopped)."""
-        self._take_reports()
+        self._take_reports(settle=True)
         return self._start_failed is None and not self._stop.is_set()
 
     def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
@@ -202,10 +209,10 @@ class Syncer:
             time.sleep(0.01)
         return False
 
-    def _take_reports(self) -> None:
+    def _take_reports(self, settle: bool = False) -> None:
         reports: dict[str, Mapping[str, Any]] = {}
         for term in self._reporting:
-            reports.update(term.report_shard_state())
+            reports.update(report_of(term, settle))
         self._steps, self._last_report = 0, time.monotonic()
         if reports:
             self._hand_over(reports)
@@ -309,7 +316,7 @@ class Syncer:
         if self._starter is not None and self._starter.is_alive():
             self._starter.join(max(0.0, deadline - time.monotonic()))
         if flush:
-            self._take_reports()
+            self._take_reports(settle=True)
             while self.has_pending() and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):
                 time.sleep(0.01)
         self._stop.set()

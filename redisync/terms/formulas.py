@@ -55,6 +55,12 @@ class ArrayOps(Protocol):
     def smooth(self, p: Any, kernel: Any) -> Any:
         """The rows of ``p`` (padded by ``k - 1``) correlated with ``kernel``: BeyondMimic's smoothing."""
 
+    def on_host(self, x: Any) -> bool:
+        """Whether reading ``x``'s values costs nothing (on the CPU; a CUDA tensor's would wait for its device)."""
+
+    def isfinite(self, x: Any) -> Any:
+        """Element-wise: finite."""
+
 
 class NumpyOps:
     """The formulas' operations in numpy's spelling."""
@@ -98,6 +104,14 @@ class NumpyOps:
         for j in range(1, kernel.shape[0]):
             out = out + kernel[j] * p[:, j : j + width]
         return out
+
+    def on_host(self, x: Any) -> bool:
+        """numpy arrays are host memory."""
+        return True
+
+    def isfinite(self, x: Any) -> Any:
+        """Element-wise: finite."""
+        return np.isfinite(x)
 
 
 NUMPY = NumpyOps()
@@ -203,11 +217,18 @@ def grouped_probabilities(
         uniform_ratio / geometry.width if not geometry.ragged else uniform_ratio * ops.cast(geometry.inverse_bins, ema)
     )
     p = _unnormalised(g, per_bin, kernel, mix, ops)
-    if not math.isfinite(float(p.sum())):
+
+    def rescaled() -> Any:
         wide = ops.wide(g)
         top = ops.row_max(wide)
         top = ops.where(top > 0, top, np.finfo(np.float64).tiny)
-        p = _unnormalised(ops.cast(wide / top, ema), ops.cast(per_bin / top, ema), kernel, mix, ops)
+        return _unnormalised(ops.cast(wide / top, ema), ops.cast(per_bin / top, ema), kernel, mix, ops)
+
+    if ops.on_host(p):
+        if not math.isfinite(float(p.sum())):
+            p = rescaled()
+    else:  # a device's value is not branched on (that waits for the device): both made, one kept
+        p = ops.where(ops.isfinite(p.sum()), p, rescaled())
     if geometry.ragged:
         p = p * geometry.real
     if mix == "code":

@@ -25,6 +25,7 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, broadcast, merge
 from .. import formulas
+from .device import DeviceReports, on_device
 
 
 def _check_mode(mode: str, allowed: tuple[str, ...]) -> None:
@@ -244,6 +245,7 @@ class TerrainLevels:
         top = num_levels - 1 if max_init_level is None else min(max_init_level, num_levels - 1)
         self.levels = torch.randint(0, top + 1, (num_envs,), device=device, generator=generator)
         self._others: NDArray[Any] = np.zeros(num_levels)
+        self._device_reports: DeviceReports | None = None  # on a CUDA device (redisync.terms.torch.device)
 
     def update(self, env_ids: torch.Tensor, move_up: torch.Tensor, move_down: torch.Tensor) -> None:
         """IsaacLab's terrain-level moves for the envs that ended an episode."""
@@ -275,7 +277,25 @@ class TerrainLevels:
         """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
         if self.mode != "pooled":
             return {}
+        if on_device(self.levels):
+            return self._device_report(settle=False)
         return {self.key: {"count": float(self.levels.numel()), "sum": self.histogram()}}
+
+    def settle(self) -> Mapping[str, Mapping[str, Any]]:
+        """The current report, waiting for the device where the levels live on one: what a flush or a
+        stop hands over (the syncers call it there, never on the hot path)."""
+        if self.mode == "pooled" and on_device(self.levels):
+            return self._device_report(settle=True)
+        return self.report_shard_state()
+
+    def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
+        """On a CUDA device: the histogram copied to the host without waiting (the newest that has
+        landed, or nothing before the first has: :class:`~redisync.terms.torch.device.DeviceReports`)."""
+        source = torch.bincount(self.levels, minlength=self.num_levels)
+        if self._device_reports is None:
+            self._device_reports = DeviceReports(self.num_levels)
+        got = self._device_reports.settle(source) if settle else self._device_reports.report(source)
+        return {} if got is None else {self.key: {"count": float(self.levels.numel()), "sum": got}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""

@@ -38,6 +38,7 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, broadcast, merge
 from .. import formulas
+from .device import DeviceFleet, DeviceReports, on_device
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "learner"]
@@ -103,6 +104,11 @@ class SyncedEmpiricalNormalization(nn.Module):
         self.resumed = False
         self._shared: Any = NOT_SHARED  # brackets the writes to the own statistics once they live in shared memory
         self._received: dict[str, Any] = {}  # the fleet's parts once they are received in shared memory
+        # on a CUDA device: the counts behind the pooled moments tallied on the host, and the copies each
+        # way through pinned memory (redisync.terms.torch.device)
+        self._counts = {"own": 0.0, "others": 0.0, "prior": 0.0}
+        self._device_reports: DeviceReports | None = None
+        self._device_fleet: DeviceFleet | None = None
         self.register_load_state_dict_post_hook(_take_prior)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
     @property
@@ -130,7 +136,8 @@ class SyncedEmpiricalNormalization(nn.Module):
 
         if not self.training or (self.mode == "learner" and not self.writer):
             return
-        if self.until is not None and self.count >= self.until:
+        device = on_device(self._own) and self.mode == "pooled"
+        if self.until is not None and (self._n() if device else self.count) >= self.until:
             return
         if self.mode != "pooled":
             self._running_update(x)
@@ -144,6 +151,10 @@ class SyncedEmpiricalNormalization(nn.Module):
             self._own[2] += squares
         finally:
             self._shared.end()
+        if device:
+            self._counts["own"] += x.shape[0]
+            self._set_from_pooled_on_device()
+            return
         self._set_from_pooled()
 
     def _running_update(self, x: torch.Tensor) -> None:
@@ -168,6 +179,24 @@ class SyncedEmpiricalNormalization(nn.Module):
         mean_shifted, var = formulas.moments(n, s, q, TORCH)
         self._set(mean_shifted + self._offset, var, round(float(n.flatten()[0])))
 
+    def _n(self) -> float:
+        """On a device: the pooled count, from the host's tally of what makes it (never the device's)."""
+        c = self._counts
+        return max(c["prior"], c["others"]) + c["own"]
+
+    def _set_from_pooled_on_device(self) -> None:
+        """:meth:`_set_from_pooled` on a CUDA device: the branches on counts taken on the host's tally
+        (the own batches' sizes, the fleet's count as pulled, a loaded checkpoint's), the moments by
+        device kernels: nothing waits for the device."""
+        c = self._counts
+        n = self._n()
+        if n <= 0:
+            return
+        base = self._prior if c["prior"] > c["others"] else self._others
+        count, total, squares = base + self._own
+        mean_shifted, var = formulas.moments(count, total, squares, TORCH)
+        self._set(mean_shifted + self._offset, var, round(n))
+
     def _set(self, mean: Any, var: Any, count: int) -> None:
         # fleet moments are finite in float64 (the store refuses others); beyond this dtype's range
         # they are held at its largest value rather than turned into inf
@@ -181,7 +210,8 @@ class SyncedEmpiricalNormalization(nn.Module):
 
     def _load_prior(self) -> None:
         """The loaded buffers as cumulative moments around the offset (float64), kept as the prior."""
-        n = float(self.count)
+        n = float(self.count)  # (loading a checkpoint: not the hot path)
+        self._counts["prior"] = n
         mean = self._mean.squeeze(0).to(torch.float64) - self._offset
         var = self._var.squeeze(0).to(torch.float64)
         self._prior.copy_(torch.stack([torch.full_like(mean, n), n * mean, n * (var + mean * mean)]))
@@ -205,6 +235,8 @@ class SyncedEmpiricalNormalization(nn.Module):
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        if on_device(self._own) and self.mode in ("pooled", "learner"):
+            return self._device_report(settle=False)
         if self.mode == "pooled":
             own = self._own.cpu().numpy()
             return {self.key: {"count": float(own[0].flatten()[0]), "sum": own[1].copy(), "sumsq": own[2].copy()}}
@@ -214,10 +246,38 @@ class SyncedEmpiricalNormalization(nn.Module):
             return {self.key: {"value": value.numpy()}}
         return {}
 
+    def settle(self) -> Mapping[str, Mapping[str, Any]]:
+        """The current report, waiting for the device where the term lives on one: what a flush or a
+        stop hands over (the syncers call it there, never on the hot path)."""
+        if on_device(self._own) and self.mode in ("pooled", "learner"):
+            return self._device_report(settle=True)
+        return self.report_shard_state()
+
+    def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
+        """On a CUDA device: the own count, Σ and Σ² (pooled) or the learner's mean, var and count,
+        copied to the host without waiting (the newest copy that has landed, or nothing before the
+        first has: :class:`~redisync.terms.torch.device.DeviceReports`)."""
+        if self.mode == "learner" and not self.writer:
+            return {}
+        if self.mode == "pooled":
+            source = self._own
+        else:
+            parts = [t.detach().to(torch.float64).flatten() for t in (self._mean, self._var)]
+            source = torch.cat([*parts, self.count.to(torch.float64).view(1)])
+        if self._device_reports is None:
+            self._device_reports = DeviceReports(source.numel())
+        got = self._device_reports.settle(source) if settle else self._device_reports.report(source)
+        if got is None:
+            return {}
+        if self.mode == "learner":
+            return {self.key: {"value": got}}
+        own = got.reshape(3, -1)
+        return {self.key: {"count": float(own[0, 0]), "sum": own[1].copy(), "sumsq": own[2].copy()}}
+
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
         state = dict(super().__getstate__())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-        return state | {"_shared": NOT_SHARED, "_received": {}}
+        return state | {"_shared": NOT_SHARED, "_received": {}, "_device_reports": None, "_device_fleet": None}
 
     def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own count, Σ and Σ² move to shared memory, where the
@@ -268,12 +328,27 @@ class SyncedEmpiricalNormalization(nn.Module):
         if self.mode == "pooled":
             others = view.others_parts()
             agg = np.stack([np.broadcast_to(others["count"], self.shape), others["sum"], others["sumsq"]])
+            if on_device(self._others):  # from pinned memory, in stream order: nothing waits for the device
+                if self._fleet_copies().copy(agg, self._others):
+                    self._counts["others"] = float(np.asarray(others["count"]).flat[0])
+                    self._set_from_pooled_on_device()
+                return
             self._others.copy_(torch.as_tensor(agg, dtype=torch.float64))
             self._set_from_pooled()
         elif self.mode == "learner" and not self.writer:
             size = int(np.prod(self.shape))
             value = view.parts()["value"]
+            if on_device(self._others):
+                staged = self._others.view(-1)[: 2 * size]  # (a learner's follower keeps no others: its buffer stages)
+                if self._fleet_copies(2 * size).copy(value[: 2 * size], staged):
+                    self._set(staged[:size], staged[size:], round(float(value[-1])))
+                return
             self._set(value[:size], value[size : 2 * size], round(float(value[-1])))
+
+    def _fleet_copies(self, size: int | None = None) -> DeviceFleet:
+        if self._device_fleet is None:
+            self._device_fleet = DeviceFleet(self._others.numel() if size is None else size)
+        return self._device_fleet
 
 
 def _take_prior(module: SyncedEmpiricalNormalization, incompatible: Any) -> None:

@@ -47,5 +47,13 @@ class TorchOps:
         """BeyondMimic's kernel smoothing along the bins (a 1-D convolution per row)."""
         return nn.functional.conv1d(p.unsqueeze(1), kernel.view(1, 1, -1)).squeeze(1)
 
+    def on_host(self, x: Any) -> bool:
+        """Whether ``x`` is a CPU tensor (a CUDA tensor's values would wait for its device)."""
+        return bool(x.device.type == "cpu")
+
+    def isfinite(self, x: Any) -> Any:
+        """Element-wise: finite."""
+        return torch.isfinite(x)
+
 
 TORCH = TorchOps()

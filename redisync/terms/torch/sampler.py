@@ -45,6 +45,7 @@ from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, Lifecycle
 from .. import ema_seam, formulas
+from .device import DeviceFleet, DeviceReports, on_device
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
@@ -156,6 +157,7 @@ class AdaptiveMotionSampler(nn.Module):
     _own_at_build: torch.Tensor
     _frames: torch.Tensor
     _probs: torch.Tensor
+    _device_failures: torch.Tensor
 
     def __init__(
         self,
@@ -228,6 +230,12 @@ class AdaptiveMotionSampler(nn.Module):
         )
         self._cdf: torch.Tensor | None = None
         self._failures_since_report = 0.0
+        # on a CUDA device: the failures since the last report kept on the device, and the copies
+        # each way through pinned memory (redisync.terms.torch.device)
+        self.register_buffer("_device_failures", torch.zeros((), device=device, dtype=torch.float64), persistent=False)
+        self._failures_handed = 0.0  # the device's running total as of the last report handed over
+        self._device_reports: DeviceReports | None = None
+        self._device_fleet: DeviceFleet | None = None
         self._fleet_version = 0
         self.rebuilds = 0
         self._shared: Any = NOT_SHARED  # brackets the writes to the own EMA once it lives in shared memory
@@ -254,6 +262,15 @@ class AdaptiveMotionSampler(nn.Module):
     ) -> None:
         """At reset (once per env step, every env being reset at once): the bins in which the reset
         envs failed become this step's failure counts."""
+        if on_device(failed):  # no branch on a device value, no boolean indexing (both wait for the device)
+            flat = self.bin_of(time_steps, group_ids)
+            if group_ids is not None:
+                flat = flat + self.layout.offsets[torch.as_tensor(group_ids, device=flat.device).long()]
+            counts = torch.bincount(flat, weights=failed.to(torch.float64), minlength=self.bin_count)
+            self._current_bin_failed.copy_(counts)
+            if self.mode == "weighted":
+                self._device_failures += counts.sum()
+            return
         if torch.any(failed):
             flat = self.bin_of(time_steps, group_ids)
             if group_ids is not None:
@@ -306,6 +323,8 @@ class AdaptiveMotionSampler(nn.Module):
 
     def _needs_rebuild(self) -> bool:
         if self._fleet_moved or self._received.applied != self._received_at_build:
+            return True
+        if on_device(self.bin_failed_count):  # judging the move would wait for the device: rebuilt
             return True
         own, built = self.bin_failed_count, self._own_at_build
         if self.rebuild_tol == 0:
@@ -456,16 +475,42 @@ class AdaptiveMotionSampler(nn.Module):
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        if on_device(self.bin_failed_count):
+            return self._device_report(settle=False)
         own = self.bin_failed_count.to("cpu", torch.float64, copy=True).numpy()  # one op: this runs on the hot path
         count = 1.0
         if self.mode == "weighted":
             count, self._failures_since_report = self._failures_since_report, 0.0
         return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner, count=count)
 
+    def settle(self) -> Mapping[str, Mapping[str, Any]]:
+        """The current report, waiting for the device where the term lives on one: what a flush or a
+        stop hands over (the syncers call it there, never on the hot path)."""
+        if on_device(self.bin_failed_count):
+            return self._device_report(settle=True)
+        return self.report_shard_state()
+
+    def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
+        """On a CUDA device: [failures so far (weighted), the own EMA] copied to the host
+        without waiting (:class:`~redisync.terms.torch.device.DeviceReports`): the newest copy that has
+        landed, or nothing before the first has."""
+        if self.mode == "local" or (self.mode == "broadcast" and self.shard_id != self.owner):
+            return {}
+        source = torch.cat([self._device_failures.view(1), self.bin_failed_count.to(torch.float64)])
+        if self._device_reports is None:
+            self._device_reports = DeviceReports(self.bin_count + 1)
+        got = self._device_reports.settle(source) if settle else self._device_reports.report(source)
+        if got is None:
+            return {}
+        count = 1.0
+        if self.mode == "weighted":  # the device keeps a running total: a report counts what it adds
+            count, self._failures_handed = float(got[0]) - self._failures_handed, float(got[0])
+        return ema_seam.report(self.mode, self.key, got[1:], shard_id=self.shard_id, owner=self.owner, count=count)
+
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
         state = dict(super().__getstate__())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-        return state | {"_shared": NOT_SHARED, "_received": NOT_SHARED}
+        return state | {"_shared": NOT_SHARED, "_received": NOT_SHARED, "_device_reports": None, "_device_fleet": None}
 
     def share_report(self, shared: SharedState) -> bool:
         """The process worker's fast path: the own EMA moves to shared memory, where the sidecar
@@ -503,6 +548,9 @@ class AdaptiveMotionSampler(nn.Module):
         view = fleet.keys.get(self.key)
         if view is None or view.value is None or self.mode == "local":
             return
+        if on_device(self._fleet):
+            self._apply_on_device(view, fleet.fleet_version)
+            return
         self._fleet_version = fleet.fleet_version
         if self.mode == "weighted":
             parts = view.parts()
@@ -512,6 +560,28 @@ class AdaptiveMotionSampler(nn.Module):
         elif self.mode == "pooled" or self.shard_id != self.owner:
             self._fleet_view = view
         self._fleet_moved = True  # rebuild at the next sample
+
+    def _apply_on_device(self, view: Any, version: int) -> None:
+        """On a CUDA device, at the reset boundary: the fleet part queued into the device from pinned
+        memory, and the distributions rebuilt after it by device kernels, in stream order; nothing
+        waits for the device. (A fleet state whose buffers are all still being copied waits for the
+        next boundary.)"""
+        if self._device_fleet is None:
+            self._device_fleet = DeviceFleet(self.bin_count)
+        if self.mode == "weighted":
+            parts = view.parts()
+            if float(parts["count"]) <= 0:  # (host numbers: the view is on the host)
+                return
+            mean = np.asarray(parts["sum"] / parts["count"], dtype=np.float64)
+            if not self._device_fleet.copy(mean, self._fleet):
+                return
+            self.set_own_ema(_finite(self._fleet.to(self.bin_failed_count.dtype)))
+        else:
+            if not self._device_fleet.copy(ema_seam.fleet_part(self.mode, view), self._fleet):
+                return
+        self._fleet_version = version
+        self._fleet_view = None
+        self._rebuild()
 
     def _fleet_ema(self) -> torch.Tensor:
         """The fleet part of the EMA (the other shards' sum, or the owner's), from the last view applied."""
