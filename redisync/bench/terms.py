@@ -131,3 +131,122 @@ def _timed(call: Any, device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t
+
+
+def measure_device_hot_path(
+    device: str = "cuda", envs: int = 4096, bins: int = 1000, steps: int = 2000, url: str | None = None
+) -> dict[str, Any]:
+    """The collector's hot path with its terms on ``device`` (the sampler over ``bins`` bins, a
+    normaliser, terrain levels; ``envs`` envs), a publish due every step and the fleet state taken
+    at every boundary, beside the same loop with sync off: the host time of a step (what the
+    collector's thread spends queuing it; nothing in it waits for the device) and of the syncer's
+    calls, p50 and p99; and the device time of one rebuild of the start distribution."""
+    from ..terms.torch.curriculum import TerrainLevels
+
+    def terms() -> tuple[AdaptiveMotionSampler, SyncedEmpiricalNormalization, TerrainLevels]:
+        return (
+            AdaptiveMotionSampler(frames_for_bins(bins), 1 / FPS, mode="pooled", device=device),
+            SyncedEmpiricalNormalization(64, mode="pooled").to(device),
+            TerrainLevels(envs, 10, mode="pooled", device=device),
+        )
+
+    store = connect(url, run=f"bench-device-{uuid.uuid4().hex[:8]}")
+    on_terms, off_terms = terms(), terms()
+    syncer = new_syncer(store, 0, list(on_terms), worker="thread", publish_every_steps=1).start()
+    # a second shard, so that fleet states carry the others' part and the boundary has work to do
+    other_terms = terms()
+    other = new_syncer(store, 1, list(other_terms), worker="thread", publish_every_steps=1).start()
+    frames = on_terms[0].frame_counts[0]
+
+    def step(mine: tuple[Any, ...], sync: Syncer | None, host: list[float], calls: list[float]) -> None:
+        sampler, norm, levels = mine
+        t0 = time.perf_counter()
+        ts = torch.randint(0, frames, (envs,), device=device)
+        sampler.record_failures(ts, torch.rand(envs, device=device) < 0.02)
+        sampler.step()
+        norm.update(torch.randn(envs, 64, device=device))
+        ended = torch.arange(0, envs, 50, device=device)
+        up = torch.rand(ended.shape[0], device=device) < 0.5
+        levels.update(ended, up.long(), (~up).long())
+        if sync is not None:
+            t = time.perf_counter()
+            sync.on_step()
+            sync.at_reset_boundary()
+            calls.append(time.perf_counter() - t)
+        sampler.sample(envs)
+        host.append(time.perf_counter() - t0)
+
+    off: list[float] = []
+    on: list[float] = []
+    calls: list[float] = []
+    try:
+        for i in range(steps):  # interleaved, so that machine noise hits both alike
+            step(off_terms, None, off, [])
+            step(on_terms, syncer, on, calls)
+            step(other_terms, other, [], [])
+            if device == "cuda" and i % 100 == 99:
+                torch.cuda.synchronize()  # (between steps: keeps the device from running far behind)
+        publishes = syncer.stats["publishes"]
+        rebuild = _device_rebuild_us(on_terms[0], device)
+    finally:
+        for s in (syncer, other):
+            s.stop(flush=False)
+        store.delete()
+
+    def q(xs: list[float], p: float) -> float:
+        return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] * 1e6
+
+    return {
+        "device": device,
+        "envs": envs,
+        "bins": bins,
+        "steps": steps,
+        "step_us_p50_sync_off": q(off, 0.5),
+        "step_us_p99_sync_off": q(off, 0.99),
+        "step_us_p50_sync_on": q(on, 0.5),
+        "step_us_p99_sync_on": q(on, 0.99),
+        "syncer_calls_us_p50": q(calls, 0.5),
+        "syncer_calls_us_p99": q(calls, 0.99),
+        "rebuild_device_us": rebuild,
+        "publishes": publishes,
+    }
+
+
+def _device_rebuild_us(sampler: AdaptiveMotionSampler, device: str, calls: int = 100) -> float:
+    """The median device time of one rebuild of the start distribution (CUDA events; on the CPU the wall time)."""
+    times = []
+    for _ in range(calls):
+        sampler.bin_failed_count.add_(1e-3)
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            sampler.probabilities()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            t = time.perf_counter()
+            sampler.probabilities()
+            times.append((time.perf_counter() - t) * 1e6)
+    return float(statistics.median(times))
+
+
+def format_device_hot_path(r: dict[str, Any]) -> str:
+    """The device hot-path figures as a few lines of text."""
+    return "\n".join(
+        [
+            f"collector hot path on {r['device']}: {r['envs']} envs, {r['bins']} bins, a publish every step, "
+            f"{r['steps']} steps ({r['publishes']} publishes)",
+            f"  host time per step, sync off: p50 {r['step_us_p50_sync_off']:.1f} us, p99 {r['step_us_p99_sync_off']:.1f} us",
+            f"  host time per step, sync on:  p50 {r['step_us_p50_sync_on']:.1f} us, p99 {r['step_us_p99_sync_on']:.1f} us",
+            f"  on_step() + at_reset_boundary(): p50 {r['syncer_calls_us_p50']:.1f} us, p99 {r['syncer_calls_us_p99']:.1f} us",
+            f"  one rebuild of the start distribution: {r['rebuild_device_us']:.1f} us of "
+            f"{'device' if r['device'] == 'cuda' else 'wall'} time",
+        ]
+    )
+
+
+if __name__ == "__main__":  # scripts/gpu-check runs this
+    import sys
+
+    print(format_device_hot_path(measure_device_hot_path(sys.argv[1] if len(sys.argv) > 1 else "cuda")))

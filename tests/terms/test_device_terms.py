@@ -243,16 +243,18 @@ def _cuda_fleet(make_store, worker):
         ]
         for s in range(2)
     ]
-    syncers = [new_syncer(store.url, store.run, s, terms[s], worker=worker, publish_every_steps=1) for s in range(2)]
+    syncers = [new_syncer(store, s, terms[s], worker=worker, publish_every_steps=1) for s in range(2)]
     return store, terms, syncers
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("worker", ["thread", "process"])
-def test_on_a_gpu_the_hot_path_never_synchronises_with_the_device(make_store, worker):
+def test_on_a_gpu_the_hot_path_never_synchronises_with_the_device(make_store, backend, worker):
     """Many steps with a publish every step and fleet states applied at every boundary, under
     ``set_sync_debug_mode("error")`` around ``on_step()`` and ``at_reset_boundary()``: nothing
     synchronises; the pooled distribution on the device then equals the CPU reference."""
+    if worker == "process" and backend == "embedded":
+        pytest.skip("the sidecar worker needs a Redis URL (the embedded store lives in the collector's process)")
     _, terms, syncers = _cuda_fleet(make_store, worker)
     for s in syncers:
         s.start()
