@@ -291,7 +291,9 @@ class TerrainLevels:
     def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
         """On a CUDA device: the histogram copied to the host without waiting (the newest that has
         landed, or nothing before the first has: :class:`~redisync.terms.torch.device.DeviceReports`)."""
-        source = torch.bincount(self.levels, minlength=self.num_levels)
+        # (not bincount: on a device it reads the largest level back to size its output)
+        source = torch.zeros(self.num_levels, device=self.levels.device, dtype=torch.float64)
+        source.index_add_(0, self.levels, torch.ones_like(self.levels, dtype=torch.float64))
         if self._device_reports is None:
             self._device_reports = DeviceReports(self.num_levels)
         got = self._device_reports.settle(source) if settle else self._device_reports.report(source)

@@ -266,7 +266,9 @@ class AdaptiveMotionSampler(nn.Module):
             flat = self.bin_of(time_steps, group_ids)
             if group_ids is not None:
                 flat = flat + self.layout.offsets[torch.as_tensor(group_ids, device=flat.device).long()]
-            counts = torch.bincount(flat, weights=failed.to(torch.float64), minlength=self.bin_count)
+            # (not bincount: on a device it reads the largest bin back to size its output)
+            counts = torch.zeros(self.bin_count, device=flat.device, dtype=torch.float64)
+            counts.index_add_(0, flat, failed.to(torch.float64))
             self._current_bin_failed.copy_(counts)
             if self.mode == "weighted":
                 self._device_failures += counts.sum()
