@@ -219,6 +219,39 @@ def test_a_normaliser_on_the_device_path_reaches_the_cpu_paths_moments(make_stor
             assert int(device[s][0].count) == int(cpu[s][0].count) == 128
 
 
+def test_a_resumed_normaliser_on_the_device_path_weighs_its_checkpoint_as_the_cpu_path_does(make_store, device_paths):
+    """A pooled normaliser loaded from a checkpoint of 1 000 samples, in a fleet whose other shard
+    has seen 990 and after 16 of its own: the checkpoint stands in for the fleet only while it holds
+    more than the fleet and this shard together (1 000 < 1 006: the fleet's moments, count 1 006),
+    decided on the device path from the host's tally as on the CPU path from the counts."""
+    store = make_store()
+    with pytest.MonkeyPatch.context() as undo:
+        undo.setattr(normalization, "on_device", lambda t: False)
+        source, other = SyncedEmpiricalNormalization(3, mode="pooled"), SyncedEmpiricalNormalization(3, mode="pooled")
+        source.update(torch.randn(1000, 3, generator=torch.Generator().manual_seed(1)) * 3 + 1)
+        other.update(torch.randn(990, 3, generator=torch.Generator().manual_seed(2)) - 2)
+        store.register(schema_of([other]))
+        store.shard(1).publish(other.report_shard_state())
+    checkpoint, batch = source.state_dict(), torch.randn(16, 3, generator=torch.Generator().manual_seed(3))
+
+    def resumed():
+        term = SyncedEmpiricalNormalization(3, mode="pooled")
+        term.load_state_dict(checkpoint)
+        term.update(batch)
+        client = store.shard(0)
+        client.pull()
+        term.apply_shard_state(client.known)
+        return term
+
+    device = resumed()
+    with pytest.MonkeyPatch.context() as undo:
+        undo.setattr(normalization, "on_device", lambda t: False)
+        cpu = resumed()
+    assert int(device.count) == int(cpu.count) == 1006
+    torch.testing.assert_close(device.mean, cpu.mean, rtol=0, atol=0)
+    torch.testing.assert_close(device.std, cpu.std, rtol=0, atol=0)
+
+
 def test_terrain_levels_on_the_device_path_report_their_histogram_a_publish_later(device_paths):
     levels = TerrainLevels(32, 5, mode="pooled", generator=torch.Generator().manual_seed(0))
     assert levels.report_shard_state() == {}

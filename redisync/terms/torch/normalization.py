@@ -179,20 +179,25 @@ class SyncedEmpiricalNormalization(nn.Module):
         mean_shifted, var = formulas.moments(n, s, q, TORCH)
         self._set(mean_shifted + self._offset, var, round(float(n.flatten()[0])))
 
+    def _prior_rules(self) -> bool:
+        """On a device: whether a loaded checkpoint's count exceeds what the fleet and this shard hold
+        (then its moments stand in for the fleet's, as in :meth:`_set_from_pooled`), from the host's tally."""
+        c = self._counts
+        return c["prior"] > c["others"] + c["own"]
+
     def _n(self) -> float:
         """On a device: the pooled count, from the host's tally of what makes it (never the device's)."""
         c = self._counts
-        return max(c["prior"], c["others"]) + c["own"]
+        return (c["prior"] if self._prior_rules() else c["others"]) + c["own"]
 
     def _set_from_pooled_on_device(self) -> None:
         """:meth:`_set_from_pooled` on a CUDA device: the branches on counts taken on the host's tally
         (the own batches' sizes, the fleet's count as pulled, a loaded checkpoint's), the moments by
         device kernels: nothing waits for the device."""
-        c = self._counts
         n = self._n()
         if n <= 0:
             return
-        base = self._prior if c["prior"] > c["others"] else self._others
+        base = self._prior if self._prior_rules() else self._others
         count, total, squares = base + self._own
         mean_shifted, var = formulas.moments(count, total, squares, TORCH)
         self._set(mean_shifted + self._offset, var, round(n))
