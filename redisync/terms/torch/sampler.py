@@ -230,8 +230,8 @@ class AdaptiveMotionSampler(nn.Module):
         )
         self._cdf: torch.Tensor | None = None
         self._failures_since_report = 0.0
-        # on a CUDA device: the failures since the last report kept on the device, and the copies
-        # each way through pinned memory (redisync.terms.torch.device)
+        # on a CUDA device: a running total of the failures kept on the device (a weighted report counts
+        # what it added), and the copies each way through pinned memory (redisync.terms.torch.device)
         self.register_buffer("_device_failures", torch.zeros((), device=device, dtype=torch.float64), persistent=False)
         self._failures_handed = 0.0  # the device's running total as of the last report handed over
         self._device_reports: DeviceReports | None = None
