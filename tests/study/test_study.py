@@ -560,6 +560,20 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     assert f"{flattening.mean():+.2f}".replace("-", "−") in summary
     assert all(flattening < 0)
     assert summary.index("pre-registered follow-up") < summary.index("The study of record")
+    # the second follow-up's answers lead, each quoted only once its question was tested, with its interval
+    second = json.loads((root / "docs" / "ab" / "second-follow-up" / "results.json").read_text())
+    a = next(r for r in second["second_follow_up"] if r["question"] == "A")
+    readme_text = " ".join((root / "README.md").read_text().split())
+    if "p_one_sided" in a:
+        quoted = f"{a['mean']:+.2f}, 95 % t-interval [{a['lo']:+.2f}, {a['hi']:+.3f}]".replace("-", "−")
+        quoted = quoted.replace("t−interval", "t-interval")
+        assert quoted in summary
+        assert f"over {len(a['seeds'])} seeds" in summary
+        assert f"p {a['p_one_sided']:.3f}" in summary
+        verdict = "drift itself hurts 64-env shards" in summary
+        assert verdict == a["rejected"]  # the page says what the test decided, and only that
+        assert f"{a['mean']:+.2f} (95 % interval [{a['lo']:+.2f}, {a['hi']:+.3f}]".replace("-", "−") in readme_text
+    assert summary.index("second pre-registered follow-up") < summary.index("first pre-registered follow-up")
     assert f"{results['gate']['mean_difference']:+.3f}" in " ".join(page.split())
     # the README's one line quotes the first hypothesis: its estimate and its seeds, all of one sign
     readme = " ".join((root / "README.md").read_text().split())
