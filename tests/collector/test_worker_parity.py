@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 
 import numpy as np
@@ -91,6 +92,33 @@ def workers():
         store.delete()
 
 
+# how a report handed to a worker ends: folded (or found folded already), or refused (by the store,
+# or by the collector before it was sent)
+FOLDED = ("publishes", "duplicates")
+REFUSED = ("rejected", "rejected_before_sending", "mailbox_overflows")
+
+
+def _ended(syncer) -> tuple[int, int]:
+    metrics = syncer.metrics()
+    return tuple(sum(int(metrics.get(f"redisync/{name}", 0)) for name in names) for names in (FOLDED, REFUSED))
+
+
+def _settle(syncer, before: tuple[int, int]) -> None:
+    """Wait until the report handed over after the ``before`` counts has ended, and what it left is
+    visible: a fold pulled back (``wait_synced``), a refusal in ``health()``. Decided by the counts
+    and states, not by a time limit: the deadline only ends a test that would otherwise hang."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        folded, refused = _ended(syncer)
+        ok = syncer.health()["ok"]
+        if folded > before[0] and ok and syncer.wait_synced(timeout=1):
+            return
+        if refused > before[1] and not ok:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the report had no outcome in 120 s: {syncer.health()}")
+
+
 def _outcome(store, syncer) -> tuple:
     """What reached the store (every key's stored bytes) and the typed reason health() gives."""
     stored = []
@@ -108,8 +136,9 @@ def test_both_workers_give_the_same_report_the_same_outcome(workers, report):
     outcomes = {}
     for worker, (store, term, syncer) in workers.items():
         term.report = report
+        before = _ended(syncer)
         syncer.on_step()  # the hot path: never raises, whatever the report holds
         syncer.flush()
-        syncer.wait_synced(timeout=5)  # (False when the report was refused: its outcome is in health())
+        _settle(syncer, before)
         outcomes[worker] = _outcome(store, syncer)
     assert outcomes["thread"] == outcomes["process"], report
