@@ -33,7 +33,7 @@ from redisync.store.schema import Schema, merge
 # (the line a cut comes before, what the stage that ends there does), in the order a fold runs them
 # (a cut inside a semantics' check returns its {'cut'} as the check's rejection, which the fold returns)
 LANDMARKS = (
-    ("local run = string.match(KEYS[1]", "FCALL envelope: the arguments, the keys and args tables, the call"),
+    ("run = run_keys(KEYS[1])", "FCALL envelope: the arguments, the keys and args tables, the call"),
     ("-- the envelope ---", "the run's meta (HMGET of 7 fields)"),
     ("-- duplicates, retries and zombies", "envelope checks (KEYS, schema digest, ids and seq)"),
     ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),

@@ -165,3 +165,25 @@ def test_a_non_redisync_meta_key_is_refused_without_writing(run):
     with pytest.raises(errors.MalformedReport, match="not a redisync meta key"):
         parse_publish(reply, [])
     assert store.redis.exists("some:other:key") == 0
+
+
+def test_what_a_fold_found_well_formed_vouches_for_nothing_else(run):
+    """The fold remembers, per Lua VM, the shard ids, incarnations and key pairs it found right: a
+    string right in one place is still checked in another, and a pair's halves are never mixed."""
+    store, _ = run
+    k = store.keys
+    # "0" is a shard id (folded here) and never an incarnation; "12345678901" an incarnation, never a shard id
+    store.shard(0, incarnation=12345678901).publish({"curriculum/scale": {"value": 1.0}})
+    before = state_bytes(store)
+    for kwargs in (dict(inc="0"), dict(shard="12345678901")):
+        with pytest.raises(errors.MalformedReport):
+            parse_publish(forge(store, **kwargs), [])
+    bins, norm = "motion/bin_failed", "obs/norm"
+    for pair in ((k.key_meta(bins), k.key_data(norm)), (k.key_meta(norm), k.key_data(bins))):
+        with pytest.raises(errors.MalformedReport, match="KEYS do not match"):
+            parse_publish(forge(store, keys=[k.meta, k.shards, k.reports, k.dead_letters, *pair]), [])
+    # another run's keys, named under this run's meta key (the run's names were remembered at its first fold)
+    other = [k.meta, "redisync:{other}:shards", k.reports, k.dead_letters, k.key_meta(bins), k.key_data(bins)]
+    with pytest.raises(errors.MalformedReport, match="KEYS"):
+        parse_publish(forge(store, keys=other), [])
+    assert state_bytes(store) == before

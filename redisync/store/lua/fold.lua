@@ -36,7 +36,7 @@ local sunpack, spack -- struct's unpack and pack, taken at the first call (see s
 -- One fold's own state. fold() sets it at the start of each call and the helpers below read it:
 -- they are made once, when the library loads, not at every call (a closure costs ~500 instructions
 -- per variable it captures each time it is made), and the server runs one call at a time.
-local KEYS, ARGV, prefix, meta, shard, inc, seq, floor, resume
+local KEYS, ARGV, run, meta, shard, inc, seq, floor, resume
 local nkeys, fleet_version, cur, now_s, now, server, epoch
 
 local function reject(reason, key, detail)
@@ -44,7 +44,7 @@ local function reject(reason, key, detail)
   -- bytes of the refused report's payloads
   local caps = redis.call('HMGET', KEYS[1], 'dead_letter_maxlen', 'dead_letter_max_bytes')
   local maxlen = tonumber(caps[1]) or 10000
-  local entry = {'XADD', prefix .. 'dead', 'MAXLEN', '~', maxlen, '*',
+  local entry = {'XADD', run.dead, 'MAXLEN', '~', maxlen, '*',
     'reason', reason, 'key', key, 'detail', detail, 'shard', shard, 'incarnation', inc, 'seq', seq}
   local budget = math.min(tonumber(meta[3]) or 1048576, math.floor((tonumber(caps[2]) or 67108864) / maxlen))
   for i = 7, #ARGV, 2 do
@@ -54,7 +54,7 @@ local function reject(reason, key, detail)
     entry[#entry + 1] = 'report:' .. name
     entry[#entry + 1] = payload
   end
-  local kind = redis.call('TYPE', prefix .. 'dead')['ok']
+  local kind = redis.call('TYPE', run.dead)['ok']
   if kind ~= 'none' and kind ~= 'stream' then
     return {'rejected', reason, key, detail .. ' (not recorded: the dead-letter key is a ' .. kind .. ')'}
   end
@@ -602,6 +602,14 @@ end
 -- slots, the reads of the stored sums, the proof that the sums about to be re-made were right, and
 -- the sums themselves (the fused pass).
 
+-- The merge key's working state, one table for every fold of the VM (its four steps run one key at a
+-- time, and merge_live sets every field the others read before they run: a table made per fold
+-- costs its size each time, and a collection step later)
+local WORK = {count_size = false, size = false, width = false, name = false, payload = false, km = false,
+  me = false, sumsq = false, idname = false, was_writer = false, prior = false, rebuild = false, myq = false,
+  live = false, tsub = false, subs = false, ends = false, groups = false, gorder = false, tgroup = false,
+  qstored = false, own_counts = false, slots = false, got = false, gread = false, redo = false, resum = false,
+  retired = false}
 -- the writers and the live slots after this fold, by sub-group and group
 local function merge_live(item, spec, width) -- nil and the key's working state, or the rejection
   local name, payload, km = item.name, item.payload, item.meta
@@ -719,12 +727,12 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   local tgroup = {}
   for q in pairs(tsub) do tgroup[(q - q % SUBS) / SUBS] = true end
 
-  return nil, {
-    count_size = count_size, size = size, width = width, name = name, payload = payload, km = km, me = me,
-    sumsq = sumsq, idname = idname, was_writer = was_writer, prior = prior,
-    rebuild = rebuild, myq = myq, live = live, tsub = tsub, subs = subs, ends = ends, groups = groups,
-    gorder = gorder, tgroup = tgroup,
-  }
+  local k = WORK
+  k.count_size, k.size, k.width, k.name, k.payload, k.km, k.me, k.sumsq, k.idname, k.was_writer, k.prior,
+    k.rebuild, k.myq, k.live, k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup =
+    count_size, size, width, name, payload, km, me, sumsq, idname, was_writer, prior,
+    rebuild, myq, live, tsub, subs, ends, groups, gorder, tgroup
+  return nil, k
 end
 
 -- what the fold reads of the data hash, and the history this fold retires
@@ -1007,6 +1015,46 @@ local function apply_maximum(item)
   redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s)
 end
 
+-- A run's key names, by its meta key; checked and made once per Lua VM (a pattern match and four
+-- strings made at every fold otherwise). nil for a key that is not a run's meta key.
+local RUNS, nruns = {}, 0
+local function run_keys(meta_key)
+  local names = RUNS[meta_key or '']
+  if names then return names end
+  local id = string.match(meta_key or '', '^redisync:{([%w_%.:%-]+)}:meta$')
+  if not id or #id > 128 then return nil end
+  local p = 'redisync:{' .. id .. '}:'
+  names = {shards = p .. 'shards', reports = p .. 'reports', dead = p .. 'dead', versions = p .. 'versions',
+    key = p .. 'key:', data = p .. 'data:'}
+  if nruns >= 256 then RUNS, nruns = {}, 0 end -- (a bound on what the VM keeps)
+  RUNS[meta_key], nruns = names, nruns + 1
+  return names
+end
+
+-- Whether km and kd are the run's key-meta and data hashes of the key name; a pair found right is
+-- remembered (by its meta hash) for the VM's later folds.
+local PAIRS, npairs = {}, 0
+local function key_pair(km, kd, name)
+  local known = PAIRS[km]
+  if known and known[1] == kd and known[2] == name then return true end
+  if km ~= run.key .. name or kd ~= run.data .. name then return false end
+  if npairs >= 4096 then PAIRS, npairs = {}, 0 end
+  PAIRS[km], npairs = {kd, name}, npairs + 1
+  return true
+end
+
+-- Shard ids and incarnations found well-formed, remembered for the VM's later folds (a pattern match
+-- per fold otherwise): each set keeps at most 4096 (SIZES counts them).
+local SHARD_IDS, INCARNATIONS, SIZES = {}, {}, {}
+local function remember(set, s)
+  local n = SIZES[set] or 0
+  if n >= 4096 then
+    for k in pairs(set) do set[k] = nil end
+    n = 0
+  end
+  set[s], SIZES[set] = true, n + 1
+end
+
 -- each semantics' check and apply, by name (fold() dispatches every key through them)
 local CHECKS = {broadcast = check_broadcast, merge = check_merge, maximum = check_maximum}
 local APPLIES = {broadcast = apply_broadcast, merge = apply_merge, maximum = apply_maximum}
@@ -1014,11 +1062,8 @@ local APPLIES = {broadcast = apply_broadcast, merge = apply_merge, maximum = app
 local function fold(keys, args)
   KEYS, ARGV = keys, args
   if not sunpack then local struct = struct_library(); sunpack, spack = struct.unpack, struct.pack end
-  local run = string.match(KEYS[1] or '', '^redisync:{([%w_%.:%-]+)}:meta$')
-  if not run or #run > 128 then
-    return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'}
-  end
-  prefix = 'redisync:{' .. run .. '}:'
+  run = run_keys(KEYS[1])
+  if not run then return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'} end
 
   meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'fleet_version',
     'server', 'stream_payloads')
@@ -1028,18 +1073,24 @@ local function fold(keys, args)
 
 
   -- the envelope -------------------------------------------------------------------------------
-  if KEYS[2] ~= prefix .. 'shards' or KEYS[3] ~= prefix .. 'reports' or KEYS[4] ~= prefix .. 'dead' then
+  if KEYS[2] ~= run.shards or KEYS[3] ~= run.reports or KEYS[4] ~= run.dead then
     return reject('malformed', '', 'KEYS[2..4] are not this run\'s shards, reports and dead-letter keys')
   end
   if ARGV[1] ~= meta[2] then
     return reject('schema_mismatch', '', 'the report was made against schema ' .. tostring(ARGV[1]) ..
       ', the run is registered with ' .. tostring(meta[2]))
   end
-  if not string.match(shard, '^%d+$') or #shard > 9 or (#shard > 1 and string.sub(shard, 1, 1) == '0') then
-    return reject('malformed', '', 'shard id must be a decimal integer, got ' .. string.format('%q', shard))
+  if not SHARD_IDS[shard] then
+    if not string.match(shard, '^%d+$') or #shard > 9 or (#shard > 1 and string.sub(shard, 1, 1) == '0') then
+      return reject('malformed', '', 'shard id must be a decimal integer, got ' .. string.format('%q', shard))
+    end
+    remember(SHARD_IDS, shard)
   end
-  if not string.match(inc, '^[1-9]%d*$') or #inc > 20 then
-    return reject('malformed', '', 'incarnation must be a positive decimal integer, got ' .. string.format('%q', inc))
+  if not INCARNATIONS[inc] then
+    if not string.match(inc, '^[1-9]%d*$') or #inc > 20 then
+      return reject('malformed', '', 'incarnation must be a positive decimal integer, got ' .. string.format('%q', inc))
+    end
+    remember(INCARNATIONS, inc)
   end
   if not string.match(seq, '^%d+$') or #seq > 15 then
     return reject('malformed', '', 'seq must be a decimal integer below 1e15, got ' .. string.format('%q', seq))
@@ -1097,7 +1148,7 @@ local function fold(keys, args)
     if seen[name] then return reject('malformed', name, 'key reported twice') end
     seen[name] = true
     local km, kd = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
-    if km ~= prefix .. 'key:' .. name or kd ~= prefix .. 'data:' .. name then
+    if not key_pair(km, kd, name) then
       return reject('malformed', name, 'KEYS do not match the reported key names')
     end
     -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
@@ -1169,7 +1220,7 @@ local function fold(keys, args)
   redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s, shard .. ':seen', floor,
     shard .. ':made', fv)
 
-  redis.call('PUBLISH', prefix .. 'versions', fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
+  redis.call('PUBLISH', run.versions, fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)
 
   local reply = {'applied', fleet_version, now_s, epoch}
