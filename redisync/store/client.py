@@ -330,6 +330,7 @@ def _declared_fields(name: str, spec: KeySpec) -> dict[str, str]:
         "shape": "x".join(map(str, spec.shape)) or "scalar",
         "size": str(spec.size),
         **spec.register_fields(),
+        "declared": spec.declared(),
     }
 
 
@@ -468,6 +469,7 @@ class Store:
                 fields.get("sumsq", 0),
                 fields.get("lifecycle", ""),
                 fields.get("lease_grace_s", ""),
+                spec.declared(),
             ]
         reply = self._call(self.scripts.register, self._key_hashes(schema), args)
         if _b(reply[0]) == "unknown_semantics":

@@ -249,7 +249,7 @@ def _register_args(schema: Schema, semantics: str) -> list:
     for name, spec in schema.keys.items():
         fields = spec.register_fields()
         args += [name, semantics, "x".join(map(str, spec.shape)) or "scalar", spec.size, spec.width]
-        args += [fields["owner"], fields["stale_after_s"], 0, 0, "", ""]
+        args += [fields["owner"], fields["stale_after_s"], 0, 0, "", "", spec.declared()]
     return args
 
 

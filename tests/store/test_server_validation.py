@@ -6,6 +6,7 @@ byte-identical to the one before, and the rejection in the dead-letter stream.
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -187,3 +188,38 @@ def test_what_a_fold_found_well_formed_vouches_for_nothing_else(run):
     with pytest.raises(errors.MalformedReport, match="KEYS"):
         parse_publish(forge(store, keys=other), [])
     assert state_bytes(store) == before
+
+
+def test_the_fold_reads_a_keys_declaration_from_one_field_as_registered(run):
+    """register.lua writes each key's declaration (``SpecBase.declared``) in one field; the fold
+    trusts it, parses a text once per Lua VM and reads a changed one anew: malformed, or not a merge
+    key's, it refuses the report and writes nothing; a run registered before the field existed folds
+    from the fields one by one."""
+    store, shard = run
+    for name, spec in SCHEMA.keys.items():
+        assert store.key_info(name)["declared"] == spec.declared()
+    assert SCHEMA.keys["obs/norm"].declared() == "5|1|2|||history|"
+    assert SCHEMA.keys["curriculum/scale"].declared() == "1|0|1||||0"
+    bins = store.keys.key_meta("motion/bin_failed")
+    good = {"motion/bin_failed": {"count": 1, "sum": [0.5, 0.25, 0.0, 1.0]}}
+    version = store.key_info("motion/bin_failed")["version"]
+    data = state_bytes(store)["data:motion/bin_failed"]
+    for text, error, detail in (
+        ("5|1|4|x|||", errors.CorruptState, "is not width|count_size"),
+        ("5|0|4||||", errors.CorruptState, "not a merge key's"),
+        ("5|1|3||||", errors.CorruptState, "not a merge key's"),
+        ("9|1|8||||", errors.ShapeMismatch, "payload is 40 bytes, the key needs 72"),
+    ):
+        store.redis.hset(bins, "declared", text)
+        with pytest.raises(error, match=re.escape(detail)):
+            shard.publish(good)
+        assert store.key_info("motion/bin_failed")["version"] == version
+        assert state_bytes(store)["data:motion/bin_failed"] == data
+    store.redis.hset(bins, "declared", "5|1|4||||")  # the same key, without its lifecycle: still a merge key
+    shard.publish(good)
+    assert list(store.fleet().keys["motion/bin_failed"].parts()["sum"]) == [0.5, 0.25, 0.0, 1.0]
+    store.redis.hdel(bins, "declared")  # as a run registered before the field existed
+    shard.publish({"motion/bin_failed": {"count": 2, "sum": [1.0, 1.0, 1.0, 1.0]}})
+    parts = store.fleet().keys["motion/bin_failed"].parts()
+    assert parts["count"] == 2.0
+    assert list(parts["sum"]) == [1.0, 1.0, 1.0, 1.0]

@@ -579,9 +579,9 @@ end
 -- (item: the key's name, payload, semantics, meta and data hashes and its next version.)
 
 -- broadcast: the owner's value replaces the key's.
-local function check_broadcast(item, spec, width)
-  local name, payload, km, kd = item.name, item.payload, item.meta, item.data
-  local owner = redis.call('HGET', km, 'owner')
+local function check_broadcast(item, spec, decl)
+  local name, payload, kd, width = item.name, item.payload, item.data, decl.width
+  local owner = decl.owner
   if owner ~= '' and owner ~= shard then
     return reject('not_owner', name, 'shard ' .. shard .. ' may not write a key owned by shard ' .. tostring(owner))
   end
@@ -609,18 +609,21 @@ local WORK = {count_size = false, size = false, width = false, name = false, pay
   me = false, sumsq = false, idname = false, was_writer = false, prior = false, rebuild = false, myq = false,
   live = false, tsub = false, subs = false, ends = false, groups = false, gorder = false, tgroup = false,
   qstored = false, own_counts = false, slots = false, got = false, gread = false, redo = false, resum = false,
-  retired = false}
+  retired = false, lifecycle = false}
 -- the writers and the live slots after this fold, by sub-group and group
-local function merge_live(item, spec, width) -- nil and the key's working state, or the rejection
+local function merge_live(item, spec, decl) -- nil and the key's working state, or the rejection
   local name, payload, km = item.name, item.payload, item.meta
-  local count_size, size = tonumber(spec[3]), tonumber(spec[4])
-  if not count_size or not size then return reject('corrupt_state', name, 'the key\'s count_size or size is missing') end
+  local width, count_size, size = decl.width, decl.count_size, decl.size
+  local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
+  if count_size < 1 or (width ~= count_size + size and not sumsq) then
+    return reject('corrupt_state', name, 'the key\'s declaration is not a merge key\'s (width ' .. width ..
+      ', count_size ' .. count_size .. ', size ' .. size .. ')')
+  end
   item.width, item.count_size, item.size = width, count_size, size
-  local stale, me = tonumber(spec[8]), shard + 0
+  local stale, me = decl.stale, shard + 0
   -- a slot not refreshed for stale_after_s leaves a state key; a history key keeps it (its samples
   -- stay counted, as a fresh restart would retire them: the same whichever shard's fold notices it)
-  if stale and redis.call('HGET', km, 'lifecycle') ~= 'state' then stale = nil end
-  local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
+  if decl.lifecycle ~= 'state' then stale = nil end
   -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
   -- sub-groups and groups are made once each, and loops over lists count)
   local idname = {[me] = shard}
@@ -630,8 +633,8 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   -- per writer is what made a fold cost more with every live slot)
   local ids, was_writer, last = {}, false, -1
   local nids, prior = 0, {} -- prior: the ids that wrote before this fold, ascending (this shard among them)
-  local odd = string.find(spec[6] or '', '[^%d,]')
-  for w in string.gmatch(spec[6] or '', '[^,]+') do
+  local odd = string.find(spec[4] or '', '[^%d,]')
+  for w in string.gmatch(spec[4] or '', '[^,]+') do
     local id = (not odd and w + 0) or tonumber(w)
     if not id or id <= last or (odd and string.find(w, '%D')) then
       return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
@@ -651,7 +654,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   -- lease ran out (it lived on: whichever fold comes first, the slot's fate is the same); a shard
   -- that never leased is not judged. (When each slot was written is read for those shards only:
   -- usually none.)
-  local grace, lapsed = tonumber(spec[10]), NONE
+  local grace, lapsed = decl.grace, NONE
   if grace and nids > 0 then
     lapsed = {}
     local lf = {}
@@ -673,7 +676,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
   -- lapsed, stops weighting the fleet); the sub-groups whose members change are re-made, and so
   -- are their groups
-  local rebuild = spec[9] ~= LAYOUT
+  local rebuild = spec[6] ~= LAYOUT
   item.rebuild = rebuild
   item.forget = {}
   -- (sub-groups and groups by integer arithmetic: math.floor is a C call)
@@ -699,7 +702,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   end
   if not mine_added then nlive = nlive + 1; live[nlive] = me end
   -- (the writers as stored when they did not change: this shard among them, none dropped)
-  item.was, item.incarnation, item.writers = spec[6], spec[7], spec[6]
+  item.was, item.incarnation, item.writers = spec[4], spec[5], spec[4]
   if not was_writer or #item.forget > 0 then
     local names = {}
     for k = 1, nlive do names[k] = idname[live[k]] end
@@ -728,6 +731,7 @@ local function merge_live(item, spec, width) -- nil and the key's working state,
   for q in pairs(tsub) do tgroup[(q - q % SUBS) / SUBS] = true end
 
   local k = WORK
+  k.lifecycle = decl.lifecycle
   k.count_size, k.size, k.width, k.name, k.payload, k.km, k.me, k.sumsq, k.idname, k.was_writer, k.prior,
     k.rebuild, k.myq, k.live, k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup =
     count_size, size, width, name, payload, km, me, sumsq, idname, was_writer, prior,
@@ -738,9 +742,9 @@ end
 -- what the fold reads of the data hash, and the history this fold retires
 local function merge_read(item, spec, resumed, k)
   local count_size, size, width, name, payload, me, sumsq, idname, rebuild, live, tsub, subs, ends,
-    groups, gorder, tgroup, km =
+    groups, gorder, tgroup =
     k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.rebuild, k.live,
-      k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup, k.km
+      k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup
   -- What the fold reads of the data hash, in as few HMGETs as the stored sums allow (one, unless a
   -- sum is missing): the history; this shard's count record (and its previous slot, when a new
   -- incarnation retires it); every live group's sum, or of a touched group (re-made) its count
@@ -750,7 +754,7 @@ local function merge_read(item, spec, resumed, k)
   local whole, part = width * 8, count_size * 8
   local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {[me] = payload}}
   local got, slots = plan.got, plan.slots
-  local retiring = spec[7] and spec[7] ~= inc and not resumed and redis.call('HGET', km, 'lifecycle') ~= 'state'
+  local retiring = spec[5] and spec[5] ~= inc and not resumed and k.lifecycle ~= 'state'
   local own_field = 'slot:' .. shard
   ask(plan, 'retired', whole)
   ask(plan, 'counts:' .. own_field, part)
@@ -953,8 +957,8 @@ local function merge_sums(item, k)
   item.agg = agg
 end
 
-local function check_merge(item, spec, width, resumed)
-  local bad, k = merge_live(item, spec, width)
+local function check_merge(item, spec, decl, resumed)
+  local bad, k = merge_live(item, spec, decl)
   if bad then return bad end
   return merge_read(item, spec, resumed, k) or merge_prove(item, k) or merge_sums(item, k)
 end
@@ -981,8 +985,8 @@ end
 
 -- maximum: the element-wise maximum of the stored value and the payload (a value that is not greater
 -- keeps the stored one, bit for bit); the key's version moves only when the value grows.
-local function check_maximum(item, spec, width)
-  local name, payload = item.name, item.payload
+local function check_maximum(item, spec, decl)
+  local name, payload, width = item.name, item.payload, decl.width
   local why = check_payload(name, payload, width, 0, width)
   if why then return reject(why[1], why[2], why[3]) end
   local stored = redis.pcall('HGET', item.data, 'value')
@@ -1053,6 +1057,33 @@ local function remember(set, s)
     n = 0
   end
   set[s], SIZES[set] = true, n + 1
+end
+
+-- A key's declaration (the key-meta field 'declared', written at registration from the schema:
+-- width|count_size|size|stale_after_s|lease_grace_s|lifecycle|owner), parsed once per Lua VM and
+-- remembered by its own text, so a declaration changed in the store is read and checked anew. nil
+-- for one that is not well-formed. (A run registered before the field existed: its fields one by one.)
+local DECLARED, ndeclared = {}, 0
+local function declaration(text, km)
+  if not text then
+    local f = redis.pcall('HMGET', km, 'width', 'count_size', 'size', 'stale_after_s', 'lease_grace_s',
+      'lifecycle', 'owner')
+    if f['err'] then return nil end
+    for i = 1, 7 do f[i] = f[i] or '' end
+    if f[2] == '' then f[2] = '0' end
+    text = f[1] .. '|' .. f[2] .. '|' .. f[3] .. '|' .. f[4] .. '|' .. f[5] .. '|' .. f[6] .. '|' .. f[7]
+  end
+  local decl = DECLARED[text]
+  if decl then return decl end
+  local width, count_size, size, stale, grace, lifecycle, owner =
+    string.match(text, '^([1-9]%d*)|(%d+)|([1-9]%d*)|([^|]*)|([^|]*)|(%l*)|(%d*)$')
+  if not width or #width > 9 or #count_size > 9 or #size > 9 then return nil end
+  decl = {width = width + 0, count_size = count_size + 0, size = size + 0, stale = tonumber(stale),
+    grace = tonumber(grace), lifecycle = lifecycle, owner = owner}
+  if (stale ~= '' and not decl.stale) or (grace ~= '' and not decl.grace) then return nil end
+  if ndeclared >= 4096 then DECLARED, ndeclared = {}, 0 end
+  DECLARED[text], ndeclared = decl, ndeclared + 1
+  return decl
 end
 
 -- each semantics' check and apply, by name (fold() dispatches every key through them)
@@ -1152,13 +1183,17 @@ local function fold(keys, args)
       return reject('malformed', name, 'KEYS do not match the reported key names')
     end
     -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
-    -- (what every fold needs; what only some need (owner, lifecycle) is read where they are)
-    local spec = redis.pcall('HMGET', km, 'semantics', 'width', 'count_size', 'size', 'version', 'writers',
-      'slot:' .. shard .. ':incarnation', 'stale_after_s', 'sums_layout', 'lease_grace_s')
+    local spec = redis.pcall('HMGET', km, 'semantics', 'declared', 'version', 'writers',
+      'slot:' .. shard .. ':incarnation', 'sums_layout')
     if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
     if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
-    local width, version = tonumber(spec[2]), tonumber(spec[5])
-    if not width or not version then return reject('corrupt_state', name, 'the key\'s width or version is missing') end
+    local decl, version = declaration(spec[2], km), tonumber(spec[3])
+    if not decl then
+      return reject('corrupt_state', name, 'the key\'s declaration ' .. string.format('%q', tostring(spec[2])) ..
+        ' is not width|count_size|size|stale_after_s|lease_grace_s|lifecycle|owner')
+    end
+    if not version then return reject('corrupt_state', name, 'the key\'s version is missing') end
+    local width = decl.width
     if #payload ~= width * 8 then
       return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
         ' (' .. width .. ' float64)')
@@ -1173,7 +1208,7 @@ local function fold(keys, args)
     if not check_key then
       return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
     end
-    local bad = check_key(item, spec, width, resumed)
+    local bad = check_key(item, spec, decl, resumed)
     if bad then return bad end
     items[i] = item
   end

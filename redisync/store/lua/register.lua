@@ -7,9 +7,10 @@
 -- ARGV[3]          a fresh epoch id (used only when the run is created)
 -- ARGV[4], [5], [6], [7], [8] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen, stream_payloads
 --                  ('1' or '0'), dead_letter_max_bytes
--- ARGV[9 + 11(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
+-- ARGV[9 + 12(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
 --                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state'), lease_grace_s ('': none;
---                  the fold reads it for state keys only)
+--                  the fold reads it for state keys only), declared (what the fold reads of them, in one
+--                  field: see SpecBase.declared)
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
 --       | {'unknown_semantics', key, detail}   a key of a semantics these scripts do not know
 --       | {'no_info', error}   the caller's role may not run INFO, without which the folds could not
@@ -25,9 +26,9 @@ local function register(KEYS, ARGV)
   -- the semantics fold.lua knows (its CHECKS and APPLIES): a schema with another is refused whole
   local KNOWN = {broadcast = true, merge = true, maximum = true}
   for i = 1, (#KEYS - 1) / 2 do
-    local semantics = ARGV[9 + 11 * (i - 1) + 1]
+    local semantics = ARGV[9 + 12 * (i - 1) + 1]
     if not KNOWN[semantics] then
-      return {'unknown_semantics', tostring(ARGV[9 + 11 * (i - 1)]), 'semantics ' ..
+      return {'unknown_semantics', tostring(ARGV[9 + 12 * (i - 1)]), 'semantics ' ..
         string.format('%q', tostring(semantics)) .. ' is not one this server\'s scripts know'}
     end
   end
@@ -44,11 +45,11 @@ local function register(KEYS, ARGV)
     'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
     'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8])
   for i = 1, nkeys do
-    local a = 9 + 11 * (i - 1)
+    local a = 9 + 12 * (i - 1)
     local name, semantics, shape, size, width, owner, stale =
       ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
-    redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'shape', shape, 'size', size,
-      'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
+    redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'declared', ARGV[a + 11], 'shape', shape,
+      'size', size, 'width', width, 'owner', owner, 'stale_after_s', stale, 'version', 0, 'updated_at_us', now)
     if semantics == 'merge' then
       redis.call('HSET', KEYS[2 * i], 'writers', '', 'count_size', ARGV[a + 7], 'sumsq', ARGV[a + 8],
         'lifecycle', ARGV[a + 9], 'lease_grace_s', ARGV[a + 9] == 'state' and ARGV[a + 10] or '')

@@ -130,6 +130,23 @@ class SpecBase(BaseModel):
         where the semantics has none, and what the semantics adds."""
         return {"owner": "", "stale_after_s": ""}
 
+    def declared(self) -> str:
+        """The key's declaration as the fold reads it, one key-meta field (``declared``) instead of
+        seven: ``width|count_size|size|stale_after_s|lease_grace_s|lifecycle|owner`` (each field
+        read costs the fold about 2 400 instructions; it parses a declaration once per Lua VM)."""
+        fields = self.register_fields()
+        return "|".join(
+            [
+                str(self.width),
+                fields.get("count_size", "0"),
+                str(self.size),
+                fields["stale_after_s"],
+                fields.get("lease_grace_s", ""),
+                fields.get("lifecycle", ""),
+                fields["owner"],
+            ]
+        )
+
     @abstractmethod
     def check_payload(self, payload: Vector) -> str | None:
         """The fold's check of a payload's values, element by element in payload order: the
