@@ -88,7 +88,10 @@ w("""local function fold_values(name, payload, width, cs, size, sumsq, tree)
   local counts = {}
   local head = width % BLOCK
   local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true, head = head}
-  if head > 0 then
+  if head == 1 then
+    local why, of_agg = fold_head1(st, payload, tree, single)
+    if why then return nil, why, of_agg end
+  elseif head > 0 then
     local why, of_agg = fold_head(st, payload, tree, single, head)
     if why then return nil, why, of_agg end
   end

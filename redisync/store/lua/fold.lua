@@ -373,6 +373,48 @@ local function fold_head(st, payload, tree, single, len)
   return check(st, 0, len, p, c)
 end
 
+-- The head of one value (a merge key with one count and a size that is a whole number of blocks:
+-- the usual layout), as fold_head makes it, in scalars: the same additions in the same order, no
+-- table per sum.
+local function fold_head1(st, payload, tree, single)
+  local p, c = sunpack('<d', payload, 1), 0.0
+  for ti = 1, #tree do
+    local term = tree[ti]
+    local parts = term.parts
+    if parts then
+      local g, packed = 0.0, nil
+      for pi = 1, #parts do
+        local part = parts[pi]
+        local members = part.members
+        if members then
+          local a = 0.0
+          for mi = 1, #members do
+            local s = members[mi]
+            if s == true then a = a + p else a = a + sunpack('<d', s, 1) end
+          end
+          packed = spack('<d', a)
+          part.out[1] = packed
+          if term.lone then g = a else g = g + a end
+        else
+          g = g + sunpack('<d', part.stored, 1)
+        end
+      end
+      if not term.lone then packed = spack('<d', g) end
+      term.out[1] = packed
+      if single then c = g else c = c + g end
+    else
+      c = c + sunpack('<d', term.stored, 1)
+    end
+  end
+  st.aggs[1] = single and tree[1].out[1] or spack('<d', c)
+  if st.cs == 1 and not (p - p ~= 0 or p < 0 or c - c ~= 0) then -- the count, clean: what check would record
+    st.counts[1] = c
+    if c > 0 and c < 1 then st.ok = false end
+    return nil
+  end
+  return check(st, 0, 1, {p}, {c})
+end
+
 -- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
 -- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
 -- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
@@ -396,7 +438,10 @@ local function fold_values(name, payload, width, cs, size, sumsq, tree)
   local counts = {}
   local head = width % BLOCK
   local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true, head = head}
-  if head > 0 then
+  if head == 1 then
+    local why, of_agg = fold_head1(st, payload, tree, single)
+    if why then return nil, why, of_agg end
+  elseif head > 0 then
     local why, of_agg = fold_head(st, payload, tree, single, head)
     if why then return nil, why, of_agg end
   end
@@ -1086,6 +1131,19 @@ local function declaration(text, km)
   return decl
 end
 
+-- The reported keys' items (what each key's check leaves for its apply), one table per position in
+-- the report for every fold of the VM: the fold sets every field of the ones it uses before a check
+-- reads them (a table made per key per fold costs its size, and a collection step later), and lets
+-- go of the vectors once it has written them.
+local ITEMS = {}
+local function let_go(n)
+  for i = 1, n do
+    local item = ITEMS[i]
+    item.payload, item.retired, item.sums, item.agg, item.value, item.idname = false, false, false, false, false, false
+  end
+  WORK.payload, WORK.slots, WORK.got, WORK.qstored, WORK.retired = false, false, false, false, false
+end
+
 -- each semantics' check and apply, by name (fold() dispatches every key through them)
 local CHECKS = {broadcast = check_broadcast, merge = check_merge, maximum = check_maximum}
 local APPLIES = {broadcast = apply_broadcast, merge = apply_merge, maximum = apply_maximum}
@@ -1172,7 +1230,7 @@ local function fold(keys, args)
   if server and meta[6] and meta[6] ~= '' and meta[6] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
 
   -- validate and compute every key before writing anything (a report applies all or none) ------------
-  local items, seen = {}, {}
+  local items, seen = ITEMS, {}
   for i = 1, nkeys do
     local name, payload = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
     local resumed = string.sub(resume, i, i) == '1'
@@ -1198,19 +1256,20 @@ local function fold(keys, args)
       return reject('shape', name, 'payload is ' .. #payload .. ' bytes, the key needs ' .. (width * 8) ..
         ' (' .. width .. ' float64)')
     end
-    -- (every field the check and the apply may set is made here, so the table is sized once: a
-    -- Lua table that grows is made again, its fields hashed anew)
-    local item = {name = name, payload = payload, semantics = spec[1], meta = km, data = kd, version = version + 1,
-      width = false, count_size = false, size = false, rebuild = false, forget = false, lapsed = false,
-      was = false, incarnation = false, writers = false, idname = false, retired = false, emptied = false,
-      sums = false, agg = false, value = false, unchanged = false}
+    -- (every field the check and the apply may set is set here: the table is the VM's, see ITEMS)
+    local item = ITEMS[i]
+    if not item then item = {}; ITEMS[i] = item end
+    item.name, item.payload, item.semantics, item.meta, item.data, item.version = name, payload, spec[1], km, kd,
+      version + 1
+    item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
+      item.writers, item.idname, item.retired, item.emptied, item.sums, item.agg, item.value, item.unchanged =
+      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
     local check_key = CHECKS[spec[1]]
     if not check_key then
       return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
     end
     local bad = check_key(item, spec, decl, resumed)
     if bad then return bad end
-    items[i] = item
   end
 
   -- apply ------------------------------------------------------------------------------------------
@@ -1258,6 +1317,7 @@ local function fold(keys, args)
   redis.call('PUBLISH', run.versions, fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)
 
+  let_go(nkeys)
   local reply = {'applied', fleet_version, now_s, epoch}
   for i = 1, nkeys do reply[4 + i] = versions[i] end
   return reply
