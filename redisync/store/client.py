@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import redis
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -29,6 +29,7 @@ from . import codec, library
 from .keys import RunKeys
 from .library import Function, Library
 from .schema import KeySpec, Limits, Schema, encode_reports
+from .semantics.base import first_error
 
 ENV_URL = "REDISYNC_URL"
 EMBEDDED = "embedded"
@@ -301,6 +302,23 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
     for field in ("fleet_version", "max_report_bytes", "stream_maxlen", "dead_letter_maxlen"):
         if not _b(meta.get(field, b"")).isdigit():
             raise bad("hash 'meta'", f"{field} is missing or not a whole number")
+    # the limits as the fold reads them, made from the fields beside it (a snapshot taken before the
+    # field existed has none)
+    dead_bytes = _b(meta.get("dead_letter_max_bytes", b""))
+    try:
+        meta["limits"] = (
+            Limits(
+                max_report_bytes=int(meta["max_report_bytes"]),
+                stream_maxlen=int(meta["stream_maxlen"]),
+                dead_letter_maxlen=int(meta["dead_letter_maxlen"]),
+                stream_payloads=_b(meta.get("stream_payloads", b"0")) == "1",
+                **({"dead_letter_max_bytes": int(dead_bytes)} if dead_bytes.isdigit() else {}),
+            )
+            .packed()
+            .encode()
+        )
+    except ValidationError as e:
+        raise bad("hash 'meta'", f"the limits: {first_error(e)}") from None
     expected = {"meta", "shards"} | {f"{kind}:{name}" for name in schema.keys for kind in ("key", "data")}
     if set(hashes) - expected:
         raise bad("the hashes", f"unknown hashes {sorted(set(hashes) - expected)}")
@@ -454,6 +472,7 @@ class Store:
             limits.dead_letter_maxlen,
             int(limits.stream_payloads),
             limits.dead_letter_max_bytes,
+            limits.packed(),
         ]
         for name, spec in schema.keys.items():
             fields = spec.register_fields()

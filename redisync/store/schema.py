@@ -78,6 +78,14 @@ class Limits(BaseModel):
     # audit trail costs a copy of every report in Redis' memory and in the fold's time)
     stream_payloads: bool = False
 
+    def packed(self) -> str:
+        """The limits as the fold reads them, one run-meta field (``limits``) instead of five:
+        ``max_report_bytes|stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes``."""
+        return (
+            f"{self.max_report_bytes}|{self.stream_maxlen}|{int(self.stream_payloads)}|"
+            f"{self.dead_letter_maxlen}|{self.dead_letter_max_bytes}"
+        )
+
 
 class Schema(BaseModel):
     """All key specs of a run. Registering stores it; the first registration wins."""

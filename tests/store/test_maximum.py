@@ -245,7 +245,17 @@ def test_a_semantics_the_scripts_do_not_know_is_an_error_everywhere(backend):
 
 def _register_args(schema: Schema, semantics: str) -> list:
     """register.lua's arguments for ``schema`` with every key's semantics replaced."""
-    args: list = [schema.canonical_json(), schema.digest, "e", 1 << 20, 100, 100, 0, 1 << 20]
+    args: list = [
+        schema.canonical_json(),
+        schema.digest,
+        "e",
+        1 << 20,
+        100,
+        100,
+        0,
+        1 << 20,
+        "1048576|100|0|100|1048576",
+    ]
     for name, spec in schema.keys.items():
         fields = spec.register_fields()
         args += [name, semantics, "x".join(map(str, spec.shape)) or "scalar", spec.size, spec.width]

@@ -103,7 +103,7 @@ def test_forged_reports_are_refused_and_change_nothing(run, case):
     store, _ = run
     kwargs, reason, key = CASES[case]
     if case == "too large":  # 80 bytes of valid payload against a 50-byte limit
-        store.redis.hset(store.keys.meta, "max_report_bytes", 50)
+        store.redis.hset(store.keys.meta, "limits", Limits(max_report_bytes=50).packed())
     if case == "missing payload":
         k = store.keys
         kwargs = dict(
@@ -223,3 +223,30 @@ def test_the_fold_reads_a_keys_declaration_from_one_field_as_registered(run):
     parts = store.fleet().keys["motion/bin_failed"].parts()
     assert parts["count"] == 2.0
     assert list(parts["sum"]) == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_the_fold_reads_the_runs_limits_from_one_field_as_registered(run):
+    """The run's limits are one meta field (``Limits.packed``) the fold parses once per Lua VM and
+    reads anew when changed; a run registered before the field existed folds with the fields one by
+    one; a snapshot without it is restored with it, made from the fields beside it."""
+    store, shard = run
+    meta = store.keys.meta
+    assert store.run_info()["limits"] == Limits(max_report_bytes=1000).packed() == "1000|1000|0|10000|67108864"
+    good = {"motion/bin_failed": {"count": 1, "sum": [0.5, 0.25, 0.0, 1.0]}}
+    store.redis.hset(meta, "limits", Limits(max_report_bytes=39).packed())
+    with pytest.raises(errors.PayloadTooLarge, match="exceeds max_report_bytes=39"):
+        shard.publish(good)
+    store.redis.hset(meta, "limits", Limits(max_report_bytes=40, stream_maxlen=3, stream_payloads=True).packed())
+    shard.publish(good)
+    newest = store.redis.xrevrange(store.keys.reports, count=1)[0][1]
+    assert newest[b"report:motion/bin_failed"] == encode([np.ones(1), np.array([0.5, 0.25, 0.0, 1.0])])
+    snap = store.snapshot()
+    store.redis.hdel(meta, "limits")  # as a run registered before the field existed: max_report_bytes 1000
+    shard.publish(good)
+    assert store.redis.xrevrange(store.keys.reports, count=1)[0][1][b"report:motion/bin_failed"] == b"40 bytes"
+    store.redis.hset(meta, "max_report_bytes", 39)
+    with pytest.raises(errors.PayloadTooLarge, match="exceeds max_report_bytes=39"):
+        shard.publish(good)
+    del snap.hashes["meta"]["limits"]
+    store.restore(snap)
+    assert store.run_info()["limits"] == "1000|1000|0|10000|67108864"  # from the snapshot's own fields

@@ -37,16 +37,39 @@ local sunpack, spack -- struct's unpack and pack, taken at the first call (see s
 -- they are made once, when the library loads, not at every call (a closure costs ~500 instructions
 -- per variable it captures each time it is made), and the server runs one call at a time.
 local KEYS, ARGV, run, meta, shard, inc, seq, floor, resume
-local nkeys, fleet_version, cur, now_s, now, server, epoch
+local nkeys, fleet_version, cur, now_s, now, server, epoch, limits
+
+-- The run's limits (the meta field 'limits', written at registration from Limits.packed():
+-- max_report_bytes|stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes), parsed
+-- once per Lua VM and remembered by their own text. What is missing or not a number reads as it
+-- always has: no report fits, a stream of 1000, no payloads, 10 000 dead letters of 64 MiB in all.
+-- (A run registered before the field existed: its fields one by one.)
+local LIMITS, nlimits = {}, 0
+local function run_limits(text)
+  if not text then
+    local f = redis.call('HMGET', KEYS[1], 'max_report_bytes', 'stream_maxlen', 'stream_payloads',
+      'dead_letter_maxlen', 'dead_letter_max_bytes')
+    text = (f[1] or '') .. '|' .. (f[2] or '') .. '|' .. (f[3] or '') .. '|' .. (f[4] or '') .. '|' .. (f[5] or '')
+  end
+  local l = LIMITS[text]
+  if l then return l end
+  local max_bytes, maxlen, payloads, dead_maxlen, dead_bytes =
+    string.match(text, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  l = {max_report_bytes = tonumber(max_bytes) or 0, max_report_text = max_bytes or text,
+    stream_maxlen = maxlen and string.match(maxlen, '^%d+$') and maxlen or '1000', stream_payloads = payloads == '1',
+    dead_letter_maxlen = tonumber(dead_maxlen) or 10000, dead_letter_max_bytes = tonumber(dead_bytes) or 67108864}
+  if nlimits >= 256 then LIMITS, nlimits = {}, 0 end
+  LIMITS[text], nlimits = l, nlimits + 1
+  return l
+end
 
 local function reject(reason, key, detail)
   -- capped in entries and in bytes: an entry keeps at most dead_letter_max_bytes / dead_letter_maxlen
   -- bytes of the refused report's payloads
-  local caps = redis.call('HMGET', KEYS[1], 'dead_letter_maxlen', 'dead_letter_max_bytes')
-  local maxlen = tonumber(caps[1]) or 10000
+  local maxlen = limits.dead_letter_maxlen
   local entry = {'XADD', run.dead, 'MAXLEN', '~', maxlen, '*',
     'reason', reason, 'key', key, 'detail', detail, 'shard', shard, 'incarnation', inc, 'seq', seq}
-  local budget = math.min(tonumber(meta[3]) or 1048576, math.floor((tonumber(caps[2]) or 67108864) / maxlen))
+  local budget = math.min(limits.max_report_bytes, math.floor(limits.dead_letter_max_bytes / maxlen))
   for i = 7, #ARGV, 2 do
     local name, payload = ARGV[i], ARGV[i + 1] or ''
     if #payload > budget then payload = string.sub(payload, 1, budget); name = name .. ' (truncated)' end
@@ -1154,11 +1177,11 @@ local function fold(keys, args)
   run = run_keys(KEYS[1])
   if not run then return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'} end
 
-  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'max_report_bytes', 'stream_maxlen', 'fleet_version',
-    'server', 'stream_payloads')
+  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server')
   shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
   -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
   if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
+  limits = run_limits(meta[3])
 
 
   -- the envelope -------------------------------------------------------------------------------
@@ -1194,7 +1217,7 @@ local function fold(keys, args)
   if #resume ~= nkeys or string.find(resume, '[^01]') then
     return reject('malformed', '', 'ARGV[6] must hold one resume flag (0 or 1) per reported key')
   end
-  fleet_version = tonumber(meta[5])
+  fleet_version = tonumber(meta[4])
   if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
 
   -- duplicates, retries and zombies --------------------------------------------------------------
@@ -1214,8 +1237,8 @@ local function fold(keys, args)
 
   local total = 0
   for i = 1, nkeys do total = total + #ARGV[6 + 2 * i] end
-  if total > (tonumber(meta[3]) or 0) then
-    return reject('too_large', '', 'payload of ' .. total .. ' bytes exceeds max_report_bytes=' .. tostring(meta[3]))
+  if total > limits.max_report_bytes then
+    return reject('too_large', '', 'payload of ' .. total .. ' bytes exceeds max_report_bytes=' .. limits.max_report_text)
   end
 
   local t = redis.call('TIME')
@@ -1227,7 +1250,7 @@ local function fold(keys, args)
   -- re-publishes, and no (epoch, version) pair ever names two states.
   server = server_identity() -- (nil where the ACL denies INFO and no call has read it yet: the field stays)
   epoch = meta[1]
-  if server and meta[6] and meta[6] ~= '' and meta[6] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
+  if server and meta[5] and meta[5] ~= '' and meta[5] ~= server then epoch = string.sub(server, 1, 8) .. '-' .. now_s end
 
   -- validate and compute every key before writing anything (a report applies all or none) ------------
   local items, seen = ITEMS, {}
@@ -1279,14 +1302,12 @@ local function fold(keys, args)
   -- (numbers go to redis.call as decimal strings made once: Redis makes a string of a Lua number with
   -- a float printf, at every argument)
   local fv = string.format('%d', fleet_version)
-  local maxlen = meta[4]
-  if not maxlen or not string.match(maxlen, '^%d+$') then maxlen = '1000' end
-  local entry = {'XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*',
+  local entry = {'XADD', KEYS[3], 'MAXLEN', '~', limits.stream_maxlen, '*',
     'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fv}
   for i = 1, nkeys do
     -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
     entry[#entry + 1] = 'report:' .. items[i].name
-    entry[#entry + 1] = meta[7] == '1' and items[i].payload or #items[i].payload .. ' bytes'
+    entry[#entry + 1] = limits.stream_payloads and items[i].payload or #items[i].payload .. ' bytes'
   end
   local added = redis.pcall(unpack(entry))
   if type(added) == 'table' and added['err'] then
@@ -1304,8 +1325,8 @@ local function fold(keys, args)
 
   -- (what has not changed is not written again: the epoch and the server change with the server,
   -- an incarnation with the process)
-  if epoch ~= meta[1] or (server and server ~= meta[6]) then
-    redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[6] or '')
+  if epoch ~= meta[1] or (server and server ~= meta[5]) then
+    redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[5] or '')
   end
   redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s)
   if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end

@@ -7,7 +7,8 @@
 -- ARGV[3]          a fresh epoch id (used only when the run is created)
 -- ARGV[4], [5], [6], [7], [8] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen, stream_payloads
 --                  ('1' or '0'), dead_letter_max_bytes
--- ARGV[9 + 12(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
+-- ARGV[9]          the same limits in one field, as the fold reads them (Limits.packed)
+-- ARGV[10 + 12(i-1) ...] per key: name, semantics, shape ('4x3'), size, width, owner (''), stale_after_s (''),
 --                  count_size, sumsq ('1' or '0'), lifecycle ('history' or 'state'), lease_grace_s ('': none;
 --                  the fold reads it for state keys only), declared (what the fold reads of them, in one
 --                  field: see SpecBase.declared)
@@ -26,9 +27,9 @@ local function register(KEYS, ARGV)
   -- the semantics fold.lua knows (its CHECKS and APPLIES): a schema with another is refused whole
   local KNOWN = {broadcast = true, merge = true, maximum = true}
   for i = 1, (#KEYS - 1) / 2 do
-    local semantics = ARGV[9 + 12 * (i - 1) + 1]
+    local semantics = ARGV[10 + 12 * (i - 1) + 1]
     if not KNOWN[semantics] then
-      return {'unknown_semantics', tostring(ARGV[9 + 12 * (i - 1)]), 'semantics ' ..
+      return {'unknown_semantics', tostring(ARGV[10 + 12 * (i - 1)]), 'semantics ' ..
         string.format('%q', tostring(semantics)) .. ' is not one this server\'s scripts know'}
     end
   end
@@ -43,9 +44,10 @@ local function register(KEYS, ARGV)
   local nkeys = (#KEYS - 1) / 2
   redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
     'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
-    'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8])
+    'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8],
+    'limits', ARGV[9])
   for i = 1, nkeys do
-    local a = 9 + 12 * (i - 1)
+    local a = 10 + 12 * (i - 1)
     local name, semantics, shape, size, width, owner, stale =
       ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
     redis.call('HSET', KEYS[2 * i], 'name', name, 'semantics', semantics, 'declared', ARGV[a + 11], 'shape', shape,
