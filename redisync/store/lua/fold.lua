@@ -38,6 +38,7 @@ local sunpack, spack -- struct's unpack and pack, taken at the first call (see s
 -- per variable it captures each time it is made), and the server runs one call at a time.
 local KEYS, ARGV, run, meta, shard, inc, seq, floor, resume
 local nkeys, fleet_version, cur, now_s, now, server, epoch, limits
+local own -- the folding shard's field names (see shard_fields)
 
 -- The run's limits (the meta field 'limits', written at registration from Limits.packed():
 -- max_report_bytes|stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes), parsed
@@ -823,9 +824,9 @@ local function merge_read(item, spec, resumed, k)
   local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {[me] = payload}}
   local got, slots = plan.got, plan.slots
   local retiring = spec[5] and spec[5] ~= inc and not resumed and k.lifecycle ~= 'state'
-  local own_field = 'slot:' .. shard
+  local own_field = own.slot
   ask(plan, 'retired', whole)
-  ask(plan, 'counts:' .. own_field, part)
+  ask(plan, own.counts, part)
   if retiring then ask(plan, own_field, whole) end
   local gread = {}
   for k = 1, #gorder do
@@ -878,7 +879,7 @@ local function merge_read(item, spec, resumed, k)
   end
   for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. decimal(q)] end end
   if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
-  local retired, own_counts = got['retired'], got['counts:' .. own_field]
+  local retired, own_counts = got['retired'], got[own.counts]
   local old = retiring and got[own_field]
   if old then
     -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
@@ -985,7 +986,7 @@ local function merge_sums(item, k)
     return reject(why[1], why[2], why[3])
   end
   local cut = 8 * count_size
-  item.sums = {'counts:slot:' .. shard, string.sub(payload, 1, cut)}
+  item.sums = {own.counts, string.sub(payload, 1, cut)}
   -- (made: {field, its node, whether it is lone, whether it may be stored}; a group is lone when
   -- the aggregate has it alone, which is known once the tree is complete)
   local sums, emptied = item.sums, item.emptied
@@ -1042,13 +1043,12 @@ local function apply_merge(item)
   if lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
   if item.retired then redis.call('HSET', item.data, 'retired', item.retired) end
   if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
-  redis.call('HSET', item.data, 'agg', item.agg, 'slot:' .. shard, item.payload, unpack(item.sums))
+  redis.call('HSET', item.data, 'agg', item.agg, own.slot, item.payload, unpack(item.sums))
   if item.rebuild then redis.call('HSET', item.meta, 'sums_layout', LAYOUT) end
   if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
-  if item.incarnation ~= inc then redis.call('HSET', item.meta, 'slot:' .. shard .. ':incarnation', inc) end
+  if item.incarnation ~= inc then redis.call('HSET', item.meta, own.slot_incarnation, inc) end
   redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s,
-    'slot:' .. shard .. ':seq', seq,
-    'slot:' .. shard .. ':at_us', now_s)
+    own.slot_seq, seq, own.slot_at, now_s)
 end
 
 -- maximum: the element-wise maximum of the stored value and the payload (a value that is not greater
@@ -1103,28 +1103,40 @@ local function run_keys(meta_key)
   return names
 end
 
--- Whether km and kd are the run's key-meta and data hashes of the key name; a pair found right is
--- remembered (by its meta hash) for the VM's later folds.
+-- Whether km and kd are the run's key-meta and data hashes of the key name: nil, or {kd, name, the
+-- key's field in a report's stream entry}; a pair found right is remembered (by its meta hash) for
+-- the VM's later folds.
 local PAIRS, npairs = {}, 0
 local function key_pair(km, kd, name)
   local known = PAIRS[km]
-  if known and known[1] == kd and known[2] == name then return true end
-  if km ~= run.key .. name or kd ~= run.data .. name then return false end
+  if known and known[1] == kd and known[2] == name then return known end
+  if km ~= run.key .. name or kd ~= run.data .. name then return nil end
   if npairs >= 4096 then PAIRS, npairs = {}, 0 end
-  PAIRS[km], npairs = {kd, name}, npairs + 1
-  return true
+  known = {kd, name, 'report:' .. name}
+  PAIRS[km], npairs = known, npairs + 1
+  return known
 end
 
 -- Shard ids and incarnations found well-formed, remembered for the VM's later folds (a pattern match
--- per fold otherwise): each set keeps at most 4096 (SIZES counts them).
+-- per fold otherwise), a shard id with the names of its fields (a string made per fold otherwise):
+-- each set keeps at most 4096 (SIZES counts them).
 local SHARD_IDS, INCARNATIONS, SIZES = {}, {}, {}
-local function remember(set, s)
+local function remember(set, s, value)
   local n = SIZES[set] or 0
   if n >= 4096 then
     for k in pairs(set) do set[k] = nil end
     n = 0
   end
-  set[s], SIZES[set] = true, n + 1
+  set[s], SIZES[set] = value, n + 1
+end
+
+-- the names of a shard's fields: in a key's data hash (slot, counts) and meta hash (slot_*), and in
+-- the run's shards hash (the rest)
+local function shard_fields(id)
+  local slot = 'slot:' .. id
+  return {slot = slot, counts = 'counts:' .. slot, slot_incarnation = slot .. ':incarnation', slot_seq = slot .. ':seq',
+    slot_at = slot .. ':at_us', incarnation = id .. ':incarnation', seq = id .. ':seq', at = id .. ':at_us',
+    seen = id .. ':seen', made = id .. ':made'}
 end
 
 -- A key's declaration (the key-meta field 'declared', written at registration from the schema:
@@ -1147,7 +1159,7 @@ local function declaration(text, km)
     string.match(text, '^([1-9]%d*)|(%d+)|([1-9]%d*)|([^|]*)|([^|]*)|(%l*)|(%d*)$')
   if not width or #width > 9 or #count_size > 9 or #size > 9 then return nil end
   decl = {width = width + 0, count_size = count_size + 0, size = size + 0, stale = tonumber(stale),
-    grace = tonumber(grace), lifecycle = lifecycle, owner = owner}
+    grace = tonumber(grace), lifecycle = lifecycle, owner = owner, bytes = string.format('%d bytes', 8 * width)}
   if (stale ~= '' and not decl.stale) or (grace ~= '' and not decl.grace) then return nil end
   if ndeclared >= 4096 then DECLARED, ndeclared = {}, 0 end
   DECLARED[text], ndeclared = decl, ndeclared + 1
@@ -1192,17 +1204,19 @@ local function fold(keys, args)
     return reject('schema_mismatch', '', 'the report was made against schema ' .. tostring(ARGV[1]) ..
       ', the run is registered with ' .. tostring(meta[2]))
   end
-  if not SHARD_IDS[shard] then
+  own = SHARD_IDS[shard]
+  if not own then
     if not string.match(shard, '^%d+$') or #shard > 9 or (#shard > 1 and string.sub(shard, 1, 1) == '0') then
       return reject('malformed', '', 'shard id must be a decimal integer, got ' .. string.format('%q', shard))
     end
-    remember(SHARD_IDS, shard)
+    own = shard_fields(shard)
+    remember(SHARD_IDS, shard, own)
   end
   if not INCARNATIONS[inc] then
     if not string.match(inc, '^[1-9]%d*$') or #inc > 20 then
       return reject('malformed', '', 'incarnation must be a positive decimal integer, got ' .. string.format('%q', inc))
     end
-    remember(INCARNATIONS, inc)
+    remember(INCARNATIONS, inc, true)
   end
   if not string.match(seq, '^%d+$') or #seq > 15 then
     return reject('malformed', '', 'seq must be a decimal integer below 1e15, got ' .. string.format('%q', seq))
@@ -1221,7 +1235,7 @@ local function fold(keys, args)
   if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
 
   -- duplicates, retries and zombies --------------------------------------------------------------
-  cur = redis.call('HMGET', KEYS[2], shard .. ':incarnation', shard .. ':seq')
+  cur = redis.call('HMGET', KEYS[2], own.incarnation, own.seq)
   if cur[1] then
     if newer(cur[1], inc) then
       return reject('stale_incarnation', '', 'incarnation ' .. inc .. ' is older than the shard\'s current ' .. cur[1])
@@ -1260,12 +1274,13 @@ local function fold(keys, args)
     if seen[name] then return reject('malformed', name, 'key reported twice') end
     seen[name] = true
     local km, kd = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
-    if not key_pair(km, kd, name) then
+    local pair = key_pair(km, kd, name)
+    if not pair then
       return reject('malformed', name, 'KEYS do not match the reported key names')
     end
     -- (a key of another type fails its first read, which is then refused: no TYPE call per key)
     local spec = redis.pcall('HMGET', km, 'semantics', 'declared', 'version', 'writers',
-      'slot:' .. shard .. ':incarnation', 'sums_layout')
+      own.slot_incarnation, 'sums_layout')
     if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
     if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
     local decl, version = declaration(spec[2], km), tonumber(spec[3])
@@ -1284,6 +1299,7 @@ local function fold(keys, args)
     if not item then item = {}; ITEMS[i] = item end
     item.name, item.payload, item.semantics, item.meta, item.data, item.version = name, payload, spec[1], km, kd,
       version + 1
+    item.field, item.bytes = pair[3], decl.bytes -- (its stream entry's field, and what it says of the payload)
     item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
       item.writers, item.idname, item.retired, item.emptied, item.sums, item.agg, item.value, item.unchanged =
       false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
@@ -1306,8 +1322,8 @@ local function fold(keys, args)
     'shard', shard, 'incarnation', inc, 'seq', seq, 'fleet_version', fv}
   for i = 1, nkeys do
     -- the envelope names every key; the payloads themselves only for a run that asked (stream_payloads)
-    entry[#entry + 1] = 'report:' .. items[i].name
-    entry[#entry + 1] = limits.stream_payloads and items[i].payload or #items[i].payload .. ' bytes'
+    entry[#entry + 1] = items[i].field
+    entry[#entry + 1] = limits.stream_payloads and items[i].payload or items[i].bytes
   end
   local added = redis.pcall(unpack(entry))
   if type(added) == 'table' and added['err'] then
@@ -1329,11 +1345,10 @@ local function fold(keys, args)
     redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[5] or '')
   end
   redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s)
-  if cur[1] ~= inc then redis.call('HSET', KEYS[2], shard .. ':incarnation', inc) end
+  if cur[1] ~= inc then redis.call('HSET', KEYS[2], own.incarnation, inc) end
   -- (seen: the highest fleet version the shard had seen when it reported, made: the version its report
   -- made; for `redisync watch`: how far behind the shard's view was, and what it samples)
-  redis.call('HSET', KEYS[2], shard .. ':seq', seq, shard .. ':at_us', now_s, shard .. ':seen', floor,
-    shard .. ':made', fv)
+  redis.call('HSET', KEYS[2], own.seq, seq, own.at, now_s, own.seen, floor, own.made, fv)
 
   redis.call('PUBLISH', run.versions, fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)
