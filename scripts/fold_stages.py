@@ -34,12 +34,12 @@ from redisync.store.schema import Schema, merge
 # (a cut inside a semantics' check returns its {'cut'} as the check's rejection, which the fold returns)
 LANDMARKS = (
     ("run = run_keys(KEYS[1])", "FCALL envelope: the arguments, the keys and args tables, the call"),
-    ("-- the envelope ---", "the run's meta (HMGET of 7 fields)"),
+    ("-- the envelope ---", "the run's meta (HMGET of 5 fields)"),
     ("-- duplicates, retries and zombies", "envelope checks (KEYS, schema digest, ids and seq)"),
     ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),
     ("local t = redis.call('TIME')", "payload size"),
     ("epoch = meta[1]", "TIME and the restart check (the server's identity)"),
-    ("local bad = check_key(", "the key's spec (HMGET) and shape"),
+    ("local bad = check_key(", "the key's declaration and state (HMGET) and shape"),
     ("-- What the fold reads of the data hash", "merge: the writers and the live slots"),
     ("local agg, why, of_agg = fold_values(", "merge: the reads, the proof of stored sums, the tree"),
     ("local cut = 8 * count_size", "the fused pass over the values"),
