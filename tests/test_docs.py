@@ -4,6 +4,7 @@ the README stays short and speaks of the product."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -302,3 +303,40 @@ def test_the_troubleshooting_page_names_every_error_a_user_can_meet():
     page = (ROOT / "docs" / "guides" / "troubleshooting.md").read_text()
     named = [n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.RedisyncError)]
     assert [n for n in named if f"`{n}`" not in page] == []
+
+
+def test_the_readmes_performance_figures_are_the_committed_runs():
+    """Every figure of the README's performance section, read from the dated run it names."""
+    bench = ROOT / "docs" / "bench"
+    folds = json.loads((bench / "instructions-2026-12-03-fixed-cost.json").read_text())["folds"]
+    fixed = next(f["instructions"] for f in folds if (f["values"], f["slots"]) == (64, 1))
+    every = json.loads((bench / "bench-all-2026-12-02-functions.json").read_text())
+    sizes = {row["elements"]: row for row in every["sizes"]}
+    pull = max(row["pull_unchanged_over_ping"] for row in every["sizes"])
+    peers = json.loads((bench / "bench-peers-2026-12-02-functions.json").read_text())["rows"]
+
+    def row(scenario: str) -> dict:
+        return next(r for r in peers if r["scenario"] == scenario and r["procs"] == 4 and not r["straggler"])
+
+    sidecar, broadcast, overlapped = (
+        row("redisync process/step"),
+        row("gloo broadcast/step"),
+        row("gloo all_reduce async/step"),
+    )
+    text = " ".join(README.read_text().split("## Performance")[1].split("## ")[0].split())
+    expected = [
+        f"costs the server {fixed / 1e3:.0f} k instructions",
+        f"takes {sizes[64]['publish_over_floor']:.1f} × its transport floor",
+        f"at 64 values and {sizes[1024]['publish_over_floor']:.1f} × at 1 024",
+        f"at most {pull:.2f} × a PING",
+        f"wait {sidecar['p50_us']:.1f} µs at the median and {sidecar['p99_us']:.0f} µs at the 99th",
+        f"a state {sidecar['applied_lag_versions_p50']:.0f} versions behind",
+        f"broadcast of the same state waits {broadcast['p50_us']:.0f} / {broadcast['p99_us']:,.0f} µs".replace(
+            ",", " "
+        ),
+        f"all-reduce {overlapped['p50_us']:,.0f} / {overlapped['p99_us']:,.0f} µs".replace(",", " "),
+        f"for a state {'one' if overlapped['behind_steps_mean'] == 1 else overlapped['behind_steps_mean']} step old",
+    ]
+    for phrase in expected:
+        assert phrase in text, phrase
+    assert fixed <= 450_000  # the fixed-cost target the section's figure meets
