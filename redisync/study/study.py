@@ -269,16 +269,24 @@ def save_run(saved: Path, cfg: StudyConfig, run: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _read_saved(path: Path) -> dict[str, Any]:
+    """A saved run's file: its configuration and its run, or a typed error naming the file."""
+    try:
+        held = json.loads(path.read_text())
+    except ValueError as e:
+        raise RedisyncError(f"{path}: not a saved run ({e}); delete it to run it again") from None
+    if not isinstance(held, dict) or not isinstance(held.get("run"), dict) or "config" not in held:
+        raise RedisyncError(f"{path}: not a saved run (no config and run); delete it to run it again")
+    return held
+
+
 def load_run(saved: Path, cfg: StudyConfig, arm: str, seed: int) -> dict[str, Any] | None:
     """The run saved for this job, or None; one saved with another configuration is refused (two
     studies in one folder would mix)."""
     path = _run_path(saved, cfg.task.condition, arm, seed)
     if not path.is_file():
         return None
-    try:
-        held = json.loads(path.read_text())
-    except ValueError as e:
-        raise RedisyncError(f"{path}: not a saved run ({e}); delete it to run it again") from None
+    held = _read_saved(path)
     if held.get("config") != json.loads(json.dumps(cfg.to_dict())):
         raise RedisyncError(
             f"{path} was trained with another configuration than this study's: use another --out folder, or delete "
@@ -292,8 +300,7 @@ def saved_results(saved: Path, cfg: StudyConfig, command: str) -> dict[str, Any]
     going, or stopped to be resumed): the gate, the runs done and the analysis of what they allow."""
     runs = []
     for path in sorted(saved.glob("*.json")):
-        held = json.loads(path.read_text())
-        runs.append(held["run"])
+        runs.append(_read_saved(path)["run"])
     gate_runs = [r for r in runs if r["arm"] in ("single", "uniform") and r["seed"] in GATE_SEEDS]
     plan_runs = sorted((r for r in runs if r not in gate_runs), key=lambda r: (r["condition"], r["arm"], r["seed"]))
     cells = second_plan.arms_needed()

@@ -859,3 +859,18 @@ def test_a_study_with_saved_runs_resumes_and_refuses_another_configuration(tmp_p
     with pytest.raises(errors.RedisyncError, match=r"H-local-1\.json was trained with another configuration"):
         study.run_cells(replace(TINY, env_steps=4_000), cells, url=None, env_spec=None, workers=1,
                         show_progress=False, desc="t", saved=tmp_path)  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"run": {"arm": "local"}}'])
+def test_a_damaged_saved_run_is_a_typed_error_naming_its_file(tmp_path, text):
+    """Resuming and rendering from saved runs both refuse a file that is not a saved run, saying
+    which (a report rendered from runs must never stop on a traceback, or skip one silently)."""
+    from redisync import errors
+    from redisync.study import study
+
+    (tmp_path / "H-local-1.json").write_text(text)
+    with pytest.raises(errors.RedisyncError, match=r"H-local-1\.json: not a saved run"):
+        study.run_cells(TINY, [("H", "local", [1])], url=None, env_spec=None, workers=1, show_progress=False,
+                        desc="t", saved=tmp_path)  # fmt: skip
+    with pytest.raises(errors.RedisyncError, match=r"H-local-1\.json: not a saved run"):
+        study.saved_results(tmp_path, TINY, "redisync ab --second-follow-up --report-only")
