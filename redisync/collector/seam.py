@@ -21,7 +21,9 @@ state); the term then stays on the copy path.
 A term whose state lives on a CUDA device reports without waiting for the device: its hot-path
 report is the newest copy that has landed, up to a publish interval old
 (:mod:`redisync.terms.torch.device`). It also has ``settle() -> reports``, its current report,
-which the syncers call instead where waiting is right: a flush, a stop.
+which the syncers call instead where waiting is right: a flush, a stop; and ``device_copies() ->
+{name: count}``, what its copies left undone because the device was behind (reports not started,
+fleet states deferred), which ``metrics()`` sums over the terms.
 """
 
 from __future__ import annotations

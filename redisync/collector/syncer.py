@@ -610,4 +610,11 @@ class Syncer:
             key = getattr(term, "key", None)
             if callable(term_metrics) and key:
                 out.update({f"redisync/{key}/{k}": float(v) for k, v in term_metrics().items()})
+        # terms on a device: the reports not started and the fleet states deferred because the device
+        # was behind (each is caught up at a later publish or boundary; a count that keeps growing
+        # says the device cannot keep up with the publish rate)
+        copies = [counts() for term in self.terms if callable(counts := getattr(term, "device_copies", None))]
+        for name in ("device_reports_skipped", "device_fleet_deferred"):
+            if copies:
+                out[f"redisync/{name}"] = float(sum(c.get(name, 0) for c in copies))
         return out

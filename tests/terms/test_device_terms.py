@@ -261,6 +261,40 @@ def test_terrain_levels_on_the_device_path_report_their_histogram_a_publish_late
     np.testing.assert_array_equal(levels.settle()[levels.key]["sum"], levels.histogram())
 
 
+def test_what_a_slow_device_left_undone_is_counted_in_the_syncers_metrics(make_store, monkeypatch):
+    """A device that lands no copy: the terms start no third report and defer the third fleet state,
+    and ``metrics()`` counts both (summed over the terms) instead of staying silent; on the CPU both
+    counts are zero."""
+    from redisync import new_syncer
+
+    monkeypatch.setattr(sampler, "on_device", lambda t: True)
+    monkeypatch.setattr(normalization, "on_device", lambda t: True)
+    stuck = functools.partial(HandEvent, auto=False)
+    for module in (sampler, normalization):
+        monkeypatch.setattr(module, "DeviceReports", functools.partial(DeviceReports, pin=False, event=stuck))
+        monkeypatch.setattr(module, "DeviceFleet", functools.partial(DeviceFleet, pin=False, event=stuck))
+    store = make_store()
+    terms = [
+        AdaptiveMotionSampler(500, 0.02, mode="pooled", shard_id=0),
+        SyncedEmpiricalNormalization(3, mode="pooled"),
+    ]
+    syncer = new_syncer(store, 0, terms, worker="thread", publish_every_steps=10**9, publish_every_s=1e9)
+    assert syncer.metrics()["redisync/device_reports_skipped"] == 0.0
+    for _ in range(3):  # two copies queued, the third not started
+        for term in terms:
+            term.report_shard_state()
+    store.register(schema_of(terms))
+    other, mine = store.shard(1), store.shard(0)
+    for k in range(3):  # two fleet states queued into the device, the third deferred
+        other.publish({terms[0].key: {"count": 1.0, "sum": np.full(terms[0].bin_count, k + 1.0)}})
+        mine.pull()
+        terms[0].apply_shard_state(mine.known)
+    metrics = syncer.metrics()
+    assert metrics["redisync/device_reports_skipped"] == 2.0  # one per term
+    assert metrics["redisync/device_fleet_deferred"] == 1.0
+    assert terms[1].device_copies() == {"device_reports_skipped": 1, "device_fleet_deferred": 0}
+
+
 # ------------------------------------------------------------------ on a GPU (scripts/gpu-check)
 
 

@@ -25,7 +25,7 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, broadcast, merge
 from .. import formulas
-from .device import DeviceReports, on_device
+from .device import DeviceReports, copy_counts, on_device
 
 
 def _check_mode(mode: str, allowed: tuple[str, ...]) -> None:
@@ -280,6 +280,10 @@ class TerrainLevels:
         if on_device(self.levels):
             return self._device_report(settle=False)
         return {self.key: {"count": float(self.levels.numel()), "sum": self.histogram()}}
+
+    def device_copies(self) -> dict[str, int]:
+        """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
+        return copy_counts(self._device_reports)
 
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
         """The current report, waiting for the device where the levels live on one: what a flush or a

@@ -96,6 +96,17 @@ class DeviceReports:
             done.busy = False
 
 
+def copy_counts(reports: DeviceReports | None, fleet: DeviceFleet | None = None) -> dict[str, int]:
+    """What a term's device copies have left undone so far (its ``device_copies()``, which the
+    syncer's metrics sum over its terms): reports not started because the device was two reports
+    behind, fleet states left for a later boundary because both buffers were still being read. Zero
+    for a term whose state is on the CPU."""
+    return {
+        "device_reports_skipped": 0 if reports is None else reports.skipped,
+        "device_fleet_deferred": 0 if fleet is None else fleet.deferred,
+    }
+
+
 class DeviceFleet:
     """Host-to-device copies of the fleet states a term takes in, from pinned buffers, in stream order."""
 

@@ -38,7 +38,7 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, broadcast, merge
 from .. import formulas
-from .device import DeviceFleet, DeviceReports, on_device
+from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "learner"]
@@ -250,6 +250,10 @@ class SyncedEmpiricalNormalization(nn.Module):
             value = torch.cat([*flat, torch.tensor([float(self.count)], dtype=torch.float64)])
             return {self.key: {"value": value.numpy()}}
         return {}
+
+    def device_copies(self) -> dict[str, int]:
+        """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
+        return copy_counts(self._device_reports, self._device_fleet)
 
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
         """The current report, waiting for the device where the term lives on one: what a flush or a

@@ -45,7 +45,7 @@ from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, Lifecycle
 from .. import ema_seam, formulas
-from .device import DeviceFleet, DeviceReports, on_device
+from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
@@ -484,6 +484,10 @@ class AdaptiveMotionSampler(nn.Module):
         if self.mode == "weighted":
             count, self._failures_since_report = self._failures_since_report, 0.0
         return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner, count=count)
+
+    def device_copies(self) -> dict[str, int]:
+        """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
+        return copy_counts(self._device_reports, self._device_fleet)
 
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
         """The current report, waiting for the device where the term lives on one: what a flush or a
