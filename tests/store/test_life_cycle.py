@@ -353,6 +353,7 @@ def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store
         "data hash of the wrong type",
         "writers not ascending",
         "writers with a non-id",
+        "writers with a leading zero",
     ],
 )
 def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
@@ -371,6 +372,8 @@ def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
         store.redis.hset(store.keys.key_meta("b/second"), "writers", "1,0")
     elif damage == "writers with a non-id":
         store.redis.hset(store.keys.key_meta("b/second"), "writers", "1,2x")
+    elif damage == "writers with a leading zero":  # (the fold writes ids as their decimal names)
+        store.redis.hset(store.keys.key_meta("b/second"), "writers", "01")
     else:
         store.redis.delete(data)
         store.redis.set(data, "not a hash")

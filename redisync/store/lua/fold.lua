@@ -679,6 +679,32 @@ local WORK = {count_size = false, size = false, width = false, name = false, pay
   live = false, tsub = false, subs = false, ends = false, groups = false, gorder = false, tgroup = false,
   qstored = false, own_counts = false, slots = false, got = false, gread = false, redo = false, resum = false,
   retired = false, lifecycle = false}
+-- A key's writers (its key-meta field 'writers': shard ids, ascending, comma-separated, each without
+-- a leading zero), parsed once per Lua VM and remembered by their own text: the ids as numbers, the
+-- decimal name of each in NAMES. nil and the first id that is not one (a text changes only when
+-- the writers do: a pattern match, a number made and a table grown per writer otherwise).
+local WRITERS, nwriters, NAMES = {}, 0, {}
+local function writers_of(text)
+  local ids = WRITERS[text]
+  if ids then return ids end
+  ids = {}
+  local last = -1
+  for w in string.gmatch(text, '[^,]+') do
+    local id = not string.find(w, '^0%d') and not string.find(w, '%D') and tonumber(w)
+    if not id or id <= last or #w > 9 then return nil, w end
+    last = id
+    ids[#ids + 1] = id
+    NAMES[id] = w
+  end
+  if nwriters >= 256 then -- (a bound on what the VM keeps; NAMES then holds only the ids of texts kept)
+    WRITERS, nwriters = {}, 0
+    for id in pairs(NAMES) do NAMES[id] = nil end
+    for k = 1, #ids do NAMES[ids[k]] = string.format('%d', ids[k]) end
+  end
+  WRITERS[text], nwriters = ids, nwriters + 1
+  return ids
+end
+
 -- the writers and the live slots after this fold, by sub-group and group
 local function merge_live(item, spec, decl) -- nil and the key's working state, or the rejection
   local name, payload, km = item.name, item.payload, item.meta
@@ -695,22 +721,18 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
   if decl.lifecycle ~= 'state' then stale = nil end
   -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
   -- sub-groups and groups are made once each, and loops over lists count)
-  local idname = {[me] = shard}
   -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
-  -- each last wrote
-  -- (ids made numbers by coercion once one search has found nothing but digits and commas: a C call
-  -- per writer is what made a fold cost more with every live slot)
-  local ids, was_writer, last = {}, false, -1
-  local nids, prior = 0, {} -- prior: the ids that wrote before this fold, ascending (this shard among them)
-  local odd = string.find(spec[4] or '', '[^%d,]')
-  for w in string.gmatch(spec[4] or '', '[^,]+') do
-    local id = (not odd and w + 0) or tonumber(w)
-    if not id or id <= last or (odd and string.find(w, '%D')) then
-      return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', w) .. ' (shard ids, ascending)')
-    end
-    last = id
-    prior[#prior + 1] = id
-    if id ~= me then nids = nids + 1; ids[nids] = id; idname[id] = w else was_writer = true end
+  -- each last wrote; prior: the ids that wrote before this fold, ascending (this shard among them)
+  local prior, bad = writers_of(spec[4] or '')
+  if not prior then
+    return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', bad) .. ' (shard ids, ascending)')
+  end
+  NAMES[me] = shard
+  local idname = NAMES -- (every id's decimal name)
+  local ids, nids, was_writer = {}, 0, false
+  for k = 1, #prior do
+    local id = prior[k]
+    if id ~= me then nids = nids + 1; ids[nids] = id else was_writer = true end
   end
   local at = NONE -- (tables made only where something is read into them)
   if stale and nids > 0 then
