@@ -23,7 +23,8 @@ report is the newest copy that has landed, up to a publish interval old
 (:mod:`redisync.terms.torch.device`). It also has ``settle() -> reports``, its current report,
 which the syncers call instead where waiting is right: a flush, a stop; and ``device_copies() ->
 {name: count}``, what its copies left undone because the device was behind (reports not started,
-fleet states deferred), which ``metrics()`` sums over the terms.
+fleet states deferred), which ``metrics()`` sums over the terms; and ``prepare()``, which the
+syncer's ``start()`` calls so that such a term makes its pinned buffers then, not on the hot path.
 """
 
 from __future__ import annotations

@@ -243,6 +243,10 @@ class Syncer:
             self.shard.resume = resumed
         # a second live process with this shard id is refused, unless asked to, or resuming its checkpoint
         self.shard.take_over = self.take_over or bool(self.shard.resume)
+        for term in self.terms:  # what a term makes before the hot path (on a device: its pinned buffers)
+            prepare = getattr(term, "prepare", None)
+            if callable(prepare):
+                prepare()
         self._prepare_worker()
         registered, returned = threading.Event(), threading.Event()
         failure: list[BaseException] = []

@@ -295,6 +295,47 @@ def test_what_a_slow_device_left_undone_is_counted_in_the_syncers_metrics(make_s
     assert terms[1].device_copies() == {"device_reports_skipped": 1, "device_fleet_deferred": 0}
 
 
+@pytest.mark.parametrize("role", ["pooled", "learner's writer", "learner's follower"])
+def test_a_syncers_start_makes_the_device_buffers_the_hot_path_then_uses(make_store, device_paths, role):
+    """Pinned memory is made (a blocking call) when the syncer starts, not at the first report or
+    boundary: each copy a term's role makes; the hot path then uses those buffers, sized for what it
+    copies."""
+    from redisync import new_syncer
+
+    store = make_store()
+    norm = SyncedEmpiricalNormalization(3, mode=role.split("'")[0], writer=role == "learner's writer")
+    terms = (
+        [norm]
+        if role != "pooled"
+        else [
+            AdaptiveMotionSampler(500, 0.02, mode="pooled", shard_id=0),
+            norm,
+            TerrainLevels(16, 4, mode="pooled", generator=torch.Generator().manual_seed(0)),
+        ]
+    )
+    expected = {  # (reports copied out, fleet states copied in), per term
+        "pooled": [(True, True), (True, True), (True, False)],
+        "learner's writer": [(True, False)],
+        "learner's follower": [(False, True)],
+    }[role]
+
+    def made():
+        return [(t._device_reports, getattr(t, "_device_fleet", None)) for t in terms]
+
+    assert made() == [(None, None)] * len(terms)
+    syncer = new_syncer(store, 0, terms, worker="thread", publish_every_steps=10**9, publish_every_s=1e9).start()
+    try:
+        buffers = made()
+        assert [(r is not None, f is not None) for r, f in buffers] == expected
+        for term in terms:
+            term.report_shard_state()
+            term.report_shard_state()  # the second hands over the first copy: the buffer's size fits
+        assert made() == buffers
+        assert syncer.flush()
+    finally:
+        syncer.stop(flush=False)
+
+
 # ------------------------------------------------------------------ on a GPU (scripts/gpu-check)
 
 

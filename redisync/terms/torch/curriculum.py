@@ -281,6 +281,18 @@ class TerrainLevels:
             return self._device_report(settle=False)
         return {self.key: {"count": float(self.levels.numel()), "sum": self.histogram()}}
 
+    def prepare(self) -> None:
+        """On a CUDA device: the pinned buffers of its reports made now (the syncer's start), not at
+        the first report, on the hot path."""
+        if self.mode == "pooled" and on_device(self.levels):
+            self._copies_out()
+
+    def _copies_out(self) -> DeviceReports:
+        """The device-to-host copies of its histogram."""
+        if self._device_reports is None:
+            self._device_reports = DeviceReports(self.num_levels)
+        return self._device_reports
+
     def device_copies(self) -> dict[str, int]:
         """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
         return copy_counts(self._device_reports)
@@ -298,9 +310,8 @@ class TerrainLevels:
         # (not bincount: on a device it reads the largest level back to size its output)
         source = torch.zeros(self.num_levels, device=self.levels.device, dtype=torch.float64)
         source.index_add_(0, self.levels, torch.ones_like(self.levels, dtype=torch.float64))
-        if self._device_reports is None:
-            self._device_reports = DeviceReports(self.num_levels)
-        got = self._device_reports.settle(source) if settle else self._device_reports.report(source)
+        reports = self._copies_out()
+        got = reports.settle(source) if settle else reports.report(source)
         return {} if got is None else {self.key: {"count": float(self.levels.numel()), "sum": got}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:

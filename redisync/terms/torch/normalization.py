@@ -273,9 +273,8 @@ class SyncedEmpiricalNormalization(nn.Module):
         else:
             parts = [t.detach().to(torch.float64).flatten() for t in (self._mean, self._var)]
             source = torch.cat([*parts, self.count.to(torch.float64).view(1)])
-        if self._device_reports is None:
-            self._device_reports = DeviceReports(source.numel())
-        got = self._device_reports.settle(source) if settle else self._device_reports.report(source)
+        reports = self._copies_out()
+        got = reports.settle(source) if settle else reports.report(source)
         if got is None:
             return {}
         if self.mode == "learner":
@@ -349,15 +348,36 @@ class SyncedEmpiricalNormalization(nn.Module):
             value = view.parts()["value"]
             if on_device(self._others):
                 staged = self._others.view(-1)[: 2 * size]  # (a learner's follower keeps no others: its buffer stages)
-                if self._fleet_copies(2 * size).copy(value[: 2 * size], staged):
+                if self._fleet_copies().copy(value[: 2 * size], staged):
                     self._set(staged[:size], staged[size:], round(float(value[-1])))
                 return
             self._set(value[:size], value[size : 2 * size], round(float(value[-1])))
 
-    def _fleet_copies(self, size: int | None = None) -> DeviceFleet:
+    def _fleet_copies(self) -> DeviceFleet:
+        """The host-to-device copies of the fleet state: the others' count, Σ and Σ² (pooled), or the
+        learner's mean and var (its followers)."""
         if self._device_fleet is None:
-            self._device_fleet = DeviceFleet(self._others.numel() if size is None else size)
+            size = self._others.numel() if self.mode == "pooled" else 2 * int(np.prod(self.shape))
+            self._device_fleet = DeviceFleet(size)
         return self._device_fleet
+
+    def _copies_out(self) -> DeviceReports:
+        """The device-to-host copies of its reports: the own count, Σ and Σ² (pooled), or the
+        learner's mean, var and count."""
+        if self._device_reports is None:
+            size = self._own.numel() if self.mode == "pooled" else 2 * int(np.prod(self.shape)) + 1
+            self._device_reports = DeviceReports(size)
+        return self._device_reports
+
+    def prepare(self) -> None:
+        """On a CUDA device: the pinned buffers of its copies made now (the syncer's start), not at
+        the first report or boundary, on the hot path."""
+        if not on_device(self._own) or self.mode not in ("pooled", "learner"):
+            return
+        if self.mode == "pooled" or self.writer:
+            self._copies_out()
+        if self.mode == "pooled" or not self.writer:
+            self._fleet_copies()
 
 
 def _take_prior(module: SyncedEmpiricalNormalization, incompatible: Any) -> None:

@@ -485,6 +485,26 @@ class AdaptiveMotionSampler(nn.Module):
             count, self._failures_since_report = self._failures_since_report, 0.0
         return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner, count=count)
 
+    def prepare(self) -> None:
+        """On a CUDA device: the pinned buffers of its copies made now (the syncer's start), not at
+        the first report or boundary, on the hot path."""
+        if on_device(self.bin_failed_count) and self.mode != "local":
+            self._copies_in()
+            if not (self.mode == "broadcast" and self.shard_id != self.owner):
+                self._copies_out()
+
+    def _copies_out(self) -> DeviceReports:
+        """The device-to-host copies of its reports: [failures so far, the own EMA]."""
+        if self._device_reports is None:
+            self._device_reports = DeviceReports(self.bin_count + 1)
+        return self._device_reports
+
+    def _copies_in(self) -> DeviceFleet:
+        """The host-to-device copies of the fleet part."""
+        if self._device_fleet is None:
+            self._device_fleet = DeviceFleet(self.bin_count)
+        return self._device_fleet
+
     def device_copies(self) -> dict[str, int]:
         """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
         return copy_counts(self._device_reports, self._device_fleet)
@@ -503,9 +523,8 @@ class AdaptiveMotionSampler(nn.Module):
         if self.mode == "local" or (self.mode == "broadcast" and self.shard_id != self.owner):
             return {}
         source = torch.cat([self._device_failures.view(1), self.bin_failed_count.to(torch.float64)])
-        if self._device_reports is None:
-            self._device_reports = DeviceReports(self.bin_count + 1)
-        got = self._device_reports.settle(source) if settle else self._device_reports.report(source)
+        reports = self._copies_out()
+        got = reports.settle(source) if settle else reports.report(source)
         if got is None:
             return {}
         count = 1.0
@@ -572,18 +591,17 @@ class AdaptiveMotionSampler(nn.Module):
         memory, and the distributions rebuilt after it by device kernels, in stream order; nothing
         waits for the device. (A fleet state whose buffers are all still being copied waits for the
         next boundary.)"""
-        if self._device_fleet is None:
-            self._device_fleet = DeviceFleet(self.bin_count)
+        fleet = self._copies_in()
         if self.mode == "weighted":
             parts = view.parts()
             if float(parts["count"]) <= 0:  # (host numbers: the view is on the host)
                 return
             mean = np.asarray(parts["sum"] / parts["count"], dtype=np.float64)
-            if not self._device_fleet.copy(mean, self._fleet):
+            if not fleet.copy(mean, self._fleet):
                 return
             self.set_own_ema(_finite(self._fleet.to(self.bin_failed_count.dtype)))
         else:
-            if not self._device_fleet.copy(ema_seam.fleet_part(self.mode, view), self._fleet):
+            if not fleet.copy(ema_seam.fleet_part(self.mode, view), self._fleet):
                 return
         self._fleet_version = version
         self._fleet_view = None
