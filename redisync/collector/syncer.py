@@ -145,6 +145,9 @@ class Syncer:
         self._applied_at = time.monotonic()
         self._announced = 0
         self._announced_epoch: str | None = None  # the epoch of the last announcement or result
+        # the listener, the worker's folds and its pulls all move the pair (_hear): one at a time, so
+        # none overwrites what another heard meanwhile
+        self._announcing = threading.Lock()
         self._steps = 0
         self._last_report = time.monotonic()
         self._subscribed = False
@@ -307,6 +310,7 @@ class Syncer:
         a Syncer of its own."""
         self._forked = True
         self._threads, self._starter = [], None
+        self._announcing = threading.Lock()  # (a worker thread of the parent may have held it)
         self._stop.set()
 
     def stop(self, flush: bool = True, timeout: float = 5.0) -> bool:
@@ -510,8 +514,7 @@ class Syncer:
         if result is not None:
             self.latencies_ms.append((time.perf_counter() - t) * 1e3)
             self.stats["publishes" if result.applied else "duplicates"] += 1
-            self._announced = max(self._announced, result.fleet_version)
-            self._announced_epoch = result.epoch or self._announced_epoch
+            self._hear(result.fleet_version, result.epoch)
         return True
 
     def _pull(self) -> bool:
@@ -533,12 +536,20 @@ class Syncer:
             known = self.shard.known
             assert known is not None  # (a changed pull has set it)
             self._ready, self._ready_at = known, time.monotonic()
-            # versions of a lost epoch mean nothing in the new one
-            self._announced = (
-                known.fleet_version if changed.epoch_changed else max(self._announced, known.fleet_version)
-            )
-            self._announced_epoch = known.epoch
+            # (an announcement of this epoch heard while the pull was on its way stays: the first
+            # pull's epoch is always new to the shard, not to the listener)
+            self._hear(known.fleet_version, known.epoch)
         return True
+
+    def _hear(self, version: int, epoch: str | None) -> None:
+        """A version of ``epoch`` announced on the channel, returned by our own fold or pulled: the
+        highest of the epoch is kept; another epoch's versions start over (a run lost and registered
+        again counts from 0). One at a time: the listener and the worker both tell it."""
+        with self._announcing:
+            if epoch and epoch != self._announced_epoch:
+                self._announced, self._announced_epoch = version, epoch
+            else:
+                self._announced = max(self._announced, version)
 
     def _announced_newer(self) -> bool:
         """Whether what the worker heard (the channel, its own folds) is newer than the state it holds:
@@ -579,8 +590,7 @@ class Syncer:
                         self._wake.set()
                     elif msg and msg.get("type") == "message":
                         version, _, epoch = _text(msg["data"]).partition(" ")  # '<fleet_version> <epoch>'
-                        self._announced = max(self._announced, int(version))
-                        self._announced_epoch = epoch or self._announced_epoch
+                        self._hear(int(version), epoch)
                         if self._announced_newer():
                             self._wake.set()
             except Exception as e:  # a dropped subscription must never end the listener

@@ -100,3 +100,38 @@ def test_a_restore_is_announced_to_a_collector_that_never_polls(real_url, worker
             return bool(seen.applied) and seen.applied[-1][0] == epoch
 
         assert wait_for(applied_restored, timeout=20)
+
+
+def test_a_version_announced_while_the_first_pull_is_on_its_way_is_pulled(real_url):
+    """The first pull's epoch is new to the shard, not to the listener: another shard's fold heard
+    on the channel while that pull's answer was on its way must still be pulled, with the
+    subscription live and no poll to cover for it (it was lost once: a collector that does not
+    publish waited for the run's next fold)."""
+    term, folded = Cumulative(), []
+    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
+    syncer = new_syncer(store, 0, [term], worker="thread", poll_every_s=3600, publish_every_steps=10**9)
+    real_pull, other = syncer.shard.pull, store.shard(5)
+
+    def pull(check_first: bool = True):
+        if not folded:  # the first pull: once the subscription is live, so the fold is announced to us
+            assert wait_for(lambda: syncer._subscribed, timeout=20)
+        result = real_pull(check_first=check_first)
+        if not folded:
+            assert result is not None
+            assert result.epoch_changed
+            assert result.fleet_version == 0
+            other.publish({KEY: {"count": 4.0, "sum": [1.0] * 8}})  # version 1, announced
+            folded.append(wait_for(lambda: syncer._announced == 1, timeout=20))  # heard before the pull is applied
+        return result
+
+    syncer.shard.pull = pull
+    try:
+        syncer.start()
+        assert wait_for(lambda: bool(folded), timeout=30)
+        assert folded == [True]
+        assert syncer.wait_synced(at_least=1, timeout=20)  # (the old worker set what it heard back to 0: False)
+        assert syncer.at_reset_boundary()
+        assert term.fleet["count"] == 4.0
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
