@@ -674,8 +674,8 @@ end
 -- The merge key's working state, one table for every fold of the VM (its four steps run one key at a
 -- time, and merge_live sets every field the others read before they run: a table made per fold
 -- costs its size each time, and a collection step later)
-local WORK = {count_size = false, size = false, width = false, name = false, payload = false, km = false,
-  me = false, sumsq = false, idname = false, was_writer = false, prior = false, rebuild = false, myq = false,
+local WORK = {count_size = false, size = false, width = false, name = false, payload = false, me = false,
+  sumsq = false, idname = false, was_writer = false, prior = false, rebuild = false, myq = false,
   live = false, tsub = false, subs = false, ends = false, groups = false, gorder = false, tgroup = false,
   qstored = false, own_counts = false, slots = false, got = false, gread = false, redo = false, resum = false,
   retired = false, lifecycle = false}
@@ -799,7 +799,6 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
     for k = 1, nlive do names[k] = idname[live[k]] end
     item.writers = table.concat(names, ',')
   end
-  item.idname = idname
   -- live[subs[q] .. ends[q]]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder:
   -- the live groups (live is ascending: a sub-group's members and a group's sub-groups come one after
   -- another, so a sub-group is a stretch of live, not a table of its own)
@@ -823,9 +822,9 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
 
   local k = WORK
   k.lifecycle = decl.lifecycle
-  k.count_size, k.size, k.width, k.name, k.payload, k.km, k.me, k.sumsq, k.idname, k.was_writer, k.prior,
+  k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.was_writer, k.prior,
     k.rebuild, k.myq, k.live, k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup =
-    count_size, size, width, name, payload, km, me, sumsq, idname, was_writer, prior,
+    count_size, size, width, name, payload, me, sumsq, idname, was_writer, prior,
     rebuild, myq, live, tsub, subs, ends, groups, gorder, tgroup
   return nil, k
 end
@@ -1196,7 +1195,7 @@ local ITEMS = {}
 local function let_go(n)
   for i = 1, n do
     local item = ITEMS[i]
-    item.payload, item.retired, item.sums, item.agg, item.value, item.idname = false, false, false, false, false, false
+    item.payload, item.retired, item.sums, item.agg, item.value = false, false, false, false, false
   end
   WORK.payload, WORK.slots, WORK.got, WORK.qstored, WORK.retired = false, false, false, false, false
 end
@@ -1323,8 +1322,8 @@ local function fold(keys, args)
       version + 1
     item.field, item.bytes = pair[3], decl.bytes -- (its stream entry's field, and what it says of the payload)
     item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
-      item.writers, item.idname, item.retired, item.emptied, item.sums, item.agg, item.value, item.unchanged =
-      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
+      item.writers, item.retired, item.emptied, item.sums, item.agg, item.value, item.unchanged =
+      false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
     local check_key = CHECKS[spec[1]]
     if not check_key then
       return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
