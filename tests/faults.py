@@ -132,3 +132,49 @@ class HoldingProxy:
 
     def close(self) -> None:
         self._listener.close()
+
+
+class SilencingProxy:
+    """Forwards 127.0.0.1:<port> to a Redis; :meth:`silence` makes every connection that has sent
+    ``match`` (e.g. ``SUBSCRIBE``) go quiet both ways without closing — what a firewall or NAT that
+    forgot an idle connection does: nothing arrives, nothing says so."""
+
+    def __init__(self, target_port: int, match: bytes):
+        self.target_port, self.match = target_port, match
+        self.silenced = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            marked = threading.Event()  # this connection sent `match`
+            threading.Thread(target=self._pump, args=(client, server, marked, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, marked, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, marked: threading.Event, upstream: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if upstream and self.match in data and not self.silenced.is_set():
+                    marked.set()
+                if marked.is_set() and self.silenced.is_set():
+                    continue  # lost on the way, both ways
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def silence(self) -> None:
+        """From now on the marked connections carry nothing; new ones work."""
+        self.silenced.set()
+
+    def close(self) -> None:
+        self._listener.close()

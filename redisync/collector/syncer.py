@@ -101,6 +101,8 @@ class Syncer:
     this one, or the sidecar process (:class:`~redisync.collector.sidecar.SidecarSyncer`, the same
     API) — and is what to call."""
 
+    keepalive_s = 10.0  # a quiet subscription is PINGed after this long, and replaced after as long again
+
     def __init__(
         self,
         store: Store,
@@ -577,13 +579,27 @@ class Syncer:
         self._wake.set()
 
     def _listen(self) -> None:
-        """Follow the run's channel; a new version wakes the worker. Polling covers the gaps."""
+        """Follow the run's channel; a new version wakes the worker. Polling covers the gaps.
+
+        A connection that carries nothing for ``keepalive_s`` is sent a PING; one that does not answer
+        within another ``keepalive_s`` is taken for dead and replaced (a firewall or NAT that forgot an
+        idle connection closes nothing: without the PING the listener would wait for ever, subscribed
+        in name, and the worker would never poll)."""
         while not self._stop.is_set():
             pubsub = self.store.redis.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             try:
                 pubsub.subscribe(self.store.keys.channel)
+                heard, pinged = time.monotonic(), None
                 while not self._stop.is_set():
                     msg = pubsub.get_message(timeout=0.2)
+                    now = time.monotonic()
+                    if msg:
+                        heard, pinged = now, None  # anything at all: the connection lives
+                    elif pinged is None and now - heard >= self.keepalive_s:
+                        pubsub.ping()
+                        pinged = now
+                    elif pinged is not None and now - pinged >= self.keepalive_s:
+                        raise ConnectionError(f"the subscription answered no PING within {self.keepalive_s:g} s")
                     if msg and msg.get("type") == "subscribe":  # confirmed: from here on, nothing is missed
                         self._subscribed = True
                         self._subscriptions += 1  # what changed before it was not announced to us: a pull is owed

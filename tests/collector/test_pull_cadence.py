@@ -10,10 +10,12 @@ import time
 import uuid
 
 import pytest
+import redis
 
 import redisync
 from redisync.collector.workers import new_syncer
 
+from ..faults import SilencingProxy
 from ..support import wait_for
 from .test_sidecar import KEY, Cumulative
 from .test_sidecar_faults import Versions
@@ -134,4 +136,33 @@ def test_a_version_announced_while_the_first_pull_is_on_its_way_is_pulled(real_u
         assert term.fleet["count"] == 4.0
     finally:
         syncer.stop(flush=False)
+        store.delete()
+
+
+def test_a_subscription_gone_silent_is_replaced_and_the_fold_it_missed_is_pulled(real_url):
+    """A subscription whose connection carries nothing any more and closes nothing (a firewall or NAT
+    that forgot it) is PINGed, found dead and replaced; the pull owed after the new subscription
+    brings the fold it missed. Without the PING the listener waited for ever, subscribed in name,
+    and the worker never polled (a poll is for a subscription that is down)."""
+    kwargs = redis.Redis.from_url(real_url).connection_pool.connection_kwargs
+    proxy = SilencingProxy(kwargs["port"], b"SUBSCRIBE")
+    url = f"redis://127.0.0.1:{proxy.port}/{kwargs.get('db', 0)}"
+    term = Cumulative()
+    store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
+    syncer = new_syncer(redisync.connect(url, run=store.run), 0, [term], worker="thread", poll_every_s=0.05)
+    syncer.keepalive_s = 0.5
+    try:
+        syncer.start()
+        assert wait_for(lambda: syncer.metrics()["redisync/subscribed"] == 1.0, timeout=20)
+        assert syncer.wait_synced(timeout=20)
+        proxy.silence()  # the subscription's connection now loses everything, both ways
+        store.shard(5).publish({KEY: {"count": 4.0, "sum": [1.0] * 8}})  # announced on a connection that is gone
+        assert syncer.wait_synced(at_least=1, timeout=20)
+        assert syncer.stats["subscription_drops"] >= 1
+        assert syncer.at_reset_boundary()
+        assert term.fleet["count"] == 4.0
+        assert wait_for(lambda: syncer.metrics()["redisync/subscribed"] == 1.0, timeout=20)  # a new one
+    finally:
+        syncer.stop(flush=False)
+        proxy.close()
         store.delete()
