@@ -167,6 +167,7 @@ class SidecarSyncer(Syncer):
                 ) from None
         self._own_stats = {"sidecar_restarts": 0, "mailbox_overflows": 0, "rejected_before_sending": 0}
         self._limits = Limits()  # the run's, once the start has registered it (the checks of a report use them)
+        self._limits_read = False
         self._writing = False  # a hand-over is writing the outbox (a signal handler may interrupt it)
         self._stopped_published = False  # what stop() returned (a second call returns it again)
         self._codec = ReportCodec(self.schema)
@@ -355,7 +356,7 @@ class SidecarSyncer(Syncer):
 
     def _start_worker(self) -> None:
         assert self.mailbox is not None
-        self._limits = self.store.limits()  # registered by now (the start's thread, not the hot path)
+        self._limits_read = self._read_limits()
         if self.shard._incarnation is not None:
             self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
         self._spawn()
@@ -366,6 +367,19 @@ class SidecarSyncer(Syncer):
             target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True
         )
         self._monitor.start()
+
+    def _read_limits(self) -> bool:
+        """The run's size limits, for the collector's own checks of a report (the start's thread or
+        the monitor, never the hot path). The store may be restarting or have lost the run just after
+        the registration: that is no reason for the start to fail for good, so until they are read
+        the defaults stand (the sidecar checks against the run's own before sending) and the
+        monitor reads them again."""
+        try:
+            self._limits = self.store.limits()
+        except errors.RedisyncError as e:
+            log.info("redisync shard %d: the run's limits are not readable yet (%s)", self.shard.shard_id, e)
+            return False
+        return True
 
     def _await_serving(self, deadline: float | None = None) -> bool:
         """Wait (up to STARTUP_S, or ``deadline``; the monitor's wait ends when stop() begins) for the
@@ -453,6 +467,8 @@ class SidecarSyncer(Syncer):
             process, box = self._process, self.mailbox
             if process is None or box is None:
                 continue
+            if not self._limits_read:
+                self._limits_read = self._read_limits()
             hung = time.monotonic() * 1e3 - box.header[HEARTBEAT_MS] > HUNG_AFTER_S * 1e3
             if process.poll() is None and not hung:
                 if time.monotonic() - started > MAX_BACKOFF_S:

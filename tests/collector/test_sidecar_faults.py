@@ -719,3 +719,38 @@ def test_the_last_report_survives_a_loaded_machine(real_url, worker):
             s.stop(flush=False)
         for s in stores:
             s.delete()
+
+
+def test_a_store_that_fails_right_after_the_registration_does_not_fail_the_sidecars_start(real_url, monkeypatch):
+    """The sidecar's start reads the run's limits after registering; a store restarting at that moment
+    (or one that lost the run) ended the start for good ("the worker could not start", every report
+    dropped until the collector restarted): a soak on a loaded machine met it. Now the defaults stand
+    until the monitor reads the run's, and the collector's reports reach the store meanwhile."""
+    from redisync.store.client import Store
+    from redisync.store.schema import Limits
+
+    store = redisync.connect(real_url, run=f"faults-limits-{os.getpid()}")
+    store.register(redisync.Schema.of(Cumulative().schema_entries()), Limits(max_report_bytes=4096))
+    real_limits, failures = Store.limits, [3]
+
+    def limits(self):
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise redisync.errors.ConnectionUnavailable("the store is restarting (injected)")
+        return real_limits(self)
+
+    monkeypatch.setattr(Store, "limits", limits)
+    term = Cumulative()
+    syncer = new_syncer(redisync.connect(real_url, run=store.run), 0, [term], worker="process")
+    try:
+        syncer.start()
+        assert syncer._start_failed is None
+        _train(term, syncer, 3)
+        assert syncer.flush()
+        assert syncer.wait_synced(timeout=20)
+        assert _count(store) == 3.0
+        assert wait_for(lambda: syncer._limits.max_report_bytes == 4096, timeout=20)  # the run's, read later
+        assert syncer.health()["ok"]
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
