@@ -573,6 +573,27 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
         verdict = "drift itself hurts 64-env shards" in summary
         assert verdict == a["rejected"]  # the page says what the test decided, and only that
         assert f"{a['mean']:+.2f} (95 % interval [{a['lo']:+.2f}, {a['hi']:+.3f}]".replace("-", "−") in readme_text
+    # B: each contrast's interval on the study page once tested, the verdicts as the test decided them,
+    # and the broadcast-worse figure where the guides and the README quote it
+    b = [r for r in second["second_follow_up"] if r["question"] == "B"]
+    if all("verdict" in r for r in b):
+        guides = {
+            name: " ".join((root / "docs" / "guides" / name).read_text().split())
+            for name in ("collector.md", "frameworks.md")
+        }
+        for r in b:
+            shown = f"[{r['lo']:+.2f}, {r['hi']:+.2f}]".replace("-", "−")
+            assert shown in summary, r["contrast"]
+        worse = [r for r in b if r["verdict"] == "worse"]
+        assert {r["contrast"][:3] for r in worse} == {"H: "}  # worse only on identical shards, as the page says
+        assert all(r["verdict"] == "inconclusive" for r in b if r["contrast"].startswith("X: "))
+        assert "On shards that run different env profiles neither is shown different" in summary
+        h_broadcast = next(r for r in b if r["contrast"].startswith("H: broadcast"))
+        figure = f"{h_broadcast['mean']:+.2f}".replace("-", "−")
+        interval = f"[{h_broadcast['lo']:+.2f}, {h_broadcast['hi']:+.2f}]".replace("-", "−")
+        for text in (*guides.values(), readme_text):
+            assert figure in text
+            assert interval in text
     assert summary.index("second pre-registered follow-up") < summary.index("first pre-registered follow-up")
     assert f"{results['gate']['mean_difference']:+.3f}" in " ".join(page.split())
     # the README's one line quotes the first hypothesis: its estimate and its seeds, all of one sign
