@@ -252,3 +252,31 @@ def test_the_warning_fires_on_the_studys_small_unsynced_shards_and_not_on_its_si
     fired = [[ema_warning(s, row["fleet"], "shard") is not None for s in row["shards"]] for row in small["ema"]]
     assert all(any(shard) for shard in zip(*fired, strict=True))  # every small shard, at some record
     assert not any(ema_warning(s, row["fleet"], "shard") for row in single["ema"] for s in row["shards"])
+
+
+def test_the_warning_fires_on_every_shard_of_the_second_follow_ups_128_env_arm_and_not_on_its_single_collector():
+    """The rule judged on the second follow-up's committed runs (each run file keeps every shard's EMA
+    statistics and the fleet's pooled ones at each drift record): each of the 8 shards of 128 envs
+    of `local-8-shards` warns at some record, on every seed — the check its plan asked of the 128-env
+    arm, so its thresholds stand — and the gate's single collector of 1 024 envs never does."""
+    import json
+    from pathlib import Path
+
+    from redisync.terms.formulas import ema_warning
+
+    runs = Path(__file__).resolve().parents[2] / "docs" / "ab" / "second-follow-up" / "runs"
+
+    def fired(name: str) -> list[list[list[bool]]]:
+        out = []
+        for path in sorted(runs.glob(f"H-{name}-*.json")):
+            drift = json.loads(path.read_text())["run"]["drift"]
+            out.append([[ema_warning(s, row["ema_fleet"], "shard") is not None for s in row["ema"]] for row in drift])
+        return out
+
+    small, single = fired("local-8-shards"), fired("single")
+    assert len(small) == 10  # every seed of the arm
+    assert len(single) == 3  # the gate's three
+    for run in small:
+        assert len(run[0]) == 8
+        assert all(any(shard) for shard in zip(*run, strict=True))  # every shard, at some record
+    assert not any(w for run in single for row in run for w in row)
