@@ -56,8 +56,10 @@ def validate(
     eval_every: int = 2_000,
     eval_episodes: int = 10,
     learning_starts: int = 1_000,
+    until: float | None = None,
 ) -> PendulumResult:
-    """Train on ``num_envs`` Pendulum envs for ``steps`` env steps in all, one update per env step."""
+    """Train on ``num_envs`` Pendulum envs for ``steps`` env steps in all, one update per env step;
+    with ``until``, stop at the first evaluation whose average return reaches it (a check needs no more)."""
     import gymnasium as gym
 
     torch.set_num_threads(1)
@@ -99,6 +101,8 @@ def validate(
                 sac.update()
         if done_steps // eval_every > before // eval_every:
             curve.append((done_steps, _evaluate(sac, eval_episodes, seed=10_000 + done_steps)))
+            if until is not None and curve[-1][1] >= until:
+                break
     for env in envs:
         env.close()
     return PendulumResult(curve)
