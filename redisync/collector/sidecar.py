@@ -179,6 +179,8 @@ class SidecarSyncer(Syncer):
         self._out_seq = 0
         self._in_seq = 0
         self._status: dict[str, Any] = {}
+        self._retired: dict[str, int] = {}  # the counters of the sidecars replaced so far, as they last reported
+        self._status_lock = threading.RLock()  # the status read vs a replacement's carry-over (re-entrant: signals)
         self._status_seq = 0
         self._header: Any = None  # the mailbox's header once started: on_step counts steps there
         self._shared: SharedState | None = None  # the shared terms' buffers (see redisync.collector.shared_state)
@@ -190,7 +192,8 @@ class SidecarSyncer(Syncer):
 
     @property
     def stats(self) -> dict[str, int]:
-        """The worker's counters, as the sidecar last reported them, and the collector's own."""
+        """The worker's counters, summed over every sidecar this collector has run (a replaced one's
+        as it last reported them), and the collector's own."""
         stats: dict[str, int] = self._worker_status()["stats"]
         return stats
 
@@ -329,21 +332,33 @@ class SidecarSyncer(Syncer):
     def _worker_status(self) -> dict[str, Any]:
         """The sidecar's last status (its worker's counters, problem, subscription, latencies) with
         the collector's own counters and problem on top."""
-        if self.mailbox is not None:
-            got = self.mailbox.read(STATUS, self._status_seq)
-            if got is not None:
-                self._status_seq, self._status = got
-        status = {
-            "announced": 0,
-            "subscribed": False,
-            "problem": None,
-            "schema_mismatch": None,
-            "latency": {},
-            "stats": self._sidecar_stats,
-        } | self._status
+        with self._status_lock:
+            if self.mailbox is not None:
+                got = self.mailbox.read(STATUS, self._status_seq)
+                if got is not None:
+                    self._status_seq, self._status = got
+            status = {
+                "announced": 0,
+                "subscribed": False,
+                "problem": None,
+                "schema_mismatch": None,
+                "latency": {},
+                "stats": self._sidecar_stats,
+            } | self._status
+            counts = {k: int(v) + self._retired.get(k, 0) for k, v in status["stats"].items()}
         zombie = (status["problem"] or "").startswith("zombie:")  # for good: it outranks a passing problem of ours
         problem = status["problem"] if zombie else self._problem or status["problem"]
-        return status | {"problem": problem, "stats": {**status["stats"], **self._own_stats}}
+        return status | {"problem": problem, "stats": {**self._retired, **counts, **self._own_stats}}
+
+    def _retire_sidecar(self) -> None:
+        """Before a replacement starts: keep the dead sidecar's counters (its last status), so that the
+        collector's counters go on from them instead of falling back to the new sidecar's zeros."""
+        with self._status_lock:
+            self._worker_status()  # its last status, if not read yet
+            stats = self._status.get("stats", {})
+            for k, v in stats.items():
+                self._retired[k] = self._retired.get(k, 0) + int(v)
+            self._status = {**self._status, "stats": dict.fromkeys(stats, 0)}  # counted: the next sidecar starts at 0
 
     # ------------------------------------------------------------------ life cycle
 
@@ -485,6 +500,7 @@ class SidecarSyncer(Syncer):
             if self._stopping.wait(backoff):
                 break
             self._own_stats["sidecar_restarts"] += 1
+            self._retire_sidecar()
             try:
                 self._spawn()
             except Exception as e:  # said in health(); tried again after the next pause
@@ -598,6 +614,7 @@ class SidecarSyncer(Syncer):
             if time.monotonic() >= deadline:
                 return False
             self._own_stats["sidecar_restarts"] += 1
+            self._retire_sidecar()
             self._spawn()
             self._await_serving(deadline)
 

@@ -299,6 +299,33 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
         store.delete()
 
 
+def test_a_replaced_sidecars_counters_carry_on_in_the_collectors_stats(real_url):
+    """A sidecar killed after 10 publishes: its successor's counters add to its own, so the
+    collector's counters (metrics(), the soak's summary) never fall back to zero."""
+    store = redisync.connect(real_url, run=f"sidecar-counters-{os.getpid()}")
+    term = Cumulative()
+    syncer = new_syncer(store, 3, [term], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
+    try:
+        for _ in range(10):
+            term.step()
+            syncer.on_step()
+            syncer.flush()
+            assert syncer.wait_synced(store.fleet().fleet_version, timeout=10)
+        assert wait_for(lambda: syncer.stats["publishes"] == 10)  # as the sidecar reported them
+        first = syncer.sidecar_pid
+        os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: syncer.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
+        term.step()
+        syncer.on_step()
+        syncer.flush()
+        assert syncer.wait_synced(store.fleet().fleet_version, timeout=10)
+        assert wait_for(lambda: syncer.stats["publishes"] == 11)  # 10 by the first sidecar, 1 by the second
+        assert float(store.fleet().keys[KEY].parts()["count"]) == term.count == 11
+    finally:
+        syncer.stop(flush=False)
+        store.delete()
+
+
 @pytest.mark.extras("torch")
 def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
     import torch
