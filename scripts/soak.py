@@ -6,7 +6,10 @@
 Without --url it starts a private redis-server (no persistence) on a free port, so that the fault
 schedule can SIGKILL (and restart, empty) or SIGSTOP it. Each collector keeps cumulative own
 statistics of a merge key of --elements float64 and publishes them every --publish-every seconds.
-At the end every collector's final report must be in the fleet: "lost" counts those that are not.
+The faults' times and every collector's --seconds count from the moment all collectors have started
+(each has its first report in the store), so that the faults land on a running fleet however slowly
+the processes start. At the end every collector's final report must be in the fleet: "lost" counts
+those that are not.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class CumulativeStats:
 
 
 def collector(
-    url: str, run: str, shard: int, seconds: float, elements: int, every: float, worker: str, out: Any
+    url: str, run: str, shard: int, seconds: float, elements: int, every: float, worker: str, out: Any, go: Any
 ) -> None:
     term = CumulativeStats(elements, shard)
     syncer = new_syncer(
@@ -71,6 +74,11 @@ def collector(
         retry_every_s=0.2,
         worker=worker,
     ).start()
+    term.step()  # a first report, in the store before the fleet starts together
+    syncer.on_step()
+    syncer.flush()
+    out.put({"ready": shard, "synced": syncer.wait_synced(timeout=120)})
+    go.wait()
     versions, end = set(), time.monotonic() + seconds
     while time.monotonic() < end:
         term.step()
@@ -210,15 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     run = f"soak-{uuid.uuid4().hex[:6]}"
     store = redisync.connect(url, run=run, socket_timeout=2.0)
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, go = ctx.Queue(), ctx.Event()
     procs = [
         ctx.Process(
-            target=collector, args=(url, run, i, args.seconds, args.elements, args.publish_every, args.worker, out)
+            target=collector,
+            args=(url, run, i, args.seconds, args.elements, args.publish_every, args.worker, out, go),
         )
         for i in range(args.collectors)
     ]
     for proc in procs:
         proc.start()
+    started = [out.get(timeout=600) for _ in procs]  # every collector's first report is in the store
+    if not all(r["synced"] for r in started):
+        print(f"soak: collectors {[r['ready'] for r in started if not r['synced']]} could not sync their first report")
+    go.set()
     t0, log = time.monotonic(), []
     faulter = None
     if server is not None and faults:
@@ -274,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     store.delete()
     if server is not None:
         server.kill()
-    ok = lost == 0 and float(fleet["count"]) == total_count and all(r["synced"] for r in results)
+    ok = lost == 0 and float(fleet["count"]) == total_count and all(r["synced"] for r in (*started, *results))
     return 0 if ok else 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,12 @@ import pytest
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
 SOAK = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
+
+
+def _reseeds(stdout: str) -> int:
+    found = re.search(r"re-seeds (\d+)", stdout)
+    assert found, stdout
+    return int(found.group(1))
 
 
 def test_short_soak_loses_nothing():
@@ -38,6 +45,7 @@ def test_short_soak_loses_nothing():
     assert "lost 0" in out.stdout
     assert "NOT RECOVERED" not in out.stdout
     assert "every slot back" in out.stdout
+    assert _reseeds(out.stdout) >= 1  # the kill landed on a running fleet: the run was lost and seeded again
 
 
 def test_short_soak_with_sidecar_workers_loses_nothing():
@@ -69,3 +77,4 @@ def test_short_soak_with_sidecar_workers_loses_nothing():
     assert "lost 0" in out.stdout
     assert "NOT RECOVERED" not in out.stdout
     assert "every slot back" in out.stdout
+    assert _reseeds(out.stdout) >= 1  # the kill landed on a running fleet: the run was lost and seeded again
