@@ -597,6 +597,24 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
         for text in (*guides.values(), readme_text):
             assert figure in text
             assert interval in text
+    # C: once all its runs are in, the 128-env answer with its interval, the 64- and 256-env ones beside
+    # it, the verdict as the test decided it, and what the plan said the warning check then means
+    c = [r for r in second["second_follow_up"] if r["question"] == "C"]
+    if all(r["complete"] for r in c):
+        tested, *beside = c
+
+        def interval(r):
+            return f"[{r['lo']:+.2f}, {r['hi']:+.2f}]".replace("-", "−")
+
+        quoted = f"{tested['mean']:+.2f}, 95 % t-interval {interval(tested)}".replace("-", "−")
+        assert quoted.replace("t−interval", "t-interval") in summary
+        assert f"p {tested['p_one_sided']:.3f}" in summary
+        assert all(interval(r) in summary for r in beside)
+        assert ("unsynced 128-env shards did worse too" in summary) == tested["rejected"]
+        assert ("its thresholds stand" in summary) == tested["rejected"]  # it fires at 128 (test_numpy_terms)
+        assert ("fires earlier than harm was shown" in summary) == (not tested["rejected"])
+        assert f"{tested['mean']:+.2f} (95 % interval {interval(tested)}".replace("-", "−") in readme_text
+        assert "still running" not in summary
     assert summary.index("second pre-registered follow-up") < summary.index("first pre-registered follow-up")
     assert f"{results['gate']['mean_difference']:+.3f}" in " ".join(page.split())
     # the README's one line quotes the first hypothesis: its estimate and its seeds, all of one sign
