@@ -65,7 +65,14 @@ def second_follow_up_lead(second: dict[str, Any]) -> list[str]:
     if not second.get("second_follow_up"):
         return []
     planned = second.get("planned_runs")
-    state = f" ({len(second['runs'])} of its {planned} runs done)" if planned else ""
+    done = len(second["runs"])
+    state = (
+        ""
+        if not planned
+        else f" (all {planned} runs done)"
+        if done >= planned
+        else f" ({done} of its {planned} runs done)"
+    )
     return [
         "## First: the second follow-up's answers" + state,
         f"Its report is [second-follow-up/report.md](second-follow-up/report.md)"
@@ -200,7 +207,12 @@ def budget(results: dict[str, Any]) -> str:
     wall = results.get("wall_s")
     wall_text = f"{wall / 60:.0f} min wall" if wall else f"about {train_min / workers:.0f} min wall"
     planned = results.get("planned_runs")
-    done = f"; {len(results['runs'])} of the {planned} planned runs done so far" if planned else ""
+    done = ""
+    if planned:
+        n = len(results["runs"])
+        done = (
+            f"; all {planned} planned runs done" if n >= planned else f"; {n} of the {planned} planned runs done so far"
+        )
     return (
         f"- Budget: {len(runs)} runs ({len(results['gate_runs'])} of them the gate), {train_min:.0f} min of training "
         f"on {workers} workers side by side: {wall_text} on this 2-core machine{done}."
