@@ -78,7 +78,9 @@ def collector(
     syncer.on_step()
     syncer.flush()
     out.put({"ready": shard, "synced": syncer.wait_synced(timeout=120)})
-    go.wait()
+    if not go.wait(timeout=900):  # the soak itself gave up waiting for the others
+        syncer.stop(flush=False)
+        return
     versions, end = set(), time.monotonic() + seconds
     while time.monotonic() < end:
         term.step()

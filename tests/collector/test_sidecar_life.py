@@ -354,6 +354,17 @@ class SidecarLife(RuleBasedStateMachine):
                 # the same state again is harmless (a successor's first pull re-hands it); older is not
                 assert e1 != e0 or v1 >= v0, f"applied ({e1}, v{v1}) after ({e0}, v{v0})"
 
+    @invariant()
+    def no_counter_of_a_collector_goes_back(self) -> None:
+        """Its counters (publishes, re-seeds, ...) sum over every sidecar it has run: a sidecar killed
+        and replaced does not take its counts with it."""
+        seen = getattr(self, "counters", {})
+        for c in getattr(self, "collectors", {}).values():
+            now, before = c.syncer.stats, seen.get(id(c.syncer), {})
+            assert all(now.get(k, 0) >= v for k, v in before.items()), (before, now)
+            seen[id(c.syncer)] = now
+        self.counters = {id(c.syncer): seen[id(c.syncer)] for c in getattr(self, "collectors", {}).values()}
+
     @rule()
     def settle(self) -> None:
         syncers = [c.syncer for c in self.collectors.values()]
