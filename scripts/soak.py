@@ -33,6 +33,7 @@ import numpy as np
 
 import redisync
 from redisync.collector.workers import new_syncer
+from redisync.lifeline import popen, spawn
 from redisync.store.schema import merge
 
 KEY = "soak/stats"
@@ -121,7 +122,7 @@ class Server:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = popen(  # SIGTERMed when the soak dies, even when restarted by the fault thread
             [
                 "redis-server",
                 "--port",
@@ -221,15 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     store = redisync.connect(url, run=run, socket_timeout=2.0)
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
-    procs = [
-        ctx.Process(
-            target=collector,
-            args=(url, run, i, args.seconds, args.elements, args.publish_every, args.worker, out, go),
-        )
+    procs = [  # each dies with the soak
+        spawn(collector, url, run, i, args.seconds, args.elements, args.publish_every, args.worker, out, go)
         for i in range(args.collectors)
     ]
-    for proc in procs:
-        proc.start()
     started = [out.get(timeout=600) for _ in procs]  # every collector's first report is in the store
     if not all(r["synced"] for r in started):
         print(f"soak: collectors {[r['ready'] for r in started if not r['synced']]} could not sync their first report")

@@ -18,6 +18,7 @@ import numpy as np
 import redis
 
 from ..errors import RedisyncError
+from ..lifeline import spawn
 from ..store.client import Store, connect, masked_url
 from ..store.codec import decode, encode
 from ..store.library import Library
@@ -346,9 +347,7 @@ def _watch_publisher(url: str, run: str, n: int, shard: int, seconds: float, out
 def _run_processes(target: Callable[..., None], args: tuple, procs: int) -> list[Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    ps = [ctx.Process(target=target, args=(*args[:3], i, *args[3:], out)) for i in range(procs)]
-    for p in ps:
-        p.start()
+    ps = [spawn(target, *args[:3], i, *args[3:], out) for i in range(procs)]  # each dies with this process
     results = []
     for _ in ps:
         try:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RedisyncError
+from ..lifeline import popen
 from ..store.client import connect
 from ..store.schema import Schema, merge
 
@@ -51,7 +52,7 @@ class CountingServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.process = subprocess.Popen(
+        self.process = popen(  # SIGTERMed when this process dies: no valgrind left counting
             [
                 "valgrind",
                 "--tool=callgrind",

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from ..lifeline import spawn
+
 STEP_S = 1e-3
 ENVS, BINS = 256, 64
 STRAGGLE_EVERY, STRAGGLE_S = 10, 0.02
@@ -179,12 +181,9 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
     out = ctx.Queue()
     run = f"bench-peers-{uuid.uuid4().hex[:8]}"
     port = _free_port()
-    procs = [
-        ctx.Process(target=_collector, args=(scenario, r, steps, port, url, run, out)) for r in range(scenario.procs)
-    ]
     t0 = time.perf_counter()
-    for p in procs:
-        p.start()
+    # each dies with this process
+    procs = [spawn(_collector, scenario, r, steps, port, url, run, out) for r in range(scenario.procs)]
     results: list[Any] = []
     try:
         while len(results) < scenario.procs:

@@ -74,33 +74,38 @@ def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, 
         syncer = new_syncer(
             connect(url, run=run), shard, [sampler], publish_every_steps=25, poll_every_s=0.5, min_pull_interval_s=0.05
         ).start()
-    time_steps = sampler.sample(cfg.envs, generator=g)
-    out.put(("ready", shard, None))
-    go.wait(120)
-    t0 = time.perf_counter()
-    for step in range(1, cfg.steps + 1):
-        time_steps += 1
-        failed = torch.rand(cfg.envs, generator=g) < rates[sampler.bin_of(time_steps)]
-        done = failed | (time_steps >= cfg.num_frames)
-        sampler.record_failures(time_steps[done], failed[done])
-        sampler.step()
-        if syncer is not None:
-            syncer.on_step()
-        if bool(done.any()):
+    try:
+        time_steps = sampler.sample(cfg.envs, generator=g)
+        out.put(("ready", shard, None))
+        go.wait(120)
+        t0 = time.perf_counter()
+        for step in range(1, cfg.steps + 1):
+            time_steps += 1
+            failed = torch.rand(cfg.envs, generator=g) < rates[sampler.bin_of(time_steps)]
+            done = failed | (time_steps >= cfg.num_frames)
+            sampler.record_failures(time_steps[done], failed[done])
+            sampler.step()
             if syncer is not None:
-                syncer.at_reset_boundary()
-            time_steps[done] = sampler.sample(int(done.sum()), generator=g)
-        if step % cfg.snapshot_every == 0:
-            out.put(
-                (
-                    "snapshot",
-                    shard,
-                    step,
-                    sampler.bin_failed_count.double().numpy().copy(),
-                    sampler.probabilities().double().numpy().copy(),
+                syncer.on_step()
+            if bool(done.any()):
+                if syncer is not None:
+                    syncer.at_reset_boundary()
+                time_steps[done] = sampler.sample(int(done.sum()), generator=g)
+            if step % cfg.snapshot_every == 0:
+                out.put(
+                    (
+                        "snapshot",
+                        shard,
+                        step,
+                        sampler.bin_failed_count.double().numpy().copy(),
+                        sampler.probabilities().double().numpy().copy(),
+                    )
                 )
-            )
-            out.put(("progress", shard, cfg.snapshot_every))
+                out.put(("progress", shard, cfg.snapshot_every))
+    except BaseException:  # its parent died (ParentExited) or the shard failed: stop as at the end
+        if syncer is not None:
+            syncer.stop()  # the last report published if the store answers, the lease given up
+        raise
     published = syncer.stop() if syncer is not None else True  # the last report: did it reach the store?
     metrics = syncer.metrics() if syncer is not None else {}  # (after stop(): the last publish counted)
     summary = {"seconds": time.perf_counter() - t0, "last_report_published": float(published)}

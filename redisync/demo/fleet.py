@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RedisyncError
+from ..lifeline import spawn
 from ..store.client import connect, serve_embedded
 
 UNIFORM_RATIO = 0.1
@@ -100,13 +101,9 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: boo
 
     ctx = mp.get_context("spawn")
     out, go = ctx.Queue(), ctx.Event()
-    procs = [
-        ctx.Process(target=run_collector, args=(url, run, s, cfg, sync, out, go), daemon=True)
-        for s in range(cfg.shards)
-    ]
     progress.set_postfix_str(f"starting {cfg.shards} collector processes", refresh=True)
-    for p in procs:
-        p.start()
+    # each dies with this process, having stopped its syncer (a killed demo leaves no fleet running)
+    procs = [spawn(run_collector, url, run, s, cfg, sync, out, go) for s in range(cfg.shards)]
     phase, done, ready = Phase(sync), 0, 0
     try:
         while done < cfg.shards:

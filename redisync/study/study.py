@@ -32,7 +32,9 @@ from typing import Any, cast
 import numpy as np
 
 from ..errors import RedisyncError
+from ..lifeline import hold_to_parent, initializer_args
 from . import follow_up as follow_up_plan
+from . import provenance
 from . import second_follow_up as second_plan
 from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
 from .stats import contrast, primary_family
@@ -181,11 +183,22 @@ def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _worker(
-    cfg_dict: dict[str, Any], arm: str, seed: int, url: str | None, env_spec: str | None, progress: Any
-) -> dict[str, Any]:
+_progress: Any = None  # a worker's queue for its env steps, given at its start
+
+
+def _start_worker(parent_pid: int, pdeathsig: bool, progress: Any) -> None:
+    """A study worker's start: it dies with the study's process (a killed study leaves no worker
+    training on) and reports its progress on ``progress``."""
+    global _progress
+    hold_to_parent(parent_pid, pdeathsig)
+    _progress = progress
+
+
+def _worker(cfg_dict: dict[str, Any], arm: str, seed: int, url: str | None, env_spec: str | None) -> dict[str, Any]:
     cfg = seeded(StudyConfig.from_dict(cfg_dict), seed)
-    return run_arm(cfg, arm, seed, url, load_env_factory(env_spec, cfg), on_progress=progress.put)
+    started = provenance.now()
+    run = run_arm(cfg, arm, seed, url, load_env_factory(env_spec, cfg), on_progress=_progress.put)
+    return run | {"provenance": provenance.provenance(started)}
 
 
 def seeded(cfg: StudyConfig, seed: int) -> StudyConfig:
@@ -211,6 +224,7 @@ def run_cells(
     jobs = [(condition_config(cfg, cast(Condition, c)), arm, seed) for c, arm, seeds in cells for seed in seeds]
     runs: list[dict[str, Any]] = []
     if saved is not None:
+        _remove_partial_runs(saved)
         kept = [load_run(saved, c, arm, seed) for c, arm, seed in jobs]
         runs = [run for run in kept if run is not None]
         jobs = [job for job, run in zip(jobs, kept, strict=True) if run is None]
@@ -218,9 +232,12 @@ def run_cells(
     ctx = mp.get_context("spawn")  # torch and the syncers' threads do not survive a fork
     # an executor, not multiprocessing's Pool: a Pool replaces a worker that dies (one that cannot even
     # start, on a loaded machine) with another, endlessly; a broken executor fails every pending run
-    with ctx.Manager() as manager, ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        progress = manager.Queue()
-        pending = [pool.submit(_worker, c.to_dict(), arm, seed, url, env_spec, progress) for c, arm, seed in jobs]
+    progress = ctx.Queue()
+    pool = ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_start_worker, initargs=(*initializer_args(), progress)
+    )
+    with pool:
+        pending = [pool.submit(_worker, c.to_dict(), arm, seed, url, env_spec) for c, arm, seed in jobs]
         while pending:
             with contextlib.suppress(queue.Empty):
                 bar.update(progress.get(timeout=0.5))
@@ -235,9 +252,10 @@ def run_cells(
                         f"a study worker process died before finishing its run ({e}); "
                         "nothing more is run: the runs already finished are lost with this call"
                     ) from None
+                origin = run.pop("provenance")
                 run["summary"] = summarise_run(run)
                 if saved is not None:
-                    save_run(saved, cfg_of(jobs, run), run)
+                    save_run(saved, cfg_of(jobs, run), run, origin)
                 runs.append(run)
                 bar.set_postfix_str(
                     f"{run['condition']}/{run['arm']} seed {run['seed']}: AUC {run['summary'][PRIMARY_METRIC]:.2f}"
@@ -247,6 +265,9 @@ def run_cells(
     bar.close()
     runs.sort(key=lambda r: (r["condition"], r["arm"], r["seed"]))
     return runs
+
+
+TMP_SUFFIX = ".partial"
 
 
 def _run_path(saved: Path, condition: str, arm: str, seed: int) -> Path:
@@ -260,13 +281,23 @@ def cfg_of(jobs: Sequence[tuple[StudyConfig, str, int]], run: dict[str, Any]) ->
     )
 
 
-def save_run(saved: Path, cfg: StudyConfig, run: dict[str, Any]) -> None:
-    """One finished run, with the configuration it was trained with, written whole or not at all."""
+def save_run(saved: Path, cfg: StudyConfig, run: dict[str, Any], origin: dict[str, Any] | None = None) -> None:
+    """One finished run, with the configuration it was trained with and where it came from (the
+    commit, the package versions, its start time), written whole or not at all: under a temporary
+    name first, renamed when complete (a study killed while writing leaves no partial run file, and
+    the temporary one is removed when the study resumes)."""
     saved.mkdir(parents=True, exist_ok=True)
+    origin = origin or provenance.provenance(provenance.now())
     path = _run_path(saved, run["condition"], run["arm"], run["seed"])
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"config": cfg.to_dict(), "run": run}))
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    tmp.write_text(json.dumps({"config": cfg.to_dict(), "run": run, "provenance": origin}))
     os.replace(tmp, path)
+
+
+def _remove_partial_runs(saved: Path) -> None:
+    """The run files a killed study was writing (never read as runs)."""
+    for tmp in saved.glob("*" + TMP_SUFFIX):
+        tmp.unlink(missing_ok=True)
 
 
 def _read_saved(path: Path) -> dict[str, Any]:
