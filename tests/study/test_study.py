@@ -573,7 +573,7 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
         assert quoted in summary
         assert f"over {len(a['seeds'])} seeds" in summary
         assert f"p {a['p_one_sided']:.3f}" in summary
-        verdict = "drift itself hurts 64-env shards" in summary
+        verdict = "on the toy task, drift hurt 64-env shards" in summary
         assert verdict == a["rejected"]  # the page says what the test decided, and only that
         assert f"{a['mean']:+.2f} (95 % interval [{a['lo']:+.2f}, {a['hi']:+.3f}]".replace("-", "−") in readme_text
     # B: each contrast's interval on the study page once tested, the verdicts as the test decided them,

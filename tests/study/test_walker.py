@@ -1,0 +1,119 @@
+"""The third study's physics task: a harnessed MuJoCo walker tracking a reference gait."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.extras("torch", "mujoco", "gymnasium")
+
+
+def _task(**kw):
+    from redisync.study.task import TaskConfig
+
+    return TaskConfig(**({"bins": 30, "skill_segments": 2} | kw))
+
+
+def _pd(env) -> torch.Tensor:
+    """A PD law toward the next reference frame that knows nothing of a segment's actuation."""
+    nxt = np.minimum(env.frames_np + 1, env.num_frames - 1)
+    q, dq = env.qpos[:, 1:], env.qvel[:, 1:]
+    tgt, dtg = env.ref_q[env.profiles, nxt], env.ref_dq[env.profiles, nxt]
+    return torch.from_numpy(np.clip(3.0 * (tgt - q) + 0.1 * (dtg - dq), -1, 1))
+
+
+def test_the_harness_holds_the_torso_and_leaves_the_slide_and_the_legs_free():
+    """Walker2d's model less rootz and rooty: 1 slide + 6 leg joints, 6 motors, the hip at HARNESS_Z."""
+    from redisync.study.walker import HARNESS_Z, harnessed_walker
+
+    model = harnessed_walker()
+    names = [model.joint(i).name for i in range(model.njnt)]
+    assert names == ["rootx", "thigh_joint", "leg_joint", "foot_joint", "thigh_left_joint", "leg_left_joint",
+                     "foot_left_joint"]  # fmt: skip
+    assert model.nu == 6
+    assert model.body("torso").pos[2] == pytest.approx(HARNESS_Z)
+
+
+def test_a_reset_places_each_walker_in_the_reference_pose_of_its_start_frame():
+    from redisync.study.walker import WalkerTracking
+
+    env = WalkerTracking(_task(), torch.zeros(4, dtype=torch.long), seed=1)
+    starts = torch.tensor([0, 100, 700, 1400])
+    env.reset(torch.arange(4), starts)
+    assert env.frames.tolist() == starts.tolist()
+    assert np.abs(env.qpos[:, 1:] - env.ref_q[0, starts.numpy()]).max() < 0.1  # within the reset's noise
+    assert env.observations().shape == (4, env.obs_dim)
+
+
+def test_the_legs_meet_the_floor_while_tracking_the_gait():
+    """Real contact: a stance foot touches the floor at some point of a gait cycle."""
+    from redisync.study.walker import WalkerTracking
+
+    env = WalkerTracking(_task(), torch.zeros(2, dtype=torch.long), seed=0)
+    floor = env.model.geom("floor").id
+    touched = 0
+    for _ in range(100):
+        env.step(_pd(env))
+        touched += sum(any(floor in (d.contact[k].geom1, d.contact[k].geom2) for k in range(d.ncon)) for d in env.data)
+    assert touched > 0
+
+
+def test_failures_fall_in_the_skill_segments_for_a_policy_that_has_not_learnt_them():
+    """What makes start frames matter: a PD law that knows the ordinary actuation tracks the gait,
+    and loses the motion in the skill segments, where the motors answer another way."""
+    from redisync.study.walker import WalkerTracking
+
+    cfg = _task(seed=3)
+    env = WalkerTracking(cfg, torch.zeros(64, dtype=torch.long), seed=0)
+    g = torch.Generator().manual_seed(0)
+    env.reset(torch.arange(64), torch.randint(0, env.num_frames, (64,), generator=g))
+    per_bin = np.zeros(cfg.bins)
+    for _ in range(600):
+        out = env.step(_pd(env))
+        np.add.at(per_bin, np.minimum(env.frames_np // 50, cfg.bins - 1)[out.terminated.numpy()], 1)
+        done = (out.terminated | out.truncated).nonzero().squeeze(1)
+        if len(done):
+            env.reset(done, torch.randint(0, env.num_frames, (len(done),), generator=g))
+    skill = env.skill_bins[0].numpy()
+    assert per_bin[skill].sum() > 0
+    assert per_bin[skill].sum() >= 5 * per_bin[~skill].sum()  # failures concentrate where the skill is
+
+
+def test_the_same_seed_steps_the_same_walkers():
+    from redisync.study.walker import WalkerTracking
+
+    runs = []
+    for _ in range(2):
+        env = WalkerTracking(_task(), torch.zeros(3, dtype=torch.long), seed=5)
+        torch.manual_seed(0)
+        for _ in range(20):
+            env.step(torch.rand(3, 6) * 2 - 1)
+        runs.append(env.qpos.copy())
+    assert np.array_equal(*runs)
+
+
+def test_the_walker_plugs_into_the_study_as_an_env(tmp_path):
+    """``--env redisync.study.walker:make_env``: a short run of the study's own pipeline trains on it."""
+    from dataclasses import replace
+
+    from redisync.study.fleet import StudyConfig, run_arm
+    from redisync.study.learner import SACConfig
+    from redisync.study.study import load_env_factory
+
+    cfg = replace(
+        StudyConfig().smoke(),
+        shards=2,
+        env_steps=2_048,
+        learning_starts=1_024,
+        eval_every=2_048,
+        drift_every=1_024,
+        envs_per_shard=16,
+        eval_rollouts=1,
+        task=_task(bins=6, skill_segments=1),
+        sac=SACConfig(hidden=32, batch_size=64, buffer_size=4_096),
+    )
+    make_env = load_env_factory("redisync.study.walker:make_env", cfg)
+    run = run_arm(cfg, "pooled", 1, None, make_env)
+    assert run["curve"][-1]["env_steps"] >= 2_048
+    assert 0.0 <= run["curve"][-1]["completion"] <= 1.0
