@@ -27,6 +27,10 @@ class UnsupportedServer(ConnectionUnavailable):
     """The server lacks what redisync needs (Redis Functions: Redis 7.0 or later, or Valkey)."""
 
 
+class FunctionsMissing(ConnectionUnavailable):
+    """redisync's functions of this version vanished from the server right after being loaded."""
+
+
 class ConfigurationError(RedisyncError, ValueError):
     """An argument that cannot work (an unknown worker, a process worker without a Redis URL)."""
 

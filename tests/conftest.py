@@ -74,7 +74,14 @@ def make_store(backend):
 
 
 # the modules the optional extras bring (``pip install '.[test]'`` alone has none of them)
-EXTRA_OF = {"torch": "torch", "tqdm": "demo", "matplotlib": "demo", "scipy": "demo", "gymnasium": "study", "mujoco": "study"}
+EXTRA_OF = {
+    "torch": "torch",
+    "tqdm": "demo",
+    "matplotlib": "demo",
+    "scipy": "demo",
+    "gymnasium": "study",
+    "mujoco": "study",
+}
 
 
 class _ModuleNeedingExtras(pytest.Module):

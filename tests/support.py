@@ -21,12 +21,20 @@ def _s(v) -> str:
 def lua_state(store: Store) -> dict:
     """fleet version, shards and per key: version, value, writer, slots, retired."""
     r = store.redis
-    out = {"fleet_version": int(r.hget(store.keys.meta, "fleet_version")), "shards": {}, "leases": {}, "keys": {}}
+    out = {
+        "fleet_version": int(r.hget(store.keys.meta, "fleet_version")),
+        "shards": {},
+        "leases": {},
+        "alive": {},
+        "keys": {},
+    }
     shards = {_s(k): _s(v) for k, v in r.hgetall(store.keys.shards).items()}
     for field, v in shards.items():
         sid, what = field.split(":")
         if what == "lease_until_us":
             out["leases"][int(sid)] = int(v)
+        elif what == "alive_until_us":
+            out["alive"][int(sid)] = int(v)
         elif what not in ("at_us", "claimed", "seen", "made"):  # (when, and what it had seen: for the operator)
             out["shards"].setdefault(int(sid), {})[what] = int(v)
     for name, spec in store.schema.keys.items():
@@ -79,6 +87,7 @@ def reference_state(ref: ReferenceFold) -> dict:
         "fleet_version": ref.fleet_version,
         "shards": {sid: {"incarnation": s.incarnation, "seq": s.seq} for sid, s in ref.shards.items()},
         "leases": dict(ref.leases),
+        "alive": dict(ref.alive),
         "keys": {},
     }
     for name, st in ref.keys.items():
@@ -111,6 +120,7 @@ def assert_same_state(lua: dict, ref: dict, rtol: float = 1e-12) -> None:
     assert lua["fleet_version"] == ref["fleet_version"]
     assert lua["shards"] == ref["shards"]
     assert lua["leases"] == ref["leases"]
+    assert lua["alive"] == ref["alive"]
     for name, r in ref["keys"].items():
         l = lua["keys"][name]
         assert l["version"] == r["version"], name

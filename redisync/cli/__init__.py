@@ -1,4 +1,4 @@
-"""The ``redisync`` command line: demo, ab (the study), bench, and inspect, watch, snapshot, restore.
+"""The ``redisync`` command line: demo, ab (the study), bench, and inspect, watch, snapshot, restore, functions.
 
 Every command takes ``--url`` (default: ``REDISYNC_URL``, else the embedded store; the commands on
 a run refuse to start without one). A failure prints one line naming what went wrong and exits with
@@ -15,6 +15,7 @@ import redis
 from .. import __version__, errors
 from .bench import bench
 from .demo import demo
+from .functions import functions
 from .runs import inspect, restore, snapshot
 from .study import ab
 from .watch import watch
@@ -32,7 +33,7 @@ def cli() -> None:
     collector takes at its next reset boundary. These commands show it, measure it and study it."""
 
 
-for command in (demo, ab, bench, inspect, watch, snapshot, restore):
+for command in (demo, ab, bench, inspect, watch, snapshot, restore, functions):
     cli.add_command(command)
 
 

@@ -8,6 +8,7 @@ same Lua library (see ``library.py``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import functools
 import os
@@ -305,6 +306,8 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
     # the limits as the fold reads them, made from the fields beside it (a snapshot taken before the
     # field existed has none)
     dead_bytes = _b(meta.get("dead_letter_max_bytes", b""))
+    packed = _b(meta.get("limits", b""))
+    stall = Limits.unpacked(packed).stall_after_s if re.fullmatch(r"(\d+\|){5}\d+", packed) else None
     try:
         meta["limits"] = (
             Limits(
@@ -313,6 +316,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
                 dead_letter_maxlen=int(meta["dead_letter_maxlen"]),
                 stream_payloads=_b(meta.get("stream_payloads", b"0")) == "1",
                 **({"dead_letter_max_bytes": int(dead_bytes)} if dead_bytes.isdigit() else {}),
+                **({"stall_after_s": stall} if stall is not None else {}),
             )
             .packed()
             .encode()
@@ -413,6 +417,18 @@ class Store:
         self.scripts.load()
 
     @_translated
+    def functions(self) -> list[library.LoadedLibrary]:
+        """redisync's function libraries on the server, one per version (this one's is
+        ``store.scripts.version``)."""
+        return library.loaded(self.redis)
+
+    @_translated
+    def prune_functions(self, keep: Iterable[str] = ()) -> list[str]:
+        """Delete every redisync version's library from the server but this one's and ``keep``'s
+        (retire old versions once no collector runs them); the libraries deleted."""
+        return library.prune(self.redis, {self.scripts.version, *keep})
+
+    @_translated
     def ping(self) -> None:
         """Reach the server now (connections are otherwise opened lazily): a typed error naming the
         URL and the cause when it does not answer, or refuses the URL's database or credentials."""
@@ -441,7 +457,12 @@ class Store:
             if not (library.missing(e) or Function.unsupported(e)):
                 raise
         script.library.load()  # the library was not there (a flush, a node that never had it): ours, then again
-        return send()
+        try:
+            return send()
+        except redis.ResponseError as e:
+            if library.missing(e):
+                raise script.library.gone(e) from e
+            raise
 
     def _key_hashes(self, schema: Schema) -> list[str]:
         """KEYS of the pull and register scripts: the run's meta, then meta and data of every key."""
@@ -521,9 +542,12 @@ class Store:
             "dead_letter_maxlen",
             "stream_payloads",
             "dead_letter_max_bytes",
+            "limits",
         )
         if raw[0] is None or raw[1] is None or raw[2] is None:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
+        with contextlib.suppress(ValueError):  # (a run registered before the field: its fields one by one)
+            return Limits.unpacked(_b(raw[5] or b""))
         return Limits(
             max_report_bytes=int(raw[0]),
             stream_maxlen=int(raw[1]),
@@ -556,7 +580,7 @@ class Store:
     def lease(self, shard_id: int, incarnation: int, lease_ms: int) -> bool:
         """Renew ``incarnation``'s lease on ``shard_id`` (0 ms: give it up); False when a later
         process has claimed the shard."""
-        reply = self._call(self.scripts.lease, [self.keys.shards], [shard_id, incarnation, lease_ms])
+        reply = self._call(self.scripts.lease, [self.keys.shards, self.keys.meta], [shard_id, incarnation, lease_ms])
         return _b(reply[0]) == "leased"
 
     def pull(

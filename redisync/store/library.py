@@ -3,9 +3,11 @@
 A library keeps what its code makes for the life of the server's Lua VM: the fold's helpers are
 made once when it loads, not at every call as an EVAL script makes them, and the server's own
 identity is read once per VM (a restarted server starts a new VM). Every function's name carries
-the library's version (``redisync_fold_<version>``): a client never runs functions of another
-version, and where the server holds another version (or none, or lost it: a flush, a node that
-never had it) the client loads its own in its place and calls again.
+the library's version (``redisync_fold_<version>``), and so does the library's own name
+(``redisync_<version>``): any number of redisync versions share one server or Cluster (teams, rolling
+upgrades), each calling its own functions; loading one never removes another. A client that finds its
+version missing (never loaded, a flush, a node that never had it) loads it and calls again; an
+operator lists and prunes the versions on a server (``redisync functions``).
 
 The library is ``lua/*.lua`` in one text, each file in a block of its own; ``struct.lua``, the
 pure-Lua stand-in for Redis' C ``struct`` library, goes in as well and serves where the server has
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -32,7 +35,7 @@ READ_ONLY = {"pull"}  # flagged no-writes: called by FCALL_RO
 MINIMUM_SERVER = "Redis 7.0 or later (or Valkey 7.2 or later)"
 
 
-def source(name: str = NAME, version: str | None = None, edit: dict[str, str] | None = None) -> tuple[str, str]:
+def source(name: str | None = None, version: str | None = None, edit: dict[str, str] | None = None) -> tuple[str, str]:
     """The library's text and version. ``version`` defaults to the text's own digest; ``edit``
     replaces a file's text by name (the stage profiler loads cut copies of the fold under a name
     and version of their own).
@@ -78,14 +81,20 @@ def source(name: str = NAME, version: str | None = None, edit: dict[str, str] | 
         "    return server_id, not server_id and tostring(type(info) == 'table' and info['err'] or 'no run_id') or nil",
         "  end",
     ]
+    lines += [
+        "",
+        "  -- clock.lua, the run's served clock (lease.lua and fold.lua)",
+        _LUA.joinpath("clock.lua").read_text().rstrip(),
+    ]
     for function in FUNCTIONS:
         text = (edit or {}).get(function) or _LUA.joinpath(f"{function}.lua").read_text()
         lines += ["", f"  do -- {function}.lua", text.rstrip(), "  end"]
     lines += ["", "  return functions", "end"]
     body = "\n".join(lines) + "\n"
     version = version or hashlib.sha1(body.encode()).hexdigest()[:12]
+    name = name or library_name(version)
     registrations = [
-        f"redis.register_function{{function_name = '{name}_{function}_{version}', "
+        f"redis.register_function{{function_name = '{NAME}_{function}_{version}', "
         f"callback = function(keys, args) made = made or make(); return made.{function}(keys, args) end"
         + (", flags = {'no-writes'}}" if function in READ_ONLY else "}")
         for function in FUNCTIONS
@@ -97,10 +106,15 @@ class Library:
     """The library on one client: its functions by name, loaded where a call finds them missing."""
 
     def __init__(
-        self, client: redis.Redis, name: str = NAME, version: str | None = None, edit: dict[str, str] | None = None
+        self,
+        client: redis.Redis,
+        name: str | None = None,
+        version: str | None = None,
+        edit: dict[str, str] | None = None,
     ):
-        self.client, self.name = client, name
+        self.client = client
         self.text, self.version = source(name, version, edit)
+        self.name = name or library_name(self.version)
         self._lock = threading.Lock()
         self.fold, self.pull, self.register = self._function("fold"), self._function("pull"), self._function("register")
         self.claim, self.restore, self.lease = (
@@ -110,11 +124,12 @@ class Library:
         )
 
     def _function(self, function: str) -> Function:
-        return Function(self, f"{self.name}_{function}_{self.version}", read_only=function in READ_ONLY)
+        return Function(self, f"{NAME}_{function}_{self.version}", read_only=function in READ_ONLY)
 
     def load(self) -> None:
-        """``FUNCTION LOAD REPLACE``: ours in place of any other version (on every primary of a
-        Cluster). A typed error where the server is too old or the role may not load functions."""
+        """``FUNCTION LOAD REPLACE`` of this version's library (on every primary of a Cluster), beside
+        any other version's. A typed error where the server is too old or the role may not load
+        functions."""
         with self._lock:
             try:
                 self.client.function_load(self.text, replace=True)
@@ -124,11 +139,21 @@ class Library:
                     f"with a role that may (deploy/users.acl: the learner), so that library {self.version} is on the server"
                 ) from e
             except redis.ResponseError as e:
+                if "already exists" in str(e).lower():  # this version's functions, loaded under another
+                    return  # library name (the single 'redisync' library of earlier versions): callable
                 if "unknown command" in str(e).lower() or "unknown subcommand" in str(e).lower():
                     raise errors.UnsupportedServer(
                         f"the server has no Redis Functions ({e}): redisync needs {MINIMUM_SERVER}"
                     ) from e
                 raise
+
+    def gone(self, error: BaseException) -> errors.FunctionsMissing:
+        """The typed error for a library that was loaded and is missing at once again."""
+        return errors.FunctionsMissing(
+            f"redisync's functions of version {self.version} are missing right after being loaded ({error}): "
+            "something removes them as they are loaded (a FUNCTION FLUSH, a prune of this version: see "
+            "'redisync functions list')"
+        )
 
     def unload(self) -> None:
         """``FUNCTION DELETE``: for a library of a name of its own (the stage profiler's cuts)."""
@@ -160,7 +185,12 @@ class Function:
             if not self.unsupported(e) and not missing(e):
                 raise
         self.library.load()
-        return self.send(target, keys, args)
+        try:
+            return self.send(target, keys, args)
+        except redis.ResponseError as e:
+            if missing(e):
+                raise self.library.gone(e) from e
+            raise
 
     def send(self, target: Any, keys: list[str], args: list[Any]) -> Any:
         """Call the function (loading the library first when the server lacks it)."""
@@ -171,3 +201,48 @@ class Function:
     def unsupported(error: BaseException) -> bool:
         """An FCALL the server does not know: loading tells why (too old a server) in a typed error."""
         return "unknown command" in str(error).lower()
+
+
+def library_name(version: str) -> str:
+    """The library of one redisync version on the server: ``redisync_<version>``."""
+    return f"{NAME}_{version}"
+
+
+@dataclass(frozen=True)
+class LoadedLibrary:
+    """One redisync library on a server: its name, its version, how many functions it holds."""
+
+    name: str
+    version: str
+    functions: int
+
+
+def loaded(client: redis.Redis) -> list[LoadedLibrary]:
+    """redisync's libraries on the server (``FUNCTION LIST``), by name; the one library of
+    redisync versions that loaded a single ``redisync`` library in place of the others included."""
+    out = []
+    for entry in client.function_list(library=f"{NAME}*"):
+        fields = dict(zip(entry[::2], entry[1::2], strict=True))
+        name = _text(fields[b"library_name"] if b"library_name" in fields else fields["library_name"])
+        if name != NAME and not name.startswith(NAME + "_"):
+            continue
+        functions = fields.get(b"functions", fields.get("functions", []))
+        names = [_text(dict(zip(f[::2], f[1::2], strict=True)).get(b"name", b"")) for f in functions]
+        versions = {n.rsplit("_", 1)[-1] for n in names if n.startswith(NAME + "_")}
+        version = versions.pop() if len(versions) == 1 else name.removeprefix(NAME + "_")
+        out.append(LoadedLibrary(name, version, len(names)))
+    return sorted(out, key=lambda lib: lib.name)
+
+
+def prune(client: redis.Redis, keep: set[str]) -> list[str]:
+    """``FUNCTION DELETE`` every redisync library whose version is not in ``keep``; the names deleted."""
+    gone = []
+    for lib in loaded(client):
+        if lib.version not in keep:
+            client.function_delete(lib.name)
+            gone.append(lib.name)
+    return gone
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -51,14 +51,30 @@ class ReferenceFold:
         self.specs = dict(schema.keys)
         self.shards: dict[int, ShardState] = {}
         self.claimed: dict[int, int] = {}
-        self.leases: dict[int, int] = {}  # per shard id: when its lease runs out (server µs)
+        self.leases: dict[int, int] = {}  # per shard id: when its lease runs out (server µs: claims)
+        self.alive: dict[int, int] = {}  # per shard id: when its lease runs out in the served clock (-1: given up)
+        self.clock_wall: int | None = None  # the server's time at the run's last call (µs)
+        self.clock_served = 0  # the run's served clock (µs), as lua/clock.lua keeps it
 
-    def lease(self, shard_id: int, incarnation: int, until_us: int) -> bool:
-        """Renew a lease, as ``lua/lease.lua`` does: refused when a later life holds the shard."""
+    def served_at(self, now_us: int) -> int:
+        """The served clock after a call at the server's time ``now_us`` (not yet kept)."""
+        if self.clock_wall is not None and now_us > self.clock_wall:
+            return self.clock_served + min(now_us - self.clock_wall, self.limits.stall_after_us)
+        return self.clock_served
+
+    def _tick(self, now_us: int) -> int:
+        self.clock_served, self.clock_wall = self.served_at(now_us), now_us
+        return self.clock_served
+
+    def lease(self, shard_id: int, incarnation: int, now_us: int, lease_ms: int) -> bool:
+        """Renew a lease for ``lease_ms`` (0: give it up), as ``lua/lease.lua`` does: refused when a
+        later life holds the shard."""
         cur = self.shards.get(shard_id)
         if cur is not None and cur.incarnation != incarnation:
             return False
-        self.leases[shard_id] = until_us
+        served = self._tick(now_us)
+        self.leases[shard_id] = now_us + 1000 * lease_ms
+        self.alive[shard_id] = served + 1000 * lease_ms if lease_ms > 0 else -1
         return True
 
     def claim(self, shard_id: int, now_us: int) -> int:
@@ -79,10 +95,13 @@ class ReferenceFold:
             self.keys[name] = copy.deepcopy(key)
             self.keys[name].version = max(mine.version, key.version) + 1
         # the ids this run knows (any entry in its shards hash) keep every entry of theirs
-        known = set(self.shards) | set(self.claimed) | set(self.leases)
+        known = set(self.shards) | set(self.claimed) | set(self.leases) | set(self.alive)
         self.shards = {**{i: copy.deepcopy(v) for i, v in snap.shards.items() if i not in known}, **self.shards}
         self.claimed = {**{i: v for i, v in snap.claimed.items() if i not in known}, **self.claimed}
         self.leases = {**{i: v for i, v in snap.leases.items() if i not in known}, **self.leases}
+        self.alive = {**{i: v for i, v in snap.alive.items() if i not in known}, **self.alive}
+        if self.clock_wall is None:  # the run's served clock stays the run's
+            self.clock_wall, self.clock_served = snap.clock_wall, snap.clock_served
 
     def apply(
         self,
@@ -108,13 +127,14 @@ class ReferenceFold:
         if sum(8 * p.size for p in payloads.values()) > self.limits.max_report_bytes:
             return Outcome("rejected", reason="too_large")
         folded: dict[str, KeyState] = {}
+        served = self.served_at(now_us)
         for name, payload in payloads.items():
             state, spec = self.keys.get(name), self.specs.get(name)
             if state is None or spec is None:
                 return Outcome("rejected", reason="unknown_key", key=name)
             if payload.shape != (spec.width,):
                 return Outcome("rejected", reason="shape", key=name)
-            report = Fold(shard_id, incarnation, seq, payload, now_us, name in resume, self.leases)
+            report = Fold(shard_id, incarnation, seq, payload, now_us, name in resume, self.alive, served)
             result = spec.fold(state, report)
             if isinstance(result, str):
                 return Outcome("rejected", reason=result, key=name)
@@ -122,4 +142,8 @@ class ReferenceFold:
         self.keys.update(folded)
         self.fleet_version = max(self.fleet_version, floor) + 1
         self.shards[shard_id] = ShardState(incarnation, seq, now_us)
+        self._tick(now_us)
+        # a shard folding after its lease ran out (or was given up) lived on: until a grace past this fold
+        if shard_id in self.alive and self.alive[shard_id] < served:
+            self.alive[shard_id] = served
         return Outcome("applied", self.fleet_version)

@@ -77,13 +77,36 @@ class Limits(BaseModel):
     # the reports stream keeps each accepted report's envelope; its payloads too only when asked (an
     # audit trail costs a copy of every report in Redis' memory and in the fold's time)
     stream_payloads: bool = False
+    # leases run out in the time the server spent serving the run: a gap between two of the run's
+    # calls (lease renewals, folds) longer than this counts as this long, so a stall of the server of
+    # any length runs out nobody's lease (lua/clock.lua); a live fleet calls every second
+    stall_after_s: float = Field(default=2.0, gt=0, le=3600)
 
     def packed(self) -> str:
-        """The limits as the fold reads them, one run-meta field (``limits``) instead of five:
-        ``max_report_bytes|stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes``."""
+        """The limits as the fold reads them, one run-meta field (``limits``) instead of six:
+        ``max_report_bytes|stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes|stall_after_us``."""
         return (
             f"{self.max_report_bytes}|{self.stream_maxlen}|{int(self.stream_payloads)}|"
-            f"{self.dead_letter_maxlen}|{self.dead_letter_max_bytes}"
+            f"{self.dead_letter_maxlen}|{self.dead_letter_max_bytes}|{self.stall_after_us}"
+        )
+
+    @property
+    def stall_after_us(self) -> int:
+        return round(self.stall_after_s * 1e6)
+
+    @classmethod
+    def unpacked(cls, text: str) -> Limits:
+        """The limits from :meth:`packed`'s text (five fields: written before ``stall_after_s``)."""
+        parts = text.split("|")
+        if len(parts) not in (5, 6) or not all(p.isdigit() for p in parts):
+            raise ValueError(f"not packed limits: {text!r}")
+        return cls(
+            max_report_bytes=int(parts[0]),
+            stream_maxlen=int(parts[1]),
+            stream_payloads=parts[2] == "1",
+            dead_letter_maxlen=int(parts[3]),
+            dead_letter_max_bytes=int(parts[4]),
+            **({"stall_after_s": int(parts[5]) / 1e6} if len(parts) == 6 else {}),
         )
 
 

@@ -145,7 +145,7 @@ class WalkerTracking:
         n = self.num_envs
         self.qpos = np.zeros((n, self.model.nq))
         self.qvel = np.zeros((n, self.model.nv))
-        self.frames_np = np.zeros(n, dtype=np.int64)
+        self.frames_np: np.ndarray = np.zeros(n, dtype=np.int64)
         self.age = np.zeros(n, dtype=np.int64)
         self.reset(torch.arange(n), torch.zeros(n, dtype=torch.long))
 

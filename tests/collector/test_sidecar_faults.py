@@ -679,6 +679,8 @@ def test_stop_publishes_the_last_report_when_the_sidecar_is_starved(real_url):
         assert syncer.stop(flush=True, timeout=3.0) is True
         assert _count(store) == 12
         assert not _alive(pid)  # killed, not left stopped
+        # and the collector gave the shard's lease up after its own publish: a clean stop, not a pause
+        assert store.redis.hget(store.keys.shards, "0:alive_until_us") == b"-1"
     finally:
         syncer.stop(flush=False)
         store.delete()

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redisync.store.reference import ReferenceFold
-from redisync.store.schema import MergeSpec, Schema, merge
+from redisync.store.schema import Limits, MergeSpec, Schema, merge
 
 from ..conftest import examples
 from ..support import assert_same_state, reference_state
@@ -43,11 +43,11 @@ def _payload(rng: np.random.Generator, count: float) -> np.ndarray:
 )
 def test_a_batch_of_folds_ends_in_the_same_fleet_in_any_order(seed, lapsed, events, order):
     rng = np.random.default_rng(seed)
-    ref = ReferenceFold(SCHEMA)
+    ref = ReferenceFold(SCHEMA, Limits(stall_after_s=3600))  # (the batch's times are all served)
     inc = {}
     for shard in SHARDS:  # everyone publishes at t = 0 and leases: the lapsed ones until t = 0.5 s
         inc[shard] = ref.claim(shard, now_us=shard + 1)
-        ref.lease(shard, inc[shard], 0.5 * S if shard in lapsed else 100 * S)
+        ref.lease(shard, inc[shard], 0, 500 if shard in lapsed else 100_000)
         reports = {"obs/norm": _payload(rng, 100.0), "motion/ema": _payload(rng, 1.0)}
         assert ref.apply(shard, inc[shard], 1, reports, now_us=0).status == "applied"
     # at t = 5 s every slot is stale and the lapsed leases are past their grace; one batch of folds:

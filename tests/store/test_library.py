@@ -15,23 +15,51 @@ SCHEMA = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale
 
 
 def _loaded(store: Store) -> set[str]:
-    """The names of the functions of the server's library named 'redisync'."""
+    """The names of the functions of every redisync library on the server."""
     out = set()
-    for library in store.redis.function_list(library="redisync"):
+    for library in store.redis.function_list(library="redisync*"):
         fields = dict(zip(library[::2], library[1::2], strict=True))
-        if fields[b"library_name"] == b"redisync":
-            out |= {dict(zip(f[::2], f[1::2], strict=True))[b"name"].decode() for f in fields[b"functions"]}
+        out |= {dict(zip(f[::2], f[1::2], strict=True))[b"name"].decode() for f in fields[b"functions"]}
     return out
 
 
-def test_a_library_of_another_version_is_replaced_by_ours(make_store):
+def test_a_library_of_another_version_stays_beside_ours(make_store):
+    """Two redisync versions on one server (a rolling upgrade, two teams): loading ours removes
+    nothing of the other's, and each calls its own functions."""
     store = make_store()
-    Library(store.redis, version="0ld").load()  # what an older redisync left on the server
-    assert _loaded(store) == {f"redisync_{f}_0ld" for f in FUNCTIONS}
+    theirs = {f"redisync_{f}_0ld" for f in FUNCTIONS}
+    Library(store.redis, version="0ld").load()  # what another redisync version loaded on the server
+    assert theirs <= _loaded(store)
     store.register(SCHEMA)
     store.shard(0).publish({"obs/norm": {"count": 1, "sum": [1.0, 2.0]}})
-    assert _loaded(store) == {f"redisync_{f}_{store.scripts.version}" for f in FUNCTIONS}
+    ours = {f"redisync_{f}_{store.scripts.version}" for f in FUNCTIONS}
+    assert theirs | ours <= _loaded(store)
     assert store.fleet().keys["obs/norm"].parts()["count"] == 1
+    assert {"0ld", store.scripts.version} <= {lib.version for lib in store.functions()}
+    # retiring the old version deletes its library only
+    assert "redisync_0ld" in store.prune_functions()
+    assert not theirs & _loaded(store)
+    assert ours <= _loaded(store)
+
+
+def test_a_library_that_vanishes_as_it_is_loaded_is_a_typed_error(make_store, monkeypatch):
+    """Every retry path ends in a RedisyncError: a library flushed again right after it was loaded
+    (a concurrent prune or FUNCTION FLUSH) is ``FunctionsMissing``, not redis-py's ResponseError."""
+    store = make_store()
+    store.register(SCHEMA)
+    shard = store.shard(0)
+    original = store.scripts.load
+
+    def load_then_lose() -> None:
+        original()
+        store.redis.function_flush()
+
+    store.redis.function_flush()
+    monkeypatch.setattr(store.scripts, "load", load_then_lose)
+    with pytest.raises(errors.FunctionsMissing, match="missing right after being loaded"):
+        shard.publish({"obs/norm": {"count": 1, "sum": [1.0, 2.0]}})
+    with pytest.raises(errors.FunctionsMissing):
+        store.fleet()
 
 
 def test_a_flushed_library_is_loaded_again_by_the_next_call_and_nothing_is_lost(make_store):
@@ -58,7 +86,7 @@ def test_the_version_is_the_texts_own_digest_so_an_edit_is_a_new_version():
     edited = Library(fakeredis.FakeRedis(), edit={"lease": "local function lease() end\nexport('lease', lease)"})
     assert ours.version != edited.version
     assert ours.fold.name == f"redisync_fold_{ours.version}"
-    assert ours.text.startswith("#!lua name=redisync\n")
+    assert ours.text.startswith(f"#!lua name=redisync_{ours.version}\n")  # a library per version
 
 
 def test_the_server_reads_its_identity_once_per_vm_not_once_per_fold(real_url):

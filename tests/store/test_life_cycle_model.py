@@ -2,7 +2,8 @@
 
 Rules: publish (a failure EMA, normaliser moments, a histogram, an owned scale and a
 level any shard may raise), duplicate, crash, fresh restart, resume from a checkpoint, restart on a host whose
-clock is behind, a zombie of an earlier life, leases renewed, run out and given up, stale slots, a store restart without persistence, a
+clock is behind, a zombie of an earlier life, leases renewed, run out and given up (a clean stop), a server stall
+longer than every lease, stale slots, a store restart without persistence, a
 crash that loses the tail of the append-only file, restores into the same and into another run, and a
 fold racing a restore. The model is the reference fold (``redisync.store.reference``) plus, per shard, the
 process that lives there and the cumulative statistics it would report. After every step, on fakeredis
@@ -37,7 +38,7 @@ import redisync
 from redisync import errors
 from redisync.store.codec import encode
 from redisync.store.reference import ReferenceFold
-from redisync.store.schema import MaximumSpec, MergeSpec, Schema, broadcast, maximum, merge
+from redisync.store.schema import Limits, MaximumSpec, MergeSpec, Schema, broadcast, maximum, merge
 
 from ..conftest import backend_url, examples
 from ..support import assert_same_state, lua_state, reference_state
@@ -55,6 +56,8 @@ SCHEMA = Schema.of(
         "command/range": maximum(2),
     }
 )
+# a gap of more than 20 ms between the run's calls is a stall: leases run out in served time only
+LIMITS = Limits(stall_after_s=0.02)
 NAMES = list(SCHEMA.keys)
 SHARD_IDS = (0, 5, 40)  # the fold's sums: two sub-groups of one group (ids 0-15), and another group (32-47)
 MAGNITUDES = st.sampled_from([1e-3, 1.0, 1e3, 1e16, 1e300])
@@ -88,8 +91,8 @@ class FleetLife(RuleBasedStateMachine):
         self.url = backend_url(self.backend)
         self.store = redisync.connect(self.url, run=f"life-{uuid.uuid4().hex[:10]}")
         self.scratch = redisync.connect(self.url, run=f"life-{uuid.uuid4().hex[:10]}")
-        self.store.register(SCHEMA)
-        self.ref = ReferenceFold(SCHEMA)
+        self.store.register(SCHEMA, LIMITS)
+        self.ref = ReferenceFold(SCHEMA, LIMITS)
         self.procs: dict[int, Process] = {}
         self.zombies: dict[int, Process] = {}
         self.states: dict[tuple[str, int], str] = {}  # (epoch, version) -> what the store held
@@ -232,18 +235,20 @@ class FleetLife(RuleBasedStateMachine):
     def restart(self, shard, resume, clock_behind):
         self._spawn(shard, resume=resume, clock_behind=clock_behind)
 
-    @rule(shard=st.sampled_from(SHARD_IDS), lease_ms=st.sampled_from([0, 1, 60_000]), zombie=st.booleans())
+    @rule(shard=st.sampled_from(SHARD_IDS), lease_ms=st.sampled_from([0, 1, 50, 60_000]), zombie=st.booleans())
     def lease(self, shard, lease_ms, zombie):
-        """A live Syncer renews its shard's lease (60 s), lets it run out (1 ms: it died just after)
-        or gives it up at stop (0); a zombie's renewal is refused. The folds after a lease has lapsed
-        for longer than motion/ema's grace (see ``stale``) leave that shard's slot out."""
+        """A live Syncer renews its shard's lease (60 s, or 50 ms: shorter than a stall), lets it run
+        out (1 ms: it died just after, or its sidecar was paused) or gives it up at stop (0: it leaves
+        motion/ema at the next fold); a zombie's renewal is refused. The folds after a lease has lapsed
+        for longer than motion/ema's grace (see ``stale``) leave that shard's slot out, unless the
+        shard folded since (it lived on, for a grace past that fold)."""
         proc = self.zombies.get(shard) if zombie else self.procs[shard]
         if proc is None or not proc.alive:
             return
         inc = proc.client.incarnation
         got = self.store.lease(shard, inc, lease_ms)
         until = self.store.redis.hget(self.store.keys.shards, f"{shard}:lease_until_us")
-        want = self.ref.lease(shard, inc, int(until) if got else 0)
+        want = self.ref.lease(shard, inc, int(until) - 1000 * lease_ms if got else 0, lease_ms)
         assert got == want
 
     @rule(shard=st.sampled_from(SHARD_IDS), seed=st.integers(0, 2**16))
@@ -265,6 +270,21 @@ class FleetLife(RuleBasedStateMachine):
         # before, drop out at the next fold of that key
         time.sleep(0.06)
 
+    @rule(seed=st.integers(0, 2**16))
+    def server_stall(self, seed):
+        """The server serves nothing for 200 ms, longer than a 50 ms lease and its grace (a stall, a
+        paused VM, a clock step): at the first fold after it, no shard whose lease was running in the
+        run's served clock leaves motion/ema."""
+        before = set(lua_state(self.store)["keys"]["motion/ema"]["slots"])
+        running = {s for s, u in self.ref.alive.items() if u >= self.ref.clock_served}
+        time.sleep(0.2)
+        live = [s for s, p in self.procs.items() if p.alive]
+        if not live:
+            return
+        self.publish(live[0], {"motion/ema"}, 1.0, seed)
+        after = set(lua_state(self.store)["keys"]["motion/ema"]["slots"])
+        assert (before & running) <= after, (before, running, after)
+
     @rule()
     def save_moment(self):
         self.saved = (self._raw(), copy.deepcopy(self.ref), copy.deepcopy(self.levels))
@@ -272,8 +292,8 @@ class FleetLife(RuleBasedStateMachine):
     @rule()
     def store_restart_without_persistence(self):
         self.store.delete()
-        self.store.register(SCHEMA)
-        self.ref = ReferenceFold(SCHEMA)
+        self.store.register(SCHEMA, LIMITS)
+        self.ref = ReferenceFold(SCHEMA, LIMITS)
         self.saved = None
         self.levels = {}
         self._republish_all()  # the collectors' latest levels re-seed the maximum
@@ -308,8 +328,8 @@ class FleetLife(RuleBasedStateMachine):
     @rule()
     def restore_into_another_run(self):
         self.scratch.delete()
-        self.scratch.register(SCHEMA)
-        scratch_ref = ReferenceFold(SCHEMA)
+        self.scratch.register(SCHEMA, LIMITS)
+        scratch_ref = ReferenceFold(SCHEMA, LIMITS)
         self.scratch.restore(self.store.snapshot())
         scratch_ref.restore(self.ref)
         assert_same_state(lua_state(self.scratch), reference_state(scratch_ref), rtol=0)

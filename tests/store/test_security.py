@@ -177,6 +177,8 @@ def _operations(server) -> dict:
 
     return {
         "load redisync's functions onto the server": lambda s: s.load_functions(),
+        "list the redisync versions on the server (`redisync functions list`)": lambda s: s.functions(),
+        "retire other redisync versions (`redisync functions prune`)": lambda s: s.prune_functions(),
         "register the run's schema": lambda s: s.register(SCHEMA),
         "publish a report (the fold)": lambda s: s.shard(1).publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}}),
         "pull the fleet state (`pull()`, `fleet()`)": lambda s: (

@@ -38,10 +38,11 @@ local sunpack, spack -- struct's unpack and pack, taken at the first call (see s
 -- per variable it captures each time it is made), and the server runs one call at a time.
 local KEYS, ARGV, run, meta, shard, inc, seq, floor, resume
 local nkeys, fleet_version, cur, now_s, now, server, epoch, limits
+local served, served_s -- the run's served clock after this fold (clock.lua), and its text
 local own -- the folding shard's field names (see shard_fields)
 
 -- The run's limits (the meta field 'limits', written at registration from Limits.packed():
--- max_report_bytes|stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes), parsed
+-- max_report_bytes|stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes[|stall_after_us]), parsed
 -- once per Lua VM and remembered by their own text. What is missing or not a number reads as it
 -- always has: no report fits, a stream of 1000, no payloads, 10 000 dead letters of 64 MiB in all.
 -- (A run registered before the field existed: its fields one by one.)
@@ -55,7 +56,7 @@ local function run_limits(text)
   local l = LIMITS[text]
   if l then return l end
   local max_bytes, maxlen, payloads, dead_maxlen, dead_bytes =
-    string.match(text, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+    string.match(text, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|?%d*$') -- (a sixth field: clock.lua's)
   l = {max_report_bytes = tonumber(max_bytes) or 0, max_report_text = max_bytes or text,
     stream_maxlen = maxlen and string.match(maxlen, '^%d+$') and maxlen or '1000', stream_payloads = payloads == '1',
     dead_letter_maxlen = tonumber(dead_maxlen) or 10000, dead_letter_max_bytes = tonumber(dead_bytes) or 67108864}
@@ -740,28 +741,21 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
     for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
     at = hmget(km, atf) or {}
   end
-  -- (state keys) when each other writer's lease on its shard id runs out: a shard whose lease has
-  -- lapsed for longer than lease_grace_s has left the fleet, unless its slot was written after the
-  -- lease ran out (it lived on: whichever fold comes first, the slot's fate is the same); a shard
-  -- that never leased is not judged. (When each slot was written is read for those shards only:
-  -- usually none.)
+  -- (state keys) when each other writer's lease on its shard id runs out, in the run's served clock
+  -- (clock.lua: a stall of the server runs out nobody's lease): a shard whose lease has lapsed for
+  -- longer than lease_grace_s, or was given up (-1: a clean stop), has left the fleet. A fold of the
+  -- shard after its lease ran out moved the lease's end to that fold (it lived on), so whichever fold
+  -- comes first, the slot's fate is the same. A shard that never leased is not judged.
   local grace, lapsed = decl.grace, NONE
   if grace and nids > 0 then
     lapsed = {}
     local lf = {}
-    for k = 1, nids do lf[k] = idname[ids[k]] .. ':lease_until_us' end
+    for k = 1, nids do lf[k] = idname[ids[k]] .. ':alive_until_us' end
     local leased = hmget(KEYS[2], lf) or {}
-    local span, cand = grace * 1e6, {}
+    local span = grace * 1e6
     for k = 1, nids do
       local u = leased[k] and tonumber(leased[k])
-      if u and now - u > span then cand[#cand + 1] = k; lapsed[k] = u end
-    end
-    if #cand > 0 and not stale then
-      local f = {}
-      for j = 1, #cand do f[j] = 'slot:' .. idname[ids[cand[j]]] .. ':at_us' end
-      local got = hmget(km, f) or {}
-      at = {}
-      for j = 1, #cand do at[cand[j]] = got[j] end
+      if u and (u < 0 or served - u > span) then lapsed[k] = true end
     end
   end
   -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
@@ -778,8 +772,7 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
     local id = ids[k]
     if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
     local gone = stale and now - (tonumber(at[k]) or 0) > stale * 1e6
-    local lease_end = lapsed[k]
-    if not gone and lease_end and (tonumber(at[k]) or 0) <= lease_end then
+    if not gone and lapsed[k] then
       gone = true
       item.lapsed = (item.lapsed or 0) + 1
     end
@@ -1157,7 +1150,7 @@ local function shard_fields(id)
   local slot = 'slot:' .. id
   return {slot = slot, counts = 'counts:' .. slot, slot_incarnation = slot .. ':incarnation', slot_seq = slot .. ':seq',
     slot_at = slot .. ':at_us', incarnation = id .. ':incarnation', seq = id .. ':seq', at = id .. ':at_us',
-    seen = id .. ':seen', made = id .. ':made'}
+    seen = id .. ':seen', made = id .. ':made', alive = id .. ':alive_until_us'}
 end
 
 -- A key's declaration (the key-meta field 'declared', written at registration from the schema:
@@ -1210,7 +1203,8 @@ local function fold(keys, args)
   run = run_keys(KEYS[1])
   if not run then return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'} end
 
-  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server')
+  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server', 'clock_wall_us',
+    'clock_served_us')
   shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
   -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
   if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
@@ -1256,7 +1250,7 @@ local function fold(keys, args)
   if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
 
   -- duplicates, retries and zombies --------------------------------------------------------------
-  cur = redis.call('HMGET', KEYS[2], own.incarnation, own.seq)
+  cur = redis.call('HMGET', KEYS[2], own.incarnation, own.seq, own.alive)
   if cur[1] then
     if newer(cur[1], inc) then
       return reject('stale_incarnation', '', 'incarnation ' .. inc .. ' is older than the shard\'s current ' .. cur[1])
@@ -1279,6 +1273,7 @@ local function fold(keys, args)
   local t = redis.call('TIME')
   now_s = t[1] .. string.sub('00000' .. t[2], -6) -- (microseconds, without a float format)
   now = t[1] * 1000000 + t[2]
+  served, served_s = served_clock(meta[6], meta[7], now, meta[3])
 
   -- The server process: a fold by another process than the previous fold's (a restart, a failover)
   -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
@@ -1365,11 +1360,15 @@ local function fold(keys, args)
   if epoch ~= meta[1] or (server and server ~= meta[5]) then
     redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[5] or '')
   end
-  redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s)
+  redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s, 'clock_wall_us', now_s,
+    'clock_served_us', served_s)
   if cur[1] ~= inc then redis.call('HSET', KEYS[2], own.incarnation, inc) end
   -- (seen: the highest fleet version the shard had seen when it reported, made: the version its report
   -- made; for `redisync watch`: how far behind the shard's view was, and what it samples)
   redis.call('HSET', KEYS[2], own.seq, seq, own.at, now_s, own.seen, floor, own.made, fv)
+  -- a shard that folds after its lease ran out (or was given up) lived on: it counts until a grace
+  -- past this fold unless it renews (a shard that never leased is not judged)
+  if cur[3] and (tonumber(cur[3]) or 0) < served then redis.call('HSET', KEYS[2], own.alive, served_s) end
 
   redis.call('PUBLISH', run.versions, fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)

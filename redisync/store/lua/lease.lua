@@ -1,9 +1,13 @@
 -- lease.lua: a live process renews (or, at stop, gives up) its lease on a shard id, so that a
--- second process started with the same id is refused (claim.lua) instead of silently taking it.
+-- second process started with the same id is refused (claim.lua) instead of silently taking it,
+-- and so that a state key drops the slot of a shard that died (fold.lua).
 --
--- KEYS[1]   the run's shards hash
+-- KEYS[1]   the run's shards hash;   KEYS[2] the run's meta hash (its served clock, see clock.lua)
 -- ARGV[1]   the shard id;   ARGV[2] the caller's incarnation;   ARGV[3] the lease in ms (0: give it up)
 -- returns {'leased'} | {'stale', current incarnation}   (a later process claimed the shard)
+--
+-- shards fields: <id>:lease_until_us (server time: claims), <id>:alive_until_us (the served clock:
+-- folds; -1 once given up, so a stopped collector leaves a state key at the next fold)
 -- (the library's function redisync_lease_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
 
 local function lease(KEYS, ARGV)
@@ -12,8 +16,20 @@ local function lease(KEYS, ARGV)
   -- none: the store lost the run's shards (a restart); the caller's next fold records it again
   if cur and cur ~= ARGV[2] then return {'stale', cur} end
   local t = redis.call('TIME')
-  local until_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1000 * tonumber(ARGV[3])
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local ms = tonumber(ARGV[3])
+  local until_us = now + 1000 * ms
+  local alive = '-1'
+  local m = KEYS[2] and redis.call('HMGET', KEYS[2], 'clock_wall_us', 'clock_served_us', 'limits', 'epoch')
+  if m and m[4] then -- (a registered run: its clock advances)
+    local served, served_text = served_clock(m[1], m[2], now, m[3])
+    redis.call('HSET', KEYS[2], 'clock_wall_us', string.format('%.0f', now), 'clock_served_us', served_text)
+    if ms > 0 then alive = string.format('%.0f', served + 1000 * ms) end
+  elseif ms > 0 then
+    alive = nil
+  end
   redis.call('HSET', KEYS[1], shard .. ':lease_until_us', string.format('%.0f', until_us))
+  if alive then redis.call('HSET', KEYS[1], shard .. ':alive_until_us', alive) end
   return {'leased'}
 end
 

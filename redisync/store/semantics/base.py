@@ -69,7 +69,8 @@ class Fold:
     payload: Vector
     now_us: int
     resumed: bool  # this incarnation resumed the key from a checkpoint
-    leases: Mapping[int, int]  # per shard id: when its lease runs out (server µs)
+    alive: Mapping[int, int]  # per shard id: when its lease runs out in the run's served clock (µs; -1: given up)
+    served_us: int  # the run's served clock at this fold (lua/clock.lua)
 
 
 class SpecBase(BaseModel):

@@ -213,7 +213,7 @@ class MergeSpec(SpecBase):
                 if not finite_moments(self, retired):
                     return "non_finite"
         slots = {}
-        now_us, leases = report.now_us, report.leases
+        now_us, alive, served = report.now_us, report.alive, report.served_us
         for other, slot in state.slots.items():
             # a state key's slot leaves once stale or its shard's lease lapsed; a history key keeps it (its
             # samples stay counted, as its shard's fresh restart would retire them: whichever fold comes first)
@@ -223,13 +223,8 @@ class MergeSpec(SpecBase):
                 and now_us - slot.at_us > self.stale_after_s * 1e6
             )
             grace = self.lease_grace_s if self.lifecycle == "state" else None
-            # (unless written after its lease ran out: it lived on, whichever fold comes first)
-            lapsed = (
-                grace is not None
-                and other in leases
-                and now_us - leases[other] > grace * 1e6
-                and slot.at_us <= leases[other]
-            )
+            # in the served clock; given up (-1) at a clean stop; a fold after the lease ran out moved its end
+            lapsed = grace is not None and other in alive and (alive[other] < 0 or served - alive[other] > grace * 1e6)
             if other != report.shard_id and not (stale or lapsed):
                 slots[other] = slot
         slots[report.shard_id] = Slot(report.incarnation, report.seq, now_us, report.payload.copy())
