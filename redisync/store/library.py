@@ -221,7 +221,7 @@ def loaded(client: redis.Redis) -> list[LoadedLibrary]:
     """redisync's libraries on the server (``FUNCTION LIST``), by name; the one library of
     redisync versions that loaded a single ``redisync`` library in place of the others included."""
     out = []
-    for entry in client.function_list(library=f"{NAME}*"):
+    for entry in client.function_list(library=f"{NAME}*") or []:
         fields = dict(zip(entry[::2], entry[1::2], strict=True))
         name = _text(fields[b"library_name"] if b"library_name" in fields else fields["library_name"])
         if name != NAME and not name.startswith(NAME + "_"):
