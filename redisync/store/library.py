@@ -226,7 +226,7 @@ def loaded(client: redis.Redis) -> list[LoadedLibrary]:
         name = _text(fields[b"library_name"] if b"library_name" in fields else fields["library_name"])
         if name != NAME and not name.startswith(NAME + "_"):
             continue
-        functions = fields.get(b"functions", fields.get("functions", []))
+        functions = fields.get(b"functions") or fields.get("functions") or []
         names = [_text(dict(zip(f[::2], f[1::2], strict=True)).get(b"name", b"")) for f in functions]
         versions = {n.rsplit("_", 1)[-1] for n in names if n.startswith(NAME + "_")}
         version = versions.pop() if len(versions) == 1 else name.removeprefix(NAME + "_")
