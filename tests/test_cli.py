@@ -270,7 +270,7 @@ def test_watch_started_before_the_run_exists_waits_for_it(real_url):
             "--run",
             run,
             "--count",
-            "1",
+            "40",  # refreshes, the waiting ones included: at least 4 s
             "--interval",
             "0.1",
         ],
@@ -285,7 +285,7 @@ def test_watch_started_before_the_run_exists_waits_for_it(real_url):
         store.register({"obs/norm": merge(2, lifecycle="history")})
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
-        assert f"waiting for run {run!r}" in out
+        assert out.count(f"waiting for run {run!r}") == 1  # said once, not at every refresh
         assert "fleet version 0" in out
     finally:
         proc.kill()
@@ -634,3 +634,62 @@ def test_functions_lists_loads_and_prunes_redisync_versions(real_url):
     assert "redisync_cli0ld" in out.stdout
     assert "cli0ld" not in {lib.version for lib in store.functions()}
     assert store.scripts.version in {lib.version for lib in store.functions()}
+
+
+def _watch(url: str, run: str, count: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "redisync.cli", "watch", "--url", url, "--run", run, "--interval", "0.1"]
+    return subprocess.Popen([*cmd, "--count", str(count)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_line(proc: subprocess.Popen, words: str, timeout: float = 60) -> list[str]:
+    """The lines ``proc`` printed up to the first holding ``words``."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if words in line:
+            return lines
+    pytest.fail(f"never printed {words!r}: {''.join(lines)[-2000:]} {proc.stderr.read() if proc.poll() else ''}")
+
+
+@pytest.mark.integration  # a redis-server of its own
+@pytest.mark.parametrize("event", ["restart", "run_lost", "refused"])
+def test_watch_lives_through_the_store(tmp_path, event):
+    """A store restarted without persistence, a run lost and registered again, a connection refused
+    for a while: watch says what it waits for, once, and carries on (it died with a traceback:
+    KeyError 'fleet_version')."""
+    from .servers import RedisProcess
+
+    server = RedisProcess(tmp_path)
+    if event != "refused":
+        server.start()
+    schema = {"obs/norm": merge(2, lifecycle="history")}
+    run = "watched"
+    if event != "refused":
+        redisync_api.connect(server.url, run=run).register(schema)
+    proc = _watch(server.url, run, 100_000)
+    try:
+        if event == "refused":
+            _wait_for_line(proc, "waiting for the store")
+            server.start()
+            redisync_api.connect(server.url, run=run).register(schema)
+        else:
+            _wait_for_line(proc, "fleet version 0")
+            if event == "restart":
+                server.kill()
+                _wait_for_line(proc, "waiting for the store")
+                server.start()
+                _wait_for_line(proc, "is gone from")
+            else:
+                redisync_api.connect(server.url, run=run).delete()
+                _wait_for_line(proc, "is gone from")
+            store = redisync_api.connect(server.url, run=run)
+            store.register(schema)
+            store.shard(0).publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}})
+        _wait_for_line(proc, "fleet version")
+        assert proc.poll() is None  # still watching
+    finally:
+        proc.kill()
+        server.kill()

@@ -7,7 +7,6 @@ import importlib.util
 import io
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import errors
-from ..store.client import ENV_URL, RunSnapshot, connect, masked_url
+from ..store.client import ENV_URL, RunSnapshot, connect
 
 URL = click.option(
     "--url",
@@ -127,19 +126,6 @@ def run_store(url: str | None, run: str) -> Any:
     store = connected(url, run)
     store.schema  # noqa: B018  (raises RunNotFound, naming the run, when there is none)
     return store
-
-
-def wait_for_run(url: str, run: str, interval: float) -> Any:
-    """The run's store, once it is registered (saying once that it waits)."""
-    waiting = False
-    while True:
-        try:
-            return run_store(url, run)
-        except errors.RunNotFound:
-            if not waiting:
-                click.echo(f"waiting for run {run!r} at {masked_url(url)} to be registered (Ctrl-C to stop)")
-                waiting = True
-            time.sleep(interval)
 
 
 def read_snapshot(path: str) -> RunSnapshot:

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import click
+import redis
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from .. import errors
 from ..inspection import SampledDistance, drift, shard_reports
-from ..store.client import masked_url
-from .common import SERVER_URL, age, not_embedded, num, render, rich_table, terminal, wait_for_run
+from ..store.client import connect, masked_url
+from .common import SERVER_URL, age, not_embedded, num, render, rich_table, terminal
 
 SPARKS = "▁▂▃▄▅▆▇█"
 HISTORY = 40  # refreshes kept for the sparklines
@@ -45,15 +47,25 @@ class WatchState:
 
     sampled: SampledDistance = field(default_factory=SampledDistance)
     last: tuple[float, int, int] | None = None  # (monotonic time, fleet version, dead letters)
+    epoch: str | None = None  # the run's epoch: a run lost and registered again starts its history over
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
     worst_sampled: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
     worst_unsynced: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    def start_over(self, epoch: str) -> None:
+        """A new epoch: its versions start over, so its history does too."""
+        self.__dict__.update(WatchState(epoch=epoch).__dict__)
 
 
 def frame(store: Any, url: str, state: WatchState) -> Group:
     """One refresh of the view, read from the store."""
     t = time.monotonic()
-    version = int(store.run_info()["fleet_version"])
+    info = store.run_info()
+    if not info.get("epoch") or not info.get("fleet_version", "").isdigit():
+        raise errors.RunNotFound(f"run {store.run!r} is not registered")
+    if info["epoch"] != state.epoch:  # (the first frame, or the run was lost and registered again)
+        state.start_over(info["epoch"])
+    version = int(info["fleet_version"])
     dead = int(store.redis.xlen(store.keys.dead_letters))
     last = state.last
     rate = (version - last[1]) / (t - last[0]) if last else 0.0
@@ -136,21 +148,35 @@ def frame(store: Any, url: str, state: WatchState) -> Group:
 def watch(url: str | None, run: str, interval: float, count: int) -> None:
     """A live view of one run: per shard its report age, how far behind it was, and the distance of
     what it samples from the pooled distribution beside its distance without sync. Started before
-    the run exists (beside a training about to start), it waits for it."""
+    the run exists (beside a training about to start), it waits for it; a store that restarts or
+    cannot be reached, a run lost and registered again: it says what it waits for and carries on."""
     url = not_embedded(url, "watch")
     state, shown = WatchState(), 0
     live: Live | None = None
+    store = connect(url, run=run)
+    said: str | None = None  # what it last said it waits for (said once, not at every refresh)
     try:
-        store = wait_for_run(url, run, interval)
         if terminal():
             live = Live(console=Console(highlight=False), auto_refresh=False, transient=False)
             live.start()
         while True:
             t = time.monotonic()
-            view = frame(store, url, state)
+            try:
+                view: Any = frame(store, url, state)
+                said = None
+            except (errors.RunNotFound, errors.ConnectionUnavailable, errors.PermissionDenied, redis.RedisError) as e:
+                waiting = waiting_for(e, run, url, state)
+                if waiting != said:
+                    said = waiting
+                    if live is None:
+                        click.echo(f"{time.strftime('%H:%M:%S')} {waiting} (Ctrl-C to stop)")
+                store = connect(url, run=run)  # (a run registered again may hold another schema)
+                view = Text(f"{time.strftime('%H:%M:%S')} {waiting} (Ctrl-C to stop)", style="yellow")
+                if live is None:
+                    view = None
             if live is not None:
                 live.update(view, refresh=True)
-            else:
+            elif view is not None:
                 click.echo(render(view) + "\n")
             shown += 1
             if count and shown >= count:
@@ -161,3 +187,12 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
     finally:
         if live is not None:
             live.stop()
+
+
+def waiting_for(error: BaseException, run: str, url: str, state: WatchState) -> str:
+    """What the view waits for, in one line: the run to be registered (again), or the store."""
+    if isinstance(error, errors.RunNotFound):
+        if state.epoch is None:
+            return f"waiting for run {run!r} at {masked_url(url)} to be registered"
+        return f"run {run!r} is gone from {masked_url(url)} (the store restarted without it?): waiting for it to be registered again"
+    return f"waiting for the store at {masked_url(url)}: {error}"
