@@ -150,6 +150,7 @@ class Syncer:
         # the listener, the worker's folds and its pulls all move the pair (_hear): one at a time, so
         # none overwrites what another heard meanwhile
         self._announcing = threading.Lock()
+        self._listened = 0  # announcements heard on the channel so far (a pull forgets only older ones)
         self._steps = 0
         self._last_report = time.monotonic()
         self._subscribed = False
@@ -520,7 +521,7 @@ class Syncer:
         return True
 
     def _pull(self) -> bool:
-        seen_before, after = self.shard.known is not None, self._subscriptions
+        seen_before, after, listened = self.shard.known is not None, self._subscriptions, self._listened
         # announced: the state moved, one call reads it; else a plain read of the version first
         changed = self.shard.pull(check_first=not self._announced_newer())
         self._pulled_after = after
@@ -541,7 +542,30 @@ class Syncer:
             # (an announcement of this epoch heard while the pull was on its way stays: the first
             # pull's epoch is always new to the shard, not to the listener)
             self._hear(known.fleet_version, known.epoch)
+        self._forget_false_announcements(listened)
         return True
+
+    def _forget_false_announcements(self, listened: int) -> None:
+        """Announcements are hints, never facts: a pull that found the store behind what was announced
+        before it began (a higher version, another epoch) forgets it, so a forged or stray message on
+        the channel costs at most one pull, and wait_synced() and staleness go by the store again.
+        One heard while the pull was on its way stays (it may be newer than what the pull read)."""
+        known = self.shard.known
+        if known is None:
+            return
+        with self._announcing:
+            if self._listened != listened:
+                return
+            if self._announced > known.fleet_version or self._announced_epoch not in (None, known.epoch):
+                log.debug(
+                    "shard %d: the store is at version %d of epoch %s, not the announced %d of %s: forgotten",
+                    self.shard.shard_id,
+                    known.fleet_version,
+                    known.epoch,
+                    self._announced,
+                    self._announced_epoch,
+                )
+                self._announced, self._announced_epoch = known.fleet_version, known.epoch
 
     def _hear(self, version: int, epoch: str | None) -> None:
         """A version of ``epoch`` announced on the channel, returned by our own fold or pulled: the
@@ -606,6 +630,11 @@ class Syncer:
                         self._wake.set()
                     elif msg and msg.get("type") == "message":
                         version, _, epoch = _text(msg["data"]).partition(" ")  # '<fleet_version> <epoch>'
+                        if not (version.isdigit() and epoch and " " not in epoch):
+                            log.debug("shard %d: a garbled announcement ignored: %r", self.shard.shard_id, msg["data"])
+                            continue
+                        with self._announcing:
+                            self._listened += 1
                         self._hear(int(version), epoch)
                         if self._announced_newer():
                             self._wake.set()

@@ -166,3 +166,35 @@ def test_a_subscription_gone_silent_is_replaced_and_the_fold_it_missed_is_pulled
         syncer.stop(flush=False)
         proxy.close()
         store.delete()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_forged_and_garbled_announcements_cost_at_most_a_pull_each_and_are_forgotten(real_url, worker):
+    """Anyone who may publish on the run's channel (collectors and learners may) can send a version a
+    million ahead, another epoch's, or garbage: announcements are hints, so each costs at most one
+    pull, is then forgotten, and wait_synced() and staleness go by the store again (a forged version
+    made every collector pull again and again, wait_synced() never return and staleness read 1e6; a
+    garbled one dropped the subscription)."""
+    term = Cumulative()
+    with _collector(real_url, term, worker, poll_every_s=3600) as (store, syncer):
+        _synced(syncer, term)
+        epoch = store.run_info()["epoch"]
+        drops = syncer.metrics()["redisync/subscription_drops"]
+        before = _reads(store)
+        forged = [f"1000000 {epoch}", "7 an-epoch-of-nobody", "garbage", "", "12", "x y"]
+        for message in forged:
+            store.redis.publish(store.keys.channel, message)
+        time.sleep(3)  # quiet: nothing real happens
+        spent = _delta(before, _reads(store))
+        # the two well-formed lies: a call of the pull function each, at most (its HMGETs count as reads too)
+        assert spent["fcall_ro"] + spent["evalsha_ro"] + spent["evalsha"] <= 2, spent
+        assert syncer.wait_synced(timeout=10)
+        syncer.at_reset_boundary()  # the collector applies what its worker holds: the store's state
+        metrics = syncer.metrics()
+        assert metrics["redisync/staleness_versions"] == 0.0
+        assert metrics["redisync/subscribed"] == 1.0
+        assert metrics["redisync/subscription_drops"] == drops
+        # a real fold is still heard and pulled
+        version = store.fleet().fleet_version
+        store.shard(9).publish({KEY: {"count": 1, "sum": [1.0] * term.n}})
+        assert syncer.wait_synced(at_least=version + 1, timeout=20)

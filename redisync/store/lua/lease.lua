@@ -20,9 +20,12 @@ local function lease(KEYS, ARGV)
   local ms = tonumber(ARGV[3])
   local until_us = now + 1000 * ms
   local alive = '-1'
-  local m = KEYS[2] and redis.call('HMGET', KEYS[2], 'clock_wall_us', 'clock_served_us', 'limits', 'epoch')
-  if m and m[4] then -- (a registered run: its clock advances)
-    local served, served_text = served_clock(m[1], m[2], now, m[3])
+  -- (HGETs, not an HMGET: a pull's check is an HMGET, and the server's counts of those tell an
+  -- operator, and the tests, whether a quiet collector reads the run)
+  local registered = KEYS[2] and redis.call('HGET', KEYS[2], 'epoch')
+  if registered then -- (a registered run: its clock advances)
+    local served, served_text = served_clock(redis.call('HGET', KEYS[2], 'clock_wall_us'),
+      redis.call('HGET', KEYS[2], 'clock_served_us'), now, redis.call('HGET', KEYS[2], 'limits'))
     redis.call('HSET', KEYS[2], 'clock_wall_us', string.format('%.0f', now), 'clock_served_us', served_text)
     if ms > 0 then alive = string.format('%.0f', served + 1000 * ms) end
   elseif ms > 0 then
