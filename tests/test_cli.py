@@ -427,9 +427,13 @@ def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
 
 
 def test_a_connection_error_names_the_url_with_its_password_masked():
+    # (watch waits for a store it cannot reach, saying so with the URL masked: test_watch_lives_through_the_store)
+    out = cli("watch", "--run", "x", "--count", "1", "--url", "redis://operator:s3cret@127.0.0.1:1/0")
+    assert out.returncode == 0, out.stderr
+    assert "waiting for the store: redis://operator:***@127.0.0.1:1/0: " in out.stdout
+    assert "s3cret" not in out.stdout + out.stderr
     for command in (
         ["inspect"],
-        ["watch", "--run", "x", "--count", "1"],
         ["bench", "--calls", "10"],
         ["snapshot", "--run", "x", "/tmp/x.json"],
     ):

@@ -195,4 +195,6 @@ def waiting_for(error: BaseException, run: str, url: str, state: WatchState) -> 
         if state.epoch is None:
             return f"waiting for run {run!r} at {masked_url(url)} to be registered"
         return f"run {run!r} is gone from {masked_url(url)} (the store restarted without it?): waiting for it to be registered again"
+    if isinstance(error, errors.RedisyncError):  # (its message names the URL, masked)
+        return f"waiting for the store: {error}"
     return f"waiting for the store at {masked_url(url)}: {error}"

@@ -3,7 +3,9 @@ differ in difficulty, with failure rates of its own shard, synced (or not) throu
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +58,14 @@ class LogToParent(logging.Handler):
         self.out.put(("log", self.shard, f"collector {self.shard}: {record.levelname.lower()}: {record.getMessage()}"))
 
 
-def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, out: Any, go: Any) -> None:
+def run_collector(
+    url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, out: Any, go: Any, end: Any = None
+) -> None:
     """Step this shard's envs; report progress, periodic snapshots and a summary on ``out``.
 
-    Every collector says it is ready, then waits for ``go``, so that the fleet starts together.
+    Every collector says it is ready, then waits for ``go``, so that the fleet starts together; and
+    stops once every collector has stepped (``end``, a barrier): a stopped collector gives its lease up
+    and leaves the fleet's failure EMA, which the last snapshots of the others would show.
     """
     logger = logging.getLogger("redisync")
     logger.addHandler(LogToParent(out, shard))
@@ -106,6 +112,9 @@ def run_collector(url: str, run: str, shard: int, cfg: FleetConfig, sync: bool, 
         if syncer is not None:
             syncer.stop()  # the last report published if the store answers, the lease given up
         raise
+    if end is not None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            end.wait(600)
     published = syncer.stop() if syncer is not None else True  # the last report: did it reach the store?
     metrics = syncer.metrics() if syncer is not None else {}  # (after stop(): the last publish counted)
     summary = {"seconds": time.perf_counter() - t0, "last_report_published": float(published)}

@@ -100,10 +100,10 @@ def run_phase(url: str, cfg: Any, sync: bool, progress: Any, run: str, keep: boo
     from .collector import run_collector
 
     ctx = mp.get_context("spawn")
-    out, go = ctx.Queue(), ctx.Event()
+    out, go, end = ctx.Queue(), ctx.Event(), ctx.Barrier(cfg.shards)
     progress.set_postfix_str(f"starting {cfg.shards} collector processes", refresh=True)
     # each dies with this process, having stopped its syncer (a killed demo leaves no fleet running)
-    procs = [spawn(run_collector, url, run, s, cfg, sync, out, go) for s in range(cfg.shards)]
+    procs = [spawn(run_collector, url, run, s, cfg, sync, out, go, end) for s in range(cfg.shards)]
     phase, done, ready = Phase(sync), 0, 0
     try:
         while done < cfg.shards:

@@ -92,6 +92,7 @@ class Limits(BaseModel):
 
     @property
     def stall_after_us(self) -> int:
+        """``stall_after_s`` in the microseconds the Lua clock counts in."""
         return round(self.stall_after_s * 1e6)
 
     @classmethod

@@ -231,7 +231,7 @@ def test_the_fold_reads_the_runs_limits_from_one_field_as_registered(run):
     one; a snapshot without it is restored with it, made from the fields beside it."""
     store, shard = run
     meta = store.keys.meta
-    assert store.run_info()["limits"] == Limits(max_report_bytes=1000).packed() == "1000|1000|0|10000|67108864"
+    assert store.run_info()["limits"] == Limits(max_report_bytes=1000).packed() == "1000|1000|0|10000|67108864|2000000"
     good = {"motion/bin_failed": {"count": 1, "sum": [0.5, 0.25, 0.0, 1.0]}}
     store.redis.hset(meta, "limits", Limits(max_report_bytes=39).packed())
     with pytest.raises(errors.PayloadTooLarge, match="exceeds max_report_bytes=39"):
@@ -249,4 +249,4 @@ def test_the_fold_reads_the_runs_limits_from_one_field_as_registered(run):
         shard.publish(good)
     del snap.hashes["meta"]["limits"]
     store.restore(snap)
-    assert store.run_info()["limits"] == "1000|1000|0|10000|67108864"  # from the snapshot's own fields
+    assert store.run_info()["limits"] == "1000|1000|0|10000|67108864|2000000"  # from the snapshot's own fields
