@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -35,10 +36,12 @@ from typing import Any
 from .. import errors
 from ..store.client import Store
 from ..store.codec import PullResult
+from ..store.schema import Limits
 from .seam import SyncedTerm, schema_of
 
 log = logging.getLogger(__name__)
 
+LOST_SAID_EVERY_S = 60.0  # a lost connection is logged at most once a minute
 LEASE_S = 5.0  # a live process renews its lease on its shard id every LEASE_S / 5 (a dead one's runs out)
 _live: weakref.WeakSet[Syncer] = weakref.WeakSet()  # started and not stopped: a forked child detaches them
 
@@ -151,6 +154,9 @@ class Syncer:
         # none overwrites what another heard meanwhile
         self._announcing = threading.Lock()
         self._listened = 0  # announcements heard on the channel so far (a pull forgets only older ones)
+        self._unreachable_since: float | None = None  # when the store stopped answering (None: it answers)
+        self._run_limits: Limits | None = None  # the run's limits, read at the first registration
+        self._lost_said_at = -math.inf
         self._steps = 0
         self._last_report = time.monotonic()
         self._subscribed = False
@@ -421,7 +427,11 @@ class Syncer:
         """Register the schema and claim the shard's incarnation (a no-op once claimed). A shard
         whose holder's lease is fresh is refused (:class:`~redisync.errors.ShardInUse`) as soon as
         the holder renews it; a crashed holder's lease is waited out (at most one lease)."""
-        self.store.register(self.schema)
+        # the run's limits as first read: a store that lost the run gets them back, not the defaults
+        self.store.register(self.schema, self._run_limits)
+        if self._run_limits is None:
+            with contextlib.suppress(errors.RedisyncError):  # (unreadable: the next registration reads them)
+                self._run_limits = self.store.limits()
         deadline, held_until = time.monotonic() + LEASE_S + 1.0, None
         while True:
             try:
@@ -465,6 +475,7 @@ class Syncer:
             return None
         except errors.ConnectionUnavailable as e:
             self.stats["publish_failures" if what == "publish" else "pull_failures"] += 1
+            self._lost_store(e)
             self._report_problem(f"{what}: store unavailable: {e}", logging.INFO)
             return None
         except errors.InvalidReport as e:  # a report refused: said until one is published again
@@ -478,7 +489,30 @@ class Syncer:
             self._schema_mismatch = None
             self._clear_problem("start")
         self._clear_problem(what)
+        if self._unreachable_since is not None:
+            log.warning(
+                "redisync shard %d: the store answers again after %.1f s",
+                self.shard.shard_id,
+                time.monotonic() - self._unreachable_since,
+            )
+            self._unreachable_since = None
         return result
+
+    def _lost_store(self, error: BaseException) -> None:
+        """A lost connection, said once per outage (and at most once a minute: a flapping link is not
+        a flood of lines); its end is said too. The collector trains on meanwhile."""
+        if self._unreachable_since is not None:
+            return
+        now = time.monotonic()
+        self._unreachable_since = now
+        if now - self._lost_said_at >= LOST_SAID_EVERY_S:
+            self._lost_said_at = now
+            log.warning(
+                "redisync shard %d: the store is unreachable (%s): reports wait and are sent when it answers, "
+                "the collector trains on",
+                self.shard.shard_id,
+                error,
+            )
 
     def _report_problem(self, text: str, level: int, exc: bool = False) -> None:
         if text != self._problem:

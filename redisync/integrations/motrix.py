@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -61,6 +62,8 @@ ENV_OFFSET, ENV_MODE, ENV_KEY, ENV_COMMAND = (
     "REDISYNC_COMMAND",
 )
 EMA = "adaptive_bin_failed_count"  # the WBT command's failure EMA (float32, read by its kernels)
+log = logging.getLogger(__name__)
+_said_disabled: list[bool] = []  # a disabled sampler is said once per process, not per env
 
 
 def collector_index(name: str | None = None) -> int | None:
@@ -92,6 +95,16 @@ class SyncedCommands:
         if mode == "local":
             return
         command = self._synced_command()
+        if getattr(command, EMA).size == 0:  # WbtMotionCommandCfg(adaptive_sampling_enabled=False): 0 bins
+            if not _said_disabled:
+                log.info(
+                    "%s: the adaptive sampler of its command is disabled (its %s has no bins): nothing to sync, "
+                    "start frames stay the command's own",
+                    type(self).__name__,
+                    EMA,
+                )
+                _said_disabled.append(True)
+            return
         index = collector_index()
         if index is None:
             return  # the parent's probe env, an evaluation, a synchronous trainer: local sampling
@@ -128,10 +141,15 @@ class SyncedCommands:
         else:
             found = [n for n, t in terms.items() if hasattr(t, EMA)]
             if len(found) != 1:
-                what = "no command term holds" if not found else f"{len(found)} command terms hold"
+                if not found:
+                    raise ConfigurationError(
+                        f"{env}: no command term holds an {EMA} array (its command terms: {seen}): the task has no "
+                        f"adaptive motion sampler to sync; register the plain ManagerEnv for it, or set "
+                        f"{ENV_MODE}=local"
+                    )
                 raise ConfigurationError(
-                    f"{env}: {what} an {EMA} array (its command terms: {seen}); set redisync_command "
-                    f"(synced(..., command=...)) or {ENV_COMMAND} to the name of the adaptive command"
+                    f"{env}: {len(found)} command terms hold an {EMA} array (its command terms: {seen}); set "
+                    f"redisync_command (synced(..., command=...)) or {ENV_COMMAND} to the name of the one to sync"
                 )
         command = terms[found[0]]
         ema = getattr(command, EMA, None)

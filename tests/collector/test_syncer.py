@@ -227,3 +227,74 @@ def test_new_syncer_names_every_option_with_the_syncers_defaults():
         assert name in ours, name
         assert ours[name].default == p.default, name
         assert f"{name}:" in (new_syncer.__doc__ or ""), f"{name} is not described"
+
+
+@pytest.mark.integration
+def test_a_lost_and_a_regained_connection_are_each_said_once(tmp_path, caplog):
+    """A store that stops answering mid-training was logged by nothing (only healthy turned 0): the
+    worker says it once as a warning, however many retries fail, and once when the store answers."""
+    server = RedisProcess(tmp_path).start()
+    collector = Collector(0)
+    syncer = new_syncer(
+        redisync.connect(server.url, run="lost", socket_timeout=1.0),
+        0,
+        collector.terms,
+        publish_every_steps=5,
+        poll_every_s=0.05,
+        retry_every_s=0.05,
+        worker="thread",
+    ).start()
+    try:
+        with caplog.at_level("INFO", logger="redisync"):
+            run([collector], [syncer], 20)
+            server.kill()
+            deadline = time.monotonic() + 20
+            while syncer.stats["publish_failures"] + syncer.stats["pull_failures"] < 10 and time.monotonic() < deadline:
+                run([collector], [syncer], 10)
+                time.sleep(0.05)
+            assert syncer.stats["publish_failures"] + syncer.stats["pull_failures"] >= 10  # many retries failed
+            server.start()
+            assert syncer.wait_synced(timeout=30)
+            lost = [r for r in caplog.records if "the store is unreachable" in r.getMessage()]
+            back = [r for r in caplog.records if "the store answers again" in r.getMessage()]
+            assert len(lost) == 1
+            assert lost[0].levelname == "WARNING"
+            assert len(back) == 1
+    finally:
+        syncer.stop(flush=False)
+        server.kill()
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_runs_limits_survive_a_store_that_lost_the_run(real_url, worker):
+    """A learner registered the run with limits of its own; the store restarts without persistence and
+    a collector registers the run again: with the run's limits, not the defaults."""
+    from redisync.store.schema import Limits
+
+    learner = redisync.connect(real_url, run=f"limits-{worker}")
+    collector = Collector(0)
+    learner.register(collector_schema(collector), Limits(stream_maxlen=7, max_report_bytes=1 << 20))
+    syncer = new_syncer(
+        redisync.connect(real_url, run=learner.run), 0, collector.terms, publish_every_steps=5, worker=worker
+    ).start()
+    try:
+        run([collector], [syncer], 20)
+        assert syncer.wait_synced(timeout=20)
+        learner.delete()  # the store lost the run
+        deadline = time.monotonic() + 30
+        while not learner.registered() and time.monotonic() < deadline:
+            run([collector], [syncer], 5)
+            time.sleep(0.05)
+        assert learner.registered()
+        assert learner.limits() == Limits(stream_maxlen=7, max_report_bytes=1 << 20)
+    finally:
+        syncer.stop(flush=False)
+        learner.delete()
+
+
+def collector_schema(collector) -> dict:
+    """The schema a collector's terms declare (what its Syncer registers)."""
+    entries: dict = {}
+    for term in collector.terms:
+        entries.update(term.schema_entries())
+    return entries

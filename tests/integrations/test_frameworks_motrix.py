@@ -268,9 +268,32 @@ class SecondAdaptiveCfg(CommandCfg):
         )
 
 
+class DisabledAdaptiveCfg(CommandCfg):
+    """What WbtMotionCommandCfg(adaptive_sampling_enabled=False) makes: an adaptive EMA of 0 bins."""
+
+    def __call__(self, env):
+        return SecondAdaptive(
+            command=np.zeros((env.num_envs, 3), np.float32), adaptive_bin_failed_count=np.zeros(0, np.float32)
+        )
+
+
+def test_a_disabled_adaptive_sampler_runs_unsynced_saying_so_once(monkeypatch, caplog):
+    """A command whose adaptive sampling is disabled has nothing to sync: every collector runs with
+    its own start frames, with one log line (every collector died at start: a 0-bin key)."""
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing.current_process(), "name", "fastsac-async-collector-0")
+    monkeypatch.setattr("redisync.integrations.motrix._said_disabled", [], raising=False)
+    with caplog.at_level("INFO", logger="redisync.integrations.motrix"):
+        envs = [_env(SyncedManagerEnv, {"motion": DisabledAdaptiveCfg()}) for _ in range(2)]
+    assert all(env.redisync_fleet is None and env.redisync_ema is None for env in envs)
+    said = [r.getMessage() for r in caplog.records if "adaptive sampler of its command is disabled" in r.getMessage()]
+    assert len(said) == 1, said
+
+
 def test_bad_configuration_is_a_typed_error_naming_the_env_the_terms_and_what_to_set(monkeypatch):
     cases = [
-        (SyncedManagerEnv, {}, "no command term holds an adaptive_bin_failed_count", "none"),
+        (SyncedManagerEnv, {}, "register the plain ManagerEnv for it, or set REDISYNC_MODE=local", "none"),
         (
             SyncedManagerEnv,
             {"motion": MotionCommandCfg(), "second": SecondAdaptiveCfg()},

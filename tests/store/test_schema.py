@@ -172,3 +172,39 @@ def test_the_plain_way_of_a_report_agrees_with_the_models_on_everything():
         assert got == _by_models(name, raw)
 
     agree()
+
+
+@pytest.mark.extras("torch")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_tensor_is_reported_as_its_exact_values(dtype, make_store):
+    """A bfloat16 tensor was refused as 'not an array of numbers' (numpy has none): half-precision
+    tensors are read as float32, which holds each of their values exactly, by both workers' checks."""
+    import torch
+
+    from redisync.collector.workers import new_syncer
+
+    schema = Schema.of({"obs/norm": merge(3, lifecycle="history")})
+    values = torch.tensor([0.5, 1.25, -3.0], dtype=getattr(torch, dtype))
+    encoded = encode_reports(schema, {"obs/norm": {"count": 2, "sum": values}}, Limits(), 0)
+    np.testing.assert_array_equal(decode(encoded["obs/norm"], 4), [2.0, 0.5, 1.25, -3.0])
+    store = make_store()
+    store.register(schema)
+
+    class Half:
+        def schema_entries(self):
+            return dict(schema.keys)
+
+        def report_shard_state(self):
+            return {"obs/norm": {"count": torch.tensor(2, dtype=getattr(torch, dtype)), "sum": values}}
+
+        def apply_shard_state(self, fleet):
+            pass
+
+    syncer = new_syncer(store, 0, [Half()], worker="thread").start()
+    try:
+        syncer.flush()
+        assert syncer.wait_synced(timeout=20)
+        assert syncer.health()["ok"], syncer.health()
+    finally:
+        syncer.stop()
+    np.testing.assert_array_equal(store.fleet().keys["obs/norm"].parts()["sum"], [0.5, 1.25, -3.0])

@@ -224,11 +224,18 @@ def coerce_with(model: type[ReportBase], name: str, semantics: str, raw: Any) ->
         raise errors.MalformedReport(name, str(e)) from None
 
 
+HALF_PRECISION = ("torch.bfloat16", "torch.float16")  # read as float32, which holds each of their values exactly
+
+
 def plain_numbers(v: Any) -> Any:
     """A report part as numbers numpy can read: a tensor without its autograd graph (its values are
-    what is reported; a tensor that requires grad is still a value). Both workers take parts this way."""
+    what is reported; a tensor that requires grad is still a value), a half-precision one as float32
+    (numpy has no bfloat16). Both workers take parts this way."""
     detach = getattr(v, "detach", None)
-    return detach() if callable(detach) else v
+    if not callable(detach):
+        return v
+    v = detach()
+    return v.float() if str(getattr(v, "dtype", "")) in HALF_PRECISION else v
 
 
 def as_float64(v: Any) -> Vector:
