@@ -53,6 +53,12 @@ from .common import URL, needs, table
     "kept in OUT/runs as it finishes, and the same command again resumes where it stopped",
 )
 @click.option(
+    "--third-study",
+    is_flag=True,
+    help="the third pre-registered study (docs/ab/third-study-plan.md) on the MuJoCo walker: its gate, then local "
+    "vs pooled at two EMA rates; every run kept in OUT/runs as it finishes, the same command again resumes",
+)
+@click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
 )
 @click.option(
@@ -70,6 +76,7 @@ def ab(
     gate_only: bool,
     follow_up: bool,
     second_follow_up: bool,
+    third_study: bool,
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
@@ -83,6 +90,14 @@ def ab(
 
     out = Path(out_dir)
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
+    if third_study:  # its configuration and task are the plan's: fixed in redisync/study/third_study.py
+        from ..study.third_study import run_third_study
+
+        third = run_third_study(
+            out, workers=workers, show_progress=not no_progress, report_only=report_only, on_stage=click.echo
+        )
+        click.echo(f"{third['runs_done']} of {third['runs_planned']} runs done; report: {out / 'report.md'}")
+        return
     if report_only and second_follow_up:  # from the runs saved so far: the study may still be going
         from ..study.study import saved_results
 
