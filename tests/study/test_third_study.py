@@ -24,8 +24,8 @@ def test_the_plan_states_the_codes_seeds_arms_rates_and_power():
     from redisync.study import third_study as t
 
     text = " ".join(PLAN.read_text().split())
-    assert f"fresh seeds **{t.GATE_SEEDS[0]}–{t.GATE_SEEDS[-1]}**" in text
-    assert f"fresh seeds **{t.SEEDS[0]}–{t.SEEDS[-1]}** ({len(t.SEEDS)})" in text
+    assert f"fresh seeds **{t.GATE_SEEDS[0]}\u2013{t.GATE_SEEDS[-1]}**" in text
+    assert f"fresh seeds **{t.SEEDS[0]}\u2013{t.SEEDS[-1]}** ({len(t.SEEDS)})" in text
     assert all(f"α = {a}" in text for a in t.ALPHAS)
     assert f"{t.CONFIG.shards} shards × {t.CONFIG.envs_per_shard} envs" in text
     assert f"{t.CONFIG.env_steps:,}".replace(",", " ") + " env steps" in text
