@@ -54,17 +54,24 @@ class ReferenceFold:
         self.leases: dict[int, int] = {}  # per shard id: when its lease runs out (server µs: claims)
         self.alive: dict[int, int] = {}  # per shard id: when its lease runs out in the served clock (-1: given up)
         self.clock_wall: int | None = None  # the server's time at the run's last call (µs)
-        self.clock_served = 0  # the run's served clock (µs), as lua/clock.lua keeps it
+        self.clock_stalled = 0  # the time the server did not serve the run (µs), as lua/clock.lua keeps it
+
+    def _stalled_at(self, now_us: int) -> int:
+        if self.clock_wall is None:
+            return self.clock_stalled
+        gap = now_us - self.clock_wall
+        if gap > self.limits.stall_after_us:
+            return self.clock_stalled + gap - self.limits.stall_after_us
+        return self.clock_stalled + gap if gap < 0 else self.clock_stalled
 
     def served_at(self, now_us: int) -> int:
-        """The served clock after a call at the server's time ``now_us`` (not yet kept)."""
-        if self.clock_wall is not None and now_us > self.clock_wall:
-            return self.clock_served + min(now_us - self.clock_wall, self.limits.stall_after_us)
-        return self.clock_served
+        """The run's served clock at a call at the server's time ``now_us``: that time less what the
+        server did not serve (a gap past ``stall_after_s``, a clock step back)."""
+        return now_us - self._stalled_at(now_us)
 
     def _tick(self, now_us: int) -> int:
-        self.clock_served, self.clock_wall = self.served_at(now_us), now_us
-        return self.clock_served
+        self.clock_stalled, self.clock_wall = self._stalled_at(now_us), now_us
+        return now_us - self.clock_stalled
 
     def lease(self, shard_id: int, incarnation: int, now_us: int, lease_ms: int) -> bool:
         """Renew a lease for ``lease_ms`` (0: give it up), as ``lua/lease.lua`` does: refused when a
@@ -101,7 +108,7 @@ class ReferenceFold:
         self.leases = {**{i: v for i, v in snap.leases.items() if i not in known}, **self.leases}
         self.alive = {**{i: v for i, v in snap.alive.items() if i not in known}, **self.alive}
         if self.clock_wall is None:  # the run's served clock stays the run's
-            self.clock_wall, self.clock_served = snap.clock_wall, snap.clock_served
+            self.clock_wall, self.clock_stalled = snap.clock_wall, snap.clock_stalled
 
     def apply(
         self,

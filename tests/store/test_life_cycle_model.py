@@ -276,7 +276,8 @@ class FleetLife(RuleBasedStateMachine):
         paused VM, a clock step): at the first fold after it, no shard whose lease was running in the
         run's served clock leaves motion/ema."""
         before = set(lua_state(self.store)["keys"]["motion/ema"]["slots"])
-        running = {s for s, u in self.ref.alive.items() if u >= self.ref.clock_served}
+        now = self.ref.clock_wall - self.ref.clock_stalled if self.ref.clock_wall is not None else 0
+        running = {s for s, u in self.ref.alive.items() if u >= now}
         time.sleep(0.2)
         live = [s for s, p in self.procs.items() if p.alive]
         if not live:

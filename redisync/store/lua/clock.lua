@@ -9,7 +9,9 @@
 -- clock; across a stall of any length it moves stall_after_s, and a shard that renews once the server
 -- answers again loses nothing. A dead shard's lease runs out as the others' renewals go on.
 --
--- meta fields: clock_wall_us (the server's time at the run's last call), clock_served_us (the clock)
+-- meta fields: clock_wall_us (the server's time at the run's last call) and clock_stalled_us (the time
+-- it did not serve the run: what gaps exceeded stall_after_s by, and clock steps back). The clock is the
+-- server's time less clock_stalled_us, so a live fleet's calls write only clock_wall_us.
 
 local STALL_CAPS = {}
 local function stall_cap(limits_text)
@@ -20,9 +22,18 @@ local function stall_cap(limits_text)
   return cap
 end
 
--- the clock after a call at the server's time now (µs), from the meta fields' values; and its text
-local function served_clock(wall_text, served_text, now, limits_text)
-  local served, last = tonumber(served_text) or 0, tonumber(wall_text)
-  if last and now > last then served = served + math.min(now - last, stall_cap(limits_text)) end
-  return served, string.format('%.0f', served)
+-- the clock at a call at the server's time now (µs), from the meta fields' values; and clock_stalled_us's
+-- new text when the call found a stall (or a clock step back), nil when it stays as it is
+local function served_clock(wall_text, stalled_text, now, limits_text)
+  local stalled, last = tonumber(stalled_text) or 0, tonumber(wall_text)
+  if not last then return now - stalled, nil end
+  local gap, cap = now - last, stall_cap(limits_text)
+  if gap > cap then
+    stalled = stalled + (gap - cap)
+  elseif gap < 0 then
+    stalled = stalled + gap
+  else
+    return now - stalled, nil
+  end
+  return now - stalled, string.format('%.0f', stalled)
 end

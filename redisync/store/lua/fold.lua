@@ -38,7 +38,7 @@ local sunpack, spack -- struct's unpack and pack, taken at the first call (see s
 -- per variable it captures each time it is made), and the server runs one call at a time.
 local KEYS, ARGV, run, meta, shard, inc, seq, floor, resume
 local nkeys, fleet_version, cur, now_s, now, server, epoch, limits
-local served, served_s -- the run's served clock after this fold (clock.lua), and its text
+local served, stalled_s -- the run's served clock at this fold (clock.lua), and clock_stalled_us's new text
 local own -- the folding shard's field names (see shard_fields)
 
 -- The run's limits (the meta field 'limits', written at registration from Limits.packed():
@@ -1204,7 +1204,7 @@ local function fold(keys, args)
   if not run then return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'} end
 
   meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server', 'clock_wall_us',
-    'clock_served_us')
+    'clock_stalled_us')
   shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
   -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
   if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
@@ -1273,7 +1273,7 @@ local function fold(keys, args)
   local t = redis.call('TIME')
   now_s = t[1] .. string.sub('00000' .. t[2], -6) -- (microseconds, without a float format)
   now = t[1] * 1000000 + t[2]
-  served, served_s = served_clock(meta[6], meta[7], now, meta[3])
+  served, stalled_s = served_clock(meta[6], meta[7], now, meta[3])
 
   -- The server process: a fold by another process than the previous fold's (a restart, a failover)
   -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
@@ -1360,15 +1360,17 @@ local function fold(keys, args)
   if epoch ~= meta[1] or (server and server ~= meta[5]) then
     redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[5] or '')
   end
-  redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s, 'clock_wall_us', now_s,
-    'clock_served_us', served_s)
+  redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s, 'clock_wall_us', now_s)
+  if stalled_s then redis.call('HSET', KEYS[1], 'clock_stalled_us', stalled_s) end
   if cur[1] ~= inc then redis.call('HSET', KEYS[2], own.incarnation, inc) end
   -- (seen: the highest fleet version the shard had seen when it reported, made: the version its report
   -- made; for `redisync watch`: how far behind the shard's view was, and what it samples)
   redis.call('HSET', KEYS[2], own.seq, seq, own.at, now_s, own.seen, floor, own.made, fv)
   -- a shard that folds after its lease ran out (or was given up) lived on: it counts until a grace
   -- past this fold unless it renews (a shard that never leased is not judged)
-  if cur[3] and (tonumber(cur[3]) or 0) < served then redis.call('HSET', KEYS[2], own.alive, served_s) end
+  if cur[3] and (tonumber(cur[3]) or 0) < served then
+    redis.call('HSET', KEYS[2], own.alive, string.format('%.0f', served))
+  end
 
   redis.call('PUBLISH', run.versions, fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)

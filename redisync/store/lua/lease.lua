@@ -24,9 +24,10 @@ local function lease(KEYS, ARGV)
   -- operator, and the tests, whether a quiet collector reads the run)
   local registered = KEYS[2] and redis.call('HGET', KEYS[2], 'epoch')
   if registered then -- (a registered run: its clock advances)
-    local served, served_text = served_clock(redis.call('HGET', KEYS[2], 'clock_wall_us'),
-      redis.call('HGET', KEYS[2], 'clock_served_us'), now, redis.call('HGET', KEYS[2], 'limits'))
-    redis.call('HSET', KEYS[2], 'clock_wall_us', string.format('%.0f', now), 'clock_served_us', served_text)
+    local served, stalled = served_clock(redis.call('HGET', KEYS[2], 'clock_wall_us'),
+      redis.call('HGET', KEYS[2], 'clock_stalled_us'), now, redis.call('HGET', KEYS[2], 'limits'))
+    redis.call('HSET', KEYS[2], 'clock_wall_us', string.format('%.0f', now))
+    if stalled then redis.call('HSET', KEYS[2], 'clock_stalled_us', stalled) end
     if ms > 0 then alive = string.format('%.0f', served + 1000 * ms) end
   elseif ms > 0 then
     alive = nil

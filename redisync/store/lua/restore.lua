@@ -24,7 +24,7 @@ local function restore(KEYS, ARGV)
   for h = 3, #KEYS, 2 do current_versions[h] = num(redis.call('HGET', KEYS[h], 'version')) end
   local current_shards = redis.call('HGETALL', KEYS[2])
   -- the run's served clock stays the run's (its shards' leases are kept in it, see clock.lua)
-  local clock = redis.call('HMGET', KEYS[1], 'clock_wall_us', 'clock_served_us')
+  local clock = redis.call('HMGET', KEYS[1], 'clock_wall_us', 'clock_stalled_us')
   local known = {}
   for i = 1, #current_shards, 2 do known[string.match(current_shards[i], '^([^:]+):')] = true end
 
@@ -56,7 +56,7 @@ local function restore(KEYS, ARGV)
   local fleet_version = math.max(current_fleet, snap_fleet) + 1
   redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version)
   if server then redis.call('HSET', KEYS[1], 'server', server) end
-  if clock[1] and clock[2] then redis.call('HSET', KEYS[1], 'clock_wall_us', clock[1], 'clock_served_us', clock[2]) end
+  if clock[1] then redis.call('HSET', KEYS[1], 'clock_wall_us', clock[1], 'clock_stalled_us', clock[2] or '0') end
   for h = 3, #KEYS, 2 do
     redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
   end
