@@ -308,7 +308,7 @@ def test_the_troubleshooting_page_names_every_error_a_user_can_meet():
 def test_the_readmes_performance_figures_are_the_committed_runs():
     """Every figure of the README's performance section, read from the dated run it names."""
     bench = ROOT / "docs" / "bench"
-    folds = json.loads((bench / "instructions-2026-12-03-fixed-cost.json").read_text())["folds"]
+    folds = json.loads((bench / "instructions-2026-12-04-liveness.json").read_text())["folds"]
     fixed = next(f["instructions"] for f in folds if (f["values"], f["slots"]) == (64, 1))
     every = json.loads((bench / "bench-all-2026-12-02-functions.json").read_text())
     sizes = {row["elements"]: row for row in every["sizes"]}

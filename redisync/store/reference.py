@@ -149,8 +149,10 @@ class ReferenceFold:
         self.keys.update(folded)
         self.fleet_version = max(self.fleet_version, floor) + 1
         self.shards[shard_id] = ShardState(incarnation, seq, now_us)
-        self._tick(now_us)
-        # a shard folding after its lease ran out (or was given up) lived on: until a grace past this fold
-        if shard_id in self.alive and self.alive[shard_id] < served:
-            self.alive[shard_id] = served
+        # only a fold of a key with a lease grace reads (and advances) the run's clock; a shard folding such a
+        # key after its lease ran out (or was given up) lived on: until a grace past this fold
+        if any(self.specs[name].register_fields().get("lease_grace_s") for name in payloads):  # as declared
+            self._tick(now_us)
+            if shard_id in self.alive and self.alive[shard_id] < served:
+                self.alive[shard_id] = served
         return Outcome("applied", self.fleet_version)

@@ -39,6 +39,18 @@ local sunpack, spack -- struct's unpack and pack, taken at the first call (see s
 local KEYS, ARGV, run, meta, shard, inc, seq, floor, resume
 local nkeys, fleet_version, cur, now_s, now, server, epoch, limits
 local served, stalled_s -- the run's served clock at this fold (clock.lua), and clock_stalled_us's new text
+local clock_read -- whether this fold read the clock (only a fold of a key with a lease grace needs it)
+
+-- The run's served clock at this fold, read at its first use: a fold of keys without a lease grace
+-- (history keys) neither reads nor advances it (the leases' renewals and the folds of state keys do).
+local function run_clock()
+  if not clock_read then
+    local c = redis.call('HMGET', KEYS[1], 'clock_wall_us', 'clock_stalled_us')
+    served, stalled_s = served_clock(c[1], c[2], now, meta[3])
+    clock_read = true
+  end
+  return served
+end
 local own -- the folding shard's field names (see shard_fields)
 
 -- The run's limits (the meta field 'limits', written at registration from Limits.packed():
@@ -748,6 +760,7 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
   -- comes first, the slot's fate is the same. A shard that never leased is not judged.
   local grace, lapsed = decl.grace, NONE
   if grace and nids > 0 then
+    local served = run_clock()
     lapsed = {}
     local lf = {}
     for k = 1, nids do lf[k] = idname[ids[k]] .. ':alive_until_us' end
@@ -1203,8 +1216,7 @@ local function fold(keys, args)
   run = run_keys(KEYS[1])
   if not run then return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'} end
 
-  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server', 'clock_wall_us',
-    'clock_stalled_us')
+  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server')
   shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
   -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
   if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
@@ -1250,7 +1262,7 @@ local function fold(keys, args)
   if not fleet_version then return reject('corrupt_state', '', 'the run\'s fleet_version is missing or not a number') end
 
   -- duplicates, retries and zombies --------------------------------------------------------------
-  cur = redis.call('HMGET', KEYS[2], own.incarnation, own.seq, own.alive)
+  cur = redis.call('HMGET', KEYS[2], own.incarnation, own.seq)
   if cur[1] then
     if newer(cur[1], inc) then
       return reject('stale_incarnation', '', 'incarnation ' .. inc .. ' is older than the shard\'s current ' .. cur[1])
@@ -1273,7 +1285,7 @@ local function fold(keys, args)
   local t = redis.call('TIME')
   now_s = t[1] .. string.sub('00000' .. t[2], -6) -- (microseconds, without a float format)
   now = t[1] * 1000000 + t[2]
-  served, stalled_s = served_clock(meta[6], meta[7], now, meta[3])
+  clock_read = false
 
   -- The server process: a fold by another process than the previous fold's (a restart, a failover)
   -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
@@ -1319,6 +1331,7 @@ local function fold(keys, args)
     item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
       item.writers, item.retired, item.emptied, item.sums, item.agg, item.value, item.unchanged =
       false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
+    item.graced = decl.grace and true or false -- (a lease grace: the fold reads the run's clock)
     local check_key = CHECKS[spec[1]]
     if not check_key then
       return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1]))
@@ -1360,17 +1373,25 @@ local function fold(keys, args)
   if epoch ~= meta[1] or (server and server ~= meta[5]) then
     redis.call('HSET', KEYS[1], 'epoch', epoch, 'server', server or meta[5] or '')
   end
-  redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s, 'clock_wall_us', now_s)
-  if stalled_s then redis.call('HSET', KEYS[1], 'clock_stalled_us', stalled_s) end
+  -- a shard that folds a key with a lease grace after its lease ran out (or was given up) lived on: it
+  -- counts until a grace past this fold unless it renews (a shard that never leased is not judged)
+  local graced = false
+  for i = 1, nkeys do graced = graced or items[i].graced end
+  if graced then
+    run_clock()
+    local alive = tonumber(redis.call('HGET', KEYS[2], own.alive))
+    if alive and alive < served then redis.call('HSET', KEYS[2], own.alive, string.format('%.0f', served)) end
+  end
+  if clock_read then
+    redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s, 'clock_wall_us', now_s)
+    if stalled_s then redis.call('HSET', KEYS[1], 'clock_stalled_us', stalled_s) end
+  else
+    redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s)
+  end
   if cur[1] ~= inc then redis.call('HSET', KEYS[2], own.incarnation, inc) end
   -- (seen: the highest fleet version the shard had seen when it reported, made: the version its report
   -- made; for `redisync watch`: how far behind the shard's view was, and what it samples)
   redis.call('HSET', KEYS[2], own.seq, seq, own.at, now_s, own.seen, floor, own.made, fv)
-  -- a shard that folds after its lease ran out (or was given up) lived on: it counts until a grace
-  -- past this fold unless it renews (a shard that never leased is not judged)
-  if cur[3] and (tonumber(cur[3]) or 0) < served then
-    redis.call('HSET', KEYS[2], own.alive, string.format('%.0f', served))
-  end
 
   redis.call('PUBLISH', run.versions, fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
   -- again starts its versions over, so a version alone would not tell its followers)
