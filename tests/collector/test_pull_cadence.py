@@ -186,8 +186,9 @@ def test_forged_and_garbled_announcements_cost_at_most_a_pull_each_and_are_forgo
             store.redis.publish(store.keys.channel, message)
         time.sleep(3)  # quiet: nothing real happens
         spent = _delta(before, _reads(store))
-        # the two well-formed lies: a call of the pull function each, at most (its HMGETs count as reads too)
-        assert spent["fcall_ro"] + spent["evalsha_ro"] + spent["evalsha"] <= 2, spent
+        # the two well-formed lies: a call of the pull function each, at most, and one owed from before the
+        # window on a loaded machine (its HMGETs count as reads too); a lie that stuck pulled again and again
+        assert spent["fcall_ro"] + spent["evalsha_ro"] + spent["evalsha"] <= 3, spent
         assert syncer.wait_synced(timeout=10)
         syncer.at_reset_boundary()  # the collector applies what its worker holds: the store's state
         metrics = syncer.metrics()
