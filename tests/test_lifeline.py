@@ -79,6 +79,7 @@ def kill_parent_and_wait_for_children(parent: subprocess.Popen, children: set[in
     return left
 
 
+@pytest.mark.extras("torch", "tqdm")
 def test_the_demos_collectors_stop_with_their_parent_and_give_their_leases_up(tmp_path):
     """The demo's fleet, SIGKILLed while its synced phase runs: every collector (and its sidecar)
     is gone within seconds, each having stopped its syncer: no lease is renewed after, none is held."""
@@ -117,6 +118,7 @@ def test_the_demos_collectors_stop_with_their_parent_and_give_their_leases_up(tm
             r.delete(key)
 
 
+@pytest.mark.extras("torch", "gymnasium")
 def test_a_study_pools_workers_die_with_the_study_and_a_resumed_study_drops_a_partial_run_file(tmp_path):
     """The study's worker pool, SIGKILLed while its runs train: every worker is gone within seconds.
     A run file the study was writing when it was killed (its temporary name) is removed on resume,
@@ -217,6 +219,7 @@ def child_with_cleanup(marker: str) -> None:
         raise
 
 
+@pytest.mark.extras("torch")
 def test_a_run_file_records_the_commit_the_package_versions_and_its_start_time(tmp_path):
     """A run reproduces only within one code version, so its file says which made it."""
     from redisync.study import study
