@@ -107,3 +107,35 @@ def test_the_pipeline_runs_resumes_and_reports_from_its_saved_runs(tmp_path, mon
     only = t.run_third_study(tmp_path, workers=1, report_only=True)
     assert only["analysis"]["P1"]["differences"] == result["analysis"]["P1"]["differences"]
     assert (tmp_path / "report.md").read_text() == report
+
+
+def test_the_study_page_quotes_the_third_studys_committed_results():
+    """Whatever the committed results of the third study hold, the study page says it and only that:
+    the gate's figures once it is complete (and, if it failed, that nothing else ran); P1 and P2 with
+    their intervals once the study is complete."""
+    root = Path(__file__).resolve().parents[2]
+    path = root / "docs" / "ab" / "third-study" / "results.json"
+    page = " ".join((root / "docs" / "study.md").read_text().split())
+    if not path.is_file():
+        assert "a third pre-registered study is running" in page
+        return
+    results = json.loads(path.read_text())
+    gate = results["gate"]
+    if gate is None or gate["seeds"] < 3:
+        assert "a third pre-registered study is running" in page
+        return
+    mean = f"{gate['mean_difference']:+.3f}".replace("-", "−")
+    assert mean in page
+    singles = ", ".join(f"{v:.3f}" for v in gate["single"])
+    assert singles in page
+    if not gate["passed"]:
+        assert "its gate failed" in page
+        assert "no contrast was run" in page
+        assert "P1" not in page.split("its gate failed")[1].split("**")[0]
+    else:
+        analysis = results.get("analysis") or {}
+        for name in ("P1", "P2"):
+            row = analysis.get(name)
+            if row and "p_holm" in row:
+                interval = f"[{row['lo']:+.3f}, {row['hi']:+.3f}]".replace("-", "−")
+                assert interval in page, name
