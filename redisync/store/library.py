@@ -239,7 +239,11 @@ def prune(client: redis.Redis, keep: set[str]) -> list[str]:
     gone = []
     for lib in loaded(client):
         if lib.version not in keep:
-            client.function_delete(lib.name)
+            try:
+                client.function_delete(lib.name)
+            except redis.ResponseError as e:  # (pruned by another call meanwhile: gone all the same)
+                if "not found" not in str(e).lower():
+                    raise
             gone.append(lib.name)
     return gone
 

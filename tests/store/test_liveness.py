@@ -26,15 +26,21 @@ def _writers(store) -> bytes:
     return store.redis.hget(store.keys.key_meta("motion/ema"), "writers")
 
 
-def test_a_slot_written_after_its_lease_lapsed_lives_a_grace_past_that_write_and_no_longer(make_store):
-    """A collector whose sidecar was paused past its lease publishes once more and dies: its slot
-    counts for a grace past that publish, then leaves (it was kept for ever: 'it lived on')."""
+def _two_live_shards(make_store):
+    """A run with shards 0 and 1 leased (60 s) and each folded once."""
     store = make_store()
     store.register(SCHEMA)
     a, b = store.shard(0), store.shard(1)
     for i, c in enumerate((a, b)):
         assert store.lease(i, c.incarnation, 60_000)
         _publish(c, i + 1.0)
+    return store, a, b
+
+
+def test_a_slot_written_after_its_lease_lapsed_lives_a_grace_past_that_write_and_no_longer(make_store):
+    """A collector whose sidecar was paused past its lease publishes once more and dies: its slot
+    counts for a grace past that publish, then leaves (it was kept for ever: 'it lived on')."""
+    store, a, b = _two_live_shards(make_store)
     assert store.lease(1, b.incarnation, 1)  # shard 1's sidecar paused: no renewal
     time.sleep(GRACE_S + 0.3)  # past the lease and its grace
     _publish(b, 5.0)  # ... then its last publish (the collector's own, at stop), and the process exits
@@ -49,12 +55,7 @@ def test_a_slot_written_after_its_lease_lapsed_lives_a_grace_past_that_write_and
 def test_a_shard_that_gave_its_lease_up_leaves_a_state_key_at_the_next_fold(make_store):
     """A clean stop is not a pause: ``stop()`` gives the lease up after the last report, and the next
     fold of any shard leaves the stopped shard out of a state key (the history key keeps it)."""
-    store = make_store()
-    store.register(SCHEMA)
-    a, b = store.shard(0), store.shard(1)
-    for i, c in enumerate((a, b)):
-        assert store.lease(i, c.incarnation, 60_000)
-        _publish(c, i + 1.0)
+    store, a, b = _two_live_shards(make_store)
     _publish(b, 2.0)  # its last report ...
     assert store.lease(1, b.incarnation, 0)  # ... and its lease given up
     _publish(a, 1.0)
