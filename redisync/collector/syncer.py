@@ -31,7 +31,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .. import errors
 from ..store.client import Store
@@ -644,7 +644,7 @@ class Syncer:
         idle connection closes nothing: without the PING the listener would wait for ever, subscribed
         in name, and the worker would never poll)."""
         while not self._stop.is_set():
-            pubsub = self.store.redis.pubsub()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            pubsub = cast(Any, self.store.redis).pubsub()  # annotated in some redis-py versions only
             try:
                 pubsub.subscribe(self.store.keys.channel)
                 heard, pinged = time.monotonic(), None

@@ -17,7 +17,7 @@ import secrets
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import redis
@@ -116,7 +116,7 @@ def _cluster_client(url: str, **kwargs: Any) -> Any:
     user, _, password = creds.partition(":")
     try:
         nodes = [
-            ClusterNode(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]))  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            cast(Any, ClusterNode)(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]))  # annotated in some redis-py versions only
             for h in hosts.split(",")
             if h
         ]
@@ -158,9 +158,10 @@ def _sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
             f"bad Sentinel URL {url!r}: use redis+sentinel://host:port[,host:port]/service[/db]"
         )
     timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
-    sentinel = Sentinel(nodes, **timeouts)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-    return sentinel.master_for(  # type: ignore[no-untyped-call,no-any-return]  # likewise
-        path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs
+    sentinel = cast(Any, Sentinel)(nodes, **timeouts)  # annotated from redis-py 8.2 on, not before
+    return cast(
+        redis.Redis,
+        sentinel.master_for(path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs),
     )
 
 
@@ -613,7 +614,7 @@ class Store:
     @_translated
     def _version(self) -> Any:
         """The run's epoch and fleet version as stored (bytes; None where missing): one plain read."""
-        return self.redis.execute_command("HMGET", self.keys.meta, "epoch", "fleet_version")  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        return cast(Any, self.redis).execute_command("HMGET", self.keys.meta, "epoch", "fleet_version")  # annotated in some redis-py versions only
 
     def fleet(self) -> codec.PullResult:
         """The whole fleet state, read-only (for the learner, logging and inspection)."""
