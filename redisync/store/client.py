@@ -116,7 +116,9 @@ def _cluster_client(url: str, **kwargs: Any) -> Any:
     user, _, password = creds.partition(":")
     try:
         nodes = [
-            cast(Any, ClusterNode)(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]))  # annotated in some redis-py versions only
+            cast(Any, ClusterNode)(
+                h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])
+            )  # annotated in some redis-py versions only
             for h in hosts.split(",")
             if h
         ]
@@ -161,7 +163,9 @@ def _sentinel_client(url: str, **kwargs: Any) -> redis.Redis:
     sentinel = cast(Any, Sentinel)(nodes, **timeouts)  # annotated from redis-py 8.2 on, not before
     return cast(
         redis.Redis,
-        sentinel.master_for(path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs),
+        sentinel.master_for(
+            path[0], db=db, username=unquote(user) or None, password=unquote(password) or None, **kwargs
+        ),
     )
 
 
@@ -614,7 +618,9 @@ class Store:
     @_translated
     def _version(self) -> Any:
         """The run's epoch and fleet version as stored (bytes; None where missing): one plain read."""
-        return cast(Any, self.redis).execute_command("HMGET", self.keys.meta, "epoch", "fleet_version")  # annotated in some redis-py versions only
+        return cast(Any, self.redis).execute_command(
+            "HMGET", self.keys.meta, "epoch", "fleet_version"
+        )  # annotated in some redis-py versions only
 
     def fleet(self) -> codec.PullResult:
         """The whole fleet state, read-only (for the learner, logging and inspection)."""
