@@ -448,6 +448,7 @@ class SidecarSyncer(Syncer):
                 "poll_every_s": self.poll_every_s,
                 "min_pull_interval_s": self.min_pull_interval_s,
                 "retry_every_s": self.retry_every_s,
+                "lease_s": self.lease_s,
             },
         }
         box.header[SIDECAR_PID] = 0

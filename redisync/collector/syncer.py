@@ -42,7 +42,7 @@ from .seam import SyncedTerm, schema_of
 log = logging.getLogger(__name__)
 
 LOST_SAID_EVERY_S = 60.0  # a lost connection is logged at most once a minute
-LEASE_S = 5.0  # a live process renews its lease on its shard id every LEASE_S / 5 (a dead one's runs out)
+LEASE_S = 5.0  # the default lease: a live process renews it every fifth of it (a dead one's runs out)
 _live: weakref.WeakSet[Syncer] = weakref.WeakSet()  # started and not stopped: a forked child detaches them
 
 
@@ -121,7 +121,10 @@ class Syncer:
         resume: bool | frozenset[str] | None = None,
         start_timeout_s: float = 5.0,
         take_over: bool = False,
+        lease_s: float = LEASE_S,
     ):
+        if not lease_s > 0:
+            raise errors.ConfigurationError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
         self.store = store
         self.terms = list(terms)
         self._reporting = self.terms  # the terms whose reports this process builds (the process worker shares some)
@@ -133,6 +136,7 @@ class Syncer:
         self.min_pull_interval_s = min_pull_interval_s
         self.start_timeout_s = start_timeout_s
         self.take_over = take_over
+        self.lease_s = lease_s
         self._lease_due = 0.0
         self._forked = False  # this object was inherited by a forked child: it must not touch the parent's sync
         self._wake = Wake()
@@ -432,7 +436,7 @@ class Syncer:
         if self._run_limits is None:
             with contextlib.suppress(errors.RedisyncError):  # (unreadable: the next registration reads them)
                 self._run_limits = self.store.limits()
-        deadline, held_until = time.monotonic() + LEASE_S + 1.0, None
+        deadline, held_until = time.monotonic() + self.lease_s + 1.0, None
         while True:
             try:
                 _ = self.shard.incarnation  # (claimed by the property, refused while a live holder renews)
@@ -442,15 +446,15 @@ class Syncer:
                 if (held_until is not None and until > held_until + 0.5) or until > deadline:
                     raise  # renewed meanwhile: a live process holds it
                 held_until = until if held_until is None else max(held_until, until)
-                time.sleep(min(e.remaining_ms / 1e3 + 0.05, LEASE_S / 15))  # three looks per renewal
+                time.sleep(min(e.remaining_ms / 1e3 + 0.05, self.lease_s / 15))  # three looks per renewal
         self._registered = True
         self._renew_lease()
         return True
 
     def _renew_lease(self) -> None:
         """Tell the store this process lives (a second one started with our shard id is refused)."""
-        self._lease_due = time.monotonic() + LEASE_S / 5
-        if not self.store.lease(self.shard.shard_id, self.shard.incarnation, int(LEASE_S * 1e3)):
+        self._lease_due = time.monotonic() + self.lease_s / 5
+        if not self.store.lease(self.shard.shard_id, self.shard.incarnation, max(1, int(self.lease_s * 1e3))):
             self._became_zombie("the store holds a later claim of the shard")
 
     def _became_zombie(self, why: str) -> None:

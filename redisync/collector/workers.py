@@ -10,7 +10,7 @@ from .. import errors
 from ..store.client import Store
 from .seam import SyncedTerm
 from .sidecar import SidecarSyncer
-from .syncer import Syncer
+from .syncer import LEASE_S, Syncer
 
 WORKERS = ("auto", "process", "thread")
 
@@ -35,6 +35,7 @@ def new_syncer(
     resume: bool | frozenset[str] | None = None,
     start_timeout_s: float = 5.0,
     take_over: bool = False,
+    lease_s: float = LEASE_S,
 ) -> Syncer:
     """A collector's Syncer: it publishes ``terms``' reports as shard ``shard_id`` of ``store``'s run
     and hands the fleet state to them at reset boundaries, without the collector ever waiting.
@@ -64,6 +65,10 @@ def new_syncer(
             registering in the background.
         take_over: claim the shard even while another live process holds its lease (a restarted
             collector whose old process is known to be gone).
+        lease_s: how long the shard counts as live without a renewal (renewed every fifth of it): a
+            collector that dies leaves the live fleet this long after its last renewal, plus a state
+            key's ``lease_grace_s``; one paused longer (a debugger, a swapped-out process) leaves it
+            too, and comes back with its next publish.
     """
     if worker not in WORKERS:
         raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
@@ -87,4 +92,5 @@ def new_syncer(
         resume=resume,
         start_timeout_s=start_timeout_s,
         take_over=take_over,
+        lease_s=lease_s,
     )

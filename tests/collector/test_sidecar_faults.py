@@ -549,18 +549,15 @@ def test_a_worker_that_fails_to_start_is_never_silent(real_url, monkeypatch, wor
         store.delete()
 
 
-def test_a_store_that_lost_the_run_gets_the_holders_lease_back_before_its_new_epoch_counts_as_seen(
-    real_url, monkeypatch
-):
+def test_a_store_that_lost_the_run_gets_the_holders_lease_back_before_its_new_epoch_counts_as_seen(real_url):
     """The store loses everything and another collector registers the run again first: the holder
     sees the new epoch without a RunNotFound, so nothing re-registered it. Its lease must be back
     by the time it has pulled the new epoch (it used to wait for the next renewal, up to a fifth of a
     lease, while a second process with its shard id could take the shard). The thread worker, with
     a long lease; the sidecar runs the same worker loop."""
-    monkeypatch.setattr("redisync.collector.syncer.LEASE_S", 60.0)  # renewed every 12 s
     store = redisync.connect(real_url, run=f"faults-lease-lost-{os.getpid()}")
     seen = Versions()
-    holder = new_syncer(store, 0, [seen], worker="thread", poll_every_s=0.05).start()
+    holder = new_syncer(store, 0, [seen], worker="thread", poll_every_s=0.05, lease_s=60.0).start()  # renewed every 12 s
     other = None
 
     def applied() -> tuple[str, int] | None:

@@ -3,7 +3,8 @@ sidecar lives through, with the sampler and the normaliser on the shared-memory 
 
 Rules — the events of every process of the fleet: train a shard some steps; SIGKILL its sidecar
 before, during (its fold held in flight by a proxy, then delivered late or lost) or after a publish
-(the collector starts another on the same shared memory); stop the collector right after its
+(the collector starts another on the same shared memory); pause it (SIGSTOP) past its lease and
+the state keys' grace while the other collector folds; stop the collector right after its
 sidecar died; stop it from a signal handler (flush() calls, then stop(), landing anywhere in the hot
 path); restart it with a first sidecar that cannot start; restart the collector fresh or resumed from
 a checkpoint, from the main thread or from a short-lived thread; a second process claiming the shard (the first becomes a zombie); fork the
@@ -56,6 +57,7 @@ from .test_sidecar import Cumulative
 pytestmark = pytest.mark.integration  # a redis-server of its own, restarted by a rule
 
 SHARDS, FRAMES, ENVS, DIMS = (0, 1), 200, 16, 3
+LEASE_S, GRACE_S = 1.0, 0.5  # short, so a pause past both costs a rule two seconds
 
 
 class Applied(Cumulative):
@@ -66,7 +68,7 @@ class Applied(Cumulative):
         self.applied: list[tuple[str, int]] = []
 
     def schema_entries(self):
-        return {"life/steps": redisync.merge(1, lifecycle="state")}
+        return {"life/steps": redisync.merge(1, lifecycle="state", lease_grace_s=GRACE_S)}
 
     def report_shard_state(self):
         return {"life/steps": {"count": 1.0, "sum": self.total.copy()}}
@@ -88,7 +90,7 @@ class Collector:
         take_over: bool = False,
     ):
         self.sampler = AdaptiveMotionSampler(
-            FRAMES, 0.02, mode="pooled", shard_id=shard, rebuild_tol=0.0, dtype=torch.float64
+            FRAMES, 0.02, mode="pooled", shard_id=shard, lease_grace_s=GRACE_S, rebuild_tol=0.0, dtype=torch.float64
         )
         self.norm = SyncedEmpiricalNormalization(DIMS, mode="pooled")
         if checkpoint is not None:  # the sampler resumes its slot; the normaliser's slot is retired history
@@ -106,6 +108,7 @@ class Collector:
             poll_every_s=0.05,
             retry_every_s=0.1,
             take_over=take_over,
+            lease_s=LEASE_S,
         )
         if from_thread:  # the thread that starts it ends at once: the sidecar must not die with it
             starter = threading.Thread(target=self.syncer.start)
@@ -182,6 +185,34 @@ class SidecarLife(RuleBasedStateMachine):
         first = _kill_sidecar(c)
         c.train(steps)  # the collector trains on, its view stale for a moment
         assert wait_for(lambda: c.syncer.sidecar_pid != first, timeout=10)
+
+    def _writers(self, key: str) -> set[int]:
+        writers = self.store.redis.hget(self.store.keys.key_meta(key), "writers")
+        return {int(w) for w in writers.split(b",") if w} if writers else set()
+
+    @rule(shard=st.sampled_from(SHARDS), steps=st.integers(0, 10))
+    def pause_sidecar_past_its_lease(self, shard: int, steps: int) -> None:
+        """SIGSTOP (a swapped-out or debugged process) past its lease and the state keys' grace while
+        the other collector trains, so the other's folds drop the paused shard's state slots (its
+        history slot stays); its own collector trains on. Then SIGCONT: the sidecar renews its lease
+        and its state slots come back."""
+        c, other = self.collectors[shard], self.collectors[1 - shard]
+        history = self._writers("obs/norm")
+        pid = _serving_sidecar(c)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            c.train(steps)
+            past = time.monotonic() + LEASE_S + GRACE_S + 0.5
+            while time.monotonic() < past:
+                other.train(1)
+                time.sleep(0.05)
+            other.syncer.flush()
+            assert other.syncer.wait_synced(timeout=15)
+            for key in ("life/steps", "motion/bin_failed"):  # state keys: the paused shard has left them
+                assert self._writers(key) == {1 - shard}, key
+            assert (shard in self._writers("obs/norm")) == (shard in history)  # a history key keeps its slot
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     @rule(shard=st.sampled_from(SHARDS), delivered=st.booleans())
     def kill_sidecar_mid_publish(self, shard: int, delivered: bool) -> None:

@@ -43,7 +43,7 @@ from torch import nn
 
 from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
-from ...store.schema import KeySpec, Lifecycle
+from ...store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle
 from .. import ema_seam, formulas
 from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
@@ -139,6 +139,8 @@ class AdaptiveMotionSampler(nn.Module):
         kernel_lambda: the kernel's decay.
         stale_after_s: the merge key's ``stale_after_s`` (a silent shard leaves the pool).
         lifecycle: the merge key's life cycle (``"state"``: a current value).
+        lease_grace_s: how long past its lease a lapsed shard's slot still counts (a ``"state"``
+            key's; ``None``: for ever).
         rebuild_tol: the distribution is rebuilt at a reset when the EMA it was built from moved by
             more than this share of its mass (0: whenever it changed at all).
         device: where the buffers live.
@@ -178,6 +180,7 @@ class AdaptiveMotionSampler(nn.Module):
         kernel_lambda: float = 0.8,
         stale_after_s: float | None = None,
         lifecycle: Lifecycle = "state",
+        lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
         rebuild_tol: float = 1e-4,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
@@ -198,7 +201,7 @@ class AdaptiveMotionSampler(nn.Module):
             worst_groups,
             stale_after_s,
         )
-        self.lifecycle = lifecycle
+        self.lifecycle, self.lease_grace_s = lifecycle, lease_grace_s
         self.group_names = (
             tuple(group_names) if group_names is not None else tuple(f"group_{g}" for g in range(len(frames)))
         )
@@ -473,6 +476,7 @@ class AdaptiveMotionSampler(nn.Module):
             owner=self.owner,
             stale_after_s=self.stale_after_s,
             lifecycle=self.lifecycle,
+            lease_grace_s=self.lease_grace_s,
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
