@@ -557,7 +557,9 @@ def test_a_store_that_lost_the_run_gets_the_holders_lease_back_before_its_new_ep
     a long lease; the sidecar runs the same worker loop."""
     store = redisync.connect(real_url, run=f"faults-lease-lost-{os.getpid()}")
     seen = Versions()
-    holder = new_syncer(store, 0, [seen], worker="thread", poll_every_s=0.05, lease_s=60.0).start()  # renewed every 12 s
+    holder = new_syncer(
+        store, 0, [seen], worker="thread", poll_every_s=0.05, lease_s=60.0
+    ).start()  # renewed every 12 s
     other = None
 
     def applied() -> tuple[str, int] | None:
@@ -715,7 +717,9 @@ def test_the_last_report_survives_a_loaded_machine(real_url, worker, caplog):
             _train(t, s, 9)
         assert all(s.stop(flush=True, timeout=5.0) for s in syncers)
         assert [_count(s) for s in stores] == [9, 9, 9, 9]
-        assert [r.getMessage() for r in caplog.records if "killed" in r.getMessage() or "itself" in r.getMessage()] == []
+        assert [
+            r.getMessage() for r in caplog.records if "killed" in r.getMessage() or "itself" in r.getMessage()
+        ] == []
     finally:
         for p in busy:
             p.kill()
