@@ -285,8 +285,23 @@ def pooled_average(own_weight: float, own_average: float, others: tuple[float, f
 # - flattening: the uniform share of the distribution is ε / (F + ε) with the code's mix (ε with the
 #   paper's): a shard that sees 1/N of the fleet's failures mixes in more of it than the fleet would.
 # A fleet of N such shards pools N·F failures per step: n·N per bin, noise / sqrt(N), ε / (N·F + ε).
-NOISY_RELATIVE_SD = 0.5  # a bin's EMA noise at half its mean or more: the noise decides where starts go
-FLAT_UNIFORM_SHARE = 0.5  # the uniform part at half the distribution or more: the failures barely count
+@dataclass(frozen=True)
+class WarningThresholds:
+    """When a shard's own failure EMA is a poor guide (noise or uniform share at least these) and the
+    fleet's pooled one a fair guide (both at most these): the drift warning's rule, in the EMA's units."""
+
+    noisy_relative_sd: float
+    flat_uniform_share: float
+    fair_relative_sd: float
+    fair_uniform_share: float
+
+
+# Calibrated against the harm the second follow-up measured (docs/ab/warning-calibration.md: it fires on
+# the seeds of every arm where unsynced shards did worse, and stays quiet on the 256-env arm where no harm
+# was shown); chosen in-sample on the toy task's runs, so a firing is a risk, not proof of harm.
+WARNING_THRESHOLDS = WarningThresholds(
+    noisy_relative_sd=0.4, flat_uniform_share=0.5, fair_relative_sd=0.2, fair_uniform_share=0.5
+)
 
 
 def ema_statistics(ema_mass: float, bins: int, alpha: float, uniform_ratio: float, mix: str) -> dict[str, float]:
@@ -301,32 +316,38 @@ def ema_statistics(ema_mass: float, bins: int, alpha: float, uniform_ratio: floa
     }
 
 
-def _poor(stats: dict[str, float]) -> list[str]:
-    """Why an EMA with these statistics is a poor guide for start frames (none: a fair one)."""
+def _poor(stats: dict[str, float], rule: WarningThresholds) -> list[str]:
+    """Why an EMA with these statistics is a poor guide for start frames (none: not a poor one)."""
     reasons = []
-    if stats["ema_relative_noise"] >= NOISY_RELATIVE_SD:
+    if stats["ema_relative_noise"] >= rule.noisy_relative_sd:
         reasons.append(
             f"about {stats['failures_per_bin_window']:.2g} failures per bin in the EMA's window, a relative noise of "
             f"{stats['ema_relative_noise']:.2f} per bin"
         )
-    if stats["uniform_share"] >= FLAT_UNIFORM_SHARE:
+    if stats["uniform_share"] >= rule.flat_uniform_share:
         reasons.append(f"a uniform share of {stats['uniform_share']:.2f} in its start distribution")
     return reasons
 
 
-def ema_warning(shard: dict[str, float], fleet: dict[str, float], where: str) -> str | None:
+def _fair(stats: dict[str, float], rule: WarningThresholds) -> bool:
+    return stats["ema_relative_noise"] <= rule.fair_relative_sd and stats["uniform_share"] <= rule.fair_uniform_share
+
+
+def ema_warning(
+    shard: dict[str, float], fleet: dict[str, float], where: str, rule: WarningThresholds = WARNING_THRESHOLDS
+) -> str | None:
     """Why a shard's own failure EMA is a poor guide for its start frames while the fleet's pooled EMA
-    would be a fair one, with the numbers; None otherwise. Poor: a relative noise per bin of at least
-    :data:`NOISY_RELATIVE_SD`, or a uniform share of at least :data:`FLAT_UNIFORM_SHARE`. (Where the
-    fleet's EMA is poor too — a policy that hardly fails any more — syncing would not help, and
-    nothing is said.)"""
-    reasons = _poor(shard)
-    if not reasons or _poor(fleet):
+    would be a fair one, with the numbers; None otherwise (:class:`WarningThresholds`). Where the
+    fleet's EMA is not fair either — a policy that hardly fails any more — syncing would not help,
+    and nothing is said."""
+    reasons = _poor(shard, rule)
+    if not reasons or not _fair(fleet, rule):
         return None
     return (
         f"{where}: this shard's own failure EMA has {' and '.join(reasons)}, where the fleet's pooled EMA would "
         f"have a relative noise of {fleet['ema_relative_noise']:.2f} and a uniform share of "
-        f"{fleet['uniform_share']:.2f}: sync the sampler (mode='pooled') so that it samples from the fleet's failures"
+        f"{fleet['uniform_share']:.2f}: unsynced shards this noisy trained worse in our studies (a risk, not "
+        f"proof of harm); sync the sampler (mode='pooled') so that it samples from the fleet's failures"
     )
 
 

@@ -162,13 +162,15 @@ def test_the_ema_statistics_follow_from_the_formulas():
     assert np.std(seen) / np.mean(seen) == pytest.approx(
         ema_statistics(f, 1, alpha, 0.1, "code")["ema_relative_noise"], rel=0.1
     )
-    # one fleet split into 16 shards: the fleet's EMA is a fair guide, a shard's own is not
-    fleet = ema_statistics(16 * 0.64, 120, 0.01, 0.1, "code")
+    # one fleet split into 32 shards: the fleet's EMA is a fair guide (17 failures per bin), a shard's own is not
+    fleet = ema_statistics(32 * 0.64, 120, 0.01, 0.1, "code")
     why = ema_warning(stats, fleet, "shard")
     assert why is not None
     assert "0.53 failures per bin" in why
     assert "relative noise of 0.97" in why
     assert ema_warning(fleet, fleet, "fleet") is None  # a fair EMA: nothing to say
+    # split into 16, the pooled EMA would hold 8.5 failures per bin: not fair enough to promise a gain
+    assert ema_warning(stats, ema_statistics(16 * 0.64, 120, 0.01, 0.1, "code"), "shard") is None
     # a policy that hardly fails: the fleet's EMA is poor too, and syncing would not help
     idle = ema_statistics(0.001, 120, 0.01, 0.1, "code")
     assert ema_warning(idle, ema_statistics(16 * 0.001, 120, 0.01, 0.1, "code"), "shard") is None
