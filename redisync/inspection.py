@@ -99,7 +99,8 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
                 assert_never(spec)
         keys.append(row)
     dead = [
-        {k: v for k, v in entry.items() if not k.startswith("report:")} for entry in store.dead_letters(dead_letters)
+        {k: v for k, v in entry.items() if not k.startswith("report:")}
+        for entry in (store.dead_letters(dead_letters) if dead_letters > 0 else [])
     ]
     return {
         "run": store.run,
@@ -143,6 +144,28 @@ def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str
                 "seen": int(seen) if seen else None,
                 "behind": max(int(made) - 1 - int(seen), 0) if seen and made else None,
             }
+    return out
+
+
+LEASE_STATES = ("live", "lapsed", "stopped")
+
+
+def shard_leases(store: Store, now_us: int | None = None) -> dict[int, str]:
+    """Per shard that holds or held a lease: ``live`` (its lease runs in the run's served clock),
+    ``lapsed`` (it ran out: a dead, or paused, collector) or ``stopped`` (given up by a clean stop).
+    The served clock is read as ``lua/clock.lua`` keeps it: the server's time less what it did not
+    serve the run (a gap past the run's ``stall_after_s``), so a stalled server lapses nobody."""
+    now = now_us if now_us is not None else server_time_us(store.redis)
+    wall, stalled = store.redis.hmget(store.keys.meta, "clock_wall_us", "clock_stalled_us")
+    served = now - int(stalled or 0)
+    if wall is not None and now - int(wall) > store.limits().stall_after_us:
+        served -= now - int(wall) - store.limits().stall_after_us
+    out = {}
+    for field, value in store.redis.hgetall(store.keys.shards).items():
+        shard, _, what = _text(field).partition(":")
+        if what == "alive_until_us":
+            until = int(_text(value))
+            out[int(shard)] = "stopped" if until < 0 else "live" if until >= served else "lapsed"
     return out
 
 

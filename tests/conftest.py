@@ -81,6 +81,7 @@ EXTRA_OF = {
     "scipy": "demo",
     "gymnasium": "study",
     "mujoco": "study",
+    "prometheus_client": "monitoring",
 }
 
 

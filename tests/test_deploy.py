@@ -65,19 +65,29 @@ def test_compose_file_is_valid(tmp_path):
     doc = yaml.safe_load(compose.read_text())
     services = doc["services"]
     assert {"redis", "redis-primary", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"} <= set(services)
+    monitoring = {"redis-exporter", "prometheus", "grafana"}
+    assert monitoring <= set(services)
     for name, svc in services.items():
         assert isinstance(svc["image"], str), name
-        assert svc["image"].startswith("redis:7"), name
-        assert isinstance(svc["command"], list), name
-        assert svc["command"], name
+        if name in monitoring:
+            assert svc.get("profiles") == ["monitoring"], name
+            assert ":" in svc["image"], name  # a pinned release
+            assert not svc["image"].endswith(":latest"), name
+        else:
+            assert svc["image"].startswith("redis:7"), name
+            assert isinstance(svc["command"], list), name
+            assert svc["command"], name
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
-            if source.startswith("./"):  # a bind mount of one of deploy/'s own files
-                assert (compose.parent / source).is_file(), f"{name} mounts a missing {source}"
+            if source.startswith("./"):  # a bind mount of one of deploy/'s own files or folders
+                assert (compose.parent / source).exists(), f"{name} mounts a missing {source}"
             else:
                 assert source in doc["volumes"], f"{name} uses an undeclared volume {source}"
-        if name != "redis":
+        if name != "redis" and name not in monitoring:
             assert svc.get("profiles") == ["sentinel"], name
+    exporter = services["redis-exporter"]["environment"]
+    acl = (CONF.parent / "users.acl").read_text()
+    assert f"user {exporter['REDIS_USER']} on >{exporter['REDIS_PASSWORD']} " in acl
     ports = [p.split(":")[0] for svc in services.values() for p in svc.get("ports", [])]
     assert len(ports) == len(set(ports)), "two services publish the same host port"
     assert "--replicaof" in services["redis-replica"]["command"]

@@ -15,6 +15,7 @@ import redis
 from .. import __version__, errors
 from .bench import bench
 from .demo import demo
+from .exporter import exporter
 from .functions import functions
 from .runs import inspect, restore, snapshot
 from .study import ab
@@ -33,7 +34,7 @@ def cli() -> None:
     collector takes at its next reset boundary. These commands show it, measure it and study it."""
 
 
-for command in (demo, ab, bench, inspect, watch, snapshot, restore, functions):
+for command in (demo, ab, bench, inspect, watch, exporter, snapshot, restore, functions):
     cli.add_command(command)
 
 

@@ -37,6 +37,7 @@ EXTRAS = {
     "demo": ("torch", "tqdm", "matplotlib"),
     "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium"),
     "peers": ("torch",),
+    "exporter": ("prometheus_client",),
 }
 
 
@@ -44,7 +45,7 @@ def needs(what: str) -> None:
     """Before any work: the modules a command needs, or one line saying which extra brings them."""
     missing = [m for m in EXTRAS[what] if not importable(m)]
     if missing:
-        extra = {"peers": "torch", "study": "study"}.get(what, "demo")
+        extra = {"peers": "torch", "study": "study", "exporter": "monitoring"}.get(what, "demo")
         raise errors.RedisyncError(
             f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
             f"({', '.join(missing)} missing): pip install 'redisync[{extra}]'"

@@ -1,0 +1,135 @@
+"""A Prometheus exporter of a store's runs: what ``redisync watch`` shows, as metrics to scrape.
+
+Every scrape reads the store afresh (nothing is cached but the fleet states the sampled distance
+needs, as ``watch`` keeps them) with read-only commands, so the ``inspector`` role of
+``deploy/users.acl`` suffices. Labels are ``run``, ``shard`` and ``key``: their number is bounded
+by the runs on the server, the shards of each run and the keys of its schema. A store that cannot
+be read turns ``redisync_store_up`` to 0 and exports nothing else: a dashboard never shows old
+figures as current.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .errors import RedisyncError
+from .inspection import LEASE_STATES, SampledDistance, describe_run, drift, list_runs, shard_leases, shard_reports
+from .store.client import Store, connect, server_time_us
+
+log = logging.getLogger(__name__)
+
+# every metric the exporter writes, with its help text (the dashboard's and the alerts' test reads it)
+METRICS = {
+    "redisync_store_up": "1 when the store answered this scrape, 0 when it did not or refused a read (the exporter's log says which)",
+    "redisync_run_fleet_version": "the run's fleet version: one more per fold (rate: folds per second)",
+    "redisync_run_updated_age_seconds": "seconds since the run's last fold",
+    "redisync_run_dead_letters": "reports refused and kept in the run's dead-letter stream (its length)",
+    "redisync_run_shards": "the run's shards by lease state (live, lapsed, stopped)",
+    "redisync_shard_lease_state": "1 for the shard's lease state (live, lapsed, stopped), 0 for the others",
+    "redisync_shard_report_age_seconds": "seconds since the shard's last folded report",
+    "redisync_shard_versions_behind": "fleet versions made before the shard's last report that it had not seen",
+    "redisync_shard_unsynced_tv": "total-variation distance of the shard's own distribution from the pooled one (what it would sample without sync)",
+    "redisync_shard_sampled_tv": "total-variation distance of what the shard samples from the pooled distribution now",
+    "redisync_key_dropped_lapsed": "slots this key dropped because their shard's lease lapsed",
+    "redisync_key_dropped_stale": "slots this key dropped because they were older than its stale_after_s",
+}
+
+
+class FleetCollector(Collector):
+    """The metrics of ``runs`` (every run on the server when empty) of the store at ``url``."""
+
+    def __init__(self, url: str, runs: tuple[str, ...] = ()):
+        self.url, self.runs = url, runs
+        self._client = connect(url, run="_exporter").redis
+        self._sampled: dict[str, tuple[str, SampledDistance]] = {}  # per run: its epoch's fleet states seen
+        self._said = ""  # the last failure logged (each new one is logged once)
+
+    def describe(self) -> Iterator[Any]:
+        """Nothing: the registry would otherwise call collect() at registration, when the store may not answer yet."""
+        return iter(())
+
+    def collect(self) -> Iterator[Any]:
+        """One scrape: the store read now (``redisync_store_up`` 0 and nothing else when it cannot be)."""
+        up = GaugeMetricFamily("redisync_store_up", METRICS["redisync_store_up"])
+        try:
+            families = self._families()
+        except (RedisyncError, redis.RedisError, OSError) as e:
+            if f"{type(e).__name__}: {e}" != self._said:
+                self._said = f"{type(e).__name__}: {e}"
+                log.warning("redisync exporter: the store could not be read: %s", self._said)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        if self._said:
+            log.warning("redisync exporter: the store answers again")
+            self._said = ""
+        up.add_metric([], 1.0)
+        yield up
+        yield from families
+
+    def _families(self) -> list[Any]:
+        g = {
+            name: GaugeMetricFamily(name, help, labels=labels)
+            for name, help, labels in (
+                ("redisync_run_fleet_version", METRICS["redisync_run_fleet_version"], ["run"]),
+                ("redisync_run_updated_age_seconds", METRICS["redisync_run_updated_age_seconds"], ["run"]),
+                ("redisync_run_dead_letters", METRICS["redisync_run_dead_letters"], ["run"]),
+                ("redisync_run_shards", METRICS["redisync_run_shards"], ["run", "state"]),
+                ("redisync_shard_lease_state", METRICS["redisync_shard_lease_state"], ["run", "shard", "state"]),
+                ("redisync_shard_report_age_seconds", METRICS["redisync_shard_report_age_seconds"], ["run", "shard"]),
+                ("redisync_shard_versions_behind", METRICS["redisync_shard_versions_behind"], ["run", "shard"]),
+                ("redisync_shard_unsynced_tv", METRICS["redisync_shard_unsynced_tv"], ["run", "shard", "key"]),
+                ("redisync_shard_sampled_tv", METRICS["redisync_shard_sampled_tv"], ["run", "shard", "key"]),
+            )
+        }
+        c = {
+            name: CounterMetricFamily(name, METRICS[name], labels=["run", "key"])
+            for name in ("redisync_key_dropped_lapsed", "redisync_key_dropped_stale")
+        }
+        for run in self.runs or tuple(list_runs(self._client)):
+            self._run(connect(self.url, run=run), g, c)
+        return [*g.values(), *c.values()]
+
+    def _run(self, store: Store, g: dict[str, GaugeMetricFamily], c: dict[str, CounterMetricFamily]) -> None:
+        run = store.run
+        now = server_time_us(store.redis)
+        about = describe_run(store, dead_letters=0)
+        g["redisync_run_fleet_version"].add_metric([run], about["fleet_version"])
+        if about["updated_age_s"] is not None:
+            g["redisync_run_updated_age_seconds"].add_metric([run], about["updated_age_s"])
+        g["redisync_run_dead_letters"].add_metric([run], about["dead_letters"])
+        leases = shard_leases(store, now)
+        for state in LEASE_STATES:
+            g["redisync_run_shards"].add_metric([run, state], sum(s == state for s in leases.values()))
+        for shard, lease in sorted(leases.items()):
+            for state in LEASE_STATES:
+                g["redisync_shard_lease_state"].add_metric([run, str(shard), state], float(lease == state))
+        reports = shard_reports(store, now)
+        for shard, row in sorted(reports.items()):
+            g["redisync_shard_report_age_seconds"].add_metric([run, str(shard)], row["age_s"])
+            if row["behind"] is not None:
+                g["redisync_shard_versions_behind"].add_metric([run, str(shard)], row["behind"])
+        drifts = drift(store)
+        if self._sampled.get(run, ("",))[0] != about["epoch"]:  # a new epoch's versions start over
+            self._sampled[run] = (about["epoch"], SampledDistance())
+        sampled = self._sampled[run][1]
+        sampled.observe(about["fleet_version"], drifts)
+        for key, d in drifts.items():
+            if d["kind"] != "distribution":
+                continue
+            for shard, row in sorted(d["shards"].items()):
+                g["redisync_shard_unsynced_tv"].add_metric([run, str(shard), key], row["tv"])
+                seen = reports.get(shard, {}).get("seen")
+                tv = sampled.distance(key, shard, seen, drifts)
+                if tv is not None:
+                    g["redisync_shard_sampled_tv"].add_metric([run, str(shard), key], tv)
+        for row in about["keys"]:
+            if "dropped_lapsed" in row:
+                c["redisync_key_dropped_lapsed"].add_metric([run, row["key"]], row["dropped_lapsed"])
+                c["redisync_key_dropped_stale"].add_metric([run, row["key"]], row["dropped_stale"])

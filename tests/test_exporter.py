@@ -1,0 +1,245 @@
+"""`redisync exporter`: a scrape of a live fleet's store, every metric and label checked against the
+store; the inspector role of deploy/users.acl suffices; a store that does not answer says so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import redisync
+from redisync import inspection
+from redisync.store.schema import Schema, merge
+
+from .servers import RedisProcess, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.extras("prometheus_client")]
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = "humanoid-v3"  # the run deploy/users.acl's roles cover
+URL = "redis://{0}:{0}-change-me@127.0.0.1:{1}/0"
+
+
+def _scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+        if s.name.startswith("redisync_")
+    }
+
+
+def _exporter(url: str, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisync.cli", "exporter", "--url", url, "--port", str(port), "--addr", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"the exporter did not serve: {proc.stderr.read().decode()[-2000:]}") from None
+            time.sleep(0.1)
+
+
+def _fleet(url: str):
+    """Three shards: 0 live, 1 lapsed (a 1 ms lease the others' calls outlived), 2 stopped (gave its
+    lease up); a failure distribution each, a normaliser's moments."""
+    learner = redisync.connect(url.format("learner"), run=RUN)
+    learner.load_functions()
+    learner.register(
+        Schema.of(
+            {
+                "motion/bin_failed": merge(8, lifecycle="state", lease_grace_s=None),
+                "obs/norm": merge(2, lifecycle="history", sumsq=True),
+            }
+        )
+    )
+    store = redisync.connect(url.format("collector"), run=RUN)
+    rng = np.random.default_rng(0)
+    shards = [store.shard(i) for i in range(3)]
+    for shard in shards:
+        shard.publish(
+            {
+                "motion/bin_failed": {"count": 1.0, "sum": rng.random(8)},
+                "obs/norm": {"count": 4.0, "sum": rng.random(2), "sumsq": 1 + rng.random(2)},
+            }
+        )
+    store.lease(1, shards[1].incarnation, 1)
+    store.lease(2, shards[2].incarnation, 0)
+    time.sleep(0.05)
+    store.lease(0, shards[0].incarnation, 600_000)  # (the run's clock moves past shard 1's lease)
+    shards[0].publish({"motion/bin_failed": {"count": 1.0, "sum": rng.random(8)}})
+    return redisync.connect(url.format("inspector"), run=RUN), shards[0]
+
+
+def test_a_scrape_of_a_live_fleet_says_what_the_store_holds(tmp_path):
+    server = RedisProcess(tmp_path, None, "--aclfile", str(ROOT / "deploy" / "users.acl"))
+    server.start_authenticated("inspector", "inspector-change-me")
+    url = URL.replace("{1}", str(server.port))
+    inspector, live = _fleet(url)
+    port = free_port()
+    proc = _exporter(url.format("inspector"), port)  # the inspector's read-only rights suffice
+    try:
+        got = _scrape(port)
+        stderr = b""
+
+        def value(name: str, **labels: str) -> float:
+            return got[(name, frozenset(labels.items()))]
+
+        assert value("redisync_store_up") == 1.0
+        assert value("redisync_run_fleet_version", run=RUN) == inspector.fleet().fleet_version
+        assert value("redisync_run_dead_letters", run=RUN) == inspector.redis.xlen(inspector.keys.dead_letters)
+        assert 0 <= value("redisync_run_updated_age_seconds", run=RUN) < 600
+        leases = inspection.shard_leases(inspector)
+        assert leases == {0: "live", 1: "lapsed", 2: "stopped"}
+        for state in inspection.LEASE_STATES:
+            assert value("redisync_run_shards", run=RUN, state=state) == 1.0
+            for shard, held in leases.items():
+                assert value("redisync_shard_lease_state", run=RUN, shard=str(shard), state=state) == (held == state)
+        reports = inspection.shard_reports(inspector)
+        drifts = inspection.drift(inspector)["motion/bin_failed"]["shards"]
+        for shard in (0, 1, 2):
+            age = value("redisync_shard_report_age_seconds", run=RUN, shard=str(shard))
+            assert reports[shard]["age_s"] - 1 <= age <= reports[shard]["age_s"] + 600
+            assert value("redisync_shard_versions_behind", run=RUN, shard=str(shard)) == reports[shard]["behind"]
+            tv = value("redisync_shard_unsynced_tv", run=RUN, shard=str(shard), key="motion/bin_failed")
+            assert tv == pytest.approx(drifts[shard]["tv"], abs=1e-12)
+            assert 0 < tv < 1
+        assert ("redisync_shard_unsynced_tv", frozenset({"run": RUN, "shard": "0", "key": "obs/norm"})) not in got
+        meta = inspector.key_info("motion/bin_failed")
+        assert value("redisync_key_dropped_lapsed_total", run=RUN, key="motion/bin_failed") == float(
+            meta.get("dropped_lapsed", 0)
+        )
+        assert value("redisync_key_dropped_stale_total", run=RUN, key="obs/norm") == 0.0
+        # what a shard samples needs a fleet state the exporter saw, at or below the one the shard had
+        # seen: shard 0 takes the state just scraped, then reports
+        assert not any(name == "redisync_shard_sampled_tv" for name, _ in got)
+        assert live.pull() is not None
+        live.publish({"motion/bin_failed": {"count": 1.0, "sum": np.full(8, 0.5)}})
+        got = _scrape(port)
+        sampled = {dict(labels)["shard"]: v for (name, labels), v in got.items() if name == "redisync_shard_sampled_tv"}
+        assert set(sampled) == {"0"}
+        assert 0 <= sampled["0"] < 1
+        # every exported name is one the module documents (the dashboard's and alerts' test reads them)
+        from redisync.exporter import METRICS
+
+        assert {n.removesuffix("_total") for n, _ in got} <= set(METRICS)
+        server.kill()  # the store goes away: the exporter says so, and shows no figure as current
+        got = _scrape(port)
+        assert got == {("redisync_store_up", frozenset()): 0.0}
+    finally:
+        proc.terminate()
+        try:
+            _, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        server.kill()
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    assert "the store could not be read" in stderr.decode()  # said once, in the exporter's log
+    assert "inspector-change-me" not in stderr.decode()
+
+
+REDIS_EXPORTER = {"redis_commands_processed_total", "redis_memory_used_bytes", "redis_connected_clients"}
+
+
+def _exported() -> set[str]:
+    """The names a scrape shows: counters with their _total suffix (prometheus_client adds it)."""
+    from redisync.exporter import METRICS
+
+    counters = {"redisync_key_dropped_lapsed", "redisync_key_dropped_stale"}
+    return {f"{n}_total" if n in counters else n for n in METRICS}
+
+
+def _names(expr: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"\b(redis(?:ync)?_[a-z_]+)\b", expr))
+
+
+def test_every_panel_of_the_grafana_board_queries_exported_metrics():
+    """deploy/grafana/dashboards/redisync.json: each panel has a query, and each query names only
+    metrics `redisync exporter` writes (or redis_exporter's, on the panels that say so)."""
+    import json
+
+    board = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "redisync.json").read_text())
+    assert board["uid"]
+    assert board["panels"]
+    used = set()
+    for panel in board["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            names = _names(target["expr"])
+            assert names, (panel["title"], target["expr"])
+            foreign = {n for n in names if not n.startswith("redisync_")}
+            assert names - foreign <= _exported(), (panel["title"], names)
+            assert foreign <= REDIS_EXPORTER, panel["title"]
+            assert not foreign or "redis_exporter" in panel["title"], panel["title"]
+            used |= names
+    assert _exported() - used == set(), "a metric the board does not show"
+    provider = (ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "redisync.yml").read_text()
+    assert "/var/lib/grafana/dashboards" in provider  # where the compose file mounts the board
+
+
+def test_every_alert_rule_names_exported_metrics():
+    """deploy/prometheus/alerts.yml: the shard-lapsed, run-stale, dead-letters and collector-behind
+    alerts (and the store-unreadable one), each on metrics the exporter writes; Prometheus loads it."""
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
+    assert {r["alert"] for r in rules} == {
+        "RedisyncStoreUnreadable",
+        "RedisyncShardLapsed",
+        "RedisyncRunStale",
+        "RedisyncDeadLettersGrowing",
+        "RedisyncCollectorBehind",
+    }
+    for rule in rules:
+        assert _names(rule["expr"]), rule["alert"]
+        assert _names(rule["expr"]) <= _exported(), rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert {j["job_name"] for j in config["scrape_configs"]} == {"redis", "redisync"}
+
+
+def test_the_metrics_role_reads_the_servers_figures_and_no_key(tmp_path):
+    """deploy/users.acl's `metrics` user (redis_exporter's): INFO and CONFIG GET, not a run's keys."""
+    import redis
+
+    server = RedisProcess(tmp_path, None, "--aclfile", str(ROOT / "deploy" / "users.acl"))
+    server.start_authenticated("metrics", "metrics-change-me")
+    try:
+        client = redis.Redis(port=server.port, username="metrics", password="metrics-change-me")
+        assert "redis_version" in client.info()
+        assert "maxmemory" in client.config_get("maxmemory")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.hgetall(f"redisync:{{{RUN}}}:meta")
+    finally:
+        server.kill()
+
+
+def test_the_monitoring_guide_lists_every_metric_with_its_help():
+    """docs/guides/monitoring.md's table: one row per exported metric, its help text the module's."""
+    from redisync.exporter import METRICS
+
+    text = (ROOT / "docs" / "guides" / "monitoring.md").read_text()
+    table = text.split("<!-- the metrics table: tests/test_exporter.py checks it against redisync/exporter.py -->")[1]
+    rows = [line for line in table.split("\n\n")[0].splitlines() if line.startswith("| `")]
+    assert {row.split("`")[1] for row in rows} == _exported()
+    for row in rows:
+        name = row.split("`")[1].removesuffix("_total")
+        assert row.rstrip(" |").endswith(METRICS[name]), row
