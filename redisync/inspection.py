@@ -206,7 +206,7 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
 
 
 def _merge_drift(store: Store, name: str, spec: MergeSpec) -> dict[str, Any] | None:
-    """One merge key's drift row (see :func:`drift`), or None when its aggregate has no such measure."""
+    """One merge key's drift row (see `drift`), or None when its aggregate has no such measure."""
     agg, slots = slot_parts(store, name)
     if agg is None:
         return None

@@ -20,9 +20,9 @@ class FleetMonitor:
         store: the run's store.
         schema: registered first, when given (a learner that may start before any collector).
         terms: the learner's copies of collector terms (the same configuration, no slot): a term
-            with ``fleet_metrics(state)`` adds its own view of the fleet to :meth:`metrics`, one
+            with ``fleet_metrics(state)`` adds its own view of the fleet to `metrics`, one
             with ``fleet_probabilities(state)`` (the adaptive sampler, per group) shows in
-            :meth:`distributions`.
+            `distributions`.
     """
 
     def __init__(self, store: Store, schema: Schema | None = None, terms: Iterable[Any] = ()):

@@ -6,15 +6,15 @@ nobody watches. ``daemon=True`` does not help: it ends children only when the pa
 
 Every place in redisync that starts a process goes through this module:
 
-- :func:`spawn` starts a Python function in a spawned process that holds on to its parent: on the
+- `spawn` starts a Python function in a spawned process that holds on to its parent: on the
   parent's death (seen at once through ``PR_SET_PDEATHSIG`` where Linux offers it, and through the
   lifeline pipe multiprocessing keeps to every child, or the parent's pid, within half a second) the
-  child's main thread gets :class:`ParentExited`, so its ``finally`` blocks run (a ``Syncer`` stops as at
+  child's main thread gets `ParentExited`, so its ``finally`` blocks run (a ``Syncer`` stops as at
   the end of a run: its last report published if the store answers, its lease given up), and the
-  process exits for good :data:`GRACE_S` later whatever it was doing.
-- :func:`hold_to_parent` is the same for a process something else started (a process pool's
+  process exits for good `GRACE_S` later whatever it was doing.
+- `hold_to_parent` is the same for a process something else started (a process pool's
   ``initializer``).
-- :func:`popen` starts a program (a ``redis-server``) that gets SIGTERM when its starter dies.
+- `popen` starts a program (a ``redis-server``) that gets SIGTERM when its starter dies.
 """
 
 from __future__ import annotations

@@ -421,7 +421,10 @@ def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
     )
     assert out.returncode == 1, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
-    assert "redisync demo needs the demo extra (tqdm, matplotlib missing): pip install 'redisync[demo]'" in out.stderr
+    assert (
+        "redisync demo needs the demo extra (tqdm, matplotlib missing): from the clone, pip install -e '.[demo]' (or scripts/setup)"
+        in out.stderr
+    )
     assert time.monotonic() - started < 60
     assert not (tmp_path / "out").exists()
 
@@ -697,3 +700,110 @@ def test_watch_lives_through_the_store(tmp_path, event):
     finally:
         proc.kill()
         server.kill()
+
+
+def test_every_commands_summary_is_whole():
+    """`redisync --help` lists each command with a summary that ends a sentence, not one cut short."""
+    from click.testing import CliRunner
+
+    from redisync.cli import cli
+
+    listing = CliRunner().invoke(cli, ["--help"]).output.split("Commands:")[1].split("\n\n")[0]
+    rows = [line.split(None, 1) for line in listing.strip().splitlines()]
+    assert {name for name, _ in rows} >= {"ab", "bench", "demo", "exporter", "functions", "inspect", "watch"}
+    for name, summary in rows:
+        assert summary.endswith("."), (name, summary)
+        assert not summary.endswith("..."), (name, summary)
+
+
+def test_the_demos_follow_up_commands_run_as_pasted_when_the_url_has_a_password(tmp_path):
+    """A kept run at a URL with a password: the printed commands carry no masked password (which would
+    fail when pasted) and run as printed once REDISYNC_URL holds the URL; without one, the URL itself."""
+    from pathlib import Path
+
+    from redisync.cli.demo import follow_up
+
+    from .servers import RedisProcess
+
+    server = RedisProcess(tmp_path, None, "--requirepass", "s3cret")
+    server.start_authenticated(None, "s3cret")
+    url = f"redis://:s3cret@127.0.0.1:{server.port}/0"
+    try:
+        store = redisync_api.connect(url, run="kept")
+        store.register(redisync_api.Schema.of({"obs/norm": redisync_api.merge(2, lifecycle="history")}))
+        lines = follow_up(url, "kept")
+        commands = [line for line in lines if line.startswith(("redisync ", "redis-cli "))]
+        assert len(commands) == 3
+        assert not any("***" in line or "s3cret" in line for line in commands)
+        assert "s3cret" not in lines[-1]  # the note says which URL, masked
+        inspect = next(line for line in lines if line.startswith("redisync inspect"))
+        bin_dir = Path(sys.executable).parent
+        done = subprocess.run(
+            ["bash", "-c", inspect],
+            env={**os.environ, "REDISYNC_URL": url, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "obs/norm" in done.stdout
+        plain = follow_up("redis://127.0.0.1:6379/0", "kept")
+        assert plain[0] == "redisync inspect --url redis://127.0.0.1:6379/0 --run kept"
+    finally:
+        server.kill()
+
+
+def test_watch_says_a_run_finished_labels_its_sparklines_and_prints_its_legend_once(cli_url):
+    """Every collector stopped (its lease given up): the view says the run finished and each shard's
+    lease 'stopped'; refreshes without a sampled distance draw blanks, not the lowest block (which read
+    as zero); each sparkline names its range; a pipe gets the legend once, not in every frame."""
+    store = redisync_api.connect(cli_url, run=f"cli-finished-{uuid.uuid4().hex[:8]}")
+    store.register(Schema.of({"motion/bin_failed": merge(4, lifecycle="history")}))  # (slots kept at the stop)
+    try:
+        for i in range(2):
+            shard = store.shard(i)
+            shard.publish({"motion/bin_failed": {"count": 1, "sum": np.eye(4)[i] + 0.1}})
+            store.lease(i, shard.incarnation, 5_000)
+            store.lease(i, shard.incarnation, 0)  # a clean stop
+        out = cli("watch", "--url", cli_url, "--run", store.run, "--count", "3", "--interval", "0.1")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("finished: every collector stopped and gave its lease up") == 3
+        assert {r["lease"] for r in watch_rows(out.stdout).values()} == {"stopped"}
+        assert out.stdout.count("TV sampling: the distance") == 1
+        sampled = [l for l in out.stdout.splitlines() if l.startswith("worst TV sampling")][-1]
+        assert sampled.split("  0 to ")[0].removeprefix("worst TV sampling").strip() == ""  # blanks: no value yet
+        unsynced = [l for l in out.stdout.splitlines() if l.startswith("worst TV w/o sync")][-1]
+        assert unsynced.endswith(f"0 to {float(watch_rows(out.stdout)['0']['motion/bin_failed TV without sync']):.3g}")
+    finally:
+        store.delete()
+
+
+def test_the_live_view_fits_80_columns(cli_url):
+    """In a terminal of 80 columns: short column headers, the keys named below, nothing cut."""
+    from rich.console import Console
+
+    from redisync.cli.watch import WatchState, frame
+
+    store = redisync_api.connect(cli_url, run=f"cli-narrow-{uuid.uuid4().hex[:8]}")
+    store.register(
+        Schema.of(
+            {"motion/bin_failed": merge(4, lifecycle="state"), "obs/norm": merge(2, sumsq=True, lifecycle="history")}
+        )
+    )
+    try:
+        for i in range(3):
+            store.shard(i).publish(
+                {
+                    "motion/bin_failed": {"count": 1, "sum": np.eye(4)[i] + 0.1},
+                    "obs/norm": {"count": 2, "sum": np.array([1.0, i]), "sumsq": np.array([1.0, 1.0 + i * i])},
+                }
+            )
+        console = Console(width=80, record=True, force_terminal=False, highlight=False)
+        console.print(frame(store, cli_url, WatchState(), compact=True))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= 80
+        assert "…" not in text
+        assert "1: motion/bin_failed" in text
+        assert "2: obs/norm" in text
+    finally:
+        store.delete()

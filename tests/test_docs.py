@@ -79,7 +79,7 @@ def test_the_collector_loop_runs(backend, monkeypatch):
         assert metrics["redisync/worker_errors"] == 0
         assert "redisync/motion/bin_failed/drift_tv" in metrics
     finally:
-        redisync.connect(run="humanoid-v3-collectors").delete()
+        redisync.connect(run="humanoid-v3").delete()
 
 
 def _block_after(marker: str) -> str:
@@ -273,7 +273,17 @@ def test_the_readmes_demo_figures_are_the_committed_runs():
     assert len(off) == len(on) == 3
     assert all(round(x, 2) == 0.42 for x in off)
     assert all(x < 0.02 for x in on)
-    assert "largest 0.42 without sync, below 0.02 with\nit in three runs on 2026-12-01" in README.read_text()
+    loaded = (ROOT / "docs" / "demo-runs-2026-12-04-loaded.txt").read_text()
+    both = [float(x) for x in re.findall(r"largest TV distance from the pooled distribution: ([0-9.]+)", loaded)]
+    assert len(both) == 4
+    assert all(round(x, 2) == 0.42 for x in both[0::2])
+    assert all(x < 0.02 for x in both[1::2])
+    readme = " ".join(README.read_text().split())
+    assert "largest 0.42 without sync, below 0.02 with it in three runs on an idle 2-core machine" in readme
+    assert "and in two with two busy processes beside it, `docs/demo-runs-2026-12-04-loaded.txt`" in readme
+    ahead = [int(v) - int(p) for v, p in re.findall(r"fleet version (\d+), (\d+) publishes", runs)]
+    started = " ".join((ROOT / "docs" / "getting-started.md").read_text().split())
+    assert f"ran a little ahead, by {min(ahead)} to {max(ahead)} in those three runs" in started
 
 
 @pytest.mark.extras("mkdocs")
@@ -291,8 +301,19 @@ def test_the_documentation_site_builds_with_warnings_as_errors(tmp_path):
     assert "new_syncer" in api
     assert "publish_every_steps" in api  # the parameters, from the docstrings
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
-    for command in ("demo", "watch", "inspect", "snapshot", "restore", "bench", "ab"):
+    for command in ("demo", "watch", "inspect", "snapshot", "restore", "bench", "ab", "exporter", "functions"):
         assert f"redisync {command}" in cli, command
+    # what a reader sees, not the source's seams: no raw Sphinx role, no click sentinel as a default,
+    # public names headed where users import them
+    raw_role = re.compile(r":(?:func|class|meth|data|attr|mod|exc|obj):`")
+    for page in (tmp_path / "site").rglob("*.html"):
+        text = page.read_text()
+        assert not raw_role.search(text), page
+        assert "Sentinel." not in text, page
+    for name in ("connect", "new_syncer", "Syncer", "Schema", "merge"):
+        assert f'id="redisync.{name}"' in api, name
+    assert "redisync/staleness_versions" in api  # metrics() keys, documented ...
+    assert "`redisync/staleness_versions`" not in api  # ... and rendered
 
 
 def test_the_troubleshooting_page_names_every_error_a_user_can_meet():
@@ -340,3 +361,15 @@ def test_the_readmes_performance_figures_are_the_committed_runs():
     for phrase in expected:
         assert phrase in text, phrase
     assert fixed <= 450_000  # the fixed-cost target the section's figure meets
+
+
+def test_the_readmes_collector_uses_a_run_the_shipped_roles_cover_and_the_try_out_redis_its_own_port():
+    """A user who starts deploy/'s server with users.acl can run the README's collector as is; the
+    getting-started try-out Redis does not take deploy/redis.conf's port."""
+    runs = re.findall(r'redisync\.connect\(run="([^"]+)"\)', example("the collector loop"))
+    acl = (ROOT / "deploy" / "users.acl").read_text()
+    assert runs
+    assert all(f"~redisync:{{{run}}}:*" in acl for run in runs), runs
+    conf_port = re.search(r"^port (\d+)", (ROOT / "deploy" / "redis.conf").read_text(), re.M).group(1)
+    try_out = re.search(r"redis-server --port (\d+)", (ROOT / "docs" / "getting-started.md").read_text()).group(1)
+    assert try_out != conf_port

@@ -60,6 +60,6 @@ def test_a_plain_install_is_a_working_library_and_names_the_demo_extra(dist, tmp
     assert demo.returncode == 1, demo.stderr
     assert demo.stderr.count("\n") == 1, demo.stderr
     assert (
-        "redisync demo needs the demo extra (torch, tqdm, matplotlib missing): pip install 'redisync[demo]'"
+        "redisync demo needs the demo extra (torch, tqdm, matplotlib missing): from the clone, pip install -e '.[demo]' (or scripts/setup)"
         in demo.stderr
     )

@@ -180,7 +180,7 @@ def fleet_load(rows: list[dict[str, float]], n: float, interval_s: float = 1.0) 
 
 
 def fleet_estimate(rows: list[dict[str, Any]], interval_s: float = 1.0) -> dict[str, Any]:
-    """The load at a few fleet sizes, and the largest fleet within :data:`CORE_BUDGET`."""
+    """The load at a few fleet sizes, and the largest fleet within `CORE_BUDGET`."""
     table = {n: fleet_load(rows, n, interval_s) for n in (8, 64, 256, 1024, 4096)}
     largest = 1
     while largest < 10**6:

@@ -10,7 +10,7 @@ from ..store.client import EMBEDDED
 from .common import URL, connected, needs, table
 
 
-@click.command()
+@click.command(short_help="Measure latency, server fold cost and capacity.")
 @URL
 @click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
 @click.option("--calls", default=1000, show_default=True, type=click.IntRange(10, 10**6), help="calls per median")

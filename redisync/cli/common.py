@@ -48,7 +48,7 @@ def needs(what: str) -> None:
         extra = {"peers": "torch", "study": "study", "exporter": "monitoring"}.get(what, "demo")
         raise errors.RedisyncError(
             f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
-            f"({', '.join(missing)} missing): pip install 'redisync[{extra}]'"
+            f"({', '.join(missing)} missing): from the clone, pip install -e '.[{extra}]' (or scripts/setup)"
         )
 
 
@@ -97,7 +97,7 @@ def rich_table(headers: list[str], rows: list[list[Any]], title: str | None = No
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A table in the house style, as text (see :func:`render`)."""
+    """A table in the house style, as text (see `render`)."""
     return render(rich_table(headers, rows))
 
 

@@ -12,7 +12,7 @@ from ..store.client import masked_url
 from .common import URL, connected, needs, table
 
 
-@click.command()
+@click.command(short_help="A fleet of collectors, without then with sync.")
 @URL
 @click.option("--shards", default=4, show_default=True, type=click.IntRange(1, 32), help="collector processes")
 @click.option("--envs", default=1024, show_default=True, type=click.IntRange(1, 1_000_000), help="envs per collector")
@@ -46,7 +46,7 @@ def demo(
     """A fleet of collector processes with adaptive motion samplers, sync off then on."""
     needs("demo")
     from ..demo.collector import FleetConfig
-    from ..demo.fleet import inspect_commands, run_demo
+    from ..demo.fleet import run_demo
 
     keep = keep or url is not None
     if url is not None:
@@ -88,8 +88,8 @@ def demo(
             )
             return
         click.echo(f"run {run!r} kept at {masked_url(target)}; look at it with:")
-        for command in inspect_commands(masked_url(target), run):
-            click.echo(f"  {command}")
+        for line in follow_up(target, run):
+            click.echo(f"  {line}")
         if url is None:
             click.echo("the embedded store lives in this process: it serves the run until you press Ctrl-C")
             try:
@@ -99,3 +99,23 @@ def demo(
                 click.echo("stopped")
 
     run_demo(url, cfg, Path(out_dir), run, keep, show_progress=not no_progress, on_start=started, on_done=done)
+
+
+def follow_up(url: str, run: str) -> list[str]:
+    """The commands that show a kept run, to paste as printed: a URL with a password is not printed
+    (a masked one would fail when pasted), the commands read it from ``REDISYNC_URL``."""
+    if masked_url(url) == url:
+        return inspect_commands(url, run)
+    return [
+        *inspect_commands('"$REDISYNC_URL"', run),
+        f"(with REDISYNC_URL set to the run's URL: {masked_url(url)} with its password)",
+    ]
+
+
+def inspect_commands(url: str, run: str) -> list[str]:
+    """The commands that show a run: redisync's inspect and watch, and redis-cli on its keys."""
+    return [
+        f"redisync inspect --url {url} --run {run}",
+        f"redisync watch --url {url} --run {run}",
+        f"redis-cli -u {url} --scan --pattern 'redisync:{{{run}}}:*'",
+    ]

@@ -12,7 +12,7 @@ import click
 from .common import SERVER_URL, connected, needs, not_embedded
 
 
-@click.command()
+@click.command(short_help="Serve a store's runs as Prometheus metrics.")
 @SERVER_URL
 @click.option(
     "--run", "runs", multiple=True, help="a run to export (repeat for several; default: every run on the server)"

@@ -7,7 +7,7 @@ import click
 from .common import SERVER_URL, connected, not_embedded, table
 
 
-@click.group()
+@click.group(short_help="List, load and retire redisync's Redis Functions.")
 def functions() -> None:
     """The redisync versions' function libraries on a server (one per version, side by side).
 

@@ -14,7 +14,7 @@ from ..store.client import RunSnapshot, masked_url
 from .common import SERVER_URL, age, connected, not_embedded, read_snapshot, run_store, table
 
 
-@click.command()
+@click.command(short_help="Show runs, keys, slots and dead letters.")
 @SERVER_URL
 @click.option("--run", default=None, help="only this run")
 @click.option("--json", "as_json", is_flag=True, help="print as JSON")
@@ -80,7 +80,7 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
         click.echo("")
 
 
-@click.command()
+@click.command(short_help="Save a run's whole state to a file.")
 @SERVER_URL
 @click.option("--run", required=True, help="the run to save")
 @click.argument("path", type=click.Path(dir_okay=False))
@@ -94,7 +94,7 @@ def snapshot(url: str | None, run: str, path: str) -> None:
     click.echo(f"saved run {run} (fleet version {_fleet_version(snap)}) to {path}")
 
 
-@click.command()
+@click.command(short_help="Restore a run from a snapshot, under a new epoch.")
 @SERVER_URL
 @click.option("--run", required=True, help="the run to replace (may differ from the saved run's name)")
 @click.argument("path", type=click.Path(dir_okay=False))

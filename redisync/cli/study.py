@@ -14,7 +14,7 @@ from ..store.client import masked_url
 from .common import URL, needs, table
 
 
-@click.command()
+@click.command(short_help="Run the drift study (its gate, arms, report).")
 @URL
 @click.option(
     "--out",
@@ -62,7 +62,10 @@ from .common import URL, needs, table
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
 )
 @click.option(
-    "--env", "env_spec", default=None, help="'module:function' making your own TrackingEnv batches (see README)"
+    "--env",
+    "env_spec",
+    default=None,
+    help="'module:function' making your own TrackingEnv batches (the study page's 'Bring your own env')",
 )
 @click.option("--report-only", is_flag=True, help="rebuild the plots and report.md from OUT/results.json")
 @click.option("--no-progress", is_flag=True, help="no progress bar")

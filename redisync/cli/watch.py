@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from .. import errors
-from ..inspection import SampledDistance, drift, shard_reports
+from ..inspection import SampledDistance, drift, shard_leases, shard_reports
 from ..store.client import connect, masked_url
 from .common import SERVER_URL, age, not_embedded, num, render, rich_table, terminal
 
@@ -31,14 +31,25 @@ HISTORY = 40  # refreshes kept for the sparklines
 BEHIND_WARN = 10  # fleet versions behind at its last report: a shard this far back is shown in yellow
 
 
-def sparkline(values: list[float], top: float | None = None) -> str:
-    """``values`` as block characters scaled to ``top`` (default: their maximum)."""
-    if not values:
-        return ""
-    top = max(values) if top is None else top
-    if top <= 0:
-        return SPARKS[0] * len(values)
-    return "".join(SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1) + 0.5))] for v in values)
+def sparkline(values: list[float | None], top: float | None = None) -> str:
+    """``values`` as block characters scaled to ``top`` (default: their maximum); a refresh without a
+    value (None) is a blank, not the lowest block (which would read as zero)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return " " * len(values)
+    top = max(known) if top is None else top
+
+    def block(v: float | None) -> str:
+        if v is None:
+            return " "
+        return SPARKS[0] if top <= 0 else SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1) + 0.5))]
+
+    return "".join(block(v) for v in values)
+
+
+def scaled(label: str, values: list[float | None], top: float, unit: str = "") -> str:
+    """A labelled sparkline with its range, so that a reader knows what the tallest block means."""
+    return f"{label:<20}{sparkline(values, top)}  0 to {top:.3g}{unit}"
 
 
 @dataclass
@@ -49,16 +60,19 @@ class WatchState:
     last: tuple[float, int, int] | None = None  # (monotonic time, fleet version, dead letters)
     epoch: str | None = None  # the run's epoch: a run lost and registered again starts its history over
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    worst_sampled: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    worst_unsynced: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    worst_sampled: deque[float | None] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    worst_unsynced: deque[float | None] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    legend_shown: bool = False  # printed frames (a pipe) carry the legend once
 
     def start_over(self, epoch: str) -> None:
         """A new epoch: its versions start over, so its history does too."""
         self.__dict__.update(WatchState(epoch=epoch).__dict__)
 
 
-def frame(store: Any, url: str, state: WatchState) -> Group:
-    """One refresh of the view, read from the store."""
+def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Group:
+    """One refresh of the view, read from the store. ``compact`` (a terminal): short column headers,
+    the keys named in a line below, so that the view fits 80 columns; printed frames (a pipe) carry
+    full headers and the legend once."""
     t = time.monotonic()
     info = store.run_info()
     if not info.get("epoch") or not info.get("fleet_version", "").isdigit():
@@ -71,22 +85,28 @@ def frame(store: Any, url: str, state: WatchState) -> Group:
     rate = (version - last[1]) / (t - last[0]) if last else 0.0
     new_dead = dead - last[2] if last else 0
     state.last = (t, version, dead)
-    reports, drifts = shard_reports(store), drift(store)
+    reports, drifts, leases = shard_reports(store), drift(store), shard_leases(store)
     state.sampled.observe(version, drifts)
 
-    headers = ["shard", "last report", "behind"]
+    headers = ["shard", "last report", "behind", "lease"]
+    tags = {name: f"{i}" for i, name in enumerate(drifts, 1)}
     for name, d in drifts.items():
-        if d["kind"] == "moments":
+        if compact:
+            tag = tags[name]
+            headers += [f"mean off{tag}"] if d["kind"] == "moments" else [f"TV{tag} smp", f"TV{tag} own", f"H{tag}"]
+        elif d["kind"] == "moments":
             headers.append(f"{name} |mean offset| (pooled sd)")
         else:
             headers += [f"{name} TV sampling", f"{name} TV without sync", f"{name} entropy"]
     rows, sampled_tvs, unsynced_tvs = [], [], []
     for shard in sorted(reports):
         seen, behind = reports[shard]["seen"], reports[shard]["behind"]
+        lease = leases.get(shard, "-")
         row: list[Any] = [
             shard,
             age(reports[shard]["age_s"]),
             Text("-" if behind is None else str(behind), style="yellow" if (behind or 0) >= BEHIND_WARN else ""),
+            Text(lease, style="yellow" if lease == "lapsed" else "dim" if lease == "stopped" else ""),
         ]
         for name, d in drifts.items():
             s = d["shards"].get(shard)
@@ -105,8 +125,9 @@ def frame(store: Any, url: str, state: WatchState) -> Group:
             ]
         rows.append(row)
     state.rates.append(rate)
-    state.worst_sampled.append(max(sampled_tvs, default=0.0))
-    state.worst_unsynced.append(max(unsynced_tvs, default=0.0))
+    state.worst_sampled.append(max(sampled_tvs, default=None))
+    state.worst_unsynced.append(max(unsynced_tvs, default=None))
+    finished = bool(leases) and all(held == "stopped" for held in leases.values())
 
     parts: list[Any] = [
         Text.assemble((f"run {store.run}", "bold"), f" at {masked_url(url)}   {time.strftime('%H:%M:%S')}"),
@@ -114,31 +135,39 @@ def frame(store: Any, url: str, state: WatchState) -> Group:
             f"fleet version {version}   {rate:.1f} versions/s   ",
             (f"rejected reports {dead} (+{new_dead})", "red" if new_dead else ""),
         ),
-        "",
-        rich_table(headers, rows) if rows else Text("no shard has reported yet", style="dim"),
     ]
+    if finished:
+        parts.append(Text("finished: every collector stopped and gave its lease up", style="bold"))
+    parts += ["", rich_table(headers, rows) if rows else Text("no shard has reported yet", style="dim")]
+    if compact and drifts:
+        parts.append(Text("   ".join(f"{tags[name]}: {name}" for name in drifts), style="dim"))
     if any(d["kind"] == "distribution" for d in drifts.values()):
-        top = max([*state.worst_unsynced, *state.worst_sampled, 1e-12])
+        top = max([v for v in (*state.worst_unsynced, *state.worst_sampled) if v is not None] or [0.0])
         parts += [
             "",
-            Text(f"versions/s          {sparkline(list(state.rates))}"),
-            Text(f"worst TV sampling   {sparkline(list(state.worst_sampled), top)}", style="green"),
-            Text(f"worst TV w/o sync   {sparkline(list(state.worst_unsynced), top)}"),
-            Text(
-                "TV sampling: the distance from the pooled distribution of what the shard samples (the fleet "
-                "state it had seen at its last report, judged from the states this view recorded: '-' until one "
-                "is). TV without sync: its own slot alone, what it would sample unsynced. behind: the fleet "
-                "versions made before its last report that it had not seen.",
-                style="dim",
-            ),
+            Text(scaled("versions/s", list(state.rates), max(state.rates, default=0.0))),
+            Text(scaled("worst TV sampling", list(state.worst_sampled), top), style="green"),
+            Text(scaled("worst TV w/o sync", list(state.worst_unsynced), top)),
         ]
+        if compact or not state.legend_shown:
+            state.legend_shown = True
+            parts.append(
+                Text(
+                    "TV sampling: the distance from the pooled distribution of what the shard samples (the fleet "
+                    "state it had seen at its last report, judged from the states this view recorded: '-' until one "
+                    "is, and for ever in a view started after the run finished: it never saw the states they had seen). TV without sync: its own slot alone, what it would sample "
+                    "unsynced. behind: the fleet versions made before its last report that it had not seen. "
+                    "lease: live, lapsed (it stopped renewing without a clean stop) or stopped.",
+                    style="dim",
+                )
+            )
         for name, d in drifts.items():
             if d["kind"] == "distribution":
                 parts.append(Text(f"pooled entropy of {name}: {num(d['pooled_entropy'], 3)}", style="dim"))
     return Group(*parts)
 
 
-@click.command()
+@click.command(short_help="A live view of one run, shard by shard.")
 @SERVER_URL
 @click.option("--run", required=True, help="the run to watch")
 @click.option(
@@ -162,7 +191,7 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
         while True:
             t = time.monotonic()
             try:
-                view: Any = frame(store, url, state)
+                view: Any = frame(store, url, state, compact=live is not None)
                 said = None
             except (errors.RunNotFound, errors.ConnectionUnavailable, errors.PermissionDenied, redis.RedisError) as e:
                 waiting = waiting_for(e, run, url, state)

@@ -10,8 +10,8 @@ A slot holds the latest message only (older ones are replaced), which is what cu
 a versioned fleet state want. The header also carries a few counters the two sides share (the stop
 request, the last report the store answered for, the sequence number reserved before a fold is
 sent, the newest fleet state handed to the collector, the sidecar's heartbeat, the collector's steps
-and flush requests for the shared terms of :mod:`redisync.collector.shared_state`): what a restarted sidecar
-must know lives here, never in the sidecar (see :mod:`redisync.collector.sidecar` for the invariants).
+and flush requests for the shared terms of `redisync.collector.shared_state`): what a restarted sidecar
+must know lives here, never in the sidecar (see `redisync.collector.sidecar` for the invariants).
 
 Blocks are anonymous memory files (``memfd_create``), named by their ``/proc/<pid>/fd/<n>`` path
 while the creator lives: the kernel frees one when the last process holding it exits, whatever
@@ -56,7 +56,7 @@ def pack_handed(epoch: str, version: int) -> int:
 
 
 def unpack_handed(word: int) -> tuple[int, int] | None:
-    """``(epoch tag, version)`` of a :data:`HANDED` word, or None when nothing was handed yet."""
+    """``(epoch tag, version)`` of a `HANDED` word, or None when nothing was handed yet."""
     return None if word == 0 else (word >> 32, word & 0xFFFFFFFF)
 
 
@@ -185,7 +185,7 @@ class Mailbox:
         return seq + 1
 
     def read_vectors(self, slot: int, newer_than: int) -> tuple[int, list[tuple[int, NDArray[Any]]]] | None:
-        """What :meth:`write_vectors` wrote, as :meth:`read` does: None when nothing new is complete."""
+        """What `write_vectors` wrote, as `read` does: None when nothing new is complete."""
         h = self.header
         seq = h[2 * slot]
         if seq == newer_than or seq % 2 or seq == 0:

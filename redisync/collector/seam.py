@@ -1,11 +1,11 @@
 """The seam between a stateful training term and the store.
 
 A term (the adaptive frame sampler, a normaliser, a curriculum) declares the keys it syncs,
-reports what its shard saw, and applies the fleet state it is handed. The :class:`~redisync.collector.syncer.Syncer`
+reports what its shard saw, and applies the fleet state it is handed. The `Syncer`
 calls these three methods and nothing else, so any term of a user's own can join.
 
 With the process worker a term may also keep its state in shared memory, which takes the report
-and the fleet state off the collector's hot path (:mod:`redisync.collector.shared_state`):
+and the fleet state off the collector's hot path (`redisync.collector.shared_state`):
 
 - ``share_report(shared) -> bool``: move the buffers the reports are made of into
   ``shared.array(...)``, declare the parts with ``shared.report(key, ...)``, and bracket every
@@ -20,7 +20,7 @@ state); the term then stays on the copy path.
 
 A term whose state lives on a CUDA device reports without waiting for the device: its hot-path
 report is the newest copy that has landed, up to a publish interval old
-(:mod:`redisync.terms.torch.device`). It also has ``settle() -> reports``, its current report,
+(`redisync.terms.torch.device`). It also has ``settle() -> reports``, its current report,
 which the syncers call instead where waiting is right: a flush, a stop; and ``device_copies() ->
 {name: count}``, what its copies left undone because the device was behind (reports not started,
 fleet states deferred), which ``metrics()`` sums over the terms; and ``prepare()``, which the

@@ -3,20 +3,20 @@ help, and what it receives, staged by the sidecar and taken in with one copy at 
 
 **Reports.** With the process worker, a term that can keeps the buffers its reports are made of
 (the sampler's own failure EMA, the normaliser's own count, Σx and Σx²) in shared memory, and goes
-on updating them in place as it always did — between :meth:`SharedState.begin` and
-:meth:`SharedState.end`, the two halves of a seqlock. When a publish is due, the sidecar copies
+on updating them in place as it always did — between `SharedState.begin` and
+`SharedState.end`, the two halves of a seqlock. When a publish is due, the sidecar copies
 the buffers and keeps the copy only if the sequence number did not move meanwhile. The
 collector's ``on_step()`` is then a counter: it never builds, encodes or copies a report.
 
 **Fleet state.** A term that can reads the part of the fleet state it needs (everybody else's
-aggregate of a merge key, a broadcast value) from an array :meth:`SharedState.receive` gave it.
+aggregate of a merge key, a broadcast value) from an array `SharedState.receive` gave it.
 The sidecar writes every new fleet state into a staging block (seqlocked); ``at_reset_boundary()``
 copies the staging block into those arrays — one checked copy for all such terms — and a term
-notices the new :attr:`SharedState.applied` version when it next reads. No decoding and no Python
+notices the new `SharedState.applied` version when it next reads. No decoding and no Python
 objects per key on the collector.
 
 A term opts in with ``share_report(shared) -> bool`` and ``share_fleet(shared) -> bool`` (see
-:mod:`redisync.collector.seam`). One that does not (or cannot: a buffer on an accelerator, a report that is
+`redisync.collector.seam`). One that does not (or cannot: a buffer on an accelerator, a report that is
 not a slice of its state) stays on the copy path: its reports cross the mailbox's outbox and it
 is handed decoded fleet states, as with the thread worker.
 """
@@ -106,7 +106,7 @@ class SharedState:
         return array
 
     def report(self, key: str, **parts: Any) -> None:
-        """Declare ``key``'s report: each part a contiguous slice of an array from :meth:`array`
+        """Declare ``key``'s report: each part a contiguous slice of an array from `array`
         (read as it is at publish time) or a number (a constant)."""
         spec = self.schema.keys.get(key)
         if spec is None:

@@ -1,18 +1,18 @@
 """The process worker: a sidecar process per collector owns the store connection.
 
-``new_syncer(..., worker="process")`` (:mod:`redisync.collector.workers`) builds a :class:`SidecarSyncer`. The collector keeps its terms and
+``new_syncer(..., worker="process")`` (`redisync.collector.workers`) builds a `SidecarSyncer`. The collector keeps its terms and
 its hot path; everything that sends, receives and decodes runs in a sidecar process with an
 interpreter lock of its own, so it can never hold the collector's. The two meet in shared memory:
 
-- terms that share their state (:mod:`redisync.collector.shared_state`: the sampler, the normaliser's
+- terms that share their state (`redisync.collector.shared_state`: the sampler, the normaliser's
   report) update their buffers there in place; ``on_step()`` only counts steps, the sidecar copies
   the buffers when a publish is due, and ``at_reset_boundary()`` takes a newer staged fleet state
   with one checked copy — a counter and a copy, no lock, no syscall;
-- other terms cross a :class:`~redisync.collector.mailbox.Mailbox`: ``on_step()`` copies their reports into
+- other terms cross a `Mailbox`: ``on_step()`` copies their reports into
   the outbox when a publish is due, ``at_reset_boundary()`` applies a newer fleet state the sidecar
   left decoded in the inbox.
 
-Inside the sidecar a thread-worker :class:`~redisync.collector.syncer.Syncer` with one :class:`MailboxTerm`
+Inside the sidecar a thread-worker `Syncer` with one `MailboxTerm`
 does the work, so re-seeding after a store restart, the life-cycle rules, retries and the
 subscription are the same code as the thread worker's.
 
@@ -115,7 +115,7 @@ class ReportCodec:
 
     def encode(self, reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[int, Any]]:
         """A part that is None is left out (as the report models read a missing optional part);
-        a tensor travels without its autograd graph (:func:`~redisync.store.schema.plain_numbers`)."""
+        a tensor travels without its autograd graph (`plain_numbers`)."""
         try:
             return [
                 (self.index[name] * 4 + self.PARTS.index(part), plain_numbers(value))
@@ -131,7 +131,7 @@ class ReportCodec:
             ) from None
 
     def decode(self, vectors: list[tuple[int, Any]]) -> dict[str, Mapping[str, Any]]:
-        """The reports back from the flat vectors :meth:`encode` made."""
+        """The reports back from the flat vectors `encode` made."""
         reports: dict[str, dict[str, Any]] = {}
         for tag, flat in vectors:
             name, part = self.names[tag // 4], self.PARTS[tag % 4]
@@ -148,7 +148,7 @@ class ReportCodec:
 
 
 class SidecarSyncer(Syncer):
-    """The collector's side of the process worker: the :class:`Syncer` API over a mailbox."""
+    """The collector's side of the process worker: the `Syncer` API over a mailbox."""
 
     def __init__(self, store: Store, shard_id: int, terms: Sequence[SyncedTerm], **kwargs: Any):
         super().__init__(store, shard_id, terms, **kwargs)
@@ -311,7 +311,7 @@ class SidecarSyncer(Syncer):
             self._ready, self._ready_at = self._decode(message), time.monotonic()
 
     def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
-        """As :meth:`Syncer.wait_synced`; a shared term's report is read by the sidecar itself."""
+        """As `Syncer.wait_synced`; a shared term's report is read by the sidecar itself."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self._start_failed is None:
             self._fetch()
@@ -574,6 +574,9 @@ class SidecarSyncer(Syncer):
         if not reports:
             return True
         self.shard.seq = max(self.shard.seq, int(self.mailbox.header[SEQ]))
+        handed = unpack_handed(self.mailbox.header[HANDED])
+        if handed is not None:  # the report says what the shard had seen: the newest state handed to it
+            self.shard.continue_from(*handed)
         outcome: list[BaseException | None] = []
 
         def publish() -> None:

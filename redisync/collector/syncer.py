@@ -100,8 +100,8 @@ def report_of(term: SyncedTerm, settle: bool = False) -> Mapping[str, Mapping[st
 class Syncer:
     """A collector's sync: publishes its terms' reports and prefetches the fleet state in the
     background, hands the state over at reset boundaries; the network runs in a thread of this
-    process (the thread worker). :func:`~redisync.collector.workers.new_syncer` picks the worker —
-    this one, or the sidecar process (:class:`~redisync.collector.sidecar.SidecarSyncer`, the same
+    process (the thread worker). `new_syncer` picks the worker —
+    this one, or the sidecar process (`SidecarSyncer`, the same
     API) — and is what to call."""
 
     keepalive_s = 10.0  # a quiet subscription is PINGed after this long, and replaced after as long again
@@ -245,8 +245,8 @@ class Syncer:
     def start(self) -> Syncer:
         """Register the schema, claim the shard's incarnation and start the worker.
 
-        Raises :class:`~redisync.errors.SchemaMismatch` when the run is registered with another
-        schema (and :class:`~redisync.errors.PermissionDenied` when the role lacks a command the
+        Raises `SchemaMismatch` when the run is registered with another
+        schema (and `PermissionDenied` when the role lacks a command the
         store needs). An unreachable or silent store is not an error here: after at most
         ``start_timeout_s`` this returns, registering and claiming go on in the background, and
         ``health()`` says why it is not ok meanwhile.
@@ -429,7 +429,7 @@ class Syncer:
 
     def _register(self) -> bool:
         """Register the schema and claim the shard's incarnation (a no-op once claimed). A shard
-        whose holder's lease is fresh is refused (:class:`~redisync.errors.ShardInUse`) as soon as
+        whose holder's lease is fresh is refused (`ShardInUse`) as soon as
         the holder renews it; a crashed holder's lease is waited out (at most one lease)."""
         # the run's limits as first read: a store that lost the run gets them back, not the defaults
         self.store.register(self.schema, self._run_limits)
@@ -689,7 +689,28 @@ class Syncer:
     # ------------------------------------------------------------------ what a trainer logs
 
     def metrics(self) -> dict[str, float]:
-        """Flat, logger-ready metrics: versions, staleness, publish latency, counters, term drift."""
+        """Flat, logger-ready metrics (every value a float), for a trainer's logger every few steps:
+
+        - `redisync/fleet_version`: the fleet version of the state last applied at a reset boundary.
+        - `redisync/staleness_versions`: versions announced or pulled since then (0: up to date).
+        - `redisync/staleness_s`: seconds since a fleet state was last applied.
+        - `redisync/subscribed`: 1 while the worker follows the run's versions channel (else it polls).
+        - `redisync/healthy`: 1 while reports reach the store; 0 while they cannot, or for good once
+          a later process claimed the shard (a zombie).
+        - `redisync/schema_mismatch`: 1 when the run's registered schema differs from this one's.
+        - `redisync/publish_latency_ms`, `..._p50`, `..._p99`: the last publish's round trip and the
+          recent ones' percentiles, in milliseconds (after the first publish).
+        - counters since `start()`: `redisync/publishes`, `duplicates` (a report the store had
+          folded already), `coalesced` (reports replaced by a newer one before they were sent),
+          `publish_failures`, `rejected` (refused by the store: dead-lettered), `pulls`,
+          `pull_failures`, `reseeds` (the store lost the run and this shard re-seeded it),
+          `subscription_drops`, `worker_errors`, `zombie_dropped`; with the sidecar also
+          `sidecar_restarts`, `mailbox_overflows` and `rejected_before_sending` (a report the
+          collector found invalid before it reached the sidecar).
+        - per term with a `metrics()` method and a `key`: `redisync/<key>/<name>` (the sampler's
+          `ema_failures_per_bin_window`, `ema_relative_noise`, `ema_uniform_share`, ...).
+        - terms on a CUDA device: `redisync/device_reports_skipped` and `device_fleet_deferred`.
+        """
         status = self._worker_status()
         applied = self._applied_version
         out = {

@@ -1,4 +1,4 @@
-"""Which worker a collector's :class:`~redisync.collector.syncer.Syncer` gets: the one decision both
+"""Which worker a collector's `Syncer` gets: the one decision both
 worker modules sit below (the sidecar's is a subclass of the thread worker's Syncer)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def new_syncer(
     and hands the fleet state to them at reset boundaries, without the collector ever waiting.
 
     Args:
-        store: the run's store (:func:`redisync.connect`).
+        store: the run's store (`redisync.connect`).
         shard_id: this collector's shard, unique in the fleet (0, 1, ...).
         terms: the synced terms (samplers, normalisers, curriculum terms) whose state is shared.
         worker: where the network runs. ``"process"``: a sidecar process of its own, which keeps

@@ -232,12 +232,3 @@ def run_demo(
         if server is not None:
             server.close()
     return phases
-
-
-def inspect_commands(url: str, run: str) -> list[str]:
-    """The commands that show a run: redisync's inspect and watch, and redis-cli on its keys."""
-    return [
-        f"redisync inspect --url {url} --run {run}",
-        f"redisync watch --url {url} --run {run}",
-        f"redis-cli -u {url} --scan --pattern 'redisync:{{{run}}}:*'",
-    ]

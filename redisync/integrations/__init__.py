@@ -1,11 +1,11 @@
-"""Drop-ins for the frameworks collectors run in: mjlab's tracking task (:mod:`.mjlab`), rsl_rl's
-normaliser (:mod:`.rsl_rl`), holosoma's curriculum sync (:mod:`.holosoma`) and whole-body tracking
-(:mod:`.holosoma_wbt`), MotrixLab's async FastSAC collectors (:mod:`.motrix`). Each module imports its
+"""Drop-ins for the frameworks collectors run in: mjlab's tracking task (`.mjlab`), rsl_rl's
+normaliser (`.rsl_rl`), holosoma's curriculum sync (`.holosoma`) and whole-body tracking
+(`.holosoma_wbt`), MotrixLab's async FastSAC collectors (`.motrix`). Each module imports its
 framework, so import the one you use.
 
 A shard id is claimed once per process, so the terms of every integration in a process go through
-one :class:`~redisync.collector.syncer.Syncer`: each integration adds its terms to the process's
-:class:`ProcessFleet`, which starts the Syncer at the first env step, when the environment and the
+one `Syncer`: each integration adds its terms to the process's
+`ProcessFleet`, which starts the Syncer at the first env step, when the environment and the
 runner have both been built. The environment names the store and the shard:
 
 - ``REDISYNC_URL`` (unset: the embedded store) and ``REDISYNC_RUN`` (the run; ``default``);
@@ -52,11 +52,11 @@ def shard_from_env() -> int:
 class ProcessFleet:
     """The terms one process syncs and their Syncer, started on first use.
 
-    Integrations :meth:`add` their terms while the task is built and :meth:`start` it once it is
+    Integrations `add` their terms while the task is built and `start` it once it is
     (``sync_normalizers`` and ``sync_curriculum`` do), so that registering the schema, claiming the
-    shard and starting the sidecar happen before training; otherwise the first :meth:`on_step` (the
-    first env step) or :meth:`flush` starts it, once. ``syncer_kwargs``
-    (``publish_every_steps``, ``worker``, …) go to the Syncer; :meth:`configure` changes them before the start.
+    shard and starting the sidecar happen before training; otherwise the first `on_step` (the
+    first env step) or `flush` starts it, once. ``syncer_kwargs``
+    (``publish_every_steps``, ``worker``, …) go to the Syncer; `configure` changes them before the start.
     """
 
     def __init__(self, store: Store | None = None, shard_id: int | None = None, **syncer_kwargs: Any):
@@ -111,7 +111,7 @@ class ProcessFleet:
         return self._logged
 
     def put_metrics(self, into: MutableMapping[str, Any], convert: Callable[[float], Any] = float) -> None:
-        """Write :meth:`log_metrics` into a framework's own metric dict (holosoma's ``env.log_dict``,
+        """Write `log_metrics` into a framework's own metric dict (holosoma's ``env.log_dict``,
         MotrixLab's ``state.metrics``), each value converted the way that framework holds its values;
         only when they were read afresh (once a second), so a per-step call costs a clock read."""
         metrics = self.log_metrics()

@@ -4,7 +4,7 @@ holosoma 0.0.3's FastSAC, PPO and distillation agents call ``env.synchronize_cur
 only when multi-GPU (``if self.is_multi_gpu``) and only with a penalty or domain-randomisation
 curriculum; the locomotion manager then ``dist.broadcast``s rank 0's average episode length and
 penalty scale — two collectives that wait for every rank. A fleet of single-process collectors
-never reaches it. :func:`sync_curriculum` therefore syncs where the curriculum decides: on the env's
+never reaches it. `sync_curriculum` therefore syncs where the curriculum decides: on the env's
 ``curriculum_manager`` (its ``reset(env_ids)``, where the tracker takes the finished episodes and
 the penalty curriculum rescales, and its ``step()``, once per env step), and also replaces
 ``synchronize_curriculum_state`` (so a multi-GPU run's call goes through the store, not a
@@ -84,13 +84,13 @@ class TrackerSync:
         return torch.as_tensor(value, device=self.tracker.average_episode_length.device, dtype=torch.float)
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         if self.mode == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         return {self.key: merge((), lifecycle="state")}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if self.mode == "pooled":
             count, total = self._own()
             return {self.key: {"count": count, "sum": total}}
@@ -99,7 +99,7 @@ class TrackerSync:
         return {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
@@ -130,15 +130,15 @@ class PenaltyScaleSync:
         return float(self.term.current_scale if self.term is not None else self.env.reward_penalty_scale)
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         return {self.key: broadcast((), owner=self.owner)}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         return {self.key: {"value": self.scale}} if self.shard_id == self.owner else {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is not None and view.value is not None:
             self._owners = float(view.parts()["value"])
@@ -221,7 +221,7 @@ class CurriculumSync:
 
 def sync_curriculum(env: Any, *, start: bool = True, **options: Any) -> CurriculumSync:
     """Sync ``env``'s curriculum where it decides (its curriculum manager's reset and step) and
-    replace ``env.synchronize_curriculum_state`` with a :class:`CurriculumSync` (options as there);
+    replace ``env.synchronize_curriculum_state`` with a `CurriculumSync` (options as there);
     start the fleet (``start=False``: at the first env step, for terms still to be added)."""
     sync = CurriculumSync(env, **options)
     env.synchronize_curriculum_state = sync

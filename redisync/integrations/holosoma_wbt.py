@@ -4,8 +4,8 @@
 holosoma's ``AdaptiveTimestepsSampler`` (``holosoma.managers.command.terms.wbt``; on in the G1
 WBT preset) keeps its failure EMA ``bin_failed_count`` per process and never syncs it: holosoma's
 FastSAC calls ``synchronize_curriculum_state`` only with a penalty or domain-randomisation
-curriculum, so under torchrun every rank samples from its own EMA. :func:`sync_motion_command`
-swaps the sampler of every ``MotionCommand`` for a :class:`SyncedAdaptiveTimestepsSampler`
+curriculum, so under torchrun every rank samples from its own EMA. `sync_motion_command`
+swaps the sampler of every ``MotionCommand`` for a `SyncedAdaptiveTimestepsSampler`
 carrying its state: holosoma's own code still records the failures (``+=``), folds the EMA,
 builds the probabilities and draws, and while it draws ``bin_failed_count`` is the EMA the mode
 samples from (the fleet's sum for ``pooled``, the owner's for ``broadcast``; ``local`` is
@@ -18,7 +18,7 @@ holosoma's algorithm, the same draws from the same seed)::
     agent.learn()
 
 holosoma's FastSAC normaliser (``fast_sac_utils.EmpiricalNormalization``) all-reduces its shifted
-sums at every update when a process group exists; :func:`sync_fastsac_normalizers` replaces it
+sums at every update when a process group exists; `sync_fastsac_normalizers` replaces it
 with redisync's pooled normaliser (rsl_rl's buffers, which holosoma's class shares, so its
 checkpoints load both ways), called the way holosoma calls its own (``center``, ``update``).
 ``pooled`` holds the exact mean and variance of every sample the fleet saw; holosoma's own running
@@ -47,7 +47,7 @@ KEY_PREFIX = "holosoma"
 
 
 class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
-    """holosoma's sampler whose failure EMA lives in a synced :class:`AdaptiveMotionSampler`
+    """holosoma's sampler whose failure EMA lives in a synced `AdaptiveMotionSampler`
     (``state``): holosoma's code reads and rebinds ``bin_failed_count`` and
     ``current_bin_failed_count``, which are the synced sampler's buffers, updated in place. The
     fleet meets it once per env step (``update_bin_failed_count``: a hand-over, no network) and at

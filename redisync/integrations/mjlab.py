@@ -3,8 +3,8 @@ the collectors of a fleet.
 
 mjlab's ``MotionCommand`` (BeyondMimic's algorithm) keeps its per-bin failure EMA,
 ``bin_failed_count``, per process and never syncs it, so N collectors sample start frames from N
-different distributions, each with a uniform share N times too large. :class:`SyncedMotionCommand`
-is mjlab's class with the EMA held by an :class:`~redisync.terms.torch.AdaptiveMotionSampler`: mjlab's
+different distributions, each with a uniform share N times too large. `SyncedMotionCommand`
+is mjlab's class with the EMA held by an `AdaptiveMotionSampler`: mjlab's
 own code records the failures, folds the EMA and draws the starts, and at a reset it reads the
 sampler's view of the fleet's EMA instead of its own. Switch it on in the task config:
 
@@ -75,7 +75,7 @@ def synced_motion_command(cfg: MotionCommandCfg, sync_mode: SyncMode = "pooled",
 
 
 class SyncedMotionCommand(MotionCommand):
-    """mjlab's ``MotionCommand`` whose failure EMA lives in a synced :class:`AdaptiveMotionSampler`.
+    """mjlab's ``MotionCommand`` whose failure EMA lives in a synced `AdaptiveMotionSampler`.
 
     ``bin_failed_count`` is the sampler's own EMA (what this shard saw: mjlab folds into it, a
     checkpoint keeps it), except while a reset draws start frames, when it is the sampler's

@@ -73,7 +73,7 @@ def collector_index(name: str | None = None) -> int | None:
 
 
 class SyncedCommands:
-    """The sync hooks over a ``ManagerEnv`` (list it before the env class, or use :func:`synced`)."""
+    """The sync hooks over a ``ManagerEnv`` (list it before the env class, or use `synced`)."""
 
     redisync_mode: SyncMode = "pooled"
     redisync_key: str = "motion/bin_failed"
@@ -220,7 +220,7 @@ def _name_of(spec: str) -> str:
 
 
 def _synced_class(name: str) -> type:
-    """The class a name made by :func:`synced` stands for (made once per process)."""
+    """The class a name made by `synced` stands for (made once per process)."""
     if name not in _made:
         encoded = name.removeprefix("Synced_")
         module, qualname, settings = json.loads(base64.b32decode(encoded + "=" * (-len(encoded) % 8)))

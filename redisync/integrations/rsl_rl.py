@@ -3,8 +3,8 @@
 rsl_rl builds an ``EmpiricalNormalization(obs_dim)`` inside every model made with
 ``obs_normalization=True`` (actor, critic, RND); since rsl-rl-lib 5.5 its ``update`` all-reduces
 count, mean and var over ``torch.distributed`` whenever a process group exists — a collective that
-waits for the slowest rank at every update. :func:`sync_normalizers` swaps each of them for a
-:class:`SyncedNormalization` holding the same state (rsl_rl's buffers and ``state_dict`` keys, so
+waits for the slowest rank at every update. `sync_normalizers` swaps each of them for a
+`SyncedNormalization` holding the same state (rsl_rl's buffers and ``state_dict`` keys, so
 checkpoints load both ways) and adds it to the process's fleet: each update hands the shard's
 statistics to the Syncer's worker and takes in the last fleet statistics it pulled, and nothing
 waits for another process.
@@ -80,7 +80,7 @@ def sync_normalizers(
     ``start`` (default): the task and the runner are built, so the fleet starts here — its
     registration and its sidecar's start happen now, not in the first env step. ``start=False``
     leaves that to the first step, for terms still to be added. Given a runner, the fleet's metrics
-    join its logging (:func:`log_fleet_metrics`).
+    join its logging (`log_fleet_metrics`).
     """
     slots = normalizer_slots(root)
     if not slots:
@@ -112,10 +112,10 @@ def sync_normalizers(
 
 
 def log_fleet_metrics(logger: Any, fleet: ProcessFleet) -> None:
-    """Put the fleet's metrics (:meth:`ProcessFleet.log_metrics`: health, staleness, drift) into
+    """Put the fleet's metrics (`ProcessFleet.log_metrics`: health, staleness, drift) into
     rsl_rl's logger: each env step's ``extras["log"]`` (or ``extras["episode"]``) gains the
     ``redisync/...`` values, which rsl_rl averages over the iteration and writes to TensorBoard, W&B
-    or Neptune with the env's own. :func:`sync_normalizers` does this for a runner it is given."""
+    or Neptune with the env's own. `sync_normalizers` does this for a runner it is given."""
     if getattr(logger, "_redisync_logged", None) is fleet:
         return  # (once per logger)
     original = logger.process_env_step

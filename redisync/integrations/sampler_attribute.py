@@ -2,8 +2,8 @@
 
 mjlab's ``MotionCommand`` and holosoma's ``AdaptiveTimestepsSampler`` read and rebind their failure
 EMA (``bin_failed_count``) and the current step's failures in their own code. A drop-in keeps those
-in an :class:`~redisync.terms.torch.AdaptiveMotionSampler` and declares the upstream names as
-:class:`SamplerAttribute`: a read gives the sampler's own EMA — or, while the upstream draws its
+in an `AdaptiveMotionSampler` and declares the upstream names as
+`SamplerAttribute`: a read gives the sampler's own EMA — or, while the upstream draws its
 starts, the fleet view it must sample from — and a write goes to the sampler. Before the sampler
 exists (the upstream's own constructor assigns them first), the value is kept on the instance under
 ``_initial_<name>``, for the drop-in to hand to its sampler.

@@ -1,6 +1,6 @@
 """The store client: the only module that talks to Redis.
 
-``connect()`` gives a :class:`Store` for one run, on a real Redis (``redis://``, ``rediss://``,
+``connect()`` gives a `Store` for one run, on a real Redis (``redis://``, ``rediss://``,
 ``unix://``) or on the embedded default: an in-process fakeredis server running the very
 same Lua library (see ``library.py``).
 """
@@ -199,7 +199,7 @@ def connect(
 
 @dataclass(frozen=True)
 class Registration:
-    """What :meth:`Store.register` found: whether this call created the run, and the run's epoch."""
+    """What `Store.register` found: whether this call created the run, and the run's epoch."""
 
     created: bool
     epoch: str
@@ -480,9 +480,9 @@ class Store:
         """Store the run's schema (the first registration wins) or check ours against it.
 
         Args:
-            schema: ``{key: spec}`` (:func:`merge`, :func:`broadcast`, :func:`maximum`) or a
-                :class:`Schema`.
-            limits: the run's size limits (:class:`Limits`; the defaults suit fleet reports).
+            schema: ``{key: spec}`` (`merge`, `broadcast`, `maximum`) or a
+                `Schema`.
+            limits: the run's size limits (`Limits`; the defaults suit fleet reports).
 
         Raises:
             SchemaMismatch: the run holds another schema, naming the key that differs.
@@ -573,7 +573,7 @@ class Store:
     def claim(self, shard_id: int, take_over: bool = True) -> int:
         """A new incarnation of ``shard_id``, issued by the server and above every earlier claim.
         Without ``take_over`` a shard whose holder's lease is fresh (a live process) is refused
-        with :class:`~redisync.errors.ShardInUse`."""
+        with `ShardInUse`."""
         reply = self._call(self.scripts.claim, [self.keys.meta, self.keys.shards], [shard_id, int(take_over)])
         if _b(reply[0]) == "no_run":
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
@@ -679,7 +679,7 @@ class Store:
         """Replace the run's state by ``snap`` under a new epoch, atomically; returns the epoch.
 
         Every hash and vector is checked before anything is written (a bad snapshot raises
-        :class:`~redisync.errors.CorruptSnapshot` and leaves the run as it was). Versions continue
+        `CorruptSnapshot` and leaves the run as it was). Versions continue
         from the larger of the current and the snapshot's, so no client ever sees a version go back;
         the new epoch tells every client to take the full state. Shards the run knows keep their
         current incarnation, so live collectors keep publishing: a slot of theirs from another
@@ -761,7 +761,7 @@ class ShardClient:
     def continue_from(self, epoch_tag: int, version: int) -> None:
         """Carry on from another process serving this shard (a restarted sidecar): the newest fleet
         state it handed over was ``version`` of the epoch with ``epoch_tag``
-        (:func:`redisync.store.codec.epoch_tag`), so an older state of that epoch is lost writes here too."""
+        (`redisync.store.codec.epoch_tag`), so an older state of that epoch is lost writes here too."""
         self.highest_version = max(self.highest_version, version)
         self._continued_epoch = epoch_tag
 

@@ -4,8 +4,8 @@ Everything the fold script does to a run's state is written here once more, in t
 with the same float64 arithmetic, so that tests can require the Lua fold (on a real Redis and on
 fakeredis) to end in the same state as this reference after any sequence of reports. The envelope
 (incarnations, sequence numbers, sizes, leases, restores) is here; what a report does to a key is
-its semantics' ``fold`` (:mod:`.semantics`). Payloads are flat float64 vectors laid out as the key's
-parts (:meth:`~.semantics.base.SpecBase.payload_parts`).
+its semantics' ``fold`` (`.semantics`). Payloads are flat float64 vectors laid out as the key's
+parts (`payload_parts`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run schema (its keys' specs, from :mod:`.semantics`), its limits, and shard reports checked
+"""The run schema (its keys' specs, from `.semantics`), its limits, and shard reports checked
 and encoded before they are sent.
 
 A report is validated here, on the client, before anything is sent: arrays become float64
@@ -97,7 +97,7 @@ class Limits(BaseModel):
 
     @classmethod
     def unpacked(cls, text: str) -> Limits:
-        """The limits from :meth:`packed`'s text (five fields: written before ``stall_after_s``)."""
+        """The limits from `packed`'s text (five fields: written before ``stall_after_s``)."""
         parts = text.split("|")
         if len(parts) not in (5, 6) or not all(p.isdigit() for p in parts):
             raise ValueError(f"not packed limits: {text!r}")
@@ -223,7 +223,7 @@ def encode_reports(
     """Check a whole shard report against the schema; returns per key its payload (float64 LE bytes).
 
     With ``shard``, a broadcast key owned by another shard is refused too. Raises a typed
-    :class:`~redisync.errors.InvalidReport` naming the first bad key.
+    `InvalidReport` naming the first bad key.
     """
     if not (type(reports) is dict or isinstance(reports, Mapping)) or not reports:
         raise errors.MalformedReport(None, "a report must be a non-empty mapping of key name to report")

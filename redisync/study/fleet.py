@@ -4,10 +4,10 @@ Each shard is a collector as in a distributed trainer — its own envs, its own 
 normaliser, its own store connection and shard client — stepped in lockstep in one process so that a
 2-core machine can run the study; the data flow (reports folded in the store, the fleet state pulled
 back, one replay buffer, the policy republished every K learner steps) is the distributed one. The
-shards sync at fixed points of the step count (:class:`LockstepSync`), not on a worker's wall-clock
+shards sync at fixed points of the step count (`LockstepSync`), not on a worker's wall-clock
 timers, so an arm and a seed give the same numbers on a loaded and on an idle machine.
 
-Every shard also publishes a :class:`DriftProbe`: the EMA of its own raw failures and the
+Every shard also publishes a `DriftProbe`: the EMA of its own raw failures and the
 distribution it actually samples from, which the learner reads back from the store to measure each
 shard's drift from the pooled distribution. Arms share seeds: seed ``s`` gives every arm the same
 initial networks, env noise and collector generators (common random numbers), so arms pair by seed.
@@ -176,7 +176,7 @@ class LockstepSync:
     """One shard's sync in the study: its report published, then the fleet state pulled and handed
     to its terms, when the run says so (every ``publish_every_steps`` fleet steps, every shard in
     shard order), so that what each shard sees at each step depends on the seed alone. A trainer's
-    collectors use a :class:`~redisync.collector.syncer.Syncer`, which never waits; this one waits,
+    collectors use a `Syncer`, which never waits; this one waits,
     which a study may, for the sake of reproducible runs."""
 
     def __init__(self, store: Store, shard: int, terms: list[SyncedTerm]):

@@ -2,7 +2,7 @@
 
 Fixed here, in code, and in ``docs/ab/follow-up-plan.md``, before its first run (issue 26):
 
-- Fresh seeds (:data:`SEEDS`), not the study's nor the gate's.
+- Fresh seeds (`SEEDS`), not the study's nor the gate's.
 - Four hypotheses answered in a **fixed sequence** at α = 0.05 each: a hypothesis is tested only
   if every one before it was rejected, which holds the family-wise error at 0.05 without a
   correction; once one is not rejected, the rest are reported as descriptive only.
@@ -10,7 +10,7 @@ Fixed here, in code, and in ``docs/ab/follow-up-plan.md``, before its first run 
   metric (``completion_auc``); P4 on the per-seed difference of two differences.
 - Secondary metrics, descriptive: ``final_completion`` and ``steps_to_complete`` (the env steps at
   the first evaluation where the whole motion was tracked, the run's budget when never).
-- What each outcome changes in the product is stated beside it (:data:`DECISIONS`), before the runs.
+- What each outcome changes in the product is stated beside it (`DECISIONS`), before the runs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Twin Q critics with Polyak-averaged targets, a tanh-squashed Gaussian actor, automatic entropy
 tuning, large batches drawn from one replay buffer that every collector shard feeds, and
-observation normalisation by a :class:`SyncedEmpiricalNormalization` that learns from every
+observation normalisation by a `SyncedEmpiricalNormalization` that learns from every
 transition entering the buffer (the learner sees the whole fleet's data). Collectors act with a
 copy of the actor republished every few learner steps, and normalise with normalisers of their
 own — which is where unsynced normalisation statistics would part from the learner's.

@@ -248,7 +248,7 @@ def effect_size(d: Sequence[float]) -> float:
 
 def with_ties(hypotheses: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The first follow-up read with ties: a per-seed difference within the plateau jitter
-    (:data:`~redisync.study.second_follow_up.TIE`) counts as 0, the fixed sequence kept. (Its plan
+    (`TIE`) counts as 0, the fixed sequence kept. (Its plan
     named no tie rule; the second follow-up's does, and this is that rule applied to the first.)"""
     out, open_ = [], True
     for h in hypotheses:

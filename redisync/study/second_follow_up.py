@@ -2,17 +2,17 @@
 
 Fixed here, in code, and in ``docs/ab/second-follow-up-plan.md``, before its first run:
 
-- Fresh seeds (:data:`SEEDS`): none of the study's, the gate's or the first follow-up's.
+- Fresh seeds (`SEEDS`): none of the study's, the gate's or the first follow-up's.
 - Three questions, each its own family at α = 0.05 (they decide different things in the product):
   **A** the mechanism (one one-sided test), **B** which semantics (four contrasts, each judged
-  *worse*, *better*, *equivalent* within :data:`MARGIN_B` or *inconclusive*, Holm over the four for
+  *worse*, *better*, *equivalent* within `MARGIN_B` or *inconclusive*, Holm over the four for
   both kinds of claim), **C** where the harm ends (one one-sided test at 128 envs per shard, the 64
   and 256 ones beside it descriptive).
-- **Ties**: a per-seed difference within :data:`TIE` (the plateau jitter measured on the first
-  follow-up's runs, :func:`plateau_jitter`) counts as 0 in the sign-flip tests; the t-intervals and
+- **Ties**: a per-seed difference within `TIE` (the plateau jitter measured on the first
+  follow-up's runs, `plateau_jitter`) counts as 0 in the sign-flip tests; the t-intervals and
   effect sizes are computed on the raw differences.
 - Every answer prints its mean difference, its 95 % t-interval and its effect size (dz = mean / sd).
-- What each outcome changes in the product is stated beside it (:data:`DECISIONS`), before the runs.
+- What each outcome changes in the product is stated beside it (`DECISIONS`), before the runs.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def plateau_jitter(runs: list[dict[str, Any]], step: float = 0.02, quantile: flo
     """How much completion moves while a run stays on one plateau: over every run's evaluations,
     the range of each maximal stretch of consecutive evaluations within ``step`` of the stretch's
     first value (a new segment tracked moves completion by 0.05 or more); the ``quantile`` of those
-    ranges. :data:`TIE` is this, rounded up, on ``docs/ab/follow-up/results.json``."""
+    ranges. `TIE` is this, rounded up, on ``docs/ab/follow-up/results.json``."""
     ranges = []
     for run in runs:
         c = [row["completion"] for row in run["curve"]]
@@ -54,7 +54,7 @@ def plateau_jitter(runs: list[dict[str, Any]], step: float = 0.02, quantile: flo
 
 @dataclass(frozen=True)
 class Contrast:
-    """``a − b`` on ``condition`` over the first ``seeds`` of :data:`SEEDS`."""
+    """``a − b`` on ``condition`` over the first ``seeds`` of `SEEDS`."""
 
     question: str  # "A", "B" or "C"
     condition: str
@@ -134,7 +134,7 @@ def order(cells: list[tuple[str, str, list[int]]]) -> list[tuple[str, str, list[
 
 
 def untied(values: ArrayLike) -> np.ndarray:
-    """The differences the sign-flip tests see: within :data:`TIE` of 0 counts as 0."""
+    """The differences the sign-flip tests see: within `TIE` of 0 counts as 0."""
     d = np.asarray(values, dtype=np.float64)
     return np.where(np.abs(d) <= TIE, 0.0, d)
 

@@ -4,12 +4,12 @@ Fixed here, in code, before any run:
 
 - **Primary metric**: ``completion_auc``, the area under the full-motion completion curve (the mean
   completion over the run's evaluations, in [0, 1]).
-- **Gate**: on H, ``single − uniform`` over the gate's seeds must be at least :data:`GATE` in the
+- **Gate**: on H, ``single − uniform`` over the gate's seeds must be at least `GATE` in the
   primary metric; otherwise the task cannot tell curricula apart and the study stops there (retune
   the task, never the gate).
-- **Primary contrasts** (:data:`PRIMARY`), paired by seed, exact sign-flip tests with Holm's
-  correction; "no difference" only from the equivalence test against :data:`MARGIN`.
-- Everything else (:data:`SECONDARY`, the mechanism figures) is descriptive.
+- **Primary contrasts** (`PRIMARY`), paired by seed, exact sign-flip tests with Holm's
+  correction; "no difference" only from the equivalence test against `MARGIN`.
+- Everything else (`SECONDARY`, the mechanism figures) is descriptive.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def plan(primary_seeds: int, secondary_seeds: int) -> list[tuple[str, str, list[
 
 
 def load_env_factory(spec: str | None, cfg: StudyConfig) -> EnvFactory:
-    """``module:function`` returning a :data:`EnvFactory` for the study's task config, or the built-in task."""
+    """``module:function`` returning a `EnvFactory` for the study's task config, or the built-in task."""
     if not spec:
         return default_env(cfg.task)
     module, _, name = spec.partition(":")
@@ -369,9 +369,9 @@ def run_study(
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The gate, then (if it passes) the plan, or with ``follow_up`` the pre-registered follow-up
-    (:mod:`redisync.study.follow_up`), or with ``second_follow_up`` the second one
-    (:mod:`redisync.study.second_follow_up`); returns what ``results.json`` holds. With ``saved``
-    (a folder) every run is kept there as it finishes, and a call again resumes (see :func:`run_cells`)."""
+    (`redisync.study.follow_up`), or with ``second_follow_up`` the second one
+    (`redisync.study.second_follow_up`); returns what ``results.json`` holds. With ``saved``
+    (a folder) every run is kept there as it finishes, and a call again resumes (see `run_cells`)."""
     say = on_stage or (lambda _: None)
     started = time.monotonic()
     say(f"gate: single vs uniform on H, seeds {list(GATE_SEEDS)}")

@@ -45,7 +45,7 @@ class TrackingEnv(Protocol):
     """A batch of tracking envs (one collector's shard). Bring your own: IsaacLab, mjlab, ...
 
     ``frames`` is the current reference frame of each env: the study's sampler turns it into the
-    env's bin, records a failure there when ``terminated``, and hands :meth:`reset` the start
+    env's bin, records a failure there when ``terminated``, and hands `reset` the start
     frames it drew.
     """
 

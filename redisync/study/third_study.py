@@ -3,25 +3,25 @@
 
 Fixed here, in code, and in ``docs/ab/third-study-plan.md``, before its first run:
 
-- The task: :mod:`redisync.study.walker` (a harnessed MuJoCo Walker2d tracking a two-minute gait with
+- The task: `redisync.study.walker` (a harnessed MuJoCo Walker2d tracking a two-minute gait with
   three rare skill segments), identical shards (condition ``H``), 16 shards of 64 envs, the study's
-  SAC learner, :data:`CONFIG`.
-- A gate on its own fresh seeds (:data:`GATE_SEEDS`): the adaptive sampler (one unsharded collector)
+  SAC learner, `CONFIG`.
+- A gate on its own fresh seeds (`GATE_SEEDS`): the adaptive sampler (one unsharded collector)
   must beat uniform start frames, or the study stops there and says so with its numbers.
-- Ten fresh seeds (:data:`SEEDS`); four arms: local and pooled samplers at α = 0.001 (BeyondMimic's)
+- Ten fresh seeds (`SEEDS`); four arms: local and pooled samplers at α = 0.001 (BeyondMimic's)
   and at α = 0.01 (the toy studies').
 - **P1** (one-sided sign-flip, ``less``): local − pooled completion AUC at α = 0.001.
 - **P2** (one-sided sign-flip, ``greater``): the α interaction, (local − pooled at α = 0.001) −
   (local − pooled at α = 0.01). The warning's rule says the failures per bin inside the EMA's window
   drive the harm; a window ten times longer holds ten times the failures, so the harm shrinks.
 - Holm over P1 and P2 at α = 0.05. **Ties**: a per-seed difference within the plateau jitter of the
-  gate's runs (:func:`tie_from_gate`, measured before any contrast run) counts as 0 in the sign-flip
+  gate's runs (`tie_from_gate`, measured before any contrast run) counts as 0 in the sign-flip
   tests; intervals and effect sizes use the raw differences.
 - Pre-registered, descriptive: the Spearman correlation, over the 20 (seed, α) pairs, between the
   local arm's warning fraction (the share of its drift records where the sampler's warning condition
   holds on any shard) and that seed's harm (local − pooled); the rule predicts a negative one.
 - Power: the toy's paired sd was 0.063 to 0.102; with 10 seeds a one-sided test at α = 0.025 (Holm's
-  first step) has 80 % power for a mean difference of :func:`detectable` (0.063 to 0.101 AUC).
+  first step) has 80 % power for a mean difference of `detectable` (0.063 to 0.101 AUC).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 Real rigid-body physics on the CPU: gymnasium's Walker2d model (its MJCF, as ``gymnasium[mujoco]``
 ships it), stepped by ``mujoco`` at 50 Hz (four 5 ms steps per control step). The walker hangs in a
 harness, as on a treadmill: the torso's height and pitch are held (the model's ``rootz`` and ``rooty``
-joints removed, the hip at :data:`HARNESS_Z`), its forward slide is free, and its legs meet the floor
+joints removed, the hip at `HARNESS_Z`), its forward slide is free, and its legs meet the floor
 with contact and friction, so a stance leg pushes against the ground. Six motors (the model's gear of
 100 and control range of ±1) drive the hips, knees and ankles.
 
-The reference is a synthesised walking gait of ``bins`` seconds (one bin a second, :data:`FPS` frames
+The reference is a synthesised walking gait of ``bins`` seconds (one bin a second, `FPS` frames
 each), with a few rare one-second **skill segments** (a kick, a crouch, fast steps). As in the toy
 task, skill does not transfer between segments: in a skill segment the motors answer the commands
 another way (kind 1 swaps each leg's hip and knee commands, kind 2 reverses every command, kind 3 swaps
@@ -15,11 +15,11 @@ the legs), so what the policy learnt elsewhere pushes the wrong way there and on
 seconds teaches it. Where they lie comes from
 the task's seed and, in condition ``X``, from the env's profile (``TaskConfig.layout()``, as the toy
 task's). The policy sees its joints, the reference now and ahead, and the current and upcoming
-segment's kind. A **failure** is a tracking error past :data:`TOLERANCE` (the mean absolute joint error,
+segment's kind. A **failure** is a tracking error past `TOLERANCE` (the mean absolute joint error,
 radians): the episode ends and a failure counts in the env's current bin. Episodes last
 ``episode_s`` from sampled start frames, the walker placed in the reference pose of that frame.
 
-It plugs into the study as ``--env redisync.study.walker:make_env`` (:func:`make_env`).
+It plugs into the study as ``--env redisync.study.walker:make_env`` (`make_env`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The drift warning calibrated against measured harm (the plan: ``docs/ab/warning-calibration-plan.md``).
 
 Reads the second follow-up's run files — the only study that recorded every shard's failure-EMA
-statistics at every drift record — and judges, for a rule (:class:`WarningThresholds`), on which seeds
+statistics at every drift record — and judges, for a rule (`WarningThresholds`), on which seeds
 of each unsynced arm the sampler would have warned: at some record, for some shard, its own EMA poor
 and the fleet's pooled EMA (N shards like it, as the sampler computes at run time) fair. The grid
 search and its tie rule are the plan's; ``python -m redisync.study.warning_calibration`` writes the

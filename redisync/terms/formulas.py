@@ -1,10 +1,10 @@
 """The terms' formulas, written once for numpy arrays and torch tensors.
 
-The torch terms (:mod:`redisync.terms.torch`) and the numpy terms (:mod:`redisync.terms.numpy`) hold their
+The torch terms (`redisync.terms.torch`) and the numpy terms (`redisync.terms.numpy`) hold their
 state in different array types; what they compute from it — a time step's bin, the failure EMA's
 step, the start-bin distributions of G groups, the group draw's weights, a normaliser's moments
 from its pooled sums — is defined here, against the few operations where the two libraries differ
-(:class:`NumpyOps`, and the torch terms' ``TorchOps``). Everything else is arithmetic and indexing
+(`NumpyOps`, and the torch terms' ``TorchOps``). Everything else is arithmetic and indexing
 that both spell the same way, so a change to a formula is one change for both kinds of term.
 """
 
@@ -337,7 +337,7 @@ def ema_warning(
     shard: dict[str, float], fleet: dict[str, float], where: str, rule: WarningThresholds = WARNING_THRESHOLDS
 ) -> str | None:
     """Why a shard's own failure EMA is a poor guide for its start frames while the fleet's pooled EMA
-    would be a fair one, with the numbers; None otherwise (:class:`WarningThresholds`). Where the
+    would be a fair one, with the numbers; None otherwise (`WarningThresholds`). Where the
     fleet's EMA is not fair either — a policy that hardly fails any more — syncing would not help,
     and nothing is said."""
     reasons = _poor(shard, rule)
@@ -352,17 +352,17 @@ def ema_warning(
 
 
 class EmaStatisticsWarning(UserWarning):
-    """A ``local`` sampler whose own failure EMA is a poor guide where the fleet's would not be (:func:`ema_warning`)."""
+    """A ``local`` sampler whose own failure EMA is a poor guide where the fleet's would not be (`ema_warning`)."""
 
 
 class EmaWatch:
     """A sampler's watch on its own failure EMA, the same for the numpy and the torch sampler.
 
-    :meth:`metrics` gives the EMA's statistics (:func:`ema_statistics`, for its worst group) under
+    `metrics` gives the EMA's statistics (`ema_statistics`, for its worst group) under
     ``ema_failures_per_bin_window``, ``ema_relative_noise`` and ``ema_uniform_share``, whatever the
     mode (with sync, what the shard would have without it). A ``local`` sampler that knows the size of
     its fleet (``fleet_shards``: the shards that would pool their failures) warns once, with the
-    numbers, where :func:`ema_warning` says its own EMA is a poor guide while the fleet's would be a
+    numbers, where `ema_warning` says its own EMA is a poor guide while the fleet's would be a
     fair one — judged at run time from what the shard saw, once the EMA's window (1/α steps) has
     filled, taking the other shards to see as many failures as this one."""
 

@@ -661,7 +661,7 @@ def test_flush_and_stop_from_a_signal_handler_never_hang(real_url, worker):
 
 
 def test_stop_publishes_the_last_report_when_the_sidecar_is_starved(real_url):
-    """10. A sidecar that cannot run (SIGSTOPped: the extreme of a nice-10 process on a loaded
+    """10. A sidecar that cannot run (SIGSTOPped: the extreme of a starved process on an overloaded
     machine) missed stop()'s timeout and the last report was lost; now the collector publishes it
     itself in its share of the timeout, and stop() says whether the last report reached the store."""
     store = redisync.connect(real_url, run=f"faults-starved-{os.getpid()}")
@@ -674,9 +674,15 @@ def test_stop_publishes_the_last_report_when_the_sidecar_is_starved(real_url):
         assert _count(store) == 5
         _train(term, syncer, 7)
         pid = syncer.sidecar_pid
+        assert wait_for(
+            lambda: syncer.at_reset_boundary() or syncer.metrics()["redisync/fleet_version"] > 0, timeout=10
+        )
+        handed = int(syncer.metrics()["redisync/fleet_version"])
         os.kill(pid, signal.SIGSTOP)
         assert syncer.stop(flush=True, timeout=3.0) is True
         assert _count(store) == 12
+        # the report says what the shard had seen (it read 0: `watch` showed it thousands of versions behind)
+        assert int(store.redis.hget(store.keys.shards, "0:seen")) == handed
         assert not _alive(pid)  # killed, not left stopped
         # and the collector gave the shard's lease up after its own publish: a clean stop, not a pause
         assert store.redis.hget(store.keys.shards, "0:alive_until_us") == b"-1"

@@ -108,6 +108,15 @@ def test_fleet_converges_through_syncers(backend, worker, make_store):
         assert m["redisync/subscribed"] == 1.0
         assert "redisync/motion/bin_failed/drift_tv" in m
         assert "redisync/publish_latency_ms" in m
+        # every metric is documented in metrics()'s docstring (a term's by its pattern)
+        doc = " ".join(type(syncers[0]).metrics.__doc__.split())
+        for name in m:
+            short = name.removeprefix("redisync/")
+            key = next((t.key for t in collectors[0].terms if short.startswith(f"{getattr(t, 'key', '')}/")), None)
+            if key is None:
+                assert f"`{name}`" in doc or f"`{short}`" in doc or f"`{name.rsplit('_', 1)[0]}`" in doc, name
+            else:
+                assert "`redisync/<key>/<name>`" in doc, name
     finally:
         for s in syncers:
             s.stop(flush=False)

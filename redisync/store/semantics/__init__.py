@@ -1,16 +1,16 @@
 """The semantics a key may have, one module each, and the one place that lists them.
 
-- :mod:`.broadcast`: last writer wins (an owner's value for everyone);
-- :mod:`.merge`: the exact sum of every shard's live slot (pooled statistics);
-- :mod:`.maximum`: the element-wise maximum of everything reported (a level any shard may raise).
+- `.broadcast`: last writer wins (an owner's value for everyone);
+- `.merge`: the exact sum of every shard's live slot (pooled statistics);
+- `.maximum`: the element-wise maximum of everything reported (a level any shard may raise).
 
 ``KeySpec`` is the type of any key's spec (a pydantic union told apart by its ``semantics`` field);
-code that needs a semantics' behaviour calls the spec's methods (:class:`.base.SpecBase`), and code
+code that needs a semantics' behaviour calls the spec's methods (`.base.SpecBase`), and code
 that must tell them apart matches on the spec classes with ``assert_never`` in its last case, so a
 new semantics is a type error wherever it is not handled. The fold script (``lua/fold.lua``) keeps
 the same list in its ``CHECKS`` and ``APPLIES`` tables; ``SEMANTICS`` here is checked against them.
 The builders (``broadcast()``, ``merge()``, ``maximum()``) are in their modules and in
-:mod:`redisync.store.schema`; here the names are the modules'.
+`redisync.store.schema`; here the names are the modules'.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A semantics is one module beside this one (``broadcast``, ``merge``, ``maximum``): its key spec, its
 report model, its reference fold (the pure-Python twin of its check and apply functions in
-``lua/fold.lua``), its snapshot check and the view it hands collectors. :class:`SpecBase` is the
+``lua/fold.lua``), its snapshot check and the view it hands collectors. `SpecBase` is the
 contract each spec fills in; everything outside the semantics modules calls these methods, so a new
 semantics is one new module, its Lua functions and its registry entry.
 """
@@ -195,7 +195,7 @@ class SpecBase(BaseModel):
 
 
 class ReportBase(BaseModel):
-    """A report of one key: its parts, checked by :meth:`vectors` against the key's spec."""
+    """A report of one key: its parts, checked by `vectors` against the key's spec."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -293,7 +293,7 @@ def first_error(e: ValidationError) -> str:
 
 
 def build(cls: type[S], **kw: Any) -> S:
-    """A spec from its fields, or :class:`~redisync.errors.InvalidSchema` naming the first problem."""
+    """A spec from its fields, or `InvalidSchema` naming the first problem."""
     try:
         return cls(**kw)
     except ValidationError as e:

@@ -236,7 +236,7 @@ class MergeSpec(SpecBase):
 
     def check_stored(self, name: str, meta: dict[str, bytes], data: dict[str, bytes], bad: Bad) -> None:
         """Every field one a merge key writes, of its size, finite; the writers those of the stored
-        slots; the stored sums checked and re-made (:func:`check_sums`)."""
+        slots; the stored sums checked and re-made (`check_sums`)."""
         for fld, raw in data.items():
             record = fld.startswith("counts:")  # the count part of a stored vector
             if fld not in ("agg", "retired") and not fld.removeprefix("counts:").startswith(
@@ -348,7 +348,7 @@ def check_sums(
 ) -> None:
     """The folds trust stored sums (each re-makes its own sub-group and group only, checking their
     count records): every stored sub-group and group sum must be its parts' sum (a lone one is not
-    stored: :func:`stored_sums`), the aggregate the sum of the history and the groups, and every
+    stored: `stored_sums`), the aggregate the sum of the history and the groups, and every
     count record (``counts:<field>``) the count part of its field, as the fold computes them; a
     missing one is filled in. A snapshot whose sums were laid out otherwise (by an older redisync) has
     them all re-made from its slots: they are derived data."""

@@ -1,5 +1,5 @@
 """Collector-side terms for numpy (and numba) environments: the torch terms' algorithms
-(:mod:`redisync.terms.formulas`) on numpy arrays the environment owns, written in place."""
+(`redisync.terms.formulas`) on numpy arrays the environment owns, written in place."""
 
 from .normalization import EmpiricalNormalizer
 from .sampler import AdaptiveMotionSampler, FailureEma

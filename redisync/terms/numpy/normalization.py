@@ -5,7 +5,7 @@ shifted by a fixed ``offset`` c where cancellation matters) and reports them to 
 (the ``history`` lifecycle: a restart's previous life stays counted). ``mean`` and ``std`` — arrays
 the caller may own, written in place for a kernel that reads them — hold the moments of the
 fleet's statistics as last pulled plus the shard's own up to now (``pooled``), or of the shard's
-own (``local``). The moments come from :func:`redisync.terms.formulas.moments`, as the torch term's do.
+own (``local``). The moments come from `redisync.terms.formulas.moments`, as the torch term's do.
 """
 
 from __future__ import annotations
@@ -87,17 +87,17 @@ class EmpiricalNormalizer:
     # ------------------------------------------------------------------ the seam
 
     def schema_entries(self) -> Mapping[str, MergeSpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         return {self.key: merge(self.shape, sumsq=True, lifecycle="history")} if self.mode == "pooled" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if self.mode != "pooled":
             return {}
         return {self.key: {"count": float(self.own[0].flat[0]), "sum": self.own[1].copy(), "sumsq": self.own[2].copy()}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None or self.mode != "pooled":
             return

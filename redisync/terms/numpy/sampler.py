@@ -1,14 +1,14 @@
 """The adaptive start-frame sampler for numpy (and numba) environments, synced.
 
-The same algorithm as :class:`redisync.terms.torch.AdaptiveMotionSampler` — its formulas are
-:mod:`redisync.terms.formulas`, shared with the torch term — for an environment whose state is numpy
+The same algorithm as `redisync.terms.torch.AdaptiveMotionSampler` — its formulas are
+`redisync.terms.formulas`, shared with the torch term — for an environment whose state is numpy
 arrays that compiled kernels read. Such an environment cannot have its arrays rebound (a kernel
 holds the old one), so the sampler writes into arrays the caller owns, **in place**:
 
-- ``ema``: the shard's own failure EMA (``[bins]``; what the shard reports), folded by :meth:`step`
+- ``ema``: the shard's own failure EMA (``[bins]``; what the shard reports), folded by `step`
   or by the caller's own kernel — either way the sampler reads it where it lies;
 - ``cdf``: the start-bin CDF per group (``[G, width]``, or ``[bins]`` for one motion), rebuilt by
-  :meth:`rebuild` from the EMA the mode chooses, for a kernel that draws from it.
+  `rebuild` from the EMA the mode chooses, for a kernel that draws from it.
 
 Arrays the caller does not pass are the sampler's own (float32 unless ``dtype`` says otherwise).
 Modes: ``local`` (the shard's own EMA: the unsynced algorithm), ``pooled`` (the fleet's summed
@@ -37,7 +37,7 @@ MODES = ("local", "pooled", "broadcast")
 class FailureEma:
     """A shard's failure EMA as a synced term: the own array (the caller's, read where it lies) and
     the fleet's part as last applied. What a sampler — this package's, or an environment's own —
-    builds its distribution from is :meth:`sampling_ema`, per mode."""
+    builds its distribution from is `sampling_ema`, per mode."""
 
     def __init__(
         self,
@@ -73,13 +73,13 @@ class FailureEma:
         return ema
 
     def write_sampling_ema(self, out: NDArray[Any]) -> None:
-        """:meth:`sampling_ema` written into ``out`` in place (the caller's dtype, held at its largest
+        """`sampling_ema` written into ``out`` in place (the caller's dtype, held at its largest
         finite value): for a kernel that builds the distribution itself."""
         big = np.finfo(out.dtype).max
         np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         shape = self.own.shape if self.own.ndim > 1 else self.own.size
         return ema_seam.declared(
             self.mode,
@@ -92,7 +92,7 @@ class FailureEma:
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
         return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner)
 
@@ -112,13 +112,13 @@ class FailureEma:
 class AdaptiveMotionSampler:
     """Adaptive start-frame sampling for one shard's envs, on numpy arrays the caller may own.
 
-    Its synced state is a :class:`FailureEma` over ``ema`` (``state``).
-    Per env step: :meth:`record_failures` (at reset, the envs that failed) and :meth:`step` (the EMA
-    fold); before drawing: :meth:`rebuild` (or :meth:`sample`, which rebuilds when the EMA it uses
+    Its synced state is a `FailureEma` over ``ema`` (``state``).
+    Per env step: `record_failures` (at reset, the envs that failed) and `step` (the EMA
+    fold); before drawing: `rebuild` (or `sample`, which rebuilds when the EMA it uses
     moved). With a sequence of ``num_frames`` (groups: motions of a library, env profiles), pass
     each env's group. ``fleet_shards`` (the shards of its fleet), if given, lets a ``local`` sampler
-    warn once when its own EMA is a poor guide where the fleet's would be fair; :meth:`metrics` gives the
-    EMA's statistics (:class:`~redisync.terms.formulas.EmaWatch`).
+    warn once when its own EMA is a poor guide where the fleet's would be fair; `metrics` gives the
+    EMA's statistics (`EmaWatch`).
     """
 
     def __init__(
@@ -207,14 +207,14 @@ class AdaptiveMotionSampler:
         self._watch.steps += 1
 
     def metrics(self) -> dict[str, float]:
-        """The own failure EMA's statistics (:class:`~redisync.terms.formulas.EmaWatch`), for a logger;
+        """The own failure EMA's statistics (`EmaWatch`), for a logger;
         a ``local`` sampler whose EMA is a poor guide warns once, with the numbers."""
         offsets = np.cumsum([0, *self._watch.bins])
         own = np.asarray(self.ema, dtype=np.float64).ravel()
         return self._watch.metrics([float(own[a:b].sum()) for a, b in itertools.pairwise(offsets)])
 
     def sampling_ema(self) -> NDArray[Any]:
-        """The EMA the start distribution is built from (:meth:`FailureEma.sampling_ema`)."""
+        """The EMA the start distribution is built from (`FailureEma.sampling_ema`)."""
         return self.state.sampling_ema()
 
     def write_sampling_ema(self, out: NDArray[Any]) -> None:
@@ -235,7 +235,7 @@ class AdaptiveMotionSampler:
         return probs if self.grouped else probs[0]
 
     def rebuild(self) -> None:
-        """Write the CDF of :meth:`probabilities` into ``cdf`` in place; each row ends at exactly 1."""
+        """Write the CDF of `probabilities` into ``cdf`` in place; each row ends at exactly 1."""
         probs = self.probabilities().reshape(self.groups, self.width).astype(np.float64)
         cdf = np.cumsum(probs, axis=1)
         np.copyto(self.cdf.reshape(self.groups, self.width), cdf / cdf[:, -1:], casting="unsafe")
@@ -280,15 +280,15 @@ class AdaptiveMotionSampler:
     # ------------------------------------------------------------------ the seam: the state's
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         return self.state.schema_entries()
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         return self.state.report_shard_state()
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         self.state.apply_shard_state(fleet)
 
 

@@ -2,13 +2,13 @@
 
 Their update rules and defaults are the frameworks'; sync adds one choice per term:
 
-- :class:`AverageEpisodeLength` — ``local`` (holosoma's tracker of this shard's episodes),
+- `AverageEpisodeLength` — ``local`` (holosoma's tracker of this shard's episodes),
   ``pooled``: each shard reports its tracker as ``count = episodes behind it (capped at the
   tracker's window), sum = count × average``, and every shard reads the fleet's weighted mean, so
   all shards take their decisions from the same number; or ``broadcast``: the owner's average;
-- :class:`PenaltyCurriculum` — ``local``, or ``broadcast``: the owner shard (or the learner) decides
+- `PenaltyCurriculum` — ``local``, or ``broadcast``: the owner shard (or the learner) decides
   the scale and every other shard applies it, so the scale is one number fleet-wide;
-- :class:`TerrainLevels` — IsaacLab's per-env level moves, with the per-level histogram of the
+- `TerrainLevels` — IsaacLab's per-env level moves, with the per-level histogram of the
   shard's envs merged (``pooled``) into the fleet histogram for logging and fleet-level decisions.
 """
 
@@ -114,7 +114,7 @@ class AverageEpisodeLength:
         self.resumed = True
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         if self.mode == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
@@ -123,7 +123,7 @@ class AverageEpisodeLength:
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if self.mode == "broadcast":
             return {self.key: {"value": self.own_average}} if self.shard_id == self.owner else {}
         if self.mode != "pooled":
@@ -132,7 +132,7 @@ class AverageEpisodeLength:
         return {self.key: {"count": w, "sum": w * self.own_average}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if self.mode == "local" or view is None or view.value is None:
             return
@@ -204,15 +204,15 @@ class PenaltyCurriculum:
         self.scale = self._clipped(float(value))
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         return {self.key: broadcast((), owner=self.owner)} if self.mode == "broadcast" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         return {self.key: {"value": self.scale}} if self.mode == "broadcast" and self.decides else {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if self.mode == "broadcast" and not self.decides and view is not None and view.value is not None:
             self.scale = float(view.parts()["value"])
@@ -269,12 +269,12 @@ class TerrainLevels:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         # where the shard's envs are now: a state, dropped on a fresh restart
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         merged = merge(self.num_levels, stale_after_s=self.stale_after_s, lifecycle="state")
         return {self.key: merged} if self.mode == "pooled" else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if self.mode != "pooled":
             return {}
         if on_device(self.levels):
@@ -294,7 +294,7 @@ class TerrainLevels:
         return self._device_reports
 
     def device_copies(self) -> dict[str, int]:
-        """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
+        """What the device copies of this term left undone (`copy_counts`)."""
         return copy_counts(self._device_reports)
 
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
@@ -306,7 +306,7 @@ class TerrainLevels:
 
     def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
         """On a CUDA device: the histogram copied to the host without waiting (the newest that has
-        landed, or nothing before the first has: :class:`~redisync.terms.torch.device.DeviceReports`)."""
+        landed, or nothing before the first has: `DeviceReports`)."""
         # (not bincount: on a device it reads the largest level back to size its output)
         source = torch.zeros(self.num_levels, device=self.levels.device, dtype=torch.float64)
         source.index_add_(0, self.levels, torch.ones_like(self.levels, dtype=torch.float64))
@@ -315,7 +315,7 @@ class TerrainLevels:
         return {} if got is None else {self.key: {"count": float(self.levels.numel()), "sum": got}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if self.mode != "pooled" or view is None or view.value is None:
             return

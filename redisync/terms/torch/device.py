@@ -6,11 +6,11 @@ directions go through pinned host buffers with ``non_blocking=True`` copies on t
 and a CUDA event recorded after each copy says, when queried on a later call (never waited on),
 whether the copy has landed:
 
-- :class:`DeviceReports`: a report is copied device-to-host when it is due and handed to the
+- `DeviceReports`: a report is copied device-to-host when it is due and handed to the
   syncer on a later call, once its event has completed: a report is at most one publish interval
   old, and a slot-replacing key (the sampler's EMA, the normaliser's moments, the level histogram)
-  loses nothing by that. :meth:`DeviceReports.settle` waits, for a flush or a stop only.
-- :class:`DeviceFleet`: a fleet state is written into a free pinned buffer and copied into the
+  loses nothing by that. `DeviceReports.settle` waits, for a flush or a stop only.
+- `DeviceFleet`: a fleet state is written into a free pinned buffer and copied into the
   term's device tensor in stream order, so the kernels queued after it (the CDF's rebuild) see it.
 
 Two buffers each way: a buffer is reused only once its event has completed. On the CPU neither is

@@ -181,7 +181,7 @@ class SyncedEmpiricalNormalization(nn.Module):
 
     def _prior_rules(self) -> bool:
         """On a device: whether a loaded checkpoint's count exceeds what the fleet and this shard hold
-        (then its moments stand in for the fleet's, as in :meth:`_set_from_pooled`), from the host's tally."""
+        (then its moments stand in for the fleet's, as in `_set_from_pooled`), from the host's tally."""
         c = self._counts
         return c["prior"] > c["others"] + c["own"]
 
@@ -191,7 +191,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         return (c["prior"] if self._prior_rules() else c["others"]) + c["own"]
 
     def _set_from_pooled_on_device(self) -> None:
-        """:meth:`_set_from_pooled` on a CUDA device: the branches on counts taken on the host's tally
+        """`_set_from_pooled` on a CUDA device: the branches on counts taken on the host's tally
         (the own batches' sizes, the fleet's count as pulled, a loaded checkpoint's), the moments by
         device kernels: nothing waits for the device."""
         n = self._n()
@@ -230,7 +230,7 @@ class SyncedEmpiricalNormalization(nn.Module):
     # ------------------------------------------------------------------ the seam
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         size = int(np.prod(self.shape))
         if self.mode == "pooled":
             return {self.key: merge(self.shape, sumsq=True, lifecycle="history")}
@@ -239,7 +239,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         return {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if on_device(self._own) and self.mode in ("pooled", "learner"):
             return self._device_report(settle=False)
         if self.mode == "pooled":
@@ -252,7 +252,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         return {}
 
     def device_copies(self) -> dict[str, int]:
-        """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
+        """What the device copies of this term left undone (`copy_counts`)."""
         return copy_counts(self._device_reports, self._device_fleet)
 
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
@@ -265,7 +265,7 @@ class SyncedEmpiricalNormalization(nn.Module):
     def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
         """On a CUDA device: the own count, Σ and Σ² (pooled) or the learner's mean, var and count,
         copied to the host without waiting (the newest copy that has landed, or nothing before the
-        first has: :class:`~redisync.terms.torch.device.DeviceReports`)."""
+        first has: `DeviceReports`)."""
         if self.mode == "learner" and not self.writer:
             return {}
         if self.mode == "pooled":
@@ -329,7 +329,7 @@ class SyncedEmpiricalNormalization(nn.Module):
             self._set(value[:size], value[size : 2 * size], round(float(value[-1])))
 
     def apply_shard_state(self, fleet: PullResult) -> None:
-        """Take in the fleet state as last pulled; local work only (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return

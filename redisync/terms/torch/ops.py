@@ -1,4 +1,4 @@
-"""The torch spelling of the operations the shared formulas (:mod:`redisync.terms.formulas`) need."""
+"""The torch spelling of the operations the shared formulas (`redisync.terms.formulas`) need."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 
 
 class TorchOps:
-    """:class:`~redisync.terms.formulas.ArrayOps` for torch tensors (the formulas are :mod:`redisync.terms.formulas`)."""
+    """`ArrayOps` for torch tensors (the formulas are `redisync.terms.formulas`)."""
 
     def cat(self, parts: Any, axis: Any) -> Any:
         """Concatenate ``parts`` along ``axis``."""

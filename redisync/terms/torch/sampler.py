@@ -17,7 +17,7 @@ one of two ways (``uniform_mix``):
 group, each with bins of its own. The EMA is one flat vector (the groups' bins end to end: the
 synced key), and every group's distribution is rebuilt at once on a padded ``[G, max bins]``
 grid; nothing loops over groups in Python. Pooling is per bin, so each group is pooled across the
-fleet whatever mix of groups each shard runs. :meth:`AdaptiveMotionSampler.sample_groups` draws
+fleet whatever mix of groups each shard runs. `AdaptiveMotionSampler.sample_groups` draws
 the group itself, weighted by its failure mass with a uniform floor.
 
 What sync changes is only *which* EMA feeds ``p``:
@@ -63,7 +63,7 @@ def frames_for_bins(bins: int, fps: int = FPS) -> int:
 
 
 class BinLayout(nn.Module):
-    """A :class:`~redisync.terms.formulas.BinGeometry` as non-persistent buffers, so that it moves with
+    """A `BinGeometry` as non-persistent buffers, so that it moves with
     its sampler (``.to(device)``) and adds nothing to a checkpoint."""
 
     bins: torch.Tensor
@@ -96,7 +96,7 @@ def grouped_probabilities(
     ema: torch.Tensor, layout: BinLayout, uniform_ratio: float, kernel: torch.Tensor, mix: UniformMix = "code"
 ) -> torch.Tensor:
     """Every group's start-bin distribution at once from the flat EMA (vectorised, on its device):
-    ``[G, width]`` (:func:`redisync.terms.formulas.grouped_probabilities`)."""
+    ``[G, width]`` (`redisync.terms.formulas.grouped_probabilities`)."""
     probs: torch.Tensor = formulas.grouped_probabilities(ema, layout, uniform_ratio, kernel, TORCH, mix)
     return probs
 
@@ -116,8 +116,8 @@ def _one_group(bins: int, device: str) -> BinLayout:
 class AdaptiveMotionSampler(nn.Module):
     """Adaptive start-frame sampling for one shard's envs, optionally synced through the store.
 
-    Call :meth:`record_failures` once per env step with the time steps and failure flags of the
-    envs being reset, :meth:`step` once per env step, and :meth:`sample` for the new start frames.
+    Call `record_failures` once per env step with the time steps and failure flags of the
+    envs being reset, `step` once per env step, and `sample` for the new start frames.
     With a sequence of ``num_frames`` (groups), pass each env's group to both.
 
     Args:
@@ -132,7 +132,7 @@ class AdaptiveMotionSampler(nn.Module):
         alpha: the EMA's rate per env step (BeyondMimic's 0.001).
         uniform_ratio: ε, the uniform share mixed into the start distribution.
         uniform_mix: ``"code"`` (BeyondMimic's code: ``ema + ε/B``) or ``"paper"`` (a fixed share ε).
-        group_uniform_ratio: the uniform floor when :meth:`sample_groups` draws a group.
+        group_uniform_ratio: the uniform floor when `sample_groups` draws a group.
         group_names: names for the groups in the metrics.
         worst_groups: how many of the sharpest and most drifted groups the metrics name.
         kernel_size: the smoothing kernel's width in bins (BeyondMimic's; 1: none).
@@ -148,7 +148,7 @@ class AdaptiveMotionSampler(nn.Module):
         fleet_shards: the shards of the fleet this one belongs to (torchrun's world size, the
             collectors of an async trainer); given, a ``local`` sampler warns once when its own EMA
             is a poor guide where the fleet's pooled one would be fair
-            (:class:`~redisync.terms.formulas.EmaWatch`).
+            (`EmaWatch`).
     """
 
     # buffers (they move with the module and the persistent ones are in its checkpoint)
@@ -370,7 +370,7 @@ class AdaptiveMotionSampler(nn.Module):
     def sample_bins(
         self, n: int, group_ids: torch.Tensor | None = None, *, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """Start bins for ``n`` envs, each inside its group (the first half of :meth:`sample`)."""
+        """Start bins for ``n`` envs, each inside its group (the first half of `sample`)."""
         probs = self.probabilities()
         if group_ids is None:
             self._single_group("sample")
@@ -395,7 +395,7 @@ class AdaptiveMotionSampler(nn.Module):
         return weights.to(self.bin_failed_count.dtype)
 
     def sample_groups(self, n: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Groups for ``n`` envs (a motion library's motion draw), from :meth:`group_probabilities`."""
+        """Groups for ``n`` envs (a motion library's motion draw), from `group_probabilities`."""
         return torch.multinomial(self.group_probabilities(), n, replacement=True, generator=generator)
 
     def metrics(self) -> dict[str, float]:
@@ -408,7 +408,7 @@ class AdaptiveMotionSampler(nn.Module):
         return {**out, **self._watch.metrics(self._group_masses())}  # (and, once, a local sampler's warning)
 
     def ema_statistics(self, pooled_with: Sequence[AdaptiveMotionSampler] = ()) -> dict[str, float]:
-        """The own failure EMA's statistics for its worst group (:meth:`~redisync.terms.formulas.EmaWatch.statistics`);
+        """The own failure EMA's statistics for its worst group (`statistics`);
         with ``pooled_with`` (samplers of the same layout, this one among them or not), those of the
         sum of their own EMAs and this one's: what a pooled EMA of them holds."""
         masses = self._group_masses()
@@ -438,7 +438,7 @@ class AdaptiveMotionSampler(nn.Module):
         return probs if self.grouped else probs[0]
 
     def fleet_metrics(self, fleet: PullResult) -> dict[str, float]:
-        """The learner's per-group view of the fleet's distributions, summarised like :meth:`metrics`."""
+        """The learner's per-group view of the fleet's distributions, summarised like `metrics`."""
         probs = self.fleet_probabilities(fleet)
         if probs is None:
             return {}
@@ -468,7 +468,7 @@ class AdaptiveMotionSampler(nn.Module):
     # ------------------------------------------------------------------ the seam
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         return ema_seam.declared(
             self.mode,
             self.key,
@@ -480,7 +480,7 @@ class AdaptiveMotionSampler(nn.Module):
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: :class:`~redisync.collector.seam.SyncedTerm`)."""
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if on_device(self.bin_failed_count):
             return self._device_report(settle=False)
         own = self.bin_failed_count.to("cpu", torch.float64, copy=True).numpy()  # one op: this runs on the hot path
@@ -510,7 +510,7 @@ class AdaptiveMotionSampler(nn.Module):
         return self._device_fleet
 
     def device_copies(self) -> dict[str, int]:
-        """What the device copies of this term left undone (:func:`~redisync.terms.torch.device.copy_counts`)."""
+        """What the device copies of this term left undone (`copy_counts`)."""
         return copy_counts(self._device_reports, self._device_fleet)
 
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
@@ -522,7 +522,7 @@ class AdaptiveMotionSampler(nn.Module):
 
     def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
         """On a CUDA device: [failures so far (weighted), the own EMA] copied to the host
-        without waiting (:class:`~redisync.terms.torch.device.DeviceReports`): the newest copy that has
+        without waiting (`DeviceReports`): the newest copy that has
         landed, or nothing before the first has."""
         if self.mode == "local" or (self.mode == "broadcast" and self.shard_id != self.owner):
             return {}
@@ -572,7 +572,7 @@ class AdaptiveMotionSampler(nn.Module):
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take the fleet's EMA in. A pooled or broadcast view is only kept here and turned into a
-        tensor when the sampler next reads it (:meth:`sampling_ema`, at the next sample): the reset
+        tensor when the sampler next reads it (`sampling_ema`, at the next sample): the reset
         boundary that calls this stays a swap."""
         view = fleet.keys.get(self.key)
         if view is None or view.value is None or self.mode == "local":
