@@ -82,6 +82,7 @@ EXTRA_OF = {
     "gymnasium": "study",
     "mujoco": "study",
     "prometheus_client": "monitoring",
+    "tensorboard": "monitoring",
 }
 
 
