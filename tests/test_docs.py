@@ -5,10 +5,8 @@ the README stays short and speaks of the product."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +91,6 @@ def _block_after(marker: str) -> str:
 
 
 def test_the_redis_cli_section_matches_what_the_store_writes(real_url):
-    import subprocess
 
     from redisync.store.schema import Schema, broadcast, merge
 
