@@ -365,3 +365,13 @@ def test_the_tensorboard_recipe_writes_the_syncers_metrics(backend, monkeypatch,
     published = [e.value for e in events.Scalars("redisync/publishes")]
     assert published == sorted(published)  # a counter (the sidecar's lags its reports by a status period)
     assert final["redisync/publishes"] >= max(published[-1], 1)
+
+
+def test_the_newcomers_shell_blocks_fit_beside_the_copy_button():
+    """The README's and getting-started's shell blocks keep comments on lines of their own and every
+    line within 80 characters: a comment at the end of a long line ran under the site's copy button."""
+    for page in (README, ROOT / "docs" / "getting-started.md"):
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in block.splitlines():
+                assert len(line) <= 80, f"{page.name}: {line}"
+                assert line.startswith("#") or " # " not in line, f"{page.name}: {line}"

@@ -152,7 +152,10 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> tuple[float, float]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    # two rows, so that a page's width shows it legibly: the distributions side by side, the distance below
+    fig = plt.figure(figsize=(11, 8.5))
+    grid = fig.add_gridspec(2, 2)
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
     bins = np.arange(cfg.bins)
     colors = plt.cm.tab10(np.arange(cfg.shards) % 10)
     for ax, sync in zip(axes[:2], (False, True), strict=False):
@@ -160,7 +163,7 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> tuple[float, float]
         for shard, p in sorted(ph.used[ph.last].items()):
             ax.plot(bins, p, color=colors[shard], lw=1.6, label=f"shard {shard}")
         ax.plot(bins, ph.pooled(ph.last), "k--", lw=2, label="pooled (unsharded)")
-        ax.set_title(f"sync {'ON' if sync else 'OFF'}: start-bin distributions at step {ph.last}")
+        ax.set_title(f"sync {'ON' if sync else 'OFF'}: start-bin distributions\nat step {ph.last}")
         ax.set_xlabel("motion bin (1 s each)")
         ax.set_ylabel("sampling probability")
         ax.legend(fontsize=8)
@@ -183,7 +186,7 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> tuple[float, float]
     ax.set_title("TV distance from the pooled distribution")
     ax.set_xlabel("env step")
     ax.set_yscale("log")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=8, ncol=4)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

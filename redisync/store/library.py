@@ -193,7 +193,13 @@ class Function:
             raise
 
     def send(self, target: Any, keys: list[str], args: list[Any]) -> Any:
-        """Call the function (loading the library first when the server lacks it)."""
+        """Call the function. On a Cluster, straight to the primary of the run's slot (every key of a
+        run shares it): left to redis-py, each call first asked another node (``COMMAND GETKEYS``,
+        with the whole payload) which keys it carries, so a run depended on an unrelated node."""
+        command = "FCALL_RO" if self.read_only else "FCALL"
+        if keys and hasattr(target, "get_node_from_key"):  # a RedisCluster (MOVED and ASK still followed)
+            node = target.get_node_from_key(keys[0])
+            return target.execute_command(command, self.name, len(keys), *keys, *args, target_nodes=node)
         call = target.fcall_ro if self.read_only else target.fcall
         return call(self.name, len(keys), *keys, *args)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,9 +25,13 @@ pytestmark = pytest.mark.integration  # starts redis-server processes of its own
 SCHEMA = Schema.of({"obs/norm": merge(3, sumsq=True, lifecycle="history"), "curriculum/scale": broadcast(())})
 
 
+NODES: list[RedisProcess] = []  # the module's cluster, for the tests that pause a node
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    nodes = []
+    nodes = NODES
+    nodes.clear()
     for i in range(3):
         d = tmp_path_factory.mktemp(f"node{i}")
         nodes.append(
@@ -124,3 +130,34 @@ def test_runs_live_in_one_slot_and_do_not_interfere(cluster):
     finally:
         a.delete()
         b.delete()
+
+
+def test_a_run_never_waits_on_an_unrelated_node(cluster):
+    """The client's default node paused (SIGSTOP: a stalled VM, a fork): a run whose slot another
+    primary serves publishes and pulls on, every call answered. redis-py asked the default node for each
+    FCALL's keys first (COMMAND GETKEYS), so every call of every run waited on that node."""
+    store = redisync.connect(cluster, run="probe", socket_timeout=2.0, socket_connect_timeout=2.0)
+    default = store.redis.get_default_node()
+    run = next(
+        name
+        for name in (f"cluster-detour-{i}" for i in range(200))
+        if store.redis.get_node_from_key(f"redisync:{{{name}}}:meta").name != default.name
+    )
+    store = redisync.connect(cluster, run=run, socket_timeout=2.0, socket_connect_timeout=2.0)
+    store.redis.set_default_node(default)
+    paused = next(n for n in NODES if default.name.endswith(f":{n.port}"))
+    try:
+        store.register(SCHEMA)
+        shard = store.shard(0)
+        report = {"obs/norm": {"count": 1, "sum": np.ones(3), "sumsq": np.ones(3)}}
+        shard.publish(report)  # (the library loaded on every primary, the shard claimed)
+        os.kill(paused.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(5):
+                assert shard.publish(report).status == "applied"
+            assert shard.pull() is not None
+            assert store.fleet().fleet_version == 6
+        finally:
+            os.kill(paused.proc.pid, signal.SIGCONT)
+    finally:
+        store.delete()

@@ -519,7 +519,10 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     primary = {c["name"]: c for c in results["analysis"]["primary"]}
     secondary = {c["name"]: c for c in results["analysis"]["secondary"]}
     page = (root / "docs" / "study.md").read_text()
-    summary = " ".join(page[page.index("# Does drift hurt training?") : page.index("How it was asked.")].split())
+    summary = " ".join(page[page.index("# Does drift hurt training?") : page.index("## Bring your own env")].split())
+    # in the order a reader asks: the question, the answers, how we know, then the history
+    heads = ["## The question", "## What the studies answered", "## How we know", "## Earlier answers, newest first"]
+    assert [page.index(h) for h in heads] == sorted(page.index(h) for h in heads)
 
     def interval(c):
         return f"{c['mean']:+.2f} [{c['lo']:+.2f}, {c['hi']:+.2f}]".replace("-", "−")
