@@ -185,11 +185,19 @@ def connect(
             process, for one process or a test).
         run: the run's name; every key of a run carries it as a hash tag (one Cluster slot per run).
         wait_replicas: a publish counts as done only once this many replicas hold it (``WAIT``):
-            with it, a failover never loses an acknowledged report.
+            with it, a failover never loses an acknowledged report. Refused with a Cluster URL
+            (``ConfigurationError``): there, ``WAIT`` would not reach the run's primary.
         wait_timeout_ms: how long that ``WAIT`` may take before the publish is refused.
         redis_kwargs: passed to redis-py's client (``socket_timeout``, ``ssl_ca_certs``, ...).
     """
     url = url if url is not None else os.environ.get(ENV_URL) or None
+    if wait_replicas and url and url.startswith(CLUSTER):
+        raise errors.ConfigurationError(
+            f"wait_replicas={wait_replicas} with a Cluster URL ({masked_url(url)}): WAIT counts the writes of the "
+            "connection it is sent on, and a Cluster client sends it to another node than the run's primary, so "
+            "it would acknowledge nothing it waited for; use a Sentinel URL for acknowledged replication, or "
+            "leave wait_replicas at 0"
+        )
     store = Store(redis_client(url, **redis_kwargs), run, url=url or EMBEDDED)
     store.wait_replicas, store.wait_timeout_ms = wait_replicas, wait_timeout_ms
     if url:  # what another process needs to open the same store (a sidecar)
@@ -264,6 +272,13 @@ def _translated(method: Any) -> Any:
             raise _denied(self, e) from e
         except (redis.ConnectionError, redis.TimeoutError) as e:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
+        except (
+            redis.exceptions.ClusterError,  # the cluster down (a primary failing over), redirects exhausted
+            redis.exceptions.TryAgainError,  # a slot migrating
+            redis.exceptions.SlotNotCoveredError,  # a slot no live node serves (while the topology settles)
+        ) as e:  # a Cluster partly down: unavailable for this run, retried as any outage
+            self._forget_connections()
+            raise errors.ConnectionUnavailable(f"{self.url}: the Cluster cannot serve run {self.run!r} now: {e}") from e
         except (redis.exceptions.ReadOnlyError, redis.exceptions.BusyLoadingError) as e:  # a failover's passing states
             self._forget_connections()
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e

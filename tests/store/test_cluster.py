@@ -161,3 +161,38 @@ def test_a_run_never_waits_on_an_unrelated_node(cluster):
             os.kill(paused.proc.pid, signal.SIGCONT)
     finally:
         store.delete()
+
+
+def test_wait_replicas_is_refused_with_a_cluster_url(cluster):
+    """WAIT would go to another node than the run's primary and acknowledge nothing it waited for (a
+    publish returned 'applied' with the run's replica paused): refused at connect(), saying why."""
+    with pytest.raises(redisync.errors.ConfigurationError, match="wait_replicas=1 with a Cluster URL"):
+        redisync.connect("redis+cluster://127.0.0.1:7000", run="r", wait_replicas=1)
+    assert redisync.connect(cluster, run="r").wait_replicas == 0
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+        redis.exceptions.ClusterError("TTL exhausted."),
+        redis.exceptions.SlotNotCoveredError("Slot 1234 is not covered by the cluster."),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_cluster_partly_down_is_store_unavailable(cluster, failure, monkeypatch):
+    """While a primary fails over, the Cluster answers CLUSTERDOWN, TRYAGAIN or MOVED storms: a
+    collector's worker must read that as the store being unavailable (typed, retried), not an untyped
+    worker error."""
+    store = redisync.connect(cluster, run="partly-down")
+
+    def down(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(store.redis, "hget", down)
+    monkeypatch.setattr(store.redis, "execute_command", down)
+    with pytest.raises(redisync.errors.ConnectionUnavailable, match="cannot serve run 'partly-down'"):
+        store.registered()
+    with pytest.raises(redisync.errors.ConnectionUnavailable):
+        store.shard(0).pull()
