@@ -84,3 +84,29 @@ def test_every_public_name_of_the_package_says_what_it_is():
 
         walk(tree, "")
     assert not missing, "\n".join(missing)
+
+
+def test_a_hung_test_ends_the_run_instead_of_waiting_out_ci(tmp_path):
+    """pyproject's per-test timeout is in force (pytest-timeout, the thread method): a test that hangs
+    is stopped with every thread's stack printed. Unknown markers are refused (--strict-markers)."""
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hangs():\n    time.sleep(60)\n")
+    (tmp_path / "test_typo.py").write_text("import pytest\n\n@pytest.mark.integraton\ndef test_typo():\n    pass\n")
+    base = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        str(ROOT / "pyproject.toml"),
+        "--rootdir",
+        str(tmp_path),
+    ]
+    hung = subprocess.run(
+        [*base, "-o", "timeout=2", str(tmp_path / "test_hang.py")], capture_output=True, text=True, timeout=120
+    )
+    assert hung.returncode != 0
+    assert "Timeout" in hung.stdout + hung.stderr
+    typo = subprocess.run([*base, str(tmp_path / "test_typo.py")], capture_output=True, text=True, timeout=120)
+    assert typo.returncode != 0
+    assert "'integraton' not found in `markers` configuration option" in typo.stdout + typo.stderr

@@ -623,9 +623,6 @@ class Syncer:
             return True
         return self._announced > known.fleet_version or self._announced_epoch not in (None, known.epoch)
 
-    def _known_version(self) -> int:
-        return self.shard.known.fleet_version if self.shard.known is not None else -1
-
     def _reseed(self) -> None:
         """The store lost the run: register again and re-publish our latest cumulative reports."""
         log.warning("run %r lost by the store: re-seeding from shard %d", self.store.run, self.shard.shard_id)
