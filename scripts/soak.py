@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import redisync
+from redisync import redis_server
 from redisync.collector.workers import new_syncer
 from redisync.lifeline import popen, spawn
 from redisync.store.schema import merge
@@ -122,22 +123,8 @@ class Server:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = popen(  # SIGTERMed when the soak dies, even when restarted by the fault thread
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        # SIGTERMed when the soak dies, even when restarted by the fault thread
+        self.proc = popen(redis_server.command(self.port, self.dir), stdout=subprocess.DEVNULL)
         for _ in range(200):
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()

@@ -15,6 +15,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from redisync import redis_server
+from redisync.lifeline import popen
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -55,22 +58,9 @@ class RedisProcess:
 
     def start_authenticated(self, username: str | None, password: str | None) -> RedisProcess:
         """Start, then wait until ``username`` (None: the default user) gets a PONG."""
-        # with a config file, its persistence settings hold; without one, nothing touches the disk
-        base = [str(self.conf)] if self.conf else ["--save", "", "--appendonly", "no"]
-        cmd = [
-            "redis-server",
-            *base,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.workdir),
-            "--daemonize",
-            "no",
-            *self.args,
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd = redis_server.command(self.port, self.workdir, *self.args, conf=self.conf)
+        # (it dies with the test process: a killed test run leaves no server behind)
+        self.proc = popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(
             port=self.port,
             username=username,

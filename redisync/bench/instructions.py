@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import redis_server
 from ..errors import RedisyncError
 from ..lifeline import popen
 from ..store.client import connect
@@ -59,17 +60,7 @@ class CountingServer:
                 "--collect-atstart=no",
                 "--toggle-collect=readQueryFromClient",
                 f"--callgrind-out-file={self.dir}/cg.%p",
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
+                *redis_server.command(self.port, self.dir),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
