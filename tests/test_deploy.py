@@ -16,7 +16,7 @@ from redis.retry import Retry
 import redisync
 from redisync.store.schema import Schema, merge
 
-from .servers import RedisProcess, free_port
+from .servers import RedisProcess, free_cluster_port, free_port
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
@@ -176,3 +176,20 @@ def test_the_deploy_guides_steps_run_and_every_role_does_its_part(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_redis_cluster_conf_runs_a_cluster_node_that_keeps_other_slots_serving(tmp_path, monkeypatch):
+    """deploy/redis-cluster.conf (redis.conf's settings included), started from the clone's root as its
+    header says, runs a cluster node that keeps serving the slots it has while others have no primary,
+    and refuses reads of a slot that is down."""
+    monkeypatch.chdir(CONF.parents[1])
+    server = RedisProcess(tmp_path, free_cluster_port(), conf=CONF.parent / "redis-cluster.conf").start()
+    try:
+        cfg = redis.Redis(port=server.port).config_get("*")
+        assert cfg["cluster-enabled"] == "yes"
+        assert cfg["cluster-require-full-coverage"] == "no"
+        assert cfg["cluster-allow-reads-when-down"] == "no"
+        assert cfg["appendonly"] == "yes"  # redis.conf's durability, included
+        assert cfg["maxmemory-policy"] == "noeviction"
+    finally:
+        server.kill()
