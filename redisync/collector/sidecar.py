@@ -61,6 +61,7 @@ from .. import errors
 from ..store.client import Store, connect
 from ..store.codec import KeyView, PullResult
 from ..store.schema import Limits, Schema, encode_reports, plain_numbers
+from ..store.semantics import REPORT_PARTS
 from .mailbox import (
     DONE,
     FLUSH,
@@ -106,7 +107,7 @@ class ReportCodec:
     """Reports as tagged float64 vectors for the outbox: the tag names the key (its index in the
     schema) and the part; the sidecar gives them back their shapes from the schema."""
 
-    PARTS = ("count", "sum", "sumsq", "value")
+    PARTS = REPORT_PARTS  # the semantics' parts: a tag is key index × len(PARTS) + part index
 
     def __init__(self, schema: Schema):
         self.schema = schema
@@ -118,7 +119,7 @@ class ReportCodec:
         a tensor travels without its autograd graph (`plain_numbers`)."""
         try:
             return [
-                (self.index[name] * 4 + self.PARTS.index(part), plain_numbers(value))
+                (self.index[name] * len(self.PARTS) + self.PARTS.index(part), plain_numbers(value))
                 for name, report in reports.items()
                 for part, value in report.items()
                 if value is not None
@@ -134,7 +135,7 @@ class ReportCodec:
         """The reports back from the flat vectors `encode` made."""
         reports: dict[str, dict[str, Any]] = {}
         for tag, flat in vectors:
-            name, part = self.names[tag // 4], self.PARTS[tag % 4]
+            name, part = self.names[tag // len(self.PARTS)], self.PARTS[tag % len(self.PARTS)]
             reports.setdefault(name, {})[part] = self.shaped(name, part, flat)
         return dict(reports)
 

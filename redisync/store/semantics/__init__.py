@@ -27,9 +27,15 @@ from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
 KeySpec = Annotated[BroadcastSpec | MergeSpec | MaximumSpec, Field(discriminator="semantics")]
 Report = BroadcastReport | MergeReport | MaximumReport
 SEMANTICS: dict[str, type[SpecBase]] = {"broadcast": BroadcastSpec, "merge": MergeSpec, "maximum": MaximumSpec}
+# every part a report of any semantics may carry, each once (from the report models: a new semantics'
+# parts travel through the sidecar's mailbox with nothing else to change)
+REPORT_PARTS: tuple[str, ...] = tuple(
+    dict.fromkeys(part for model in (BroadcastReport, MergeReport, MaximumReport) for part in model.model_fields)
+)
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
+    "REPORT_PARTS",
     "SEMANTICS",
     "BroadcastReport",
     "BroadcastSpec",
