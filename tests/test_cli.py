@@ -807,3 +807,12 @@ def test_the_live_view_fits_80_columns(cli_url):
         assert "2: obs/norm" in text
     finally:
         store.delete()
+
+
+def test_watch_count_bounds_the_waiting_too(real_url):
+    """`watch --count 2` on a run nobody registers ends after two refreshes, saying what it waited for
+    (it used to wait for ever: only drawn frames were counted)."""
+    run = f"cli-never-{uuid.uuid4().hex[:8]}"
+    out = cli("watch", "--url", real_url, "--run", run, "--count", "2", "--interval", "0.1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count(f"waiting for run {run!r}") == 1
