@@ -282,3 +282,15 @@ def test_the_warning_fires_on_every_shard_of_the_second_follow_ups_128_env_arm_a
         assert len(run[0]) == 8
         assert all(any(shard) for shard in zip(*run, strict=True))  # every shard, at some record
     assert not any(w for run in single for row in run for w in row)
+
+
+def test_both_samplers_take_the_state_keys_lease_grace():
+    """The torch and the numpy sampler declare their failure EMA with the grace they are given (each
+    took it from its own defaults only, the torch one with no way to change it)."""
+    from redisync.terms.numpy.sampler import AdaptiveMotionSampler as NumpySampler
+    from redisync.terms.torch.sampler import AdaptiveMotionSampler as TorchSampler
+
+    numpy_spec = NumpySampler(100, 0.02, lease_grace_s=3.0).state.schema_entries()["motion/bin_failed"]
+    torch_spec = TorchSampler(100, 0.02, lease_grace_s=3.0).schema_entries()["motion/bin_failed"]
+    assert numpy_spec.lease_grace_s == torch_spec.lease_grace_s == 3.0
+    assert NumpySampler(100, 0.02, lease_grace_s=None).state.schema_entries()["motion/bin_failed"].lease_grace_s is None

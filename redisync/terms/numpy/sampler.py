@@ -138,6 +138,7 @@ class AdaptiveMotionSampler:
         kernel_lambda: float = 0.8,
         stale_after_s: float | None = None,
         lifecycle: Lifecycle = "state",
+        lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
         dtype: Any = np.float32,
         ema: NDArray[Any] | None = None,
         cdf: NDArray[Any] | None = None,
@@ -169,6 +170,7 @@ class AdaptiveMotionSampler:
             owner=owner,
             stale_after_s=stale_after_s,
             lifecycle=lifecycle,
+            lease_grace_s=lease_grace_s,
         )
         self._built_from: NDArray[Any] | None = None
         self.rebuild()
