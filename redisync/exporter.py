@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from .errors import RedisyncError
 from .inspection import LEASE_STATES, SampledDistance, describe_run, drift, list_runs, shard_leases, shard_reports
 from .store.client import Store, connect, server_time_us
+from .store.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class FleetCollector(Collector):
     def __init__(self, url: str, runs: tuple[str, ...] = ()):
         self.url, self.runs = url, runs
         self._client = connect(url, run="_exporter").redis
+        self._stores: dict[str, tuple[Any, Store]] = {}  # per run: (its epoch, its store), kept across scrapes
         self._sampled: dict[str, tuple[str, SampledDistance]] = {}  # per run: its epoch's fleet states seen
         self._said = ""  # the last failure logged (each new one is logged once)
 
@@ -92,8 +94,18 @@ class FleetCollector(Collector):
             name: CounterMetricFamily(name, METRICS[name], labels=["run", "key"])
             for name in ("redisync_key_dropped_lapsed", "redisync_key_dropped_stale")
         }
-        for run in self.runs or tuple(list_runs(self._client)):
-            self._run(connect(self.url, run=run), g, c)
+        runs = self.runs or tuple(list_runs(self._client))
+        for run in set(self._stores) - set(runs):  # a run deleted since: its client goes too
+            self._stores.pop(run)[1].redis.close()
+        for run in runs:
+            # a store per run, kept (a scrape opens no connection pool) until the run's epoch changes: a run
+            # registered again may hold another schema
+            epoch = self._client.hget(RunKeys(run).meta, "epoch")
+            if run not in self._stores or self._stores[run][0] != epoch:
+                if run in self._stores:
+                    self._stores[run][1].redis.close()
+                self._stores[run] = (epoch, connect(self.url, run=run))
+            self._run(self._stores[run][1], g, c)
         return [*g.values(), *c.values()]
 
     def _run(self, store: Store, g: dict[str, GaugeMetricFamily], c: dict[str, CounterMetricFamily]) -> None:

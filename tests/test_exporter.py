@@ -243,3 +243,31 @@ def test_the_monitoring_guide_lists_every_metric_with_its_help():
     for row in rows:
         name = row.split("`")[1].removesuffix("_total")
         assert row.rstrip(" |").endswith(METRICS[name]), row
+
+
+def test_a_run_registered_again_with_another_schema_is_read_with_its_new_schema(real_url):
+    """The exporter keeps a store per run across scrapes; a run lost and registered again (a new epoch)
+    may hold other keys, which the next scrape must read, not the old schema's."""
+    import uuid
+
+    from redisync.exporter import FleetCollector
+
+    run = f"exporter-again-{uuid.uuid4().hex[:8]}"
+    store = redisync.connect(real_url, run=run)
+
+    def keys_seen(collector) -> set[str]:
+        families = {f.name: f for f in collector.collect()}
+        assert families["redisync_store_up"].samples[0].value == 1.0
+        return {s.labels["key"] for s in families["redisync_key_dropped_lapsed"].samples}
+
+    try:
+        store.register(Schema.of({"old/key": merge(2, lifecycle="history")}))
+        store.shard(0).publish({"old/key": {"count": 1.0, "sum": [1.0, 2.0]}})
+        collector = FleetCollector(real_url, (run,))
+        assert keys_seen(collector) == {"old/key"}
+        store.delete()
+        again = redisync.connect(real_url, run=run)
+        again.register(Schema.of({"new/key": merge(3, lifecycle="history")}))
+        assert keys_seen(collector) == {"new/key"}
+    finally:
+        redisync.connect(real_url, run=run).delete()
