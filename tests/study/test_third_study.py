@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -74,21 +73,11 @@ def test_the_pipeline_runs_resumes_and_reports_from_its_saved_runs(tmp_path, mon
     run saved with its provenance, a second call trains nothing, --report-only renders the same."""
     from redisync.study import study
     from redisync.study import third_study as t
-    from redisync.study.learner import SACConfig
 
-    tiny = replace(
-        t.CONFIG,
-        shards=2,
-        envs_per_shard=8,
-        env_steps=1_024,
-        learning_starts=512,
-        eval_every=1_024,
-        drift_every=512,
-        eval_rollouts=1,
-        task=replace(t.CONFIG.task, bins=4, skill_segments=1),
-        sac=SACConfig(hidden=16, batch_size=32, buffer_size=2_048),
-    )
-    monkeypatch.setattr(t, "CONFIG", tiny)
+    from .tiny import tiny
+
+    small = tiny(t.CONFIG, env_steps=1_024, envs_per_shard=8, bins=4, hidden=16, batch_size=32)
+    monkeypatch.setattr(t, "CONFIG", small)
     monkeypatch.setattr(t, "GATE_SEEDS", (1, 2))
     monkeypatch.setattr(t, "SEEDS", (3, 4))
     real_gate = study.gate

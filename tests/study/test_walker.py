@@ -95,24 +95,12 @@ def test_the_same_seed_steps_the_same_walkers():
 
 def test_the_walker_plugs_into_the_study_as_an_env(tmp_path):
     """``--env redisync.study.walker:make_env``: a short run of the study's own pipeline trains on it."""
-    from dataclasses import replace
-
     from redisync.study.fleet import StudyConfig, run_arm
-    from redisync.study.learner import SACConfig
     from redisync.study.study import load_env_factory
 
-    cfg = replace(
-        StudyConfig().smoke(),
-        shards=2,
-        env_steps=2_048,
-        learning_starts=1_024,
-        eval_every=2_048,
-        drift_every=1_024,
-        envs_per_shard=16,
-        eval_rollouts=1,
-        task=_task(bins=6, skill_segments=1),
-        sac=SACConfig(hidden=32, batch_size=64, buffer_size=4_096),
-    )
+    from .tiny import tiny
+
+    cfg = tiny(StudyConfig().smoke(), env_steps=2_048, envs_per_shard=16, bins=6, hidden=32, batch_size=64)
     make_env = load_env_factory("redisync.study.walker:make_env", cfg)
     run = run_arm(cfg, "pooled", 1, None, make_env)
     assert run["curve"][-1]["env_steps"] >= 2_048
