@@ -39,6 +39,7 @@ METRICS = {
     "redisync_shard_sampled_tv": "total-variation distance of what the shard samples from the pooled distribution now",
     "redisync_key_dropped_lapsed": "slots this key dropped because their shard's lease lapsed",
     "redisync_key_dropped_stale": "slots this key dropped because they were older than its stale_after_s",
+    "redisync_slot_stale": "1 where a shard's slot of a key is older than the key's stale_after_s (it leaves a state key at the next fold)",
 }
 
 
@@ -88,6 +89,7 @@ class FleetCollector(Collector):
                 ("redisync_shard_versions_behind", METRICS["redisync_shard_versions_behind"], ["run", "shard"]),
                 ("redisync_shard_unsynced_tv", METRICS["redisync_shard_unsynced_tv"], ["run", "shard", "key"]),
                 ("redisync_shard_sampled_tv", METRICS["redisync_shard_sampled_tv"], ["run", "shard", "key"]),
+                ("redisync_slot_stale", METRICS["redisync_slot_stale"], ["run", "shard", "key"]),
             )
         }
         c = {
@@ -142,6 +144,8 @@ class FleetCollector(Collector):
                 if tv is not None:
                     g["redisync_shard_sampled_tv"].add_metric([run, str(shard), key], tv)
         for row in about["keys"]:
+            for slot in row.get("slots", ()):  # (merge keys: only a key with stale_after_s has stale slots)
+                g["redisync_slot_stale"].add_metric([run, str(slot["shard"]), row["key"]], float(slot["stale"]))
             if "dropped_lapsed" in row:
                 c["redisync_key_dropped_lapsed"].add_metric([run, row["key"]], row["dropped_lapsed"])
                 c["redisync_key_dropped_stale"].add_metric([run, row["key"]], row["dropped_stale"])

@@ -65,6 +65,7 @@ def _fleet(url: str):
             {
                 "motion/bin_failed": merge(8, lifecycle="state", lease_grace_s=None),
                 "obs/norm": merge(2, lifecycle="history", sumsq=True),
+                "curriculum/rate": merge(1, lifecycle="state", stale_after_s=0.2),
             }
         )
     )
@@ -78,9 +79,10 @@ def _fleet(url: str):
                 "obs/norm": {"count": 4.0, "sum": rng.random(2), "sumsq": 1 + rng.random(2)},
             }
         )
+    shards[1].publish({"curriculum/rate": {"count": 1.0, "sum": [0.5]}})  # once: stale 0.2 s later, for good
     store.lease(1, shards[1].incarnation, 1)
     store.lease(2, shards[2].incarnation, 0)
-    time.sleep(0.05)
+    time.sleep(0.3)  # past shard 1's 1 ms lease and curriculum/rate's stale_after_s
     store.lease(0, shards[0].incarnation, 600_000)  # (the run's clock moves past shard 1's lease)
     shards[0].publish({"motion/bin_failed": {"count": 1.0, "sum": rng.random(8)}})
     return redisync.connect(url.format("inspector"), run=RUN), shards[0]
@@ -125,6 +127,11 @@ def test_a_scrape_of_a_live_fleet_says_what_the_store_holds(tmp_path):
             meta.get("dropped_lapsed", 0)
         )
         assert value("redisync_key_dropped_stale_total", run=RUN, key="obs/norm") == 0.0
+        # a slot past its key's stale_after_s (no fold of the key since), and slots of a key without one
+        assert value("redisync_slot_stale", run=RUN, shard="1", key="curriculum/rate") == 1.0
+        assert {value("redisync_slot_stale", run=RUN, shard=str(s), key="motion/bin_failed") for s in (0, 1, 2)} == {
+            0.0
+        }
         # what a shard samples needs a fleet state the exporter saw, at or below the one the shard had
         # seen: shard 0 takes the state just scraped, then reports
         assert not any(name == "redisync_shard_sampled_tv" for name, _ in got)
