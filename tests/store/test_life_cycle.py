@@ -590,8 +590,9 @@ def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
             syncer.on_step()
             other.publish({"obs/n": {"count": i + 1, "sum": [1.0, 1.0]}})
             time.sleep(0.1)
-        assert wait_for(lambda: syncer.at_reset_boundary() or term.fleet == 5.0)
-        assert term.fleet == 5.0  # the view follows the store although our publishes fail
+        # (not `at_reset_boundary() or ...`: that stopped at the first state applied, 4 on a loaded machine)
+        assert wait_for(lambda: (syncer.at_reset_boundary(), term.fleet)[1] == 5.0)  # the view follows the store
+
         assert syncer.health()["ok"] is False
         assert "OOM" in syncer.health()["error"]
         assert syncer.metrics()["redisync/healthy"] == 0.0
