@@ -1,7 +1,8 @@
-"""Where a fold's instructions go: the server's count of a fold cut short at each stage of fold.lua.
+"""Where a fold's instructions go: the server's count of a fold cut short at each stage of it.
 
-Each stage is a copy of fold.lua that returns just before one of its landmarks (a line found by its
-text, so the script follows fold.lua as it changes); a stage's cost is the difference between two
+A fold runs fold.lua (the envelope) and, for a merge key, semantics/merge.lua. Each stage is a copy
+of the two that returns just before one of their landmarks (a line found by its text, so the script
+follows the Lua as it changes); a stage's cost is the difference between two
 consecutive cuts. Counted as ``redisync bench --instructions`` counts (a redis-server of its own under
 callgrind, request handling only), on the same workload: one merge key of N values, every slot live,
 folds by shard 0, averaged over enough folds to include Lua's garbage-collector steps (four times the
@@ -9,9 +10,9 @@ benchmark's: where a collection step lands moves a stage by a few thousand). The
 is sent directly (the client would read a cut reply as an error), with the arguments ``publish()``
 sends.
 
-    python scripts/fold_stages.py [--values 64] [--slots 1] [--folds N] [--fold path/to/fold.lua] [--whole]
+    python scripts/fold_stages.py [--values 64] [--slots 1] [--folds N] [--lua path/to/lua] [--whole]
 
-(``--fold``: another version of the script, e.g. ``git show <commit>:redisync/store/lua/fold.lua``, to
+(``--lua``: another version's Lua folder, e.g. ``git archive <commit> redisync/store/lua | tar -x``, to
 set a change beside the one before it; ``--whole``: the whole fold only, no stages.)
 """
 
@@ -39,7 +40,7 @@ LANDMARKS = (
     ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),
     ("local t = redis.call('TIME')", "payload size"),
     ("epoch = meta[1]", "TIME and the restart check (the server's identity)"),
-    ("local bad = check_key(", "the key's declaration and state (HMGET) and shape"),
+    ("local bad = module.check(", "the key's declaration and state (HMGET) and shape"),
     ("-- What the fold reads of the data hash", "merge: the writers and the live slots"),
     ("local agg, why, of_agg = fold_values(", "merge: the reads, the proof of stored sums, the tree"),
     ("local cut = 8 * count_size", "the fused pass over the values"),
@@ -50,22 +51,39 @@ LANDMARKS = (
 )
 
 
-def cut_before(source: str, landmark: str | None) -> str:
-    """fold.lua returning {'cut'} just before the one line that starts (indentation aside) with ``landmark``."""
+# the files a fold runs, by their path under lua/
+FILES = ("fold.lua", "semantics/merge.lua")
+
+
+def cut_before(sources: dict[str, str], landmark: str | None) -> dict[str, str]:
+    """The fold's files with the one that holds ``landmark`` returning {'cut'} just before the one
+    line that starts (indentation aside) with it."""
     if landmark is None:
-        return source
-    lines = source.split("\n")
-    at = [i for i, line in enumerate(lines) if line.lstrip().startswith(landmark)]
+        return dict(sources)
+    at = [
+        (path, i)
+        for path, text in sources.items()
+        for i, line in enumerate(text.split("\n"))
+        if line.lstrip().startswith(landmark)
+    ]
     if len(at) != 1:
-        raise SystemExit(f"fold.lua has {len(at)} lines starting with {landmark!r}: update LANDMARKS")
-    return "\n".join([*lines[: at[0]], "do return {'cut'} end", *lines[at[0] :]])
+        raise SystemExit(f"the fold's Lua has {len(at)} lines starting with {landmark!r}: update LANDMARKS")
+    path, i = at[0]
+    lines = sources[path].split("\n")
+    return dict(sources) | {path: "\n".join([*lines[:i], "do return {'cut'} end", *lines[i:]])}
 
 
-def cut_library(client, landmark: str | None, source: str, n: int) -> Library:
-    """The library with fold.lua cut before ``landmark``, loaded under a name of its own."""
-    library = Library(client, name=f"redisync_cut{n}", version="cut", edit={"fold": cut_before(source, landmark)})
+def cut_library(client, landmark: str | None, sources: dict[str, str], n: int) -> Library:
+    """The library with the fold cut before ``landmark``, loaded under a name of its own."""
+    library = Library(client, name=f"redisync_cut{n}", version="cut", edit=cut_before(sources, landmark))
     library.load()
     return library
+
+
+def fold_sources(folder: Path | None = None) -> dict[str, str]:
+    """The fold's files, from ``folder`` (another version's lua/) or the package's."""
+    read = (lambda p: (folder / p).read_text()) if folder else (lambda p: library._LUA.joinpath(p).read_text())
+    return {path: read(path) for path in FILES}
 
 
 def captured_fold(store, values: int, slots: int) -> tuple[list, list]:
@@ -85,7 +103,7 @@ def captured_fold(store, values: int, slots: int) -> tuple[list, list]:
 
 
 def stage_costs(
-    values: int, slots: int, folds: int, source: str, landmarks: tuple = LANDMARKS
+    values: int, slots: int, folds: int, source: dict[str, str], landmarks: tuple = LANDMARKS
 ) -> list[tuple[str, float]]:
     server = CountingServer()
     out, before = [], 0.0
@@ -117,13 +135,13 @@ def main() -> None:
     parser.add_argument("--values", type=int, default=64)
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--folds", type=int, default=None, help="folds averaged per stage (4 x the benchmark's)")
-    parser.add_argument("--fold", default=None, help="the fold.lua to cut (the package's by default)")
+    parser.add_argument("--lua", default=None, help="the lua/ folder to cut (the package's by default)")
     parser.add_argument("--whole", action="store_true", help="the whole fold only, no stages")
     a = parser.parse_args()
-    source = Path(a.fold).read_text() if a.fold else library._LUA.joinpath("fold.lua").read_text()
+    source = fold_sources(Path(a.lua) if a.lua else None)
     landmarks = ((None, "the whole fold"),) if a.whole else LANDMARKS
     costs = stage_costs(a.values, a.slots, a.folds or 4 * folds_for(a.values), source, landmarks)
-    print(f"instructions per fold by stage of fold.lua, {a.values} values, {a.slots} slot(s) live, shard 0 folding")
+    print(f"instructions per fold by stage, {a.values} values, {a.slots} slot(s) live, shard 0 folding")
     for what, n in costs:
         print(f"{n:>10,.0f}  {what}")
     if len(costs) > 1:

@@ -1,13 +1,13 @@
-"""Writes the generated stretches of ``redisync/store/lua/fold.lua``: the constants it shares with
-``redisync/store/semantics/merge.py`` (SUB, SUBS, LAYOUT: Python is their one source), and the
-unrolled ``join64`` and ``fold_values``.
+"""Writes the generated stretches of the fold's Lua: in ``redisync/store/lua/semantics/merge.lua`` the
+constants it shares with ``redisync/store/semantics/merge.py`` (SUB, SUBS, LAYOUT: Python is their one
+source) and the unrolled ``fold_values``, in ``redisync/store/lua/shared.lua`` the unrolled ``join64``.
 
 The fused pass holds BLOCK (32) values of every input in local variables, so its Lua is written out
-in full rather than looped; this script is where that text comes from. In fold.lua each stretch
+in full rather than looped; this script is where that text comes from. In its file each stretch
 stands between ``-- BEGIN GENERATED <name>`` and ``-- END GENERATED <name>`` markers.
 
-    python scripts/generate_fold_pass.py --write   # rewrite the stretches in fold.lua in place
-    python scripts/generate_fold_pass.py --check   # fail when fold.lua's stretches differ (run by the tests)
+    python scripts/generate_fold_pass.py --write   # rewrite the stretches in place
+    python scripts/generate_fold_pass.py --check   # fail when a stretch differs (run by the tests)
 
 Why the block is 32 values wide and not wider: Lua 5.1 allows at most 200 local variables in one
 function, and ``fold_values`` holds five blocks of them at once (p, c, r, a, b: 5 × 32 = 160, plus its
@@ -212,7 +212,8 @@ SECTIONS = {
     "join64": "local function join64(t, i)\n  return\n" + ops + "\nend",
     "fold_values": "\n".join(out),
 }
-FOLD = Path(__file__).resolve().parents[1] / "redisync/store/lua/fold.lua"
+LUA = Path(__file__).resolve().parents[1] / "redisync/store/lua"
+FILES = {"constants": "semantics/merge.lua", "join64": "shared.lua", "fold_values": "semantics/merge.lua"}
 MARK = "-- {} GENERATED {}"
 NOTE = "-- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)"
 
@@ -221,31 +222,35 @@ def stretch(text: str, name: str) -> tuple[int, int]:
     """Where the generated lines of ``name`` start and end in ``text`` (between its markers)."""
     begin, end = MARK.format("BEGIN", name), MARK.format("END", name)
     if text.count(begin) != 1 or text.count(end) != 1:
-        sys.exit(f"fold.lua must hold exactly one {begin!r} and one {end!r} line")
+        sys.exit(f"{FILES[name]} must hold exactly one {begin!r} and one {end!r} line")
     start = text.index("\n", text.index(begin)) + 1
     start = text.index("\n", start) + 1  # past the note
     return start, text.index(end)
 
 
-def written(text: str) -> str:
-    """``text`` with every generated stretch replaced by what this script writes."""
-    for name, section in SECTIONS.items():
+def written(text: str, names: list[str]) -> str:
+    """``text`` with each generated stretch of ``names`` replaced by what this script writes."""
+    for name in names:
         start, end = stretch(text, name)
-        text = text[:start] + section + "\n" + text[end:]
+        text = text[:start] + SECTIONS[name] + "\n" + text[end:]
     return text
 
 
 if __name__ == "__main__":
-    fold = FOLD.read_text()
+    texts = {path: (LUA / path).read_text() for path in set(FILES.values())}
     if "--check" in sys.argv:
-        stale = [name for name, section in SECTIONS.items() if fold[slice(*stretch(fold, name))] != section + "\n"]
+        stale = [
+            name
+            for name, section in SECTIONS.items()
+            if texts[FILES[name]][slice(*stretch(texts[FILES[name]], name))] != section + "\n"
+        ]
         sys.exit(
-            f"fold.lua's generated {' and '.join(stale)} differ from scripts/generate_fold_pass.py's: "
-            "run it with --write"
+            f"the generated {' and '.join(stale)} differ from scripts/generate_fold_pass.py's: run it with --write"
             if stale
             else 0
         )
     if "--write" in sys.argv:
-        FOLD.write_text(written(fold))
+        for path, text in texts.items():
+            (LUA / path).write_text(written(text, [name for name, file in FILES.items() if file == path]))
     else:
         print("\n".join(SECTIONS.values()))

@@ -270,7 +270,7 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
     if url is None:
         return None
     store = _new_run(url, n)
-    profiled = Library(store.redis, name="redisync_profile", version="profile", edit={"fold": _profiled_fold()})
+    profiled = Library(store.redis, name="redisync_profile", version="profile", edit={"fold.lua": _profiled_fold()})
     try:
         rng = np.random.default_rng(n)
         for i in range(SHARDS):

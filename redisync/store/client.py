@@ -29,7 +29,7 @@ from .. import errors
 from . import codec, library
 from .keys import RunKeys
 from .library import Function, Library
-from .schema import KeySpec, Limits, Schema, encode_reports
+from .schema import Limits, Schema, encode_reports
 from .semantics.base import first_error
 
 ENV_URL = "REDISYNC_URL"
@@ -356,24 +356,12 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
         ):
             raise bad(f"key {name!r}", "its metadata is missing or does not match the schema")
         key_info = hashes[f"key:{name}"]
-        for field, declared in _declared_fields(name, spec).items():
+        for field, declared in spec.meta_fields(name).items():
             if field in info and info[field] != declared:
                 raise bad(f"key {name!r}", f"{field} is {info[field]!r}, the snapshot's schema declares {declared!r}")
             key_info[field] = declared.encode()  # (an older snapshot without the field: the schema's)
         spec.check_stored(name, key_info, data, bad)
     return hashes, schema
-
-
-def _declared_fields(name: str, spec: KeySpec) -> dict[str, str]:
-    """A key's metadata fields that its schema declares, as ``register.lua`` writes them: the
-    folds trust them, so a snapshot's must be these."""
-    return {
-        "name": name,
-        "shape": "x".join(map(str, spec.shape)) or "scalar",
-        "size": str(spec.size),
-        **spec.register_fields(),
-        "declared": spec.declared(),
-    }
 
 
 class Store:
@@ -516,21 +504,9 @@ class Store:
             limits.packed(),
         ]
         for name, spec in schema.keys.items():
-            fields = spec.register_fields()
-            args += [
-                name,
-                spec.semantics,
-                "x".join(map(str, spec.shape)) or "scalar",
-                spec.size,
-                spec.width,
-                fields["owner"],
-                fields["stale_after_s"],
-                fields.get("count_size", 0),
-                fields.get("sumsq", 0),
-                fields.get("lifecycle", ""),
-                fields.get("lease_grace_s", ""),
-                spec.declared(),
-            ]
+            meta, data = spec.meta_fields(name) | spec.initial_meta(), spec.initial_data()
+            args += [name, spec.semantics, len(meta), len(data)]
+            args += [x for pair in meta.items() for x in pair] + [x for pair in data.items() for x in pair]
         reply = self._call(self.scripts.register, self._key_hashes(schema), args)
         if _b(reply[0]) == "unknown_semantics":
             raise errors.InvalidSchema(f"key {_b(reply[1])!r}: {_b(reply[2])} (a newer redisync registered it?)")

@@ -9,9 +9,12 @@ upgrades), each calling its own functions; loading one never removes another. A 
 version missing (never loaded, a flush, a node that never had it) loads it and calls again; an
 operator lists and prunes the versions on a server (``redisync functions``).
 
-The library is ``lua/*.lua`` in one text, each file in a block of its own; ``struct.lua``, the
-pure-Lua stand-in for Redis' C ``struct`` library, goes in as well and serves where the server has
-no ``struct`` (the embedded fakeredis server): the same library runs on both.
+The library is ``lua/*.lua`` in one text: ``shared.lua`` (what the fold and the semantics share),
+then each semantics' module (``lua/semantics/<name>.lua``, one per entry of the registry in
+`redisync.store.semantics`) in a table ``SEMANTICS`` by name, then each function's file in a block
+of its own. ``struct.lua``, the pure-Lua stand-in for Redis' C ``struct`` library, goes in as well
+and serves where the server has no ``struct`` (the embedded fakeredis server): the same library runs
+on both.
 
 Needs Redis 7.0 or later (or Valkey); an older server is refused with a typed error naming it.
 """
@@ -27,6 +30,7 @@ from typing import Any
 import redis
 
 from .. import errors
+from .semantics import SEMANTICS
 
 _LUA = importlib.resources.files("redisync.store") / "lua"
 NAME = "redisync"
@@ -35,10 +39,22 @@ READ_ONLY = {"pull"}  # flagged no-writes: called by FCALL_RO
 MINIMUM_SERVER = "Redis 7.0 or later (or Valkey 7.2 or later)"
 
 
+def lua_files() -> list[str]:
+    """The library's Lua files, by their path under ``lua/``: the envelope's and the functions', and
+    one module per semantics of the registry."""
+    return [
+        "struct.lua",
+        "clock.lua",
+        "shared.lua",
+        *(f"semantics/{semantics}.lua" for semantics in SEMANTICS),
+        *(f"{function}.lua" for function in FUNCTIONS),
+    ]
+
+
 def source(name: str | None = None, version: str | None = None, edit: dict[str, str] | None = None) -> tuple[str, str]:
     """The library's text and version. ``version`` defaults to the text's own digest; ``edit``
-    replaces a file's text by name (the stage profiler loads cut copies of the fold under a name
-    and version of their own).
+    replaces a file's text by its path under ``lua/`` (the stage profiler loads cut copies of the
+    fold under a name and version of their own).
 
     Redis gives a library's code no standard library while it loads (not even ``math``), only while
     a function runs: so the code is one function, ``make``, run once per VM at the first call, and
@@ -53,7 +69,7 @@ def source(name: str | None = None, version: str | None = None, edit: dict[str, 
         "",
         "  -- struct.lua, for a server without Redis' C struct library (fakeredis)",
         "  local struct_standin = (function()",
-        _LUA.joinpath("struct.lua").read_text().rstrip("\n"),
+        _LUA.joinpath("struct.lua").read_text().rstrip("\n"),  # (read before the edits: never cut)
         "  end)()",
         "",
         "  -- Redis' struct where the server has it, else the stand-in",
@@ -81,14 +97,33 @@ def source(name: str | None = None, version: str | None = None, edit: dict[str, 
         "    return server_id, not server_id and tostring(type(info) == 'table' and info['err'] or 'no run_id') or nil",
         "  end",
     ]
+    texts = {path: _LUA.joinpath(path).read_text() for path in lua_files()}
+    if set(edit or {}) - set(texts):
+        raise ValueError(f"no Lua file {sorted(set(edit or {}) - set(texts))} in the library: {', '.join(texts)}")
+    texts |= edit or {}
     lines += [
         "",
         "  -- clock.lua, the run's served clock (lease.lua and fold.lua)",
-        _LUA.joinpath("clock.lua").read_text().rstrip(),
+        texts["clock.lua"].rstrip(),
+        "",
+        "  -- shared.lua, what the fold's envelope and the semantics' modules share",
+        texts["shared.lua"].rstrip(),
+        "",
+        "  -- every semantics' module by name, from the registry (redisync/store/semantics): fold.lua,",
+        "  -- pull.lua and register.lua find a key's module here by the name its key meta holds",
+        "  local SEMANTICS = {}",
+        "  local function no_reads() end",
     ]
+    for semantics in SEMANTICS:
+        lines += [
+            "",
+            f"  SEMANTICS['{semantics}'] = (function() -- semantics/{semantics}.lua",
+            texts[f"semantics/{semantics}.lua"].rstrip(),
+            "  end)()",
+        ]
+    lines += ["  for _, module in pairs(SEMANTICS) do module.reads = module.reads or no_reads end"]
     for function in FUNCTIONS:
-        text = (edit or {}).get(function) or _LUA.joinpath(f"{function}.lua").read_text()
-        lines += ["", f"  do -- {function}.lua", text.rstrip(), "  end"]
+        lines += ["", f"  do -- {function}.lua", texts[f"{function}.lua"].rstrip(), "  end"]
     lines += ["", "  return functions", "end"]
     body = "\n".join(lines) + "\n"
     version = version or hashlib.sha1(body.encode()).hexdigest()[:12]

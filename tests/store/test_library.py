@@ -83,7 +83,7 @@ def test_a_server_without_functions_is_refused_with_a_typed_error_naming_the_min
 
 def test_the_version_is_the_texts_own_digest_so_an_edit_is_a_new_version():
     ours = Library(fakeredis.FakeRedis())
-    edited = Library(fakeredis.FakeRedis(), edit={"lease": "local function lease() end\nexport('lease', lease)"})
+    edited = Library(fakeredis.FakeRedis(), edit={"lease.lua": "local function lease() end\nexport('lease', lease)"})
     assert ours.version != edited.version
     assert ours.fold.name == f"redisync_fold_{ours.version}"
     assert ours.text.startswith(f"#!lua name=redisync_{ours.version}\n")  # a library per version
@@ -111,3 +111,34 @@ def test_the_server_reads_its_identity_once_per_vm_not_once_per_fold(real_url):
         assert store.fleet().fleet_version == 21
     finally:
         store.delete()
+
+
+def test_the_library_holds_one_lua_module_per_semantics_of_the_registry():
+    """The Lua registry is made from the Python one: every semantics has its module in the library,
+    under its name, and nothing else does."""
+    import re
+    from importlib.resources import files
+
+    from redisync.store import library
+    from redisync.store.semantics import SEMANTICS
+
+    text, _ = library.source()
+    assert sorted(re.findall(r"SEMANTICS\['(\w+)'\] = \(function\(\)", text)) == sorted(SEMANTICS)
+    lua = files("redisync.store").joinpath("lua/semantics")
+    assert sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua")) == sorted(f"{s}.lua" for s in SEMANTICS)
+    for name, spec in SEMANTICS.items():
+        assert spec.model_fields["semantics"].default == name
+
+
+def test_the_envelope_and_the_functions_name_no_semantics():
+    """fold.lua, pull.lua and register.lua find a key's semantics in SEMANTICS by the name its meta
+    holds: their code (comments aside) names none, so a new semantics touches none of them."""
+    from importlib.resources import files
+
+    from redisync.store.semantics import SEMANTICS
+
+    for path in ("fold.lua", "pull.lua", "register.lua", "shared.lua"):
+        text = files("redisync.store").joinpath(f"lua/{path}").read_text()
+        code = "\n".join(line.split("--")[0] for line in text.splitlines())
+        for name in SEMANTICS:
+            assert name not in code, f"{path} names {name!r}"

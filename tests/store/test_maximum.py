@@ -18,7 +18,7 @@ import redisync
 from redisync import errors
 from redisync.inspection import describe_run
 from redisync.store.client import RunSnapshot
-from redisync.store.schema import MaximumSpec, Schema, maximum, merge
+from redisync.store.schema import Schema, maximum, merge
 
 from ..conftest import backend_url, examples, new_store
 
@@ -223,15 +223,15 @@ def test_a_semantics_the_scripts_do_not_know_is_an_error_everywhere(backend):
         a = store.shard(0)
         a.publish({"terrain/level": {"value": 1.0}})
         meta = store.keys.key_meta("terrain/level")
-        store.redis.hset(meta, "semantics", "minimum")
-        with pytest.raises(errors.CorruptState, match='unknown semantics "minimum"'):
+        store.redis.hset(meta, "semantics", "median")
+        with pytest.raises(errors.CorruptState, match='unknown semantics "median"'):
             a.publish({"terrain/level": {"value": 2.0}})
-        with pytest.raises(errors.CorruptState, match='semantics "minimum" is not one'):
+        with pytest.raises(errors.CorruptState, match='semantics "median" is not one'):
             store.shard(1).pull()
         store.redis.hset(meta, "semantics", "maximum")
         other = new_store(backend)
         try:
-            reply = other._call(other.scripts.register, other._key_hashes(SCHEMA), _register_args(SCHEMA, "minimum"))
+            reply = other._call(other.scripts.register, other._key_hashes(SCHEMA), _register_args(SCHEMA, "median"))
             assert [x.decode() if isinstance(x, bytes) else x for x in reply[:2]] == [
                 "unknown_semantics",
                 "command/range",
@@ -257,26 +257,6 @@ def _register_args(schema: Schema, semantics: str) -> list:
         "1048576|100|0|100|1048576",
     ]
     for name, spec in schema.keys.items():
-        fields = spec.register_fields()
-        args += [name, semantics, "x".join(map(str, spec.shape)) or "scalar", spec.size, spec.width]
-        args += [fields["owner"], fields["stale_after_s"], 0, 0, "", "", spec.declared()]
+        meta = spec.meta_fields(name)
+        args += [name, semantics, len(meta), 0, *(x for pair in meta.items() for x in pair)]
     return args
-
-
-def test_the_registry_names_every_semantics_the_fold_script_dispatches():
-    from importlib.resources import files
-
-    from redisync.store.semantics import SEMANTICS
-
-    fold = files("redisync.store").joinpath("lua/fold.lua").read_text()
-    register = files("redisync.store").joinpath("lua/register.lua").read_text()
-    checks = fold.split("local CHECKS = {")[1].split("}")[0]
-    applies = fold.split("local APPLIES = {")[1].split("}")[0]
-    known = register.split("local KNOWN = {")[1].split("}")[0]
-    for name, spec in SEMANTICS.items():
-        assert f"{name} = check_{name}" in checks
-        assert f"{name} = apply_{name}" in applies
-        assert f"{name} = true" in known
-        assert spec.model_fields["semantics"].default == name
-    assert checks.count("=") == applies.count("=") == known.count("=") == len(SEMANTICS)
-    assert MaximumSpec.stored_field == "value"

@@ -29,7 +29,7 @@ def on_build(store, build: str):
     """The store as a redisync build of another version would use it: the same Lua, another text
     (a comment), so another digest and another library."""
     if build == "b":
-        store.scripts = Library(store.redis, edit={"lease": LEASE_LUA + "\n-- build b\n"})
+        store.scripts = Library(store.redis, edit={"lease.lua": LEASE_LUA + "\n-- build b\n"})
     return store
 
 

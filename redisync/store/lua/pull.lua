@@ -11,9 +11,9 @@
 --       | {'corrupt_state', key, detail}   a key's stored semantics is not one these scripts know
 --       | {'changed', epoch, fleet_version, now_us,
 --          then per changed key: index, version, value, own_slot, own_incarnation}
---         where value is the key's fleet value (merge: the aggregate count || sum [|| sumsq], stored as
---         'agg'; broadcast and maximum: 'value'; '' if never written), and own_slot is the caller's
---         slot as folded (merge; '' if none).
+--         where value is the key's fleet value ('' if never written) and own_slot the caller's slot as
+--         folded ('' if none, or the semantics keeps no slots), as the key's semantics' module reads
+--         them (its pull: see shared.lua)
 -- (the library's function redisync_pull_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
 
 local function pull(KEYS, ARGV)
@@ -29,19 +29,12 @@ local function pull(KEYS, ARGV)
     local km, kd = KEYS[2 * i], KEYS[2 * i + 1]
     local info = redis.call('HMGET', km, 'version', 'semantics')
     if info[1] and (not same_epoch or info[1] ~= ARGV[3 + i]) then
-      local value, own, own_inc
-      if info[2] == 'merge' then
-        value = redis.call('HGET', kd, 'agg')
-        if shard ~= '' then
-          own = redis.call('HGET', kd, 'slot:' .. shard)
-          own_inc = redis.call('HGET', km, 'slot:' .. shard .. ':incarnation')
-        end
-      elseif info[2] == 'broadcast' or info[2] == 'maximum' then
-        value = redis.call('HGET', kd, 'value')
-      else
+      local module = SEMANTICS[info[2]]
+      if not module then
         return {'corrupt_state', km, 'semantics ' .. string.format('%q', tostring(info[2])) ..
           ' is not one this server\'s scripts know'}
       end
+      local value, own, own_inc = module.pull(km, kd, shard)
       reply[#reply + 1] = i
       reply[#reply + 1] = tonumber(info[1])
       reply[#reply + 1] = value or ''

@@ -1,7 +1,7 @@
 -- struct.lua: a pure-Lua stand-in for the subset of Redis' `struct` library redisync uses.
 --
 -- Real Redis embeds the C `struct` library; fakeredis (the embedded default and the unit tests)
--- does not, so fakeredis loads this module instead (lua_modules={"struct"}, LUA_PATH pointing here).
+-- does not. The library carries this file (library.py) and calls it where the server has no `struct`.
 -- Only little-endian float64 formats are supported: '<' followed by one or more 'd'.
 -- returns: the module table {pack = ..., unpack = ...}; values are bit-exact, NaN and ±inf included.
 

@@ -7,8 +7,8 @@
 ``KeySpec`` is the type of any key's spec (a pydantic union told apart by its ``semantics`` field);
 code that needs a semantics' behaviour calls the spec's methods (`.base.SpecBase`), and code
 that must tell them apart matches on the spec classes with ``assert_never`` in its last case, so a
-new semantics is a type error wherever it is not handled. The fold script (``lua/fold.lua``) keeps
-the same list in its ``CHECKS`` and ``APPLIES`` tables; ``SEMANTICS`` here is checked against them.
+new semantics is a type error wherever it is not handled. The library's Lua takes its list of
+semantics' modules (``lua/semantics/<name>.lua``) from ``SEMANTICS`` (`redisync.store.library`).
 The builders (``broadcast()``, ``merge()``, ``maximum()``) are in their modules and in
 `redisync.store.schema`; here the names are the modules'.
 """

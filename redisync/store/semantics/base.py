@@ -1,10 +1,10 @@
 """What every semantics is made of, and the checks they share.
 
 A semantics is one module beside this one (``broadcast``, ``merge``, ``maximum``): its key spec, its
-report model, its reference fold (the pure-Python twin of its check and apply functions in
-``lua/fold.lua``), its snapshot check and the view it hands collectors. `SpecBase` is the
+report model, its reference fold (the pure-Python twin of its Lua module,
+``lua/semantics/<name>.lua``), its snapshot check and the view it hands collectors. `SpecBase` is the
 contract each spec fills in; everything outside the semantics modules calls these methods, so a new
-semantics is one new module, its Lua functions and its registry entry.
+semantics is one new module, its Lua module and its registry entry.
 """
 
 from __future__ import annotations
@@ -131,6 +131,27 @@ class SpecBase(BaseModel):
         where the semantics has none, and what the semantics adds."""
         return {"owner": "", "stale_after_s": ""}
 
+    def meta_fields(self, name: str) -> dict[str, str]:
+        """The key-meta fields that declare the key, as ``register.lua`` writes them (the folds trust
+        them, so a snapshot's must be these): its name, shape, sizes, the semantics' own fields and
+        the declaration the fold parses."""
+        return {
+            "name": name,
+            "shape": "x".join(map(str, self.shape)) or "scalar",
+            "size": str(self.size),
+            "width": str(self.width),
+            **self.register_fields(),
+            "declared": self.declared(),
+        }
+
+    def initial_meta(self) -> dict[str, str]:
+        """The key-meta fields of state a registered key starts from (none unless the semantics keeps some)."""
+        return {}
+
+    def initial_data(self) -> dict[str, bytes]:
+        """The data-hash fields a registered key starts from (none: the first report writes them)."""
+        return {}
+
     def declared(self) -> str:
         """The key's declaration as the fold reads it, one key-meta field (``declared``) instead of
         seven: ``width|count_size|size|stale_after_s|lease_grace_s|lifecycle|owner`` (each field
@@ -156,7 +177,7 @@ class SpecBase(BaseModel):
     @abstractmethod
     def fold(self, state: KeyState, report: Fold) -> KeyState | str:
         """The key after folding ``report`` into ``state`` (a new state; ``state`` is left as it was),
-        or the rejection reason: what ``lua/fold.lua`` does, bit for bit."""
+        or the rejection reason: what its Lua module's check and apply do, bit for bit."""
 
     def new_state(self) -> KeyState:
         """The key as registered, before any report."""

@@ -1,7 +1,7 @@
 """broadcast: a last-writer-wins register; with an owner, only that shard may write it.
 
 For a value one process decides and every collector adopts (a penalty scale, a curriculum stage, a
-normaliser the learner owns). Its Lua: ``check_broadcast`` and ``apply_broadcast`` in ``lua/fold.lua``.
+normaliser the learner owns). Its Lua: ``lua/semantics/broadcast.lua``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ idempotent and order-free: the value after any set of reports is the same in any
 folded twice changes nothing, and a restarted shard that reports a lower value lowers nothing. A
 store that lost the run is re-seeded by the collectors' next reports, each at least what it adopted.
 The key's version moves only when the value grows (a report that raises nothing is applied, and
-leaves the key as it was). Its Lua: ``check_maximum`` and ``apply_maximum`` in ``lua/fold.lua``.
+leaves the key as it was). Its Lua: ``lua/semantics/maximum.lua``.
 """
 
 from __future__ import annotations

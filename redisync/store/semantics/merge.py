@@ -10,8 +10,8 @@ so ``|agg − Σ live| ≤ (6 + G)·2⁻⁵³·Σ|live|`` to first order, howeve
 passed through a slot. A fold that would make an aggregate or its moments non-finite is refused.
 A collector sees everybody else's slots plus its own state of now (own substitution).
 
-Its Lua: ``check_merge`` (``merge_live``, ``merge_read``, ``merge_prove``, ``merge_sums`` and the
-generated ``fold_values``) and ``apply_merge`` in ``lua/fold.lua``; SUB, SUBS and LAYOUT are written
+Its Lua: ``lua/semantics/merge.lua`` (its check in four steps, ``merge_live``, ``merge_read``,
+``merge_prove``, ``merge_sums``, with the generated ``fold_values``); SUB, SUBS and LAYOUT are written
 into it from here by ``scripts/generate_fold_pass.py``.
 """
 
@@ -176,6 +176,14 @@ class MergeSpec(SpecBase):
             "lifecycle": self.lifecycle,
             "lease_grace_s": "" if grace is None else repr(float(grace)),
         }
+
+    def initial_meta(self) -> dict[str, str]:
+        """No writers yet."""
+        return {"writers": ""}
+
+    def initial_data(self) -> dict[str, bytes]:
+        """An aggregate of zeros: a pull before any report reads a fleet of nothing counted."""
+        return {"agg": bytes(8 * self.width)}
 
     def check_payload(self, payload: Vector) -> str | None:
         """Check a decoded payload's length and its counts."""
