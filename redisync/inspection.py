@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 import redis
-from typing_extensions import assert_never
 
 from .errors import RedisyncError
 from .store.client import Store, server_time_us
 from .store.codec import decode
 from .store.keys import ROOT, run_of
-from .store.schema import BroadcastSpec, MaximumSpec, MergeSpec
+from .store.schema import KeySpec
+from .store.semantics.base import age_s
 
 
 def list_runs(client: redis.Redis) -> list[str]:
@@ -60,43 +60,10 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
             "semantics": spec.semantics,
             "shape": list(spec.shape),
             "version": int(meta.get("version", 0)),
-            "updated_age_s": _age(now, meta.get("updated_at_us")),
+            "updated_age_s": age_s(now, meta.get("updated_at_us")),
         }
-        match spec:
-            case MergeSpec():
-                writers = list(filter(None, meta.get("writers", "").split(",")))
-                first = _first_counts(r, store.keys.key_data(name), ["agg", "retired"] + [f"slot:{w}" for w in writers])
-                row.update(
-                    count=first[0],
-                    stale_after_s=spec.stale_after_s,
-                    retired_count=first[1],
-                    dropped_stale=int(meta.get("dropped_stale", 0)),
-                    dropped_lapsed=int(meta.get("dropped_lapsed", 0)),
-                )
-                row["slots"] = []
-                for shard, count in zip(writers, first[2:], strict=False):
-                    age = _age(now, meta[f"slot:{shard}:at_us"])
-                    row["slots"].append(
-                        {
-                            "shard": int(shard),
-                            "incarnation": meta[f"slot:{shard}:incarnation"],
-                            "seq": int(meta[f"slot:{shard}:seq"]),
-                            "age_s": age,
-                            "count": count,
-                            # a state key's stale slot still counts until the next fold of the key drops it
-                            # (a history key keeps it)
-                            "stale": spec.lifecycle == "state"
-                            and spec.stale_after_s is not None
-                            and age is not None
-                            and age > spec.stale_after_s,
-                        }
-                    )
-            case BroadcastSpec():
-                row.update(owner=spec.owner, writer=meta.get("writer"))
-            case MaximumSpec():
-                pass  # its value and version say it all: no owner, no slots
-            case _:
-                assert_never(spec)
+        data = store.keys.key_data(name)
+        row.update(spec.describe(meta, lambda fields, data=data: r.hmget(data, fields) if fields else [], now))
         keys.append(row)
     dead = [
         {k: v for k, v in entry.items() if not k.startswith("report:")}
@@ -106,21 +73,14 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
         "run": store.run,
         "epoch": info["epoch"],
         "fleet_version": int(info["fleet_version"]),
-        "created_age_s": _age(now, info.get("created_at_us")),
-        "updated_age_s": _age(now, info.get("updated_at_us")),
+        "created_age_s": age_s(now, info.get("created_at_us")),
+        "updated_age_s": age_s(now, info.get("updated_at_us")),
         "reports": int(r.xlen(store.keys.reports)),
         "dead_letters": int(r.xlen(store.keys.dead_letters)),
         "newest_dead_letters": dead,
         "shards": shard_ages(store, now),
         "keys": keys,
     }
-
-
-def _first_counts(r: redis.Redis, data_key: str, fields: list[str]) -> list[float]:
-    """The first count of each stored vector (0 for one not stored): the fold keeps counts in the
-    vectors only, so that it formats no number for display on every report."""
-    raw = r.hmget(data_key, fields) if fields else []
-    return [float(np.frombuffer(v[:8], "<f8")[0]) if isinstance(v, bytes) and len(v) >= 8 else 0.0 for v in raw]
 
 
 def shard_ages(store: Store, now_us: int | None = None) -> dict[int, float]:
@@ -137,7 +97,7 @@ def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str
     out: dict[int, dict[str, Any]] = {}
     for field, value in raw.items():
         shard, what = field.split(":", 1)
-        if what == "at_us" and (age := _age(now, value)) is not None:
+        if what == "at_us" and (age := age_s(now, value)) is not None:
             seen, made = raw.get(f"{shard}:seen"), raw.get(f"{shard}:made")
             out[int(shard)] = {
                 "age_s": age,
@@ -193,24 +153,19 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
     """
     out: dict[str, dict[str, Any]] = {}
     for name, spec in store.schema.keys.items():
-        match spec:
-            case MergeSpec() if spec.size >= 2 or spec.sumsq:
-                measured = _merge_drift(store, name, spec)
-                if measured is not None:
-                    out[name] = measured
-            case MergeSpec() | BroadcastSpec() | MaximumSpec():
-                pass  # a scalar sum, or one value for the whole fleet: no distance to measure
-            case _:
-                assert_never(spec)
+        if spec.drift_measure() is not None:
+            measured = _drift_of(store, name, spec)
+            if measured is not None:
+                out[name] = measured
     return out
 
 
-def _merge_drift(store: Store, name: str, spec: MergeSpec) -> dict[str, Any] | None:
-    """One merge key's drift row (see `drift`), or None when its aggregate has no such measure."""
+def _drift_of(store: Store, name: str, spec: KeySpec) -> dict[str, Any] | None:
+    """One key's drift row (see `drift`), or None when its value has no such measure."""
     agg, slots = slot_parts(store, name)
     if agg is None:
         return None
-    if spec.sumsq:
+    if spec.drift_measure() == "moments":
         mean, sd = _moments(agg)
         if mean is None:
             return None
@@ -298,7 +253,3 @@ def _distribution(sums: np.ndarray) -> np.ndarray | None:
 def _entropy(p: np.ndarray) -> float:
     nz = p[p > 0]
     return float(-(nz * np.log(nz)).sum() / np.log(p.size))
-
-
-def _age(now_us: int, then_us: str | None) -> float | None:
-    return None if not then_us else max(now_us - int(then_us), 0) / 1e6

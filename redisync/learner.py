@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-from typing_extensions import assert_never
-
 from .store.client import RunSnapshot, Store
 from .store.codec import PullResult
-from .store.schema import BroadcastSpec, MaximumSpec, MergeSpec, Schema
+from .store.schema import Schema
 
 
 class FleetMonitor:
@@ -54,15 +51,7 @@ class FleetMonitor:
             parts = view.parts()
             if not parts:
                 continue
-            match view.spec:
-                case MergeSpec():
-                    out[f"redisync/{name}/count"] = float(np.sum(parts["count"]))
-                    out[f"redisync/{name}/sum_total"] = float(np.sum(parts["sum"]))
-                case BroadcastSpec() | MaximumSpec():
-                    if parts["value"].size == 1:
-                        out[f"redisync/{name}/value"] = float(parts["value"])
-                case _:
-                    assert_never(view.spec)
+            out.update(view.spec.metrics(name, parts))
         for term in self.terms:
             if hasattr(term, "fleet_metrics"):
                 out.update(term.fleet_metrics(state))

@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from typing_extensions import assert_never
 
 from redisync.store.client import Store
 from redisync.store.codec import decode
 from redisync.store.reference import ReferenceFold
-from redisync.store.schema import BroadcastSpec, MaximumSpec, MergeSpec
+from redisync.store.schema import MergeSpec
 from redisync.store.semantics.merge import LAYOUT, stored_sums
 
 
@@ -41,43 +40,35 @@ def lua_state(store: Store) -> dict:
         meta = {_s(k): _s(v) for k, v in r.hgetall(store.keys.key_meta(name)).items()}
         data = {_s(k): v for k, v in r.hgetall(store.keys.key_data(name)).items()}
         key = {"version": int(meta["version"])}
-        match spec:
-            case MergeSpec():
-                key["value"] = decode(data["agg"], spec.width)
-                key["retired"] = decode(data["retired"], spec.width) if "retired" in data else None
-                key["slots"] = {
-                    int(f.split(":")[1]): (int(meta[f + ":incarnation"]), int(meta[f + ":seq"]), decode(v, spec.width))
-                    for f, v in data.items()
-                    if f.startswith("slot:")
-                }
-                # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own),
-                # and a lone one is not stored
-                sums = stored_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width, "retired" in data)
-                parts = {**sums, **{f"slot:{i}": slot[2] for i, slot in key["slots"].items()}}
-                # ... and every count record the count part of its vector
-                expected = {**sums, **{f"counts:{f}": v[: spec.count_size] for f, v in parts.items()}}
-                stored = {
-                    f: decode(v, spec.count_size if f.startswith("counts:") else spec.width)
-                    for f, v in data.items()
-                    if f.startswith(("sub:", "group:", "counts:"))
-                }
-                assert meta.get("sums_layout") == LAYOUT or not key["slots"], (name, meta.get("sums_layout"))
-                assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
-                for f, v in expected.items():
-                    np.testing.assert_array_equal(stored[f], v, err_msg=f"{name} {f}")
-                writers = meta.get("writers", "")
-                assert sorted(map(int, filter(None, writers.split(",")))) == sorted(key["slots"]), (
-                    "writers list drifted"
-                )
-            case BroadcastSpec():
-                key["value"] = decode(data["value"], spec.width) if "value" in data else None
-                key["writer"] = int(meta["writer"]) if "writer" in meta else None
-            case MaximumSpec():
-                key["value"] = decode(data["value"], spec.width) if "value" in data else None
-                assert "writer" not in meta, (name, sorted(meta), sorted(data))
-                assert set(data) <= {"value"}, (name, sorted(meta), sorted(data))
-            case _:
-                assert_never(spec)
+        if isinstance(spec, MergeSpec):  # the slots, the retired history and the stored sums
+            key["value"] = decode(data["agg"], spec.width)
+            key["retired"] = decode(data["retired"], spec.width) if "retired" in data else None
+            key["slots"] = {
+                int(f.split(":")[1]): (int(meta[f + ":incarnation"]), int(meta[f + ":seq"]), decode(v, spec.width))
+                for f, v in data.items()
+                if f.startswith("slot:")
+            }
+            # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own),
+            # and a lone one is not stored
+            sums = stored_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width, "retired" in data)
+            parts = {**sums, **{f"slot:{i}": slot[2] for i, slot in key["slots"].items()}}
+            # ... and every count record the count part of its vector
+            expected = {**sums, **{f"counts:{f}": v[: spec.count_size] for f, v in parts.items()}}
+            stored = {
+                f: decode(v, spec.count_size if f.startswith("counts:") else spec.width)
+                for f, v in data.items()
+                if f.startswith(("sub:", "group:", "counts:"))
+            }
+            assert meta.get("sums_layout") == LAYOUT or not key["slots"], (name, meta.get("sums_layout"))
+            assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
+            for f, v in expected.items():
+                np.testing.assert_array_equal(stored[f], v, err_msg=f"{name} {f}")
+            writers = meta.get("writers", "")
+            assert sorted(map(int, filter(None, writers.split(",")))) == sorted(key["slots"]), "writers list drifted"
+        else:  # a register: its value, and its last writer where the semantics records one
+            key["value"] = decode(data[spec.stored_field], spec.width) if spec.stored_field in data else None
+            key["writer"] = int(meta["writer"]) if "writer" in meta else None
+            assert set(data) <= {spec.stored_field}, (name, sorted(meta), sorted(data))
         out["keys"][name] = key
     return out
 
@@ -92,16 +83,11 @@ def reference_state(ref: ReferenceFold) -> dict:
     }
     for name, st in ref.keys.items():
         key = {"version": st.version, "value": st.value}
-        match ref.specs[name]:
-            case MergeSpec():
-                key["retired"] = st.retired
-                key["slots"] = {sid: (s.incarnation, s.seq, s.payload) for sid, s in st.slots.items()}
-            case BroadcastSpec():
-                key["writer"] = st.writer
-            case MaximumSpec():
-                pass
-            case other:
-                assert_never(other)
+        if isinstance(ref.specs[name], MergeSpec):
+            key["retired"] = st.retired
+            key["slots"] = {sid: (s.incarnation, s.seq, s.payload) for sid, s in st.slots.items()}
+        else:
+            key["writer"] = st.writer
         out["keys"][name] = key
     return out
 

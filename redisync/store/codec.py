@@ -15,9 +15,8 @@ import numpy as np
 
 from .. import errors
 from .schema import Schema
-from .semantics import KeySpec, MergeSpec
+from .semantics import KeySpec
 from .semantics.base import Vector
-from .semantics.merge import moments
 
 LE_F64 = np.dtype("<f8")
 
@@ -111,12 +110,7 @@ class KeyView:
 
     def moments(self) -> tuple[Vector, Vector | None]:
         """Merge: the fleet ``(mean, var)`` (var is None without sumsq)."""
-        if not isinstance(self.spec, MergeSpec):
-            raise errors.ConfigurationError(
-                f"{self.name}: moments are a merge key's; this key is {self.spec.semantics}"
-            )
-        p = self.parts()
-        return moments(p["count"], p["sum"], p.get("sumsq"))
+        return self.spec.moments(self.name, self.parts())
 
     def view(self, own_current: Mapping[str, Any]) -> dict[str, Vector]:
         """The fleet value this collector acts on, in parts. Merge: own substitution, everybody else's
@@ -174,7 +168,7 @@ def parse_pull(
         name = names[int(index) - 1]
         spec = schema.keys[name]
         previous_life = own_inc and incarnation is not None and int(own_inc) != incarnation
-        if previous_life and not (resumed(name) or getattr(spec, "lifecycle", None) == "state"):
+        if previous_life and not (resumed(name) or spec.keeps_slot_across_lives()):
             own, own_inc = b"", b""
         keys[name] = KeyView(
             name=name,

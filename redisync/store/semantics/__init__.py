@@ -4,37 +4,48 @@
 - `.merge`: the exact sum of every shard's live slot (pooled statistics);
 - `.maximum`: the element-wise maximum of everything reported (a level any shard may raise).
 
-``KeySpec`` is the type of any key's spec (a pydantic union told apart by its ``semantics`` field);
-code that needs a semantics' behaviour calls the spec's methods (`.base.SpecBase`), and code
-that must tell them apart matches on the spec classes with ``assert_never`` in its last case, so a
-new semantics is a type error wherever it is not handled. The library's Lua takes its list of
-semantics' modules (``lua/semantics/<name>.lua``) from ``SEMANTICS`` (`redisync.store.library`).
-The builders (``broadcast()``, ``merge()``, ``maximum()``) are in their modules and in
-`redisync.store.schema`; here the names are the modules'.
+``NAMES`` is the registry: one entry per semantics, each a module here (whose ``SPEC`` is its key
+spec's class) and a Lua module ``lua/semantics/<name>.lua`` (the library takes its list from here).
+``KeySpec`` is the type of any key's spec (a pydantic union told apart by its ``semantics`` field,
+made from the registry); code outside the semantics' modules asks the spec (`.base.SpecBase`'s
+methods) and never tells one class from another, so a new semantics is its two modules and its name
+here. The builders (``broadcast()``, ``merge()``, ``maximum()``) are in their modules and in
+`redisync.store.schema`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import importlib
+import operator
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from .base import SpecBase
+from .base import ReportBase, SpecBase
 from .broadcast import BroadcastReport, BroadcastSpec
 from .maximum import MaximumReport, MaximumSpec
 from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
 
-KeySpec = Annotated[BroadcastSpec | MergeSpec | MaximumSpec, Field(discriminator="semantics")]
-Report = BroadcastReport | MergeReport | MaximumReport
-SEMANTICS: dict[str, type[SpecBase]] = {"broadcast": BroadcastSpec, "merge": MergeSpec, "maximum": MaximumSpec}
+# the registry: one name per semantics
+NAMES = ("broadcast", "merge", "maximum")
+
+SEMANTICS: dict[str, type[SpecBase]] = {name: importlib.import_module(f"{__name__}.{name}").SPEC for name in NAMES}
+if TYPE_CHECKING:  # (a union made at run time is no static type: code asks a spec through SpecBase)
+    KeySpec = SpecBase
+    Report = ReportBase
+else:
+    KeySpec = Annotated[functools.reduce(operator.or_, SEMANTICS.values()), Field(discriminator="semantics")]
+    Report = functools.reduce(operator.or_, (spec.report_model for spec in SEMANTICS.values()))
 # every part a report of any semantics may carry, each once (from the report models: a new semantics'
 # parts travel through the sidecar's mailbox with nothing else to change)
 REPORT_PARTS: tuple[str, ...] = tuple(
-    dict.fromkeys(part for model in (BroadcastReport, MergeReport, MaximumReport) for part in model.model_fields)
+    dict.fromkeys(part for spec in SEMANTICS.values() for part in spec.report_model.model_fields)
 )
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
+    "NAMES",
     "REPORT_PARTS",
     "SEMANTICS",
     "BroadcastReport",

@@ -32,6 +32,11 @@ Part = tuple[str, tuple[int, ...], int, bool]
 Bad = Callable[[str, str], Exception]
 
 
+def age_s(now_us: int, then_us: str | None) -> float | None:
+    """Seconds from a stored time (µs, decimal) to ``now_us``; None where none is stored."""
+    return None if not then_us else max(now_us - int(then_us), 0) / 1e6
+
+
 def vector(raw: bytes) -> Vector:
     """A writable float64 vector from little-endian payload bytes."""
     return np.frombuffer(raw, dtype=LE_F64).astype(np.float64)
@@ -213,6 +218,30 @@ class SpecBase(BaseModel):
         """The fleet value a collector acts on, in parts, given its own report of now (only merge
         substitutes it: its fleet value holds the caller's own last slot)."""
         return {} if value is None else self.parts_of(value)
+
+    def keeps_slot_across_lives(self) -> bool:
+        """Whether a new process of a shard that did not resume the key still finds its previous
+        life's slot its own (a pull hands it back): only where the semantics keeps slots that live on."""
+        return False
+
+    def moments(self, name: str, parts: Mapping[str, Vector]) -> tuple[Vector, Vector | None]:
+        """The fleet ``(mean, var)`` of the key's value in ``parts``: only pooled statistics have them."""
+        raise errors.ConfigurationError(f"{name}: moments are a merge key's; this key is {self.semantics}")
+
+    def metrics(self, name: str, parts: Mapping[str, Vector]) -> dict[str, float]:
+        """Flat, logger-ready figures of the fleet value: a scalar value by itself, nothing for a vector."""
+        value = parts.get("value")
+        return {} if value is None or value.size != 1 else {f"redisync/{name}/value": float(value)}
+
+    def describe(self, meta: Mapping[str, str], read: Callable[[list[str]], list[Any]], now_us: int) -> dict[str, Any]:
+        """What ``redisync inspect`` shows of the key beyond its semantics, shape and version, from
+        its key-meta fields (``meta``) and its data fields (``read(fields)``: their stored bytes)."""
+        return {}
+
+    def drift_measure(self) -> str | None:
+        """How far a shard's part may be from the fleet's (`redisync.inspection.drift`): ``moments``
+        (offsets in pooled standard deviations), ``distribution`` (total variation), or None."""
+        return None
 
 
 class ReportBase(BaseModel):

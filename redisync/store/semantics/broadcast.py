@@ -6,6 +6,7 @@ normaliser the learner owns). Its Lua: ``lua/semantics/broadcast.lua``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -56,6 +57,10 @@ class BroadcastSpec(SpecBase):
             return bad
         return KeyState(version=state.version + 1, value=report.payload.copy(), writer=report.shard_id)
 
+    def describe(self, meta: Mapping[str, str], read: Callable[[list[str]], list[Any]], now_us: int) -> dict[str, Any]:
+        """Its owner and last writer."""
+        return {"owner": self.owner, "writer": meta.get("writer")}
+
 
 def broadcast(shape: int | tuple[int, ...], owner: int | None = None) -> BroadcastSpec:
     """A last-writer-wins key (penalty scale, curriculum stage, a learner-owned normaliser).
@@ -65,3 +70,6 @@ def broadcast(shape: int | tuple[int, ...], owner: int | None = None) -> Broadca
         owner: the one shard that may write it (holosoma's rank 0); ``None``: any shard.
     """
     return build(BroadcastSpec, shape=shape, owner=owner)
+
+
+SPEC = BroadcastSpec  # the registry's entry (see __init__)

@@ -62,3 +62,6 @@ def maximum(shape: int | tuple[int, ...]) -> MaximumSpec:
         shape: the value's shape (``()`` for a scalar).
     """
     return build(MaximumSpec, shape=shape)
+
+
+SPEC = MaximumSpec  # the registry's entry (see __init__)

@@ -17,14 +17,14 @@ into it from here by ``scripts/generate_fold_pass.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from ... import errors
-from .base import Bad, Fold, KeyState, Part, ReportBase, Slot, SpecBase, Vector, build, vector
+from .base import Bad, Fold, KeyState, Part, ReportBase, Slot, SpecBase, Vector, age_s, build, vector
 
 SUB = 4  # shard ids per sub-group (stored as ``sub:<id // SUB>``)
 SUBS = 4  # sub-groups per group (stored as ``group:<id // (SUB * SUBS)>``)
@@ -265,6 +265,55 @@ class MergeSpec(SpecBase):
         # the folds read the writers as ascending shard ids: the list is the slots', in that order
         meta["writers"] = ",".join(str(w) for w in sorted(int(w) for w in writers)).encode()
 
+    def keeps_slot_across_lives(self) -> bool:
+        """A state key's slot is the shard's whatever life wrote it; a history key's is its writer's."""
+        return self.lifecycle == "state"
+
+    def moments(self, name: str, parts: Mapping[str, Vector]) -> tuple[Vector, Vector | None]:
+        """The fleet ``(mean, var)`` (var is None without sumsq)."""
+        return moments(parts["count"], parts["sum"], parts.get("sumsq"))
+
+    def metrics(self, name: str, parts: Mapping[str, Vector]) -> dict[str, float]:
+        """The pooled count and the sum's total."""
+        return {
+            f"redisync/{name}/count": float(np.sum(parts["count"])),
+            f"redisync/{name}/sum_total": float(np.sum(parts["sum"])),
+        }
+
+    def describe(self, meta: Mapping[str, str], read: Callable[[list[str]], list[Any]], now_us: int) -> dict[str, Any]:
+        """The pooled count, the retired count, the slots dropped, and per live slot its shard, life,
+        seq, age, count and whether it is stale (a state key's stale slot still counts until the
+        next fold of the key drops it; a history key keeps it)."""
+        writers = [w for w in meta.get("writers", "").split(",") if w]
+        raw = read(["agg", "retired"] + [f"slot:{w}" for w in writers])
+        first = [float(np.frombuffer(v[:8], "<f8")[0]) if isinstance(v, bytes) and len(v) >= 8 else 0.0 for v in raw]
+        slots = []
+        for shard, count in zip(writers, first[2:], strict=False):
+            age = age_s(now_us, meta[f"slot:{shard}:at_us"])
+            limit = self.stale_after_s if self.lifecycle == "state" else None
+            slots.append(
+                {
+                    "shard": int(shard),
+                    "incarnation": meta[f"slot:{shard}:incarnation"],
+                    "seq": int(meta[f"slot:{shard}:seq"]),
+                    "age_s": age,
+                    "count": count,
+                    "stale": limit is not None and age is not None and age > limit,
+                }
+            )
+        return {
+            "count": first[0],
+            "stale_after_s": self.stale_after_s,
+            "retired_count": first[1],
+            "dropped_stale": int(meta.get("dropped_stale", 0)),
+            "dropped_lapsed": int(meta.get("dropped_lapsed", 0)),
+            "slots": slots,
+        }
+
+    def drift_measure(self) -> str | None:
+        """Moments with sums of squares; a distribution over several elements; a scalar sum: none."""
+        return "moments" if self.sumsq else "distribution" if self.size >= 2 else None
+
     def others(self, value: Vector | None, own_slot: Vector | None) -> Vector | None:
         """The fleet value without the caller's slot (None when never written)."""
         if value is None:
@@ -388,3 +437,6 @@ def check_sums(
         del data[fld]
     data.update({fld: np.ascontiguousarray(v, dtype="<f8").tobytes() for fld, v in derived.items()})
     info["sums_layout"] = LAYOUT.encode()
+
+
+SPEC = MergeSpec  # the registry's entry (see __init__)
