@@ -28,7 +28,7 @@ from .maximum import MaximumReport, MaximumSpec
 from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
 
 # the registry: one name per semantics
-NAMES = ("broadcast", "merge", "maximum")
+NAMES = ("broadcast", "merge", "maximum", "minimum")
 
 SEMANTICS: dict[str, type[SpecBase]] = {name: importlib.import_module(f"{__name__}.{name}").SPEC for name in NAMES}
 if TYPE_CHECKING:  # (a union made at run time is no static type: code asks a spec through SpecBase)
