@@ -6,6 +6,7 @@ from .errors import RedisyncError
 from .store.client import RunSnapshot, ShardClient, Store, connect
 from .store.codec import KeyView, PublishResult, PullResult
 from .store.schema import BroadcastReport, Limits, MaximumReport, MergeReport, Schema, broadcast, maximum, merge
+from .store.semantics.minimum import MinimumReport, minimum
 
 __all__ = [
     "BroadcastReport",
@@ -13,6 +14,7 @@ __all__ = [
     "Limits",
     "MaximumReport",
     "MergeReport",
+    "MinimumReport",
     "PublishResult",
     "PullResult",
     "RedisyncError",
@@ -25,6 +27,7 @@ __all__ = [
     "connect",
     "maximum",
     "merge",
+    "minimum",
     "new_syncer",
 ]
 __version__ = "0.1.0"
