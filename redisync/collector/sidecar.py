@@ -51,14 +51,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .. import errors
-from ..store.client import Store, connect
+from ..store.client import connect
 from ..store.codec import KeyView, PullResult
 from ..store.schema import Limits, Schema, encode_reports, plain_numbers
 from ..store.semantics import REPORT_PARTS
@@ -83,7 +83,9 @@ from .mailbox import (
 )
 from .seam import SyncedTerm
 from .shared_state import SharedState, SidecarState
-from .syncer import Syncer, _live, report_of
+from .syncer import Syncer
+from .thread_worker import STATS
+from .worker import claim, report_of
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +150,13 @@ class ReportCodec:
         return flat
 
 
-class SidecarSyncer(Syncer):
-    """The collector's side of the process worker: the `Syncer` API over a mailbox."""
+class SidecarWorker:
+    """The collector's side of the process worker: a `Worker` over a mailbox and shared memory."""
 
-    def __init__(self, store: Store, shard_id: int, terms: Sequence[SyncedTerm], **kwargs: Any):
-        super().__init__(store, shard_id, terms, **kwargs)
+    def __init__(self, syncer: Syncer):
+        self.syncer = syncer
+        self.store, self.shard, self.schema, self.problems = syncer.store, syncer.shard, syncer.schema, syncer.problems
+        store = self.store
         if store.connect_args is None:
             raise errors.ConfigurationError(
                 "worker='process' needs a Redis URL: the embedded store lives inside this process, where a sidecar "
@@ -186,7 +190,11 @@ class SidecarSyncer(Syncer):
         self._status_seq = 0
         self._header: Any = None  # the mailbox's header once started: on_step counts steps there
         self._shared: SharedState | None = None  # the shared terms' buffers (see redisync.collector.shared_state)
-        self._handed: list[SyncedTerm] = self.terms  # the terms handed decoded fleet states
+        self._handed: list[SyncedTerm] = syncer.terms  # the terms handed decoded fleet states
+        self._sidecar_stats: dict[str, int] = dict.fromkeys(STATS, 0)  # the sidecar's counters as last reported
+        self._ready: PullResult | None = None  # the newest fleet state the sidecar left in the inbox, decoded
+        self._ready_at = 0.0
+        self._applied: PullResult | None = None
         self._flush_request = 0
         self._owed = False  # a report fell due while the sidecar was busy and was not handed over yet
 
@@ -196,23 +204,13 @@ class SidecarSyncer(Syncer):
     def stats(self) -> dict[str, int]:
         """The worker's counters, summed over every sidecar this collector has run (a replaced one's
         as it last reported them), and the collector's own."""
-        stats: dict[str, int] = self._worker_status()["stats"]
+        stats: dict[str, int] = self.status()["stats"]
         return stats
 
-    @stats.setter
-    def stats(self, value: dict[str, int]) -> None:  # Syncer.__init__'s zeros: the sidecar's status replaces them
-        """The sidecar worker's counters as last reported through shared memory."""
-        self._sidecar_stats = value
-
-    @property  # type: ignore[override]
+    @property
     def latencies_ms(self) -> list[float]:
         """The sidecar's most recent publish latencies."""
-        return list(self._worker_status().get("latencies_ms", ()))
-
-    @latencies_ms.setter
-    def latencies_ms(self, value: Any) -> None:  # the thread worker's deque: unused here
-        """The publish latencies the sidecar measured, newest last."""
-        pass
+        return list(self.status().get("latencies_ms", ()))
 
     def on_step(self) -> None:
         """Once per env step: counts. The shared terms' reports are the sidecar's to read when a
@@ -222,13 +220,11 @@ class SidecarSyncer(Syncer):
         header = self._header
         if header is not None:
             header[STEPS] += 1
-        if self._reporting:
-            self._steps += 1
-            if self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s:
-                if header is not None and header[DONE] >= self._out_seq:
-                    self._take_reports()
-                else:
-                    self._owed = True  # due while the sidecar was busy: handed over when it is free
+        if self.syncer.reporting and self.syncer.report_due():
+            if header is not None and header[DONE] >= self._out_seq:
+                self._take_reports()
+            else:
+                self._owed = True  # due while the sidecar was busy: handed over when it is free
 
     def flush(self) -> bool:
         """Hand over the copied terms' reports and ask the sidecar to publish the shared ones now;
@@ -237,7 +233,17 @@ class SidecarSyncer(Syncer):
         if self._header is not None and self._shared is not None and self._shared.parts:
             self._header[FLUSH] += 1
             self._flush_request = self._header[FLUSH]
-        return self._start_failed is None and self.mailbox is not None and self._process is not None
+        return self.mailbox is not None and self._process is not None
+
+    def _take_reports(self, settle: bool = False) -> None:
+        reports = self.syncer.take_reports(settle)
+        if reports:
+            self._hand_over(reports)
+
+    def pending(self) -> bool:
+        """Whether the sidecar has not answered yet for a report handed over (or a flush asked)."""
+        box = self.mailbox
+        return box is not None and (box.header[DONE] < self._out_seq or box.header[FLUSHED] < self._flush_request)
 
     def _hand_over(self, reports: dict[str, Mapping[str, Any]]) -> None:
         if self.mailbox is None:  # stopped, or a forked child's copy of its parent's syncer
@@ -265,19 +271,19 @@ class SidecarSyncer(Syncer):
                 raise
             except (TypeError, ValueError, RuntimeError) as e:  # a part numpy cannot read, as the models name it
                 raise errors.MalformedReport(None, f"not an array of numbers: {e}") from None
-            if self._problem is not None:
-                self._clear_problem("publish")
+            if self.problems.current is not None:
+                self.problems.clear("publish")
         except (MailboxFull, errors.InvalidReport) as e:  # refused here, as the thread worker would: training goes on
             self._own_stats["mailbox_overflows" if isinstance(e, MailboxFull) else "rejected_before_sending"] += 1
-            self._report_problem(f"publish: {e}", logging.ERROR)
+            self.problems.report(f"publish: {e}", logging.ERROR)
 
-    def at_reset_boundary(self) -> bool:
+    def at_reset_boundary(self) -> tuple[int, float] | None:
         """Take a newer fleet state in: the shared terms' with one copy, the others' decoded from
-        the inbox. True if one was applied."""
+        the inbox. Its version and when it was ready, or None."""
         shared = self._shared
-        applied = shared is not None and shared.staged[0] != shared.taken and shared.take()
-        if applied:
-            self._applied_version, self._applied_at = shared.applied, time.monotonic()  # type: ignore[union-attr]
+        applied = None
+        if shared is not None and shared.staged[0] != shared.taken and shared.take():
+            applied = shared.applied, time.monotonic()
         if self._handed:
             header = self._header
             if header is not None and header[2 * INBOX] != self._in_seq:
@@ -286,8 +292,8 @@ class SidecarSyncer(Syncer):
             if ready is not None and ready is not self._applied:
                 for term in self._handed:
                     term.apply_shard_state(ready)
-                self._applied, self._applied_at, self._applied_version = ready, self._ready_at, ready.fleet_version
-                applied = True
+                self._applied = ready
+                applied = ready.fleet_version, self._ready_at
         return applied
 
     def _decode(self, message: tuple[Any, ...]) -> PullResult:
@@ -311,27 +317,16 @@ class SidecarSyncer(Syncer):
             self._in_seq, message = got
             self._ready, self._ready_at = self._decode(message), time.monotonic()
 
-    def wait_synced(self, at_least: int = 0, timeout: float = 10.0) -> bool:
-        """As `Syncer.wait_synced`; a shared term's report is read by the sidecar itself."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self._start_failed is None:
-            self._fetch()
-            ready, box = self._ready, self.mailbox
-            if self._owed and box is not None and box.header[DONE] >= self._out_seq:
-                self._take_reports()  # the report on_step skipped, as the thread worker would have it pending
-            published = (
-                box is not None and box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
-            )
-            if (
-                published
-                and ready is not None
-                and ready.fleet_version >= max(at_least, self._worker_status()["announced"])
-            ):
-                return True
-            time.sleep(0.01)
-        return False
+    def synced(self, at_least: int) -> bool:
+        """As the thread worker's; a shared term's report is read by the sidecar itself."""
+        self._fetch()
+        ready, box = self._ready, self.mailbox
+        if self._owed and box is not None and box.header[DONE] >= self._out_seq:
+            self._take_reports()  # the report on_step skipped, as the thread worker would have it pending
+        published = box is not None and box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
+        return published and ready is not None and ready.fleet_version >= max(at_least, self.status()["announced"])
 
-    def _worker_status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         """The sidecar's last status (its worker's counters, problem, subscription, latencies) with
         the collector's own counters and problem on top."""
         with self._status_lock:
@@ -349,14 +344,14 @@ class SidecarSyncer(Syncer):
             } | self._status
             counts = {k: int(v) + self._retired.get(k, 0) for k, v in status["stats"].items()}
         zombie = (status["problem"] or "").startswith("zombie:")  # for good: it outranks a passing problem of ours
-        problem = status["problem"] if zombie else self._problem or status["problem"]
+        problem = status["problem"] if zombie else self.problems.current or status["problem"]
         return status | {"problem": problem, "stats": {**self._retired, **counts, **self._own_stats}}
 
     def _retire_sidecar(self) -> None:
         """Before a replacement starts: keep the dead sidecar's counters (its last status), so that the
         collector's counters go on from them instead of falling back to the new sidecar's zeros."""
         with self._status_lock:
-            self._worker_status()  # its last status, if not read yet
+            self.status()  # its last status, if not read yet
             stats = self._status.get("stats", {})
             for k, v in stats.items():
                 self._retired[k] = self._retired.get(k, 0) + int(v)
@@ -364,14 +359,20 @@ class SidecarSyncer(Syncer):
 
     # ------------------------------------------------------------------ life cycle
 
-    def _prepare_worker(self) -> None:
+    def prepare(self) -> None:
         """The mailbox and the shared buffers exist before start() returns, so the hot path works at
         once, even while the store has not answered yet."""
         self.mailbox = Mailbox.create(_slot_bytes(self.schema, 1), _slot_bytes(self.schema, 2))
         self._share_state()
         self._header = self.mailbox.header
 
-    def _start_worker(self) -> None:
+    def register(self) -> None:
+        """Register the schema and claim the shard in this process, and lease it (the sidecar renews it)."""
+        claim(self.syncer, None)
+        self.store.lease(self.shard.shard_id, self.shard.incarnation, max(1, int(self.syncer.lease_s * 1e3)))
+
+    def start(self) -> None:
+        """Spawn the sidecar, wait for it to serve, and watch it."""
         assert self.mailbox is not None
         self._limits_read = self._read_limits()
         if self.shard._incarnation is not None:
@@ -412,7 +413,7 @@ class SidecarSyncer(Syncer):
         if box.header[SIDECAR_PID] == process.pid:
             return True
         if process.poll() is not None:
-            self._report_problem(
+            self.problems.report(
                 f"sidecar: could not start (exit code {process.returncode}; its error is on stderr)", logging.ERROR
             )
         return False
@@ -421,8 +422,9 @@ class SidecarSyncer(Syncer):
         """Offer every term shared memory for what it reports and receives; the ones that take it
         leave the copy path in that direction."""
         shared = SharedState(self.schema)
-        self._reporting = [t for t in self.terms if not (hasattr(t, "share_report") and t.share_report(shared))]
-        self._handed = [t for t in self.terms if not (hasattr(t, "share_fleet") and t.share_fleet(shared))]
+        terms = self.syncer.terms
+        self.syncer.reporting = [t for t in terms if not (hasattr(t, "share_report") and t.share_report(shared))]
+        self._handed = [t for t in terms if not (hasattr(t, "share_fleet") and t.share_fleet(shared))]
         if shared.parts or shared.received:
             self._shared = shared
         else:
@@ -444,12 +446,12 @@ class SidecarSyncer(Syncer):
             "mailbox": (box.name, box.sizes),
             "lifeline": read_end,
             "shared": None if self._shared is None else self._shared.layout(),
-            "cadence": (self.publish_every_steps, self.publish_every_s),
+            "cadence": (self.syncer.publish_every_steps, self.syncer.publish_every_s),
             "syncer": {
-                "poll_every_s": self.poll_every_s,
-                "min_pull_interval_s": self.min_pull_interval_s,
-                "retry_every_s": self.retry_every_s,
-                "lease_s": self.lease_s,
+                "poll_every_s": self.syncer.poll_every_s,
+                "min_pull_interval_s": self.syncer.min_pull_interval_s,
+                "retry_every_s": self.syncer.retry_every_s,
+                "lease_s": self.syncer.lease_s,
             },
         }
         box.header[SIDECAR_PID] = 0
@@ -491,14 +493,14 @@ class SidecarSyncer(Syncer):
             if process.poll() is None and not hung:
                 if time.monotonic() - started > MAX_BACKOFF_S:
                     backoff = 0.0  # it has lived a while: the next death is a new incident
-                    self._clear_problem("sidecar")
+                    self.problems.clear("sidecar")
                 continue
             if hung:
                 process.kill()
                 process.wait()
             served = box.header[SIDECAR_PID] == process.pid
             what = ("hung" if hung else "died") if served else "could not start"
-            self._report_problem(f"sidecar: {what} (exit code {process.poll()}): restarting it", logging.WARNING)
+            self.problems.report(f"sidecar: {what} (exit code {process.poll()}): restarting it", logging.WARNING)
             backoff = min(MAX_BACKOFF_S, 2 * backoff or CHECK_EVERY_S)
             if self._stopping.wait(backoff):
                 break
@@ -507,24 +509,22 @@ class SidecarSyncer(Syncer):
             try:
                 self._spawn()
             except Exception as e:  # said in health(); tried again after the next pause
-                self._report_problem(f"sidecar: could not restart: {type(e).__name__}: {e}", logging.ERROR)
+                self.problems.report(f"sidecar: could not restart: {type(e).__name__}: {e}", logging.ERROR)
                 continue
             self._await_serving()
             started = time.monotonic()
 
-    def stop(self, flush: bool = True, timeout: float = 5.0) -> bool:
+    def stop(self, flush: bool, deadline: float) -> bool:
         """Ask the sidecar to publish the current reports (when ``flush``) and exit; kill it if it has
-        not within ``timeout``. A sidecar that died just before is replaced first, so the last
+        not by ``deadline``. A sidecar that died just before is replaced first, so the last
         report is published whenever the last sidecar died; one that cannot publish in time (starved
         on a loaded machine: it runs at a lower priority) is killed and the collector publishes the
         last report itself. Frees the shared memory. True when the last reports reached the store."""
-        if self._forked or self.mailbox is None:
-            return not self._forked and self._stopped_published
-        _live.discard(self)
-        deadline = time.monotonic() + timeout
-        self._stop.set()  # a start still waiting for the store does not spawn a sidecar any more
-        if self._starter is not None and self._starter.is_alive():
-            self._starter.join(max(0.0, deadline - time.monotonic()))
+        if self.mailbox is None:
+            return self._stopped_published
+        timeout = max(0.0, deadline - time.monotonic())
+        self.syncer.closing.set()  # a start still waiting for the store does not spawn a sidecar any more
+        self.syncer.join_start(deadline)
         if flush:
             self.flush()
         self._stopping.set()
@@ -546,7 +546,7 @@ class SidecarSyncer(Syncer):
             self.mailbox.header[STOP] = 2
             self._wait_exit(self._process, deadline)
         self._stopped_published = published
-        self._worker_status()  # the last counters, for metrics() after stop()
+        self.status()  # the last counters, for metrics() after stop()
         if self._lifeline >= 0:
             os.close(self._lifeline)
             self._lifeline = -1
@@ -570,7 +570,7 @@ class SidecarSyncer(Syncer):
         for the store until ``deadline`` only (a store that hangs gets the publish in the background)."""
         assert self.mailbox is not None
         reports: dict[str, Mapping[str, Any]] = {}
-        for term in self.terms:
+        for term in self.syncer.terms:
             reports.update(report_of(term, settle=True))
         if not reports:
             return True
@@ -640,8 +640,8 @@ class SidecarSyncer(Syncer):
             process.wait()
             return None
 
-    def _after_fork_in_child(self) -> None:
-        super()._after_fork_in_child()
+    def after_fork(self) -> None:
+        """The child keeps no sidecar, no lifeline and private copies of the shared buffers."""
         self._header, self.mailbox, self._process, self._monitor = None, None, None, None
         if self._lifeline >= 0:
             os.close(self._lifeline)  # the sidecar must see its collector's death, not wait for this child's
@@ -761,7 +761,7 @@ def _exit_with_collector(lifeline: int) -> None:
 
 
 def _status(syncer: Syncer) -> dict[str, Any]:
-    status = syncer._worker_status()
+    status = syncer.worker.status()
     keep = {k: status[k] for k in ("announced", "subscribed", "problem", "schema_mismatch", "latency", "stats")}
     return keep | {"latencies_ms": list(syncer.latencies_ms)[-STATUS_LATENCIES:]}
 

@@ -1,5 +1,4 @@
-"""Which worker a collector's `Syncer` gets: the one decision both
-worker modules sit below (the sidecar's is a subclass of the thread worker's Syncer)."""
+"""Which worker a collector's `Syncer` gets: the one decision both worker modules sit below."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from collections.abc import Sequence
 from .. import errors
 from ..store.client import Store
 from .seam import SyncedTerm
-from .sidecar import SidecarSyncer
+from .sidecar import SidecarWorker
 from .syncer import LEASE_S, Syncer
 
 WORKERS = ("auto", "process", "thread")
@@ -79,7 +78,7 @@ def new_syncer(
             f"worker='process' needs a CPU that keeps stores in order (x86); this one is {platform.machine()!r}: "
             "use worker='thread'"
         )
-    return (SidecarSyncer if worker == "process" else Syncer)(
+    syncer = Syncer(
         store,
         shard_id,
         terms,
@@ -94,3 +93,4 @@ def new_syncer(
         take_over=take_over,
         lease_s=lease_s,
     )
+    return syncer.use(SidecarWorker) if worker == "process" else syncer

@@ -75,7 +75,7 @@ def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, w
 
 
 def test_without_a_subscription_a_poll_is_one_plain_read_of_the_version(real_url, monkeypatch):
-    monkeypatch.setattr("redisync.collector.syncer.Syncer._listen", lambda self: None)  # never subscribed
+    monkeypatch.setattr("redisync.collector.thread_worker.ThreadWorker._listen", lambda self: None)  # never subscribed
     term = Cumulative()
     with _collector(real_url, term, "thread", poll_every_s=0.05) as (store, syncer):
         term.step()
@@ -116,14 +116,16 @@ def test_a_version_announced_while_the_first_pull_is_on_its_way_is_pulled(real_u
 
     def pull(check_first: bool = True):
         if not folded:  # the first pull: once the subscription is live, so the fold is announced to us
-            assert wait_for(lambda: syncer._subscribed, timeout=20)
+            assert wait_for(lambda: syncer.worker._subscribed, timeout=20)
         result = real_pull(check_first=check_first)
         if not folded:
             assert result is not None
             assert result.epoch_changed
             assert result.fleet_version == 0
             other.publish({KEY: {"count": 4.0, "sum": [1.0] * 8}})  # version 1, announced
-            folded.append(wait_for(lambda: syncer._announced == 1, timeout=20))  # heard before the pull is applied
+            folded.append(
+                wait_for(lambda: syncer.worker._announced == 1, timeout=20)
+            )  # heard before the pull is applied
         return result
 
     syncer.shard.pull = pull
@@ -150,7 +152,7 @@ def test_a_subscription_gone_silent_is_replaced_and_the_fold_it_missed_is_pulled
     term = Cumulative()
     store = redisync.connect(real_url, run=f"cadence-{uuid.uuid4().hex[:8]}")
     syncer = new_syncer(redisync.connect(url, run=store.run), 0, [term], worker="thread", poll_every_s=0.05)
-    syncer.keepalive_s = 0.5
+    syncer.worker.keepalive_s = 0.5
     try:
         syncer.start()
         assert wait_for(lambda: syncer.metrics()["redisync/subscribed"] == 1.0, timeout=20)

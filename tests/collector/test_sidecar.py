@@ -104,13 +104,14 @@ def test_the_sidecar_is_only_used_where_stores_stay_in_order(monkeypatch):
     """Its seqlocks have no fences: on a CPU that may reorder stores (aarch64) auto takes the thread."""
     import platform
 
-    from redisync.collector.sidecar import SidecarSyncer
+    from redisync.collector.sidecar import SidecarWorker
+    from redisync.collector.thread_worker import ThreadWorker
 
     store = redisync.connect("redis://127.0.0.1:6379/9", run="never-started")
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    assert type(new_syncer(store, 0, [Cumulative()])) is SidecarSyncer
+    assert type(new_syncer(store, 0, [Cumulative()]).worker) is SidecarWorker
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    assert type(new_syncer(store, 0, [Cumulative()])) is Syncer
+    assert type(new_syncer(store, 0, [Cumulative()]).worker) is ThreadWorker
     with pytest.raises(errors.ConfigurationError, match="keeps stores in order"):
         new_syncer(store, 0, [Cumulative()], worker="process")
 
@@ -125,13 +126,13 @@ def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
             term.step()
             syncer.on_step()
         assert syncer.wait_synced(timeout=10)
-        first = syncer.sidecar_pid
+        first = syncer.worker.sidecar_pid
         os.kill(first, signal.SIGKILL)
         for _ in range(20):  # the collector trains on while its sidecar is gone
             term.step(2.0)
             syncer.on_step()
             syncer.at_reset_boundary()
-        assert wait_for(lambda: syncer.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
+        assert wait_for(lambda: syncer.worker.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
         syncer.flush()
         assert syncer.wait_synced(store.fleet().fleet_version, timeout=10)
         assert syncer.at_reset_boundary() or term.fleet is not None
@@ -161,9 +162,9 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
         from tests.collector.test_sidecar import Cumulative
         terms = [Cumulative(), AdaptiveMotionSampler(500, 0.02)]
         syncer = new_syncer(redisync.connect({real_url!r}, run={run!r}), 0, terms, worker="process").start()
-        layout = syncer._shared.layout()
+        layout = syncer.worker._shared.layout()
         shared = [layout["control"], layout["staging"][0]] + [name for name, _ in layout["blocks"]]
-        print(syncer.sidecar_pid, syncer.mailbox.name, *shared, flush=True)
+        print(syncer.worker.sidecar_pid, syncer.worker.mailbox.name, *shared, flush=True)
         time.sleep(60)
     """)
     before = set(os.listdir("/dev/shm"))
@@ -194,7 +195,7 @@ def test_stop_publishes_the_last_report_and_frees_everything(real_url):
         for _ in range(7):
             term.step()
             syncer.on_step()  # no publish is due yet: stop() hands the report over
-        pid, shm = syncer.sidecar_pid, syncer.mailbox.name
+        pid, shm = syncer.worker.sidecar_pid, syncer.worker.mailbox.name
         syncer.stop(flush=True)
         assert float(store.fleet().keys[KEY].parts()["count"]) == 7
         assert not _alive(pid)
@@ -266,7 +267,7 @@ def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
         for shard, (s, n, _) in enumerate(fleets)
     ]
     try:
-        assert all(sy._reporting == [] and sy._handed == [] for sy in syncers)  # both terms shared, both ways
+        assert all(sy.reporting == [] and sy.worker._handed == [] for sy in syncers)  # both terms shared, both ways
         data = [_train(s, n, g, sy, 40) for (s, n, g), sy in zip(fleets, syncers, strict=False)]
         for sy in syncers:
             sy.flush()
@@ -321,9 +322,9 @@ def test_a_replaced_sidecars_counters_carry_on_in_the_collectors_stats(real_url)
             assert wait_for(lambda: folded() == term.count)
         assert wait_for(lambda: sent() >= 10)  # as the sidecar reported them (a flushed copy may add one)
         before = sent()
-        first = syncer.sidecar_pid
+        first = syncer.worker.sidecar_pid
         os.kill(first, signal.SIGKILL)
-        assert wait_for(lambda: syncer.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
+        assert wait_for(lambda: syncer.worker.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
         term.step()
         syncer.on_step()
         syncer.flush()
@@ -344,10 +345,10 @@ def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
     other = store.shard(1)
     try:
         _train(sampler, norm, g, syncer, 10)
-        first = syncer.sidecar_pid
+        first = syncer.worker.sidecar_pid
         os.kill(first, signal.SIGKILL)
         _train(sampler, norm, g, syncer, 10)  # training goes on while the sidecar is gone
-        assert wait_for(lambda: syncer.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
+        assert wait_for(lambda: syncer.worker.sidecar_pid != first and syncer.stats["sidecar_restarts"] == 1)
         other.publish({"motion/bin_failed": {"count": 1.0, "sum": np.full(sampler.bin_count, 0.25)}})
         syncer.flush()
         assert syncer.wait_synced(store.fleet().fleet_version, timeout=10)
@@ -373,8 +374,8 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
         store, 0, [sampler, norm], worker="process", publish_every_steps=1000, publish_every_s=3600
     ).start()
     try:
-        names = [syncer._shared._control.name, syncer._shared._staging_shm.name] + [
-            shm.name for shm, _ in syncer._shared._blocks
+        names = [syncer.worker._shared._control.name, syncer.worker._shared._staging_shm.name] + [
+            shm.name for shm, _ in syncer.worker._shared._blocks
         ]
         assert all(os.path.exists(name) for name in names)
         _train(sampler, norm, g, syncer, 5)
@@ -407,9 +408,9 @@ def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url
     writer = new_syncer(store, 0, [learner], worker="process").start()
     reader = new_syncer(store, 1, [collector], worker="process", poll_every_s=0.05).start()
     try:
-        assert reader._handed == []
-        assert reader._reporting == []
-        assert writer._reporting == [learner]
+        assert reader.worker._handed == []
+        assert reader.reporting == []
+        assert writer.reporting == [learner]
         assert not reader.at_reset_boundary() or float(collector.count) == 0  # nothing published: untouched
         torch.testing.assert_close(collector.std, torch.ones(3))
         learner.update(torch.randn(500, 3, generator=torch.Generator().manual_seed(0)) * 2 + 5)

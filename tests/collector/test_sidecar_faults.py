@@ -56,7 +56,7 @@ def _train(term, syncer, steps: int) -> None:
 
 
 def _serving(syncer) -> bool:
-    return syncer.mailbox is not None and syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid
+    return syncer.worker.mailbox is not None and syncer.worker.mailbox.header[SIDECAR_PID] == syncer.worker.sidecar_pid
 
 
 def test_a_syncer_started_from_a_short_lived_thread_keeps_its_sidecar_and_stop_publishes(real_url):
@@ -76,12 +76,12 @@ def test_a_syncer_started_from_a_short_lived_thread_keeps_its_sidecar_and_stop_p
     starter.join()
     syncer = box["syncer"]
     try:
-        first = syncer.sidecar_pid
+        first = syncer.worker.sidecar_pid
         time.sleep(1.0)
         assert _alive(first), "the sidecar died with the thread that started it"
         _train(term, syncer, 5)
         os.kill(first, signal.SIGKILL)
-        assert wait_for(lambda: syncer.sidecar_pid != first and _serving(syncer), timeout=15)
+        assert wait_for(lambda: syncer.worker.sidecar_pid != first and _serving(syncer), timeout=15)
         _train(term, syncer, 5)
         stopper = threading.Thread(target=syncer.stop)
         stopper.start()
@@ -99,7 +99,7 @@ def test_stop_right_after_a_sidecar_crash_publishes_the_last_report(real_url):
     syncer = new_syncer(store, 0, [term], worker="process", publish_every_steps=1000, publish_every_s=3600).start()
     try:
         _train(term, syncer, 7)
-        pid = syncer.sidecar_pid
+        pid = syncer.worker.sidecar_pid
         os.kill(pid, signal.SIGKILL)
         assert wait_for(lambda: not _alive(pid), timeout=5)
         syncer.stop(flush=True)  # within the monitor's quarter of a second
@@ -149,9 +149,9 @@ def _kill_mid_publish(term, syncer, proxy, store) -> None:
     proxy.hold = 1
     _train(term, syncer, 1)
     assert wait_for(lambda: len(proxy.held) == 1, timeout=10)  # the fold of count 6 is on its way
-    pid = syncer.sidecar_pid
+    pid = syncer.worker.sidecar_pid
     os.kill(pid, signal.SIGKILL)
-    assert wait_for(lambda: syncer.sidecar_pid != pid and _serving(syncer), timeout=15)
+    assert wait_for(lambda: syncer.worker.sidecar_pid != pid and _serving(syncer), timeout=15)
 
 
 def test_a_sidecar_killed_mid_publish_is_followed_by_one_that_sends_the_report(real_url):
@@ -209,7 +209,7 @@ def test_a_sidecar_restarted_while_redis_was_down_never_hands_an_older_version_o
             syncer.at_reset_boundary()
             before = term.applied[-1]
             server.kill()
-            os.kill(syncer.sidecar_pid, signal.SIGKILL)  # its successor starts while Redis is down
+            os.kill(syncer.worker.sidecar_pid, signal.SIGKILL)  # its successor starts while Redis is down
             time.sleep(1.0)
             shutil.rmtree(tmp_path / "appendonlydir")
             shutil.copytree(saved, tmp_path / "appendonlydir")  # the tail is lost
@@ -252,7 +252,7 @@ if child == 0:  # the child trains its copies (its own memory now) and exits nor
     fleet.flush()
     sys.exit(0)
 os.waitpid(child, 0)
-sidecar = fleet.syncer.sidecar_pid
+sidecar = fleet.syncer.worker.sidecar_pid
 alive = os.path.exists(f"/proc/{{sidecar}}")
 same = bool(torch.equal(own, sampler.bin_failed_count))
 fleet.stop()
@@ -525,13 +525,13 @@ def test_an_option_that_cannot_reach_a_sidecar_is_refused_at_construction(real_u
 def test_a_worker_that_fails_to_start_is_never_silent(real_url, monkeypatch, worker):
     """2. Any other exception in the worker's start: health() says so at once, flush() and
     wait_synced() return False (at once), stop() returns."""
-    from redisync.collector.sidecar import SidecarSyncer
-    from redisync.collector.syncer import Syncer
+    from redisync.collector.sidecar import SidecarWorker
+    from redisync.collector.thread_worker import ThreadWorker
 
     def broken(self):
         raise RuntimeError("no worker today")
 
-    monkeypatch.setattr(SidecarSyncer if worker == "process" else Syncer, "_start_worker", broken)
+    monkeypatch.setattr(SidecarWorker if worker == "process" else ThreadWorker, "start", broken)
     store = redisync.connect(real_url, run=f"faults-no-worker-{worker}-{os.getpid()}")
     term = Cumulative()
     syncer = new_syncer(store, 0, [term], worker=worker).start()
@@ -590,10 +590,10 @@ def test_stop_returns_within_its_timeout_when_the_store_hangs_and_the_sidecar_di
         syncer.flush()
         assert syncer.wait_synced(timeout=10)
         proxy.match, proxy.hold = b"", 10**9  # from now on the store answers nothing
-        pid = syncer.sidecar_pid
+        pid = syncer.worker.sidecar_pid
         os.kill(pid, signal.SIGKILL)
-        assert wait_for(lambda: syncer.sidecar_pid not in (None, pid), timeout=10)  # the monitor respawned one
-        successor = syncer.sidecar_pid
+        assert wait_for(lambda: syncer.worker.sidecar_pid not in (None, pid), timeout=10)  # the monitor respawned one
+        successor = syncer.worker.sidecar_pid
         started = time.monotonic()
         syncer.stop(flush=True, timeout=1.0)
         took = time.monotonic() - started
@@ -673,7 +673,7 @@ def test_stop_publishes_the_last_report_when_the_sidecar_is_starved(real_url):
         assert syncer.wait_synced(timeout=10)
         assert _count(store) == 5
         _train(term, syncer, 7)
-        pid = syncer.sidecar_pid
+        pid = syncer.worker.sidecar_pid
         assert wait_for(
             lambda: syncer.at_reset_boundary() or syncer.metrics()["redisync/fleet_version"] > 0, timeout=10
         )
@@ -758,12 +758,12 @@ def test_a_store_that_fails_right_after_the_registration_does_not_fail_the_sidec
     syncer = new_syncer(redisync.connect(real_url, run=store.run), 0, [term], worker="process")
     try:
         syncer.start()
-        assert syncer._start_failed is None
+        assert syncer.start_failed is None
         _train(term, syncer, 3)
         assert syncer.flush()
         assert syncer.wait_synced(timeout=20)
         assert _count(store) == 3.0
-        assert wait_for(lambda: syncer._limits.max_report_bytes == 4096, timeout=20)  # the run's, read later
+        assert wait_for(lambda: syncer.worker._limits.max_report_bytes == 4096, timeout=20)  # the run's, read later
         assert syncer.health()["ok"]
     finally:
         syncer.stop(flush=False)

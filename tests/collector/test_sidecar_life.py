@@ -141,9 +141,13 @@ def _serving_sidecar(c: Collector) -> int:
     not wait for its successor) may not be replaced yet, and its monitor waits a growing pause."""
     syncer = c.syncer
     assert wait_for(
-        lambda: syncer.mailbox.header[SIDECAR_PID] == syncer.sidecar_pid and syncer._process.poll() is None, timeout=15
+        lambda: (
+            syncer.worker.mailbox.header[SIDECAR_PID] == syncer.worker.sidecar_pid
+            and syncer.worker._process.poll() is None
+        ),
+        timeout=15,
     )
-    return syncer.sidecar_pid
+    return syncer.worker.sidecar_pid
 
 
 def _kill_sidecar(c: Collector) -> int:
@@ -184,7 +188,7 @@ class SidecarLife(RuleBasedStateMachine):
         c = self.collectors[shard]
         first = _kill_sidecar(c)
         c.train(steps)  # the collector trains on, its view stale for a moment
-        assert wait_for(lambda: c.syncer.sidecar_pid != first, timeout=10)
+        assert wait_for(lambda: c.syncer.worker.sidecar_pid != first, timeout=10)
 
     def _writers(self, key: str) -> set[int]:
         writers = self.store.redis.hget(self.store.keys.key_meta(key), "writers")
@@ -223,7 +227,7 @@ class SidecarLife(RuleBasedStateMachine):
         held = wait_for(lambda: len(self.proxy.held) == 1, timeout=5)
         self.proxy.hold = 0
         first = _kill_sidecar(c)
-        assert wait_for(lambda: c.syncer.sidecar_pid != first, timeout=10)
+        assert wait_for(lambda: c.syncer.worker.sidecar_pid != first, timeout=10)
         if held and delivered:
             time.sleep(0.3)  # the successor has continued the sequence meanwhile
             self.proxy.release()
@@ -344,9 +348,9 @@ class SidecarLife(RuleBasedStateMachine):
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
         assert torch.equal(own, c.sampler.bin_failed_count), "the child wrote into its parent's shared buffers"
-        assert c.syncer.mailbox is not None, "the child stopped its parent's sidecar"
-        assert c.syncer.mailbox.header[STOP] == 0, "the child stopped its parent's sidecar"
-        assert c.syncer.sidecar_pid == sidecar
+        assert c.syncer.worker.mailbox is not None, "the child stopped its parent's sidecar"
+        assert c.syncer.worker.mailbox.header[STOP] == 0, "the child stopped its parent's sidecar"
+        assert c.syncer.worker.sidecar_pid == sidecar
         assert os.path.exists(f"/proc/{sidecar}")
 
     @rule()

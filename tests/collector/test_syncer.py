@@ -197,7 +197,7 @@ def test_a_paused_redis_never_stalls_the_shared_hot_path_and_the_fleet_catches_u
     ]
     try:
         assert all(
-            s._shared is not None and c.sampler not in s._reporting + s._handed
+            s.worker._shared is not None and c.sampler not in s.reporting + s.worker._handed
             for s, c in zip(syncers, collectors, strict=False)
         )
         run(collectors, syncers, 50, reset_every=1)

@@ -114,7 +114,7 @@ def _rank(rank: int, init: str, url: str, run: str, rounds: int, out: dict) -> N
         if rank == 0:  # the test's own ordering: the owner's publish is pulled before the other shard syncs
             ours.synchronize_curriculum_state(device="cpu", world_size=2)
             assert fleet.syncer.wait_synced(timeout=60)  # (a bound for a loaded machine: 10 s ran out once)
-            version = [fleet.syncer._ready.fleet_version]
+            version = [fleet.syncer.worker._ready.fleet_version]
         dist.broadcast_object_list(version, src=0)
         if rank == 1:
             assert fleet.syncer.wait_synced(at_least=version[0], timeout=60)
@@ -163,7 +163,7 @@ def _collector(rank: int, url: str, run: str, mode: str, rounds: int, handshake,
         if r == rounds // 2:
             if rank == 0:
                 assert fleet.syncer.wait_synced(timeout=60)
-                shared["version"] = fleet.syncer._ready.fleet_version
+                shared["version"] = fleet.syncer.worker._ready.fleet_version
             handshake.wait(timeout=120)
             if rank == 1:
                 assert fleet.syncer.wait_synced(at_least=shared["version"], timeout=60)

@@ -632,11 +632,11 @@ def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
     threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
     store = redisync.connect(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", run="silent", socket_timeout=30)
     syncer = new_syncer(store, 0, [_NormTerm()], worker="thread", incarnation=1)
-    syncer._threads = [
-        threading.Thread(target=syncer._work, daemon=True),
-        threading.Thread(target=syncer._listen, daemon=True),
+    syncer.worker._threads = [
+        threading.Thread(target=syncer.worker._work, daemon=True),
+        threading.Thread(target=syncer.worker._listen, daemon=True),
     ]
-    for t in syncer._threads:
+    for t in syncer.worker._threads:
         t.start()
     syncer.on_step()
     time.sleep(0.2)
