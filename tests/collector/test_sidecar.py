@@ -17,7 +17,6 @@ import pytest
 import redisync
 from redisync import errors, merge
 from redisync.collector.mailbox import OUTBOX, Mailbox, MailboxFull
-from redisync.collector.syncer import Syncer
 from redisync.collector.workers import new_syncer
 
 from ..support import wait_for
