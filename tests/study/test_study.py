@@ -229,6 +229,7 @@ def test_the_replay_buffer_wraps_around_and_keeps_the_newest():
     assert sorted(buf.obs.flatten().tolist()) == [0.0, 1.0, 1.0, 2.0, 2.0]
 
 
+@pytest.mark.slow  # training (600 updates): the full tier's
 def test_sac_learns_a_one_step_bandit():
     """Reward −(a − 0.5)²: the actor's mean must move to 0.5 (terminal steps, so Q is the reward)."""
     sac = SAC(1, 1, SACConfig(hidden=32, batch_size=256, init_alpha=0.01, lr=3e-3, buffer_size=4096), seed=0)

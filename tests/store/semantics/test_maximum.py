@@ -20,7 +20,7 @@ from redisync.inspection import describe_run
 from redisync.store.client import RunSnapshot
 from redisync.store.schema import Schema, maximum, merge
 
-from ..conftest import backend_url, examples, new_store
+from ...conftest import backend_url, examples, new_store
 
 SCHEMA = Schema.of(
     {"command/range": maximum(3), "terrain/level": maximum(()), "obs/count": merge(1, lifecycle="history")}
@@ -37,6 +37,8 @@ LEVELS = st.lists(st.sampled_from([-3.0, -0.0, 0.0, 0.5, 1.0, 2.0, 1e300]), min_
 def test_the_fleet_value_is_the_greatest_reported_in_any_order_and_folding_twice_changes_nothing(
     backend, reports, order
 ):
+    """Whatever the order, and however often a report is folded again, the fleet value is the
+    element-wise maximum of everything reported."""
     shuffled = list(reports)
     order.shuffle(shuffled)
     finals = []
@@ -65,6 +67,8 @@ def test_the_fleet_value_is_the_greatest_reported_in_any_order_and_folding_twice
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
 def test_any_shard_raises_it_a_lower_report_lowers_nothing_and_moves_no_version(backend):
+    """No owner: any shard may raise the level; a lower report is applied and changes nothing, not
+    even the key's version; a non-finite one is refused."""
     store = new_store(backend)
     try:
         store.register(SCHEMA)
@@ -98,6 +102,8 @@ def test_any_shard_raises_it_a_lower_report_lowers_nothing_and_moves_no_version(
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
 def test_snapshot_and_restore_carry_it_and_refuse_a_corrupt_one(backend):
+    """A restored run holds the level and folds the next report into it; a snapshot with a field
+    the semantics does not write, a non-finite value or a value of another size is refused."""
     src, dst = new_store(backend), new_store(backend)
     try:
         src.register(SCHEMA)
@@ -148,6 +154,8 @@ class Level:
 
 
 def test_syncers_share_the_greatest_level_and_reseed_a_store_that_lost_the_run():
+    """Three Syncers hold the greatest level after a reset boundary, and re-seed a store that lost the
+    run with it."""
     url = backend_url("real")
     run = f"max-{uuid.uuid4().hex[:8]}"
     terms = [Level() for _ in range(3)]
@@ -185,6 +193,7 @@ def test_syncers_share_the_greatest_level_and_reseed_a_store_that_lost_the_run()
 
 
 def test_inspect_and_watch_show_it(tmp_path):
+    """`redisync watch` runs on a run that holds the key, and `redisync inspect` lists it with its semantics."""
     url = backend_url("real")
     store = redisync.connect(url, run=f"max-cli-{uuid.uuid4().hex[:8]}")
     try:
