@@ -60,8 +60,7 @@ from numpy.typing import NDArray
 from .. import errors
 from ..store.client import connect
 from ..store.codec import KeyView, PullResult
-from ..store.schema import Limits, Schema, encode_reports, plain_numbers
-from ..store.semantics import REPORT_PARTS
+from ..store.schema import Encoded, Limits, Schema, encode_reports
 from .mailbox import (
     DONE,
     FLUSH,
@@ -106,40 +105,22 @@ def _slot_bytes(schema: Schema, copies: int) -> int:
 
 
 class ReportCodec:
-    """Reports as tagged float64 vectors for the outbox: the tag names the key (its index in the
-    schema) and the part; the sidecar gives them back their shapes from the schema."""
-
-    PARTS = REPORT_PARTS  # the semantics' parts: a tag is key index × len(PARTS) + part index
+    """Reports through the outbox: each key's payload, checked and encoded once by the collector
+    (`encode_reports`), as one float64 vector tagged with the key's index in the schema; the
+    sidecar publishes it as it came (`Encoded`). The shared terms' parts get their shapes back here."""
 
     def __init__(self, schema: Schema):
         self.schema = schema
         self.names = list(schema.keys)
         self.index = {name: i for i, name in enumerate(self.names)}
 
-    def encode(self, reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[int, Any]]:
-        """A part that is None is left out (as the report models read a missing optional part);
-        a tensor travels without its autograd graph (`plain_numbers`)."""
-        try:
-            return [
-                (self.index[name] * len(self.PARTS) + self.PARTS.index(part), plain_numbers(value))
-                for name, report in reports.items()
-                for part, value in report.items()
-                if value is not None
-            ]
-        except KeyError as e:
-            raise errors.UnknownKey(e.args[0], "not declared in the run's schema") from None
-        except (ValueError, AttributeError):
-            raise errors.MalformedReport(
-                None, f"a report is {{key: {{part: numbers}}}} with parts in {self.PARTS}"
-            ) from None
+    def encode(self, payloads: Mapping[str, bytes]) -> list[tuple[int, NDArray[np.float64]]]:
+        """The payloads as tagged vectors for `Mailbox.write_vectors` (no copy: it copies them in)."""
+        return [(self.index[name], np.frombuffer(payload, dtype="<f8")) for name, payload in payloads.items()]
 
-    def decode(self, vectors: list[tuple[int, Any]]) -> dict[str, Mapping[str, Any]]:
-        """The reports back from the flat vectors `encode` made."""
-        reports: dict[str, dict[str, Any]] = {}
-        for tag, flat in vectors:
-            name, part = self.names[tag // len(self.PARTS)], self.PARTS[tag % len(self.PARTS)]
-            reports.setdefault(name, {})[part] = self.shaped(name, part, flat)
-        return dict(reports)
+    def decode(self, vectors: list[tuple[int, NDArray[Any]]]) -> dict[str, Encoded]:
+        """The payloads back from the vectors `encode` made, as they were encoded."""
+        return {self.names[tag]: Encoded(flat.astype("<f8", copy=False).tobytes()) for tag, flat in vectors}
 
     def shaped(self, name: str, part: str, flat: NDArray[Any]) -> Any:
         """A flat part in its key's shape (a number for a scalar part)."""
@@ -262,11 +243,11 @@ class SidecarWorker:
         assert self.mailbox is not None
         try:
             try:
-                # the thread worker's checks, so a report has the same outcome with either worker
-                encode_reports(self.schema, reports, self._limits, self.shard.shard_id)
-                vectors = self._codec.encode(reports)
+                # the thread worker's checks, so a report has the same outcome with either worker; the
+                # payloads travel as they are encoded here
+                payloads = encode_reports(self.schema, reports, self._limits, self.shard.shard_id)
                 assert self.mailbox is not None
-                self._out_seq = self.mailbox.write_vectors(OUTBOX, vectors)
+                self._out_seq = self.mailbox.write_vectors(OUTBOX, self._codec.encode(payloads))
             except (MailboxFull, errors.InvalidReport):
                 raise
             except (TypeError, ValueError, RuntimeError) as e:  # a part numpy cannot read, as the models name it
@@ -666,7 +647,7 @@ class MailboxTerm:
     def __init__(self, schema: Schema, mailbox: Mailbox, shared: SidecarState | None):
         self.schema, self.mailbox, self.shared_state = schema, mailbox, shared
         self.codec = ReportCodec(schema)
-        self.copied: dict[str, Mapping[str, Any]] = {}
+        self.copied: dict[str, Any] = {}  # the copied terms' payloads, encoded by the collector
         self.shared: dict[str, Mapping[str, Any]] = {}
 
     def schema_entries(self) -> Mapping[str, Any]:

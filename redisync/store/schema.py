@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_LEASE_GRACE_S",
     "BroadcastReport",
     "BroadcastSpec",
+    "Encoded",
     "KeySpec",
     "Lifecycle",
     "Limits",
@@ -217,6 +218,11 @@ def _plain_payload(spec: KeySpec, raw: Any) -> bytes | None:
     return b"".join(pieces) if math.isfinite(total) else None
 
 
+class Encoded(bytes):
+    """A key's report as `encode_reports` made its payload (float64 LE bytes): checked once, where it
+    was made (a sidecar's collector), it travels as is and is not checked and encoded again."""
+
+
 def encode_reports(
     schema: Schema, reports: Mapping[str, Any], limits: Limits, shard: int | None = None
 ) -> dict[str, bytes]:
@@ -238,7 +244,15 @@ def encode_reports(
         refused = None if shard is None else spec.refuses_writer(shard)
         if refused:
             raise errors.NotOwner(name, f"{refused} (refused before sending)")
-        payload = _plain_payload(spec, raw)
+        payload: bytes | None
+        if type(raw) is Encoded:
+            if len(raw) != 8 * spec.width:
+                raise errors.ShapeMismatch(
+                    name, f"an encoded payload of {len(raw)} bytes, the key needs {8 * spec.width}"
+                )
+            payload = raw
+        else:
+            payload = _plain_payload(spec, raw)
         if payload is None:  # anything else, and every error, takes the models' way, which names it
             vectors = coerce_report(name, spec, raw).vectors(name, spec)
             payload = b"".join(np.ascontiguousarray(v, dtype=_LE_F64).tobytes() for v in vectors)

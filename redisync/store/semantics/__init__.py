@@ -37,16 +37,10 @@ if TYPE_CHECKING:  # (a union made at run time is no static type: code asks a sp
 else:
     KeySpec = Annotated[functools.reduce(operator.or_, SEMANTICS.values()), Field(discriminator="semantics")]
     Report = functools.reduce(operator.or_, (spec.report_model for spec in SEMANTICS.values()))
-# every part a report of any semantics may carry, each once (from the report models: a new semantics'
-# parts travel through the sidecar's mailbox with nothing else to change)
-REPORT_PARTS: tuple[str, ...] = tuple(
-    dict.fromkeys(part for spec in SEMANTICS.values() for part in spec.report_model.model_fields)
-)
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
     "NAMES",
-    "REPORT_PARTS",
     "SEMANTICS",
     "BroadcastReport",
     "BroadcastSpec",
