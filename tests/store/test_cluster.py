@@ -12,13 +12,11 @@ import time
 import numpy as np
 import pytest
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 import redisync
 from redisync.store.schema import Schema, broadcast, merge
 
-from ..servers import RedisProcess, free_cluster_port
+from ..servers import LoopbackCluster, RedisProcess
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
@@ -30,45 +28,10 @@ NODES: list[RedisProcess] = []  # the module's cluster, for the tests that pause
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    nodes = NODES
-    nodes.clear()
-    for i in range(3):
-        d = tmp_path_factory.mktemp(f"node{i}")
-        nodes.append(
-            RedisProcess(
-                d,
-                free_cluster_port(),
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                str(d / "nodes.conf"),
-                "--cluster-node-timeout",
-                "2000",
-            ).start()
-        )
-    subprocess.run(
-        [
-            "redis-cli",
-            "--cluster",
-            "create",
-            *[f"127.0.0.1:{n.port}" for n in nodes],
-            "--cluster-replicas",
-            "0",
-            "--cluster-yes",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    for n in nodes:
-        client = redis.Redis(port=n.port, retry=Retry(NoBackoff(), 0), decode_responses=True)
-        for _ in range(200):
-            if client.cluster("info")["cluster_state"] == "ok":
-                break
-            time.sleep(0.05)
-    yield "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)
-    for n in nodes:
-        n.kill()
+    loopback = LoopbackCluster(tmp_path_factory.mktemp("cluster"), primaries=3).start()
+    NODES[:] = loopback.nodes
+    yield loopback.url
+    loopback.stop()
 
 
 def two_runs_on_different_nodes(client) -> tuple[str, str]:
