@@ -110,3 +110,17 @@ def test_a_hung_test_ends_the_run_instead_of_waiting_out_ci(tmp_path):
     typo = subprocess.run([*base, str(tmp_path / "test_typo.py")], capture_output=True, text=True, timeout=120)
     assert typo.returncode != 0
     assert "'integraton' not found in `markers` configuration option" in typo.stdout + typo.stderr
+
+
+def test_a_semantics_lives_in_its_modules_and_the_sidecar_is_a_worker_not_a_syncer():
+    """The envelope stays the envelope (fold.lua at most 600 lines: each semantics' Lua is its own
+    module), and no class of the sidecar's module subclasses Syncer (the Syncer holds its worker)."""
+    import ast
+
+    fold = ROOT / "redisync/store/lua/fold.lua"
+    assert len(fold.read_text().splitlines()) <= 600
+    tree = ast.parse((ROOT / "redisync/collector/sidecar.py").read_text())
+    bases = {
+        node.name: [ast.unparse(b) for b in node.bases] for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+    }
+    assert not [name for name, base in bases.items() if any(b.endswith("Syncer") for b in base)], bases
