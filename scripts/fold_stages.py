@@ -46,8 +46,8 @@ LANDMARKS = (
     ("local cut = 8 * count_size", "the fused pass over the values"),
     ("-- apply ---", "the sums to write, the rest of the key"),
     ("local versions = {}", "the stream entry (XADD)"),
-    ("redis.call('PUBLISH'", "the writes (HSETs of data, key meta, run meta, shards)"),
-    (None, "PUBLISH and the reply"),
+    ("announce(run.versions", "the writes (HSETs of data, key meta, run meta, shards)"),
+    (None, "SPUBLISH and the reply"),
 )
 
 

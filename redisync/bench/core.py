@@ -235,7 +235,7 @@ PHASES = (
     ("restart check (the server's identity)", "server = server_identity()"),
     ("validate and compute", "-- validate and compute every key"),
     ("stream entry (the first write)", "-- apply ---"),
-    ("write the state, PUBLISH", "local versions = {}"),
+    ("write the state, SPUBLISH", "local versions = {}"),
 )
 
 

@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+import redis
+
 from .. import errors
 from ..store.codec import PullResult
 from ..store.schema import Limits
@@ -117,6 +119,7 @@ class ThreadWorker:
         self._run_limits: Limits | None = None  # the run's limits, read at the first registration
         self._lost_said_at = -math.inf
         self._subscribed = False
+        self._shard_channel = True  # the listener follows the run's shard channel (False: its role may not)
         self._subscriptions = 0  # subscriptions confirmed so far: after each, a pull is owed (what came before it)
         self._pulled_after = 0  # the subscription the last pull came after
         self._registered = False
@@ -456,18 +459,29 @@ class ThreadWorker:
     def _listen(self) -> None:
         """Follow the run's channel; a new version wakes the worker. Polling covers the gaps.
 
+        The folds announce on the run's shard channel (SSUBSCRIBE: on a Cluster the message stays on
+        the run's shard), and on the plain channel where their role may not SPUBLISH; the listener
+        follows both (the shard channel only while its role may: an ACL of an earlier redisync).
         A connection that carries nothing for ``keepalive_s`` is sent a PING; one that does not answer
         within another ``keepalive_s`` is taken for dead and replaced (a firewall or NAT that forgot an
         idle connection closes nothing: without the PING the listener would wait for ever, subscribed
         in name, and the worker would never poll)."""
         retry_every_s = self.syncer.retry_every_s
+        client = cast(Any, self.store.redis)  # (pubsub() is annotated in some redis-py versions only)
+        cluster = hasattr(client, "get_node_from_key")  # a RedisCluster: shard channels have their own reader
+        channel = self.store.keys.channel
         while not self._stop.is_set():
-            pubsub = cast(Any, self.store.redis).pubsub()  # annotated in some redis-py versions only
+            pubsub = client.pubsub()
             try:
-                pubsub.subscribe(self.store.keys.channel)
+                if self._shard_channel:
+                    pubsub.ssubscribe(channel)
+                pubsub.subscribe(channel)
                 heard, pinged = time.monotonic(), None
                 while not self._stop.is_set():
-                    msg = pubsub.get_message(timeout=0.2)
+                    if cluster and self._shard_channel:
+                        msg = pubsub.get_sharded_message(timeout=0.2) or pubsub.get_message(timeout=0.0)
+                    else:
+                        msg = pubsub.get_message(timeout=0.2)
                     now = time.monotonic()
                     if msg:
                         heard, pinged = now, None  # anything at all: the connection lives
@@ -476,11 +490,13 @@ class ThreadWorker:
                         pinged = now
                     elif pinged is not None and now - pinged >= self.keepalive_s:
                         raise ConnectionError(f"the subscription answered no PING within {self.keepalive_s:g} s")
-                    if msg and msg.get("type") == "subscribe":  # confirmed: from here on, nothing is missed
+                    kind = msg.get("type") if msg else None
+                    if kind in ("subscribe", "ssubscribe"):  # confirmed: from here on, nothing is missed
                         self._subscribed = True
                         self._subscriptions += 1  # what changed before it was not announced to us: a pull is owed
                         self._wake.set()
-                    elif msg and msg.get("type") == "message":
+                    elif kind in ("message", "smessage"):
+                        assert msg is not None
                         version, _, epoch = _text(msg["data"]).partition(" ")  # '<fleet_version> <epoch>'
                         if not (version.isdigit() and epoch and " " not in epoch):
                             log.debug("shard %d: a garbled announcement ignored: %r", self.shard.shard_id, msg["data"])
@@ -492,6 +508,9 @@ class ThreadWorker:
                             self._wake.set()
             except Exception as e:  # a dropped subscription must never end the listener
                 log.debug("subscription dropped: %s", e)
+                denied = isinstance(e, redis.exceptions.NoPermissionError) or "noperm" in str(e).lower()
+                if denied and "ssubscribe" in str(e).lower():
+                    self._shard_channel = False  # the role may not: the plain channel only
                 if self._subscribed:
                     self.stats["subscription_drops"] += 1
                 self._subscribed = False

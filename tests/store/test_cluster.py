@@ -68,14 +68,14 @@ def test_runs_live_in_one_slot_and_do_not_interfere(cluster):
         assert len(slots) == 1  # the hash tag keeps the run in one slot
         assert float(a.fleet().keys["curriculum/scale"].parts()["value"]) == 1.0
         assert float(b.fleet().keys["curriculum/scale"].parts()["value"]) == 10.0
-        # pub/sub announcements and a snapshot/restore round trip through the cluster client
+        # announcements on the run's shard channel, and a snapshot/restore round trip through the cluster client
         sub = a.redis.pubsub()
-        sub.subscribe(a.keys.channel)
+        sub.ssubscribe(a.keys.channel)
         a.shard(1).publish({"obs/norm": {"count": 1, "sum": np.ones(3), "sumsq": np.ones(3)}})
         deadline, seen = time.monotonic() + 5, None
         while seen is None and time.monotonic() < deadline:
-            msg = sub.get_message(timeout=0.5)
-            seen = msg["data"] if msg and msg["type"] == "message" else None
+            msg = sub.get_sharded_message(timeout=0.5)
+            seen = msg["data"] if msg and msg["type"] == "smessage" else None
         assert seen == b"2 " + a.fleet().epoch.encode()  # '<fleet_version> <epoch>'
         snap = a.snapshot()
         a.restore(snap)
@@ -159,3 +159,22 @@ def test_a_cluster_partly_down_is_store_unavailable(cluster, failure, monkeypatc
         store.registered()
     with pytest.raises(redisync.errors.ConnectionUnavailable):
         store.shard(0).pull()
+
+
+def test_announcements_stay_on_the_runs_shard(cluster):
+    """A fold announces on the run's shard channel (SPUBLISH): no message crosses the cluster bus to
+    the other primaries (a PUBLISH goes to every node, so announcement traffic grew with the cluster)."""
+    store = redisync.connect(cluster, run="cluster-announce")
+    node = store.redis.get_node_from_key(store.keys.meta)
+    primary = next(n for n in NODES if node.name.endswith(f":{n.port}"))
+    bus = redis.Redis(port=primary.port, decode_responses=True)
+    try:
+        store.register(SCHEMA)
+        shard = store.shard(0)
+        sent = int(bus.cluster("info").get("cluster_stats_messages_publish_sent", 0))
+        for i in range(20):
+            shard.publish({"obs/norm": {"count": i + 1, "sum": np.ones(3), "sumsq": np.ones(3)}})
+        assert store.fleet().fleet_version == 20
+        assert int(bus.cluster("info").get("cluster_stats_messages_publish_sent", 0)) == sent
+    finally:
+        store.delete()

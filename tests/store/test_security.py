@@ -13,6 +13,7 @@ from redisync import errors
 from redisync.store.schema import Schema, broadcast, merge
 
 from ..servers import RedisProcess
+from ..support import wait_for
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
@@ -41,6 +42,7 @@ def test_collector_publishes_and_pulls_its_run_only(acl_server):
     assert shard.pull().fleet_version == 1
     sub = store.redis.pubsub()
     sub.subscribe(store.keys.channel)  # its run's channel: allowed
+    sub.ssubscribe(store.keys.channel)  # and as a shard channel
     other = redisync.connect(url(acl_server, "collector"), run="other-run")
     with pytest.raises(errors.PermissionDenied, match="other-run"):
         other.register(SCHEMA)
@@ -48,10 +50,11 @@ def test_collector_publishes_and_pulls_its_run_only(acl_server):
         store.snapshot()  # checkpoints are the learner's
     with pytest.raises(redis.exceptions.NoPermissionError):
         store.redis.flushall()
-    foreign = store.redis.pubsub()
-    foreign.subscribe("redisync:{other-run}:versions")
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        foreign.get_message(timeout=2)
+    for follow in ("subscribe", "ssubscribe"):
+        foreign = store.redis.pubsub()
+        getattr(foreign, follow)("redisync:{other-run}:versions")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            foreign.get_message(timeout=2)
 
 
 def test_learner_snapshots_and_restores(acl_server):
@@ -172,8 +175,9 @@ def _operations(server) -> dict:
 
     def follow(store):
         sub = store.redis.pubsub()
+        sub.ssubscribe(store.keys.channel)
         sub.subscribe(store.keys.channel)
-        assert sub.get_message(timeout=2)["type"] == "subscribe"
+        assert [sub.get_message(timeout=2)["type"] for _ in range(2)] == ["ssubscribe", "subscribe"]
 
     return {
         "load redisync's functions onto the server": lambda s: s.load_functions(),
@@ -209,3 +213,53 @@ def test_every_role_does_what_the_deploy_readme_says_and_nothing_more(acl_server
     # nothing the refused operations tried was written: the run is as the learner left it
     learner = redisync.connect(url(acl_server, "learner"), run=RUN)
     assert learner.key_info("obs/norm")["writers"] in ("1,7", "7")
+
+
+def test_a_role_that_may_not_use_shard_channels_still_announces_and_follows(tmp_path):
+    """A collector role of an earlier deploy/users.acl (PUBLISH and SUBSCRIBE, no SPUBLISH or
+    SSUBSCRIBE): its folds announce on the plain channel, and a Syncer's listener, refused the shard
+    channel, follows the plain one and hears another collector's folds."""
+    from redisync.collector.workers import new_syncer
+
+    legacy_line = next(line for line in ACL.read_text().splitlines() if line.startswith("user collector "))
+    legacy_line = legacy_line.replace("user collector", "user legacy").replace(
+        "collector-change-me", "legacy-change-me"
+    )
+    for command in ("+spublish", "+ssubscribe", "+sunsubscribe"):
+        legacy_line = legacy_line.replace(f" {command}", "")
+    acl = tmp_path / "users.acl"
+    acl.write_text(ACL.read_text() + legacy_line + "\n")
+    acl_server = RedisProcess(tmp_path, None, "--aclfile", str(acl)).start_authenticated("learner", "learner-change-me")
+    redisync.connect(url(acl_server, "learner"), run=RUN).load_functions()
+    legacy = f"redis://legacy:legacy-change-me@127.0.0.1:{acl_server.port}/0"
+    store = redisync.connect(legacy, run=RUN)
+    store.register(SCHEMA)
+    plain = store.redis.pubsub()
+    plain.subscribe(store.keys.channel)
+    assert plain.get_message(timeout=2)["type"] == "subscribe"
+    store.shard(5).publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}})
+    heard = plain.get_message(timeout=2)
+    assert heard is not None
+    assert heard["type"] == "message"
+    assert heard["data"].startswith(b"1 ")
+
+    class Norm:
+        def schema_entries(self):
+            return SCHEMA.keys
+
+        def report_shard_state(self):
+            return {}
+
+        def apply_shard_state(self, fleet) -> None:
+            pass
+
+    syncer = new_syncer(redisync.connect(legacy, run=RUN), 0, [Norm()], worker="thread", retry_every_s=0.05)
+    syncer.start()
+    try:
+        assert wait_for(lambda: syncer.worker._subscribed, timeout=20)
+        assert syncer.worker._shard_channel is False
+        store.shard(6).publish({"obs/norm": {"count": 1, "sum": [1.0, 1.0]}})
+        assert wait_for(lambda: syncer.worker._announced >= 2, timeout=20)  # heard on the plain channel
+    finally:
+        syncer.stop(flush=False)
+        acl_server.kill()

@@ -144,8 +144,8 @@ def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
     store = make_store()
     store.register(SCHEMA)
     sub = store.redis.pubsub()
-    sub.subscribe(store.keys.channel)
-    assert sub.get_message(timeout=1)["type"] == "subscribe"
+    sub.ssubscribe(store.keys.channel)  # the run's shard channel (SPUBLISH)
+    assert sub.get_message(timeout=1)["type"] == "ssubscribe"
     a = store.shard(3)
     a.publish({"motion/bin_failed": {"count": 2, "sum": 1}})
     info = store.key_info("motion/bin_failed")
@@ -172,6 +172,7 @@ def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
     assert entries[0][1][b"fleet_version"] == b"1"
     msg = sub.get_message(timeout=1)
     assert msg
+    assert msg["type"] == "smessage"
     assert msg["data"] == b"1 " + store.fleet().epoch.encode()  # '<fleet_version> <epoch>'
     sub.close()
 

@@ -55,7 +55,7 @@ local function register(KEYS, ARGV)
     if d > 0 then redis.call('HSET', KEYS[2 * i + 1], unpack(ARGV, a + 4 + 2 * m, a + 3 + 2 * m + 2 * d)) end
   end
   -- a new epoch, announced as a fold's version is: followers of a run lost and registered again learn it here
-  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'versions', '0 ' .. ARGV[3])
+  announce(string.sub(KEYS[1], 1, -5) .. 'versions', '0 ' .. ARGV[3])
   return {'created', ARGV[3], ARGV[1]}
 end
 

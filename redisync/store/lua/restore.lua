@@ -61,7 +61,7 @@ local function restore(KEYS, ARGV)
     redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
   end
   -- announced like a fold: a collector that follows the channel polls nothing while it is quiet
-  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'versions', fleet_version .. ' ' .. ARGV[1])
+  announce(string.sub(KEYS[1], 1, -5) .. 'versions', fleet_version .. ' ' .. ARGV[1])
   return {'restored', ARGV[1], fleet_version}
 end
 

@@ -40,6 +40,14 @@ local function run_clock()
 end
 local own -- the folding shard's field names (see shard_fields)
 
+-- A run's new version announced on its versions channel, as a shard channel (SPUBLISH): on a Cluster
+-- the message stays on the run's shard, where PUBLISH goes to every node of the cluster. A role that
+-- may not SPUBLISH (an ACL of an earlier redisync) announces with PUBLISH; listeners follow both.
+local function announce(channel, message)
+  local sent = redis.pcall('SPUBLISH', channel, message)
+  if type(sent) == 'table' and sent['err'] then redis.pcall('PUBLISH', channel, message) end
+end
+
 -- The refusal of the report being folded, recorded in the run's dead-letter stream.
 local function reject(reason, key, detail)
   -- capped in entries and in bytes: an entry keeps at most dead_letter_max_bytes / dead_letter_maxlen
