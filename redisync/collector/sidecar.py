@@ -1,18 +1,18 @@
 """The process worker: a sidecar process per collector owns the store connection.
 
-``new_syncer(..., worker="process")`` (`redisync.collector.workers`) builds a `SidecarSyncer`. The collector keeps its terms and
-its hot path; everything that sends, receives and decodes runs in a sidecar process with an
+``new_syncer(..., worker="process")`` (`redisync.collector.workers`) gives the collector's `Syncer` a
+`SidecarWorker` (a `redisync.collector.worker.Worker`). The collector keeps its terms and its hot path; everything that sends, receives and decodes runs in a sidecar process with an
 interpreter lock of its own, so it can never hold the collector's. The two meet in shared memory:
 
 - terms that share their state (`redisync.collector.shared_state`: the sampler, the normaliser's
   report) update their buffers there in place; ``on_step()`` only counts steps, the sidecar copies
   the buffers when a publish is due, and ``at_reset_boundary()`` takes a newer staged fleet state
   with one checked copy — a counter and a copy, no lock, no syscall;
-- other terms cross a `Mailbox`: ``on_step()`` copies their reports into
-  the outbox when a publish is due, ``at_reset_boundary()`` applies a newer fleet state the sidecar
+- other terms cross a `Mailbox`: ``on_step()`` checks and encodes their reports (once: the sidecar
+  publishes the payloads as they came) into the outbox when a publish is due, ``at_reset_boundary()`` applies a newer fleet state the sidecar
   left decoded in the inbox.
 
-Inside the sidecar a thread-worker `Syncer` with one `MailboxTerm`
+Inside the sidecar a `Syncer` with the thread worker and one `MailboxTerm`
 does the work, so re-seeding after a store restart, the life-cycle rules, retries and the
 subscription are the same code as the thread worker's.
 
