@@ -61,6 +61,7 @@ def _writer(name: str, sizes, n: int) -> None:
 
 
 def test_a_reader_never_gets_a_torn_message():
+    """A reader racing a writer in another process sees whole messages only, in order, and the last one."""
     box = Mailbox.create(1 << 16, 1024)
     writer = mp.get_context("spawn").Process(target=_writer, args=(box.name, box.sizes, 3000))
     writer.start()
@@ -83,6 +84,7 @@ def test_a_reader_never_gets_a_torn_message():
 
 
 def test_a_message_larger_than_its_slot_is_refused():
+    """A message that does not fit its slot is refused (MailboxFull) and leaves nothing half-written."""
     box = Mailbox.create(256, 256)
     try:
         with pytest.raises(MailboxFull, match="does not fit"):
@@ -93,6 +95,7 @@ def test_a_message_larger_than_its_slot_is_refused():
 
 
 def test_the_process_worker_needs_a_server_and_the_worker_must_exist():
+    """The sidecar cannot reach an embedded store, and an unknown worker name is refused: both typed, at construction."""
     with pytest.raises(errors.ConfigurationError, match="needs a Redis URL"):
         new_syncer(redisync.connect(None, run="embedded"), 0, [Cumulative()], worker="process")
     with pytest.raises(errors.ConfigurationError, match="worker must be one of"):
@@ -116,6 +119,8 @@ def test_the_sidecar_is_only_used_where_stores_stay_in_order(monkeypatch):
 
 
 def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
+    """A SIGKILLed sidecar is replaced by the collector's monitor with the same incarnation (a sidecar's
+    death is not a new life of the shard), and the fleet count stays the collector's."""
     store = redisync.connect(real_url, run=f"sidecar-restart-{os.getpid()}")
     term = Cumulative()
     syncer = new_syncer(store, 3, [term], worker="process", publish_every_steps=1, poll_every_s=0.05).start()
@@ -186,6 +191,8 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
 
 
 def test_stop_publishes_the_last_report_and_frees_everything(real_url):
+    """stop() publishes a report no cadence made due, ends the sidecar, frees the shared memory, and
+    the counters outlive the sidecar."""
     store = redisync.connect(real_url, run=f"sidecar-stop-{os.getpid()}")
     term = Cumulative()
     # no publish falls due by steps or by time (a loaded machine can take a second over these steps)
@@ -205,6 +212,8 @@ def test_stop_publishes_the_last_report_and_frees_everything(real_url):
 
 
 def test_a_report_too_large_for_the_mailbox_is_refused_and_training_goes_on(real_url):
+    """A report of the wrong shape is refused on the collector's side, typed in health(), without
+    raising on the hot path and without reaching the mailbox."""
     store = redisync.connect(real_url, run=f"sidecar-full-{os.getpid()}")
 
     class Oversized(Cumulative):
@@ -257,6 +266,9 @@ def _train(sampler, norm, g, syncer, steps: int) -> list:
 
 @pytest.mark.extras("torch")
 def test_shared_terms_are_read_by_the_sidecar_and_pooled_exactly(real_url):
+    """Two collectors whose sampler and normaliser share their state with their sidecars (neither on
+    the copy path): the store holds each shard's buffers exactly, each sampler samples from both
+    shards' failures, and each normaliser's pooled moments are those of every sample together."""
     import torch
 
     store = redisync.connect(real_url, run=f"sidecar-shared-{os.getpid()}")
@@ -336,6 +348,8 @@ def test_a_replaced_sidecars_counters_carry_on_in_the_collectors_stats(real_url)
 
 @pytest.mark.extras("torch")
 def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
+    """A sidecar SIGKILLed while shared terms train is replaced; its successor reads and stages the
+    same shared buffers, and the pooled statistics stay exact."""
     import torch
 
     store = redisync.connect(real_url, run=f"sidecar-shared-restart-{os.getpid()}")
@@ -365,6 +379,7 @@ def test_a_restarted_sidecar_reads_and_stages_the_same_shared_memory(real_url):
 
 @pytest.mark.extras("torch")
 def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
+    """After stop() the shared segments are gone and a shared term keeps working on private memory."""
     import torch
 
     store = redisync.connect(real_url, run=f"sidecar-shared-stop-{os.getpid()}")
@@ -397,6 +412,8 @@ def test_after_stop_a_shared_term_works_on_in_memory_of_its_own(real_url):
 
 @pytest.mark.extras("torch")
 def test_a_learners_normaliser_reaches_collectors_through_shared_memory(real_url):
+    """A learner's normaliser (the writer) reaches a collector's copy through both sidecars' shared
+    memory, with neither term on the copy path."""
     import torch
 
     from redisync.terms.torch import SyncedEmpiricalNormalization
