@@ -37,6 +37,7 @@ def _reader(layout, snapshots: int, out) -> None:
 
 
 def test_the_sidecar_never_copies_a_report_half_written():
+    """A reader in another process racing the collector's in-place updates copies whole reports only."""
     shared = SharedState(SCHEMA)
     a = shared.array(np.zeros((2, 500)))  # sum, sumsq
     b = shared.array(np.zeros(300, dtype=np.float32))
@@ -79,6 +80,8 @@ def _stager(layout, versions: int) -> None:
 
 
 def test_a_staged_fleet_state_is_taken_whole_and_only_newer():
+    """A fleet state staged by another process is taken whole (never two stagings mixed) and only
+    when newer than the one taken."""
     shared = SharedState(SCHEMA)
     others = shared.receive("a/stats", "sum")
     count, value = shared.receive("a/stats", "count"), shared.receive("b/value", "value")
@@ -102,6 +105,7 @@ def test_a_staged_fleet_state_is_taken_whole_and_only_newer():
 
 
 def test_what_cannot_be_shared_is_refused_typed():
+    """A key or part the schema does not have, or a buffer of another layout, is refused with a typed error."""
     shared = SharedState(SCHEMA)
     try:
         own = shared.array(np.zeros((2, 500)))

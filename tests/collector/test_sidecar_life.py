@@ -439,6 +439,8 @@ class SidecarLife(RuleBasedStateMachine):
 
 
 def test_a_collector_with_a_sidecar_lives_through_kills_restarts_and_a_lost_store(tmp_path):
+    """The life-cycle model's rules (sidecar kills, mid-publish kills, pauses, stops, store restarts)
+    in any order: nothing lost, nothing counted twice, no counter goes back."""
     server = RedisProcess(tmp_path, None, "--appendonly", "yes", "--appendfsync", "always").start()
     SidecarLife.server = server
     SidecarLife.proxy = HoldingProxy(server.port, redisync.connect(server.url, run="life").scripts.fold.name.encode())

@@ -83,6 +83,8 @@ def assert_pooled(collectors):
 
 @pytest.mark.parametrize(("backend", "worker"), [("embedded", "thread"), ("real", "thread"), ("real", "process")])
 def test_fleet_converges_through_syncers(backend, worker, make_store):
+    """Four collectors through their Syncers, either worker, either backend: every collector ends
+    holding the same fleet state, the sum of their reports."""
     store_url = backend_url(backend)
     run_name = make_store().run
     collectors = [Collector(i) for i in range(4)]
@@ -125,6 +127,9 @@ def test_fleet_converges_through_syncers(backend, worker, make_store):
 @pytest.mark.integration
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_hot_path_survives_a_killed_redis_and_the_fleet_catches_up(tmp_path, worker):
+    """Redis killed under two training collectors: they train on (no hot-path call near a network
+    timeout), the worker counts the failures off the hot path, and after an empty restart the
+    cumulative reports re-seed the fleet exactly."""
     server = RedisProcess(tmp_path).start()
     collectors = [Collector(i) for i in range(2)]
     syncers = [

@@ -140,6 +140,8 @@ def _outcome(store, syncer) -> tuple:
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
 @given(report=REPORTS)
 def test_both_workers_give_the_same_report_the_same_outcome(workers, report):
+    """Any report, well-formed or not, has the same outcome with either worker: published, or refused
+    with the same typed reason in health(); the hot path never raises."""
     outcomes = {}
     for worker, (store, term, syncer) in workers.items():
         term.report = report
