@@ -83,8 +83,9 @@ def assert_pooled(collectors):
 
 @pytest.mark.parametrize(("backend", "worker"), [("embedded", "thread"), ("real", "thread"), ("real", "process")])
 def test_fleet_converges_through_syncers(backend, worker, make_store):
-    """Four collectors through their Syncers, either worker, either backend: every collector ends
-    holding the same fleet state, the sum of their reports."""
+    """Four collectors through their Syncers, either worker, either backend: each samples from every
+    shard's failures, pools every shard's samples and holds the owner's penalty scale, and each
+    metric the Syncer reports is documented in metrics()."""
     store_url = backend_url(backend)
     run_name = make_store().run
     collectors = [Collector(i) for i in range(4)]
