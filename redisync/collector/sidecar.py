@@ -84,7 +84,7 @@ from .seam import SyncedTerm
 from .shared_state import SharedState, SidecarState
 from .syncer import Syncer
 from .thread_worker import STATS
-from .worker import claim, report_of
+from .worker import Host, claim, report_of
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class ReportCodec:
 class SidecarWorker:
     """The collector's side of the process worker: a `Worker` over a mailbox and shared memory."""
 
-    def __init__(self, syncer: Syncer):
+    def __init__(self, syncer: Host):
         self.syncer = syncer
         self.store, self.shard, self.schema, self.problems = syncer.store, syncer.shard, syncer.schema, syncer.problems
         store = self.store

@@ -22,17 +22,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import redis
 
 from .. import errors
 from ..store.codec import PullResult
 from ..store.schema import Limits
-from .worker import claim, log
-
-if TYPE_CHECKING:
-    from .syncer import Syncer
+from .worker import Host, claim, log
 
 LOST_SAID_EVERY_S = 60.0  # a lost connection is logged at most once a minute
 # the worker's counters (see Syncer.metrics); zombie_dropped: reports not sent, a later process holds the
@@ -93,7 +90,7 @@ class ThreadWorker:
 
     keepalive_s = 10.0  # a quiet subscription is PINGed after this long, and replaced after as long again
 
-    def __init__(self, syncer: Syncer):
+    def __init__(self, syncer: Host):
         self.syncer = syncer
         self.store, self.shard = syncer.store, syncer.shard
         self.problems = syncer.problems

@@ -9,18 +9,46 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .. import errors
-from ..store.schema import Limits
+from ..store.client import ShardClient, Store
+from ..store.schema import Limits, Schema
 from .seam import SyncedTerm
 
-if TYPE_CHECKING:
-    from .syncer import Syncer
-
 log = logging.getLogger("redisync.collector.syncer")  # (one logger for the collector's sync, either worker)
+
+
+class Host(Protocol):
+    """What a worker sees of the `Syncer` that holds it: the run, the shard, the terms, the settings
+    and the collector-side cadence (so that the module of each worker depends on this one only)."""
+
+    store: Store
+    shard: ShardClient
+    schema: Schema
+    terms: list[SyncedTerm]
+    reporting: list[SyncedTerm]  # the terms whose reports this process builds (a sidecar shares some)
+    problems: Problems
+    publish_every_steps: int
+    publish_every_s: float
+    poll_every_s: float
+    min_pull_interval_s: float
+    retry_every_s: float
+    lease_s: float
+    forked: bool  # a forked child's copy: never touches the parent's sync
+    closing: threading.Event  # stop() has begun: a start still waiting starts no worker
+
+    def report_due(self) -> bool:
+        """Counts a step of the reporting terms: whether a report is due."""
+
+    def take_reports(self, settle: bool = False) -> dict[str, Mapping[str, Any]]:
+        """The reporting terms' reports, now."""
+
+    def join_start(self, deadline: float) -> None:
+        """Wait, until ``deadline`` at most, for a start still registering in the background."""
 
 
 class Worker(Protocol):
@@ -98,7 +126,7 @@ def report_of(term: SyncedTerm, settle: bool = False) -> Mapping[str, Mapping[st
     return settled() if settled is not None else term.report_shard_state()
 
 
-def claim(syncer: Syncer, limits: Limits | None) -> Limits | None:
+def claim(syncer: Host, limits: Limits | None) -> Limits | None:
     """Register the schema and claim the shard's incarnation (a no-op once claimed); the run's limits
     as first read. A shard whose holder's lease is fresh is refused (`ShardInUse`) as soon as the
     holder renews it; a crashed holder's lease is waited out (at most one lease)."""
