@@ -11,47 +11,23 @@ leaves the key as it was). Its Lua: ``lua/semantics/maximum.lua``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-import numpy as np
+from .base import ReportBase, build
+from .extremum import ExtremumReport, ExtremumSpec
 
-from .base import Fold, KeyState, Part, ReportBase, SpecBase, Vector, build
 
-
-class MaximumReport(ReportBase):
+class MaximumReport(ExtremumReport):
     """A maximum key's report: ``{"value": ...}``."""
 
-    value: Any
 
-
-class MaximumSpec(SpecBase):
+class MaximumSpec(ExtremumSpec):
     """Grow-only register: the element-wise maximum of every value any shard reported in the run."""
 
     semantics: Literal["maximum"] = "maximum"
 
-    stored_field: ClassVar[str] = "value"
     report_model: ClassVar[type[ReportBase]] = MaximumReport
-
-    def payload_parts(self) -> tuple[Part, ...]:
-        """The parts a report of this key carries: its value."""
-        return (("value", self.shape, self.size, False),)
-
-    def check_payload(self, payload: Vector) -> str | None:
-        """Check a decoded payload's length against the shape."""
-        return None if np.isfinite(payload).all() else "non_finite"
-
-    def fold(self, state: KeyState, report: Fold) -> KeyState | str:
-        """The reference fold of one report: the element-wise maximum with the key's value."""
-        bad = self.check_payload(report.payload)
-        if bad:
-            return bad
-        if state.value is None:
-            return KeyState(version=state.version + 1, value=report.payload.copy())
-        # a value that is not greater keeps the stored one, bit for bit (-0.0 against +0.0 included)
-        grown = np.where(report.payload > state.value, report.payload, state.value)
-        if grown.tobytes() == state.value.tobytes():
-            return KeyState(version=state.version, value=state.value.copy())
-        return KeyState(version=state.version + 1, value=grown)
+    grows: ClassVar[bool] = True
 
 
 def maximum(shape: int | tuple[int, ...]) -> MaximumSpec:

@@ -12,47 +12,23 @@ report that lowers nothing is applied, and leaves the key as it was). Its Lua:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-import numpy as np
+from .base import ReportBase, build
+from .extremum import ExtremumReport, ExtremumSpec
 
-from .base import Fold, KeyState, Part, ReportBase, SpecBase, Vector, build
 
-
-class MinimumReport(ReportBase):
+class MinimumReport(ExtremumReport):
     """A minimum key's report: ``{"value": ...}``."""
 
-    value: Any
 
-
-class MinimumSpec(SpecBase):
+class MinimumSpec(ExtremumSpec):
     """Shrink-only register: the element-wise minimum of every value any shard reported in the run."""
 
     semantics: Literal["minimum"] = "minimum"
 
-    stored_field: ClassVar[str] = "value"
     report_model: ClassVar[type[ReportBase]] = MinimumReport
-
-    def payload_parts(self) -> tuple[Part, ...]:
-        """The parts a report of this key carries: its value."""
-        return (("value", self.shape, self.size, False),)
-
-    def check_payload(self, payload: Vector) -> str | None:
-        """Every value finite."""
-        return None if np.isfinite(payload).all() else "non_finite"
-
-    def fold(self, state: KeyState, report: Fold) -> KeyState | str:
-        """The reference fold of one report: the element-wise minimum with the key's value."""
-        bad = self.check_payload(report.payload)
-        if bad:
-            return bad
-        if state.value is None:
-            return KeyState(version=state.version + 1, value=report.payload.copy())
-        # a value that is not smaller keeps the stored one, bit for bit (-0.0 against +0.0 included)
-        shrunk = np.where(report.payload < state.value, report.payload, state.value)
-        if shrunk.tobytes() == state.value.tobytes():
-            return KeyState(version=state.version, value=state.value.copy())
-        return KeyState(version=state.version + 1, value=shrunk)
+    grows: ClassVar[bool] = False
 
 
 def minimum(shape: int | tuple[int, ...]) -> MinimumSpec:

@@ -20,8 +20,4 @@ local function apply(item)
     'writer_incarnation', inc)
 end
 
-local function pull(km, kd, caller)
-  return redis.call('HGET', kd, 'value')
-end
-
-return {check = check, apply = apply, pull = pull}
+return {check = check, apply = apply, pull = pull_value}
