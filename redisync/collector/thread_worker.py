@@ -473,6 +473,7 @@ class ThreadWorker:
                 if self._shard_channel:
                     pubsub.ssubscribe(channel)
                 pubsub.subscribe(channel)
+                awaited = 2 if self._shard_channel else 1  # confirmations before the subscription counts
                 heard, pinged = time.monotonic(), None
                 while not self._stop.is_set():
                     if cluster and self._shard_channel:
@@ -488,7 +489,9 @@ class ThreadWorker:
                     elif pinged is not None and now - pinged >= self.keepalive_s:
                         raise ConnectionError(f"the subscription answered no PING within {self.keepalive_s:g} s")
                     kind = msg.get("type") if msg else None
-                    if kind in ("subscribe", "ssubscribe"):  # confirmed: from here on, nothing is missed
+                    if kind in ("subscribe", "ssubscribe"):
+                        awaited -= 1
+                    if kind in ("subscribe", "ssubscribe") and awaited == 0:  # both confirmed: nothing is missed
                         self._subscribed = True
                         self._subscriptions += 1  # what changed before it was not announced to us: a pull is owed
                         self._wake.set()
