@@ -13,6 +13,7 @@ import click
 import redis
 
 from .. import __version__, errors
+from .aggregate import aggregate
 from .bench import bench
 from .demo import demo
 from .exporter import exporter
@@ -34,7 +35,7 @@ def cli() -> None:
     collector takes at its next reset boundary. These commands show it, measure it and study it."""
 
 
-for command in (demo, ab, bench, inspect, watch, exporter, snapshot, restore, functions):
+for command in (demo, ab, bench, inspect, watch, exporter, aggregate, snapshot, restore, functions):
     cli.add_command(command)
 
 

@@ -58,7 +58,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import errors
-from ..store.client import connect
+from ..store.client import ShardClient, Store, connect
 from ..store.codec import KeyView, PullResult
 from ..store.schema import Encoded, Limits, Schema, encode_reports
 from .mailbox import (
@@ -346,6 +346,9 @@ class SidecarWorker:
         self.mailbox = Mailbox.create(_slot_bytes(self.schema, 1), _slot_bytes(self.schema, 2))
         self._share_state()
         self._header = self.mailbox.header
+
+    def rehome(self, store: Store, shard: ShardClient) -> None:
+        self.store, self.shard = store, shard
 
     def register(self) -> None:
         """Register the schema and claim the shard in this process, and lease it (the sidecar renews it)."""

@@ -178,6 +178,9 @@ class Syncer:
 
         def register_then_start() -> None:
             try:
+                while not self._found_home():  # nothing is published before the shard knows its run
+                    if self.closing.wait(self.retry_every_s):
+                        return
                 self.worker.register()  # the incarnation is claimed now, before this process publishes anything
                 self.problems.clear("start")
             except errors.ConnectionUnavailable as e:
@@ -214,6 +217,21 @@ class Syncer:
             raise failure[0]
         self._starter.join()  # the worker's own start (a sidecar's is bounded by its start-up time)
         return self
+
+    def _found_home(self) -> bool:
+        """Move the shard to its sub-run if the run is split (`Store.split`); False while the store
+        cannot say (the start's thread tries again)."""
+        try:
+            home = self.store.home(self.shard.shard_id)
+        except errors.ConnectionUnavailable as e:
+            log.info("store unavailable at start (the start keeps trying): %s", e)
+            return False
+        if home is not self.store:
+            shard = home.shard(self.shard.shard_id, self.shard._incarnation, resume=self.shard.resume)
+            shard.take_over = self.shard.take_over
+            self.store, self.shard = home, shard
+            self.worker.rehome(home, shard)
+        return True
 
     def join_start(self, deadline: float) -> None:
         """Wait, until ``deadline`` at most, for a start still registering in the background."""

@@ -27,6 +27,7 @@ from typing import Any, cast
 import redis
 
 from .. import errors
+from ..store.client import ShardClient, Store
 from ..store.codec import PullResult
 from ..store.schema import Limits
 from .worker import Host, claim, log
@@ -176,6 +177,9 @@ class ThreadWorker:
 
     def prepare(self) -> None:
         """Nothing: the threads need nothing before the hot path runs."""
+
+    def rehome(self, store: Store, shard: ShardClient) -> None:
+        self.store, self.shard = store, shard
 
     def register(self) -> None:
         """Register the schema and claim the shard (see `redisync.collector.worker.claim`), then lease it."""

@@ -66,6 +66,9 @@ class Worker(Protocol):
     def prepare(self) -> None:
         """What the hot path needs before the store has answered (no network)."""
 
+    def rehome(self, store: Store, shard: ShardClient) -> None:
+        """Publish as ``shard`` of ``store`` instead (before `register`: the shard's run is split)."""
+
     def register(self) -> None:
         """Register the schema and claim the shard (the start's thread; raises what start() raises)."""
 

@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -410,6 +410,58 @@ class Store:
         """A read-only function (FCALL_RO), whose keys the server checks for reading only: a role
         that may read the run and write nothing (the inspector) can call it."""
         return script(keys=keys, args=args)
+
+    def sibling(self, run: str) -> Store:
+        """Another run on the same server, through the same connections and settings."""
+        other = Store(self.redis, run)
+        other.url = self.url
+        other.wait_replicas, other.wait_timeout_ms, other.connect_args = (
+            self.wait_replicas,
+            self.wait_timeout_ms,
+            self.connect_args,
+        )
+        return other
+
+    @_translated
+    def subruns(self) -> list[str]:
+        """The sub-runs of this run when it is split over several primaries (`split`), in order;
+        empty for a run that is not split (one HGET, which every role may run)."""
+        names = self.redis.hget(self.keys.meta, "subruns")
+        return _b(names).split(",") if names else []
+
+    @_translated
+    def split(self, names: Sequence[str]) -> list[str]:
+        """Split this run into the sub-runs ``names`` (shard ``k`` publishes to ``names[k % len]``),
+        unless it is split already: returns the split in force, which never changes in the run's
+        life. An aggregator per sub-run (`redisync.aggregation.Aggregator`) makes this run the sum
+        of them; a split is made before the run's collectors start."""
+        if not names:
+            raise errors.ConfigurationError(f"run {self.run!r}: a split needs at least one sub-run")
+        for name in names:
+            RunKeys(name)  # a bad name: InvalidSchema, before anything is written
+        if len(set(names)) != len(names) or self.run in names:
+            raise errors.ConfigurationError(f"run {self.run!r}: sub-runs must differ from each other and from it")
+        in_force = self.subruns()
+        if in_force:
+            return in_force
+        if self.registered():
+            raise errors.ConfigurationError(
+                f"run {self.run!r} is registered already and not split (its collectors publish to it): split a run "
+                "before its collectors start, or name a new one"
+            )
+        self.redis.hsetnx(self.keys.meta, "subruns", ",".join(names))
+        return self.subruns()
+
+    @_translated
+    def shard_ids(self) -> set[int]:
+        """Every shard id that has claimed or folded in the run's current life."""
+        fields = (_b(f) for f in self.redis.hkeys(self.keys.shards))
+        return {int(f[: -len(":incarnation")]) for f in fields if f.endswith(":incarnation")}
+
+    def home(self, shard_id: int) -> Store:
+        """Where shard ``shard_id`` publishes: this run, or its sub-run when the run is split."""
+        names = self.subruns()
+        return self.sibling(names[shard_id % len(names)]) if names else self
 
     @_translated
     def registered(self) -> bool:

@@ -20,7 +20,8 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 class RunKeys:
     """Key names of one run.
 
-    - ``meta``: hash, run metadata (epoch, fleet_version, schema, limits, times).
+    - ``meta``: hash, run metadata (epoch, fleet_version, schema, limits, times; ``subruns`` when the
+      run is split over several primaries).
     - ``shards``: hash, per shard ``<id>:incarnation``, ``<id>:seq``, ``<id>:at``.
     - ``key_meta(name)``: hash, readable metadata of one synced key (spec, version, writers, slots).
     - ``key_data(name)``: hash, the key's float64 vectors (``agg``, ``slot:<id>``, ``retired``, ``value``).

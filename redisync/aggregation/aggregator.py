@@ -1,0 +1,252 @@
+"""One sub-run's aggregator: it makes a run split over several primaries one fleet.
+
+A split run (`Store.split`) keeps no collector of its own: shard ``k`` publishes to sub-run
+``k % m``, each sub-run in its own Cluster slot (`redisync.aggregation.layout` places them on
+different primaries). The aggregator of sub-run ``j`` does, every ``period_s``:
+
+1. **up**: pull the sub-run and publish what its collectors hold (the fleet without the aggregator's
+   own slot) as one shard of the root run, shard ``ROOT_SHARD_BASE + j``;
+2. **down**: pull the root and write what the *other* sub-runs hold (the root without sub-run ``j``'s
+   shard) back into the sub-run, as its shard ``OUTSIDE_SHARD``.
+
+A collector then pulls one place, its sub-run, and finds the whole fleet there: its own sub-run's
+slots as folded, the rest as of the last round (staleness: one period and one fold). Exact where
+the semantics combines by sums or extrema (a merge key's pooled statistics, a maximum's or a
+minimum's value: sums of whole numbers are exact, of other floats exact to rounding); a key with an
+owner has the owner's value forwarded, up from the owner's sub-run as the owner, down into the
+others as the owner. Both shards resume their slots (``resume``), so a restarted aggregator takes
+its previous slots over and nothing is counted twice. A sub-run lost by its store (a failover onto
+an empty node) is re-seeded by its collectors' next reports; meanwhile the aggregator keeps
+publishing the sub-run's last whole contribution, so the root does not dip, until as many shards
+have claimed the new sub-run as before or ``reseed_s`` has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import errors
+from ..store.client import ShardClient, Store
+from ..store.codec import PullResult
+from ..store.schema import Schema
+
+OUTSIDE_SHARD = 999_999_999  # in a sub-run: the rest of the root run, written back by the aggregator
+ROOT_SHARD_BASE = 999_999_000  # in the root: sub-run j's collectors, published as shard ROOT_SHARD_BASE + j
+log = logging.getLogger("redisync.aggregation")
+
+
+@dataclass
+class Round:
+    """What one round did: the keys published up into the root and written down into the sub-run."""
+
+    up: list[str] = field(default_factory=list)
+    down: list[str] = field(default_factory=list)
+    held: bool = False  # the sub-run is being re-seeded: its last whole contribution was kept
+
+
+class Aggregator:
+    """Sub-run ``index`` of the split run ``root``, folded into the root and the root written back.
+
+    Args:
+        root: the split run's store (`Store.split` made its sub-runs).
+        index: which sub-run (0 ... m - 1).
+        period_s: one round every this many seconds (the staleness it adds, with one fold).
+        lease_s: the lease of its two shards (a dead aggregator's slots leave state keys after it).
+        heartbeat_s: a slot is re-published at least this often, changed or not (``stale_after_s``).
+        reseed_s: the longest a re-seeding sub-run's last contribution is kept.
+    """
+
+    def __init__(
+        self,
+        root: Store,
+        index: int,
+        *,
+        period_s: float = 0.5,
+        lease_s: float = 5.0,
+        heartbeat_s: float = 1.0,
+        reseed_s: float = 10.0,
+    ):
+        names = root.subruns()
+        if not names:
+            raise errors.ConfigurationError(f"run {root.run!r} is not split: nothing to aggregate (Store.split)")
+        if not 0 <= index < len(names):
+            raise errors.ConfigurationError(f"run {root.run!r} has {len(names)} sub-runs; there is no sub-run {index}")
+        self.root, self.sub, self.index, self.names = root, root.sibling(names[index]), index, names
+        self.period_s, self.lease_s, self.heartbeat_s, self.reseed_s = period_s, lease_s, heartbeat_s, reseed_s
+        self.up = root.shard(ROOT_SHARD_BASE + index, resume=True)
+        self.down = self.sub.shard(OUTSIDE_SHARD, resume=True)
+        self.schema: Schema | None = None
+        self._owners: dict[int, ShardClient] = {}  # an owner's shard, in the root or the sub-run
+        self._sent: dict[tuple[int, str], tuple[bytes, float]] = {}  # (shard, key) -> payload, when sent
+        self._held: dict[str, np.ndarray] | None = None  # the contribution kept while the sub-run re-seeds
+        self._held_until = 0.0
+        self._shards_before = 0
+        self._epoch: str | None = None
+        self._leased_at = -float("inf")
+        self.rounds = 0
+
+    # ------------------------------------------------------------------ one round
+
+    def step(self) -> Round:
+        """One round: up, then down. Raises what the store raises (`ConnectionUnavailable`, ...)."""
+        done = Round()
+        schema = self._schema()
+        self.root.split(self.names)  # (a root the store lost is split again before anything is published)
+        sub = self._pull(self.down, self.sub, schema)
+        self._renew_leases()
+        up = self._contribution(sub, schema, done)
+        self._send(self.root, self.up, {n: v for n, v in up.items() if not self._owned(schema, n)}, done.up)
+        for name, value in up.items():
+            owner = self._owner(schema, name)
+            if owner is not None and self._home(owner) == self.index:
+                self._send(self.root, self._owner_client(self.root, owner), {name: value}, done.up)
+        root = self._pull(self.up, self.root, schema)
+        down: dict[str, np.ndarray] = {}
+        for name, view in root.keys.items():
+            owner = self._owner(schema, name)
+            if owner is not None:
+                if self._home(owner) != self.index and view.value is not None:
+                    self._send(self.sub, self._owner_client(self.sub, owner), {name: view.value}, done.down)
+                continue
+            others = view.others()
+            if others is not None:
+                down[name] = others
+        self._send(self.sub, self.down, down, done.down)
+        self.rounds += 1
+        return done
+
+    def _schema(self) -> Schema:
+        """The collectors' schema, registered in the sub-run (and then in the root) by the first of them."""
+        if self.schema is None:
+            try:
+                schema = self.sub.schema
+            except errors.RunNotFound:
+                schema = self.root.schema  # a sub-run lost by its store: the root still says
+            self.root.register(schema)
+            self.schema = schema
+        return self.schema
+
+    def _pull(self, shard: ShardClient, store: Store, schema: Schema) -> PullResult:
+        """The whole state of ``store``'s run as ``shard`` sees it (registered again if the store lost it)."""
+        try:
+            shard.pull(check_first=True)
+        except errors.RunNotFound:
+            store.register(schema)
+            shard.known = None
+            shard.pull(check_first=False)
+        assert shard.known is not None
+        return shard.known
+
+    def _contribution(self, sub: PullResult, schema: Schema, done: Round) -> dict[str, np.ndarray]:
+        """What the sub-run's collectors hold, per key; the last whole one while the sub-run re-seeds."""
+        now = time.monotonic()
+        shards = self._shard_count()
+        if self._epoch is not None and sub.epoch != self._epoch:
+            self._held, self._held_until = self._last_contribution(), now + self.reseed_s
+            log.warning("sub-run %r lost by its store: its last contribution is kept while it re-seeds", self.sub.run)
+        self._epoch = sub.epoch
+        if self._held is not None:
+            if shards < self._shards_before and now < self._held_until:
+                done.held = True
+                return self._held
+            self._held = None
+        self._shards_before = shards
+        out = {}
+        for name, view in sub.keys.items():
+            others = view.others()
+            if others is not None:
+                out[name] = others
+        return out
+
+    def _shard_count(self) -> int:
+        """How many collectors have claimed a shard in the sub-run (the aggregator's own not counted)."""
+        ids = self.sub.shard_ids()
+        return len(ids - {OUTSIDE_SHARD, *self._owners_written_down()})
+
+    def _owners_written_down(self) -> set[int]:
+        return {o for o in self._owners if self._home(o) != self.index}
+
+    def _last_contribution(self) -> dict[str, np.ndarray]:
+        out = {}
+        for (shard, name), (payload, _) in self._sent.items():
+            if shard == self.up.shard_id or (shard in self._owners and self._home(shard) == self.index):
+                out[name] = np.frombuffer(payload, dtype="<f8").copy()
+        return out
+
+    def _send(self, store: Store, shard: ShardClient, values: dict[str, np.ndarray], sent: list[str]) -> None:
+        """Publish the keys of ``values`` that changed, or whose slot is due a heartbeat, in one fold."""
+        schema, now = self.schema, time.monotonic()
+        assert schema is not None
+        reports = {}
+        for name, flat in values.items():
+            payload = np.ascontiguousarray(flat, dtype="<f8").tobytes()
+            last = self._sent.get((shard.shard_id, name))
+            if last is not None and last[0] == payload and now - last[1] < self.heartbeat_s:
+                continue
+            parts = schema.keys[name].parts_of(np.frombuffer(payload, dtype="<f8"))
+            if "count" in parts:  # a difference of sums may round below zero where nothing is left
+                parts["count"] = np.maximum(parts["count"], 0.0)
+            reports[name] = parts
+        if not reports:
+            return
+        shard.publish(reports)
+        for name in reports:
+            self._sent[(shard.shard_id, name)] = (np.ascontiguousarray(values[name], dtype="<f8").tobytes(), now)
+        sent.extend(reports)
+
+    def _renew_leases(self) -> None:
+        if time.monotonic() - self._leased_at < self.lease_s / 5:
+            return
+        ms = max(1, int(self.lease_s * 1e3))
+        self.root.lease(self.up.shard_id, self.up.incarnation, ms)
+        self.sub.lease(self.down.shard_id, self.down.incarnation, ms)
+        for owner, client in self._owners.items():
+            client.store.lease(owner, client.incarnation, ms)
+        self._leased_at = time.monotonic()
+
+    # ------------------------------------------------------------------ keys with an owner
+
+    def _home(self, shard_id: int) -> int:
+        return shard_id % len(self.names)
+
+    @staticmethod
+    def _owner(schema: Schema, name: str) -> int | None:
+        owner: int | None = getattr(schema.keys[name], "owner", None)
+        return owner
+
+    def _owned(self, schema: Schema, name: str) -> bool:
+        return self._owner(schema, name) is not None
+
+    def _owner_client(self, store: Store, owner: int) -> ShardClient:
+        client = self._owners.get(owner)
+        if client is None:
+            client = self._owners[owner] = store.shard(owner, resume=True)
+        return client
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, stop: threading.Event, on_round: Callable[[Round], Any] | None = None) -> None:
+        """Rounds every ``period_s`` until ``stop`` is set; a store that cannot be reached is tried
+        again next period (said in the log once per change), never raised."""
+        said: str | None = None
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                done = self.step()
+                if said is not None:
+                    log.info("sub-run %r: the store answers again", self.sub.run)
+                said = None
+                if on_round is not None:
+                    on_round(done)
+            except (errors.ConnectionUnavailable, errors.RunNotFound) as e:
+                if str(e) != said:
+                    log.warning("sub-run %r: %s (tried again every %g s)", self.sub.run, e, self.period_s)
+                said = str(e)
+            stop.wait(max(0.0, self.period_s - (time.monotonic() - began)))

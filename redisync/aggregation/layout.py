@@ -1,0 +1,48 @@
+"""Where the sub-runs of a split run live: each in its own Cluster slot, spread over the primaries.
+
+A run's keys share its name as their hash tag, so a sub-run's name decides its slot and so its
+primary. The names are ``<run>.<j>``, with a suffix ``.<n>`` where a Cluster's slot map would
+otherwise put two sub-runs on one primary while another has fewer (round-robin over the primaries
+in address order, as the client's slot map has them when the split is made).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.crc import key_slot
+
+from ..store.client import Store
+
+MAX_SUFFIX = 100_000
+
+
+def _primaries(client: Any) -> list[str]:
+    """The Cluster's primaries (host:port, sorted), or [] when ``client`` is not a Cluster client."""
+    get_primaries = getattr(client, "get_primaries", None)
+    return sorted(node.name for node in get_primaries()) if callable(get_primaries) else []
+
+
+def subrun_names(store: Store, count: int) -> list[str]:
+    """Names for ``count`` sub-runs of ``store``'s run, placed round-robin over a Cluster's primaries."""
+    primaries = _primaries(store.redis)
+    names = []
+    for j in range(count):
+        base = f"{store.run}.{j}"
+        if not primaries:
+            names.append(base)
+            continue
+        want = primaries[j % len(primaries)]
+        for n in range(MAX_SUFFIX):
+            name = base if n == 0 else f"{base}.{n}"
+            if store.redis.nodes_manager.get_node_from_slot(key_slot(name.encode())).name == want:
+                names.append(name)
+                break
+        else:  # (a Cluster whose primary serves almost no slots)
+            names.append(base)
+    return names
+
+
+def split(store: Store, count: int) -> list[str]:
+    """Split ``store``'s run into ``count`` sub-runs (or find the split in force): their names."""
+    return store.split(subrun_names(store, count))
