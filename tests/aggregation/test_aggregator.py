@@ -1,0 +1,264 @@
+"""A run split into sub-runs is one fleet: the root is the exact sum of every collector's last report,
+every sub-run holds the same, and restarts and a lost sub-run count nothing twice and lose nothing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+import redisync
+from redisync import errors
+from redisync.aggregation import OUTSIDE_SHARD, ROOT_SHARD_BASE, Aggregator, split
+from redisync import broadcast, maximum, merge, minimum
+from redisync.store.schema import Schema
+
+from ..support import wait_for
+
+SCHEMA = Schema.of(
+    {
+        "obs/norm": merge(3, sumsq=True, lifecycle="history"),
+        "motion/ema": merge(4, lifecycle="state"),
+        "terrain/level": maximum(2),
+        "safety/limit": minimum(1),
+        "penalty/scale": broadcast(1, owner=4),
+    }
+)
+SUBRUNS = 3
+
+
+@pytest.fixture
+def root(make_store):
+    """A split run of three sub-runs (deleted afterwards with its sub-runs)."""
+    store = make_store()
+    names = split(store, SUBRUNS)
+    for name in names:
+        make_store(name)
+    return store
+
+
+def report(k: int, round_: int) -> dict:
+    """Collector ``k``'s cumulative report at ``round_``: whole numbers, so every sum is exact."""
+    rng = np.random.default_rng(1000 * round_ + k)
+    out = {
+        "obs/norm": {"count": float(rng.integers(1, 50)), "sum": rng.integers(-9, 9, 3) * 1.0,
+                     "sumsq": rng.integers(0, 99, 3) * 1.0},
+        "motion/ema": {"count": 1.0, "sum": rng.integers(0, 5, 4) * 0.25},
+        "terrain/level": {"value": rng.integers(0, 10, 2) * 1.0},
+        "safety/limit": {"value": [float(rng.integers(1, 100))]},
+    }
+    if k == 4:
+        out["penalty/scale"] = {"value": [0.5 + round_]}
+    return out
+
+
+def exact(reports: dict[int, dict], earlier: tuple[dict[int, dict], ...] = ()) -> dict:
+    """What an unsplit run of the same collectors holds, by the semantics' own definitions (a maximum
+    and a minimum over every value reported in the run, ``earlier`` rounds' included)."""
+    rs = list(reports.values())
+    every = rs + [r for e in earlier for r in e.values()]
+    return {
+        "obs/norm": {p: sum(np.asarray(r["obs/norm"][p], float) for r in rs) for p in ("count", "sum", "sumsq")},
+        "motion/ema": {p: sum(np.asarray(r["motion/ema"][p], float) for r in rs) for p in ("count", "sum")},
+        "terrain/level": {"value": np.max([r["terrain/level"]["value"] for r in every], axis=0)},
+        "safety/limit": {"value": np.min([r["safety/limit"]["value"] for r in every], axis=0)},
+        "penalty/scale": {"value": np.asarray(reports[4]["penalty/scale"]["value"], float)},
+    }
+
+
+def collectors(root, ids=range(8)) -> dict[int, redisync.store.client.ShardClient]:
+    out = {}
+    for k in ids:
+        home = root.home(k)
+        home.register(SCHEMA)
+        out[k] = home.shard(k)
+    return out
+
+
+def rounds(aggregators, n: int = 2) -> None:
+    for _ in range(n):
+        for a in aggregators:
+            a.step()
+
+
+def state(store) -> dict:
+    return {name: view.parts() for name, view in store.fleet().keys.items()}
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name, parts in want.items():
+        for part, value in parts.items():
+            np.testing.assert_array_equal(np.asarray(got[name][part]).ravel(), np.asarray(value).ravel(), err_msg=f"{name}.{part}")
+
+
+def test_the_root_and_every_sub_run_hold_the_exact_fleet(root):
+    """Eight collectors over three sub-runs: after the aggregators' rounds the root, and every sub-run
+    a collector pulls, equal the unsplit run bit for bit (sums of whole numbers, extrema, the owner's
+    value), and each collector's own substitution gives it the same; again after every report changed."""
+    shards = collectors(root)
+    aggregators = [Aggregator(root, j) for j in range(SUBRUNS)]
+    earlier: tuple[dict, ...] = ()
+    for round_ in (1, 2):
+        reports = {k: report(k, round_) for k in shards}
+        for k, shard in shards.items():
+            shard.publish(reports[k])
+        rounds(aggregators)
+        want = exact(reports, earlier)
+        earlier += (reports,)
+        assert_same(state(root), want)
+        for k, shard in shards.items():
+            assert_same(state(root.home(k)), want)
+            shard.pull(check_first=False)
+            view = shard.known.keys["obs/norm"].view(reports[k]["obs/norm"])
+            np.testing.assert_array_equal(view["count"], want["obs/norm"]["count"])
+    assert root.shard_ids() == {ROOT_SHARD_BASE + j for j in range(SUBRUNS)} | {4}  # (4: the owner forwarded)
+    assert OUTSIDE_SHARD in root.home(0).shard_ids()
+
+
+def test_a_syncer_of_a_split_run_publishes_to_its_shards_sub_run(root):
+    """A collector given only the run's URL and name publishes to sub-run ``shard % m`` and applies the
+    whole fleet, the other sub-runs' collectors included, at its reset boundary."""
+
+    class Count:
+        key = "obs/n"
+
+        def __init__(self, n: float):
+            self.n, self.fleet = n, None
+
+        def schema_entries(self):
+            return {self.key: merge(1, lifecycle="history")}
+
+        def report_shard_state(self):
+            return {self.key: {"count": self.n, "sum": [self.n]}}
+
+        def apply_shard_state(self, fleet):
+            view = fleet.keys.get(self.key)
+            if view is not None and view.value is not None:
+                self.fleet = float(view.parts()["count"])
+
+    terms = {k: Count(10.0 ** k) for k in range(3)}
+    syncers = {k: redisync.new_syncer(root.sibling(root.run), k, [t], worker="thread", publish_every_s=0.05).start()
+               for k, t in terms.items()}
+    try:
+        names = root.subruns()
+        assert wait_for(lambda: all(k in root.sibling(names[k]).shard_ids() for k in terms))
+        assert root.shard_ids() == set()  # nothing of a collector in the root itself
+        aggregators = [Aggregator(root, j, period_s=0.05) for j in range(SUBRUNS)]
+
+        def all_see_the_fleet():
+            rounds(aggregators, 1)
+            for s in syncers.values():
+                s.on_step()  # (a report falls due after publish_every_s)
+                s.at_reset_boundary()
+            return all(t.fleet == 111.0 for t in terms.values())
+
+        assert wait_for(all_see_the_fleet, timeout=20), ({k: t.fleet for k, t in terms.items()}, state(root))
+    finally:
+        for s in syncers.values():
+            s.stop()
+
+
+def test_a_restarted_aggregator_takes_its_slots_over(root):
+    """A new aggregator process for a sub-run (a new incarnation of its shards) replaces its
+    predecessor's slots: a history key's root count stays the sum, not twice a sub-run's share."""
+    shards = collectors(root)
+    reports = {k: report(k, 1) for k in shards}
+    for k, shard in shards.items():
+        shard.publish(reports[k])
+    rounds([Aggregator(root, j) for j in range(SUBRUNS)])
+    rounds([Aggregator(root, j) for j in range(SUBRUNS)])  # every aggregator restarted
+    assert_same(state(root), exact(reports))
+    assert_same(state(root.home(1)), exact(reports))
+
+
+def test_a_sub_run_lost_by_its_store_leaves_no_dip_in_the_root(root):
+    """Sub-run 1's store loses it (an empty node after a failover): while its collectors re-seed it,
+    its aggregator keeps the last whole contribution, so the root never shows a partial sub-run; once
+    every collector has re-published, the root is exact again. Without the hold it dips."""
+    shards = collectors(root)
+    reports = {k: report(k, 1) for k in shards}
+    for k, shard in shards.items():
+        shard.publish(reports[k])
+    aggregators = [Aggregator(root, j) for j in range(SUBRUNS)]
+    rounds(aggregators)
+    want = exact(reports)
+    before = float(state(root)["obs/norm"]["count"])
+    lost = root.home(1)
+    members = [k for k in shards if k % SUBRUNS == 1]
+    assert len(members) >= 2
+    lost.delete()
+    rounds(aggregators, 1)  # the aggregator registers the sub-run again: a new epoch, nothing in it yet
+    assert float(state(root)["obs/norm"]["count"]) == before
+    shards[members[0]].publish(reports[members[0]])
+    rounds(aggregators, 1)
+    assert float(state(root)["obs/norm"]["count"]) == before  # one of its collectors back: still held
+    for k in members[1:]:
+        shards[k].publish(reports[k])
+    rounds(aggregators)
+    assert_same(state(root), want)
+
+    unheld = [Aggregator(root, j, reseed_s=0.0) for j in range(SUBRUNS)]
+    rounds(unheld)
+    lost.delete()
+    rounds(unheld, 1)
+    shards[members[0]].publish(reports[members[0]])
+    rounds(unheld, 1)
+    assert float(state(root)["obs/norm"]["count"]) < before  # the dip the hold prevents
+
+
+def test_a_split_is_made_once_before_the_collectors_start(make_store):
+    """A split is idempotent (the split in force is returned), refused on a run already registered
+    unsplit, and an aggregator of a run that is not split, or of a sub-run it lacks, is refused."""
+    store = make_store()
+    names = split(store, 2)
+    assert store.split(["other.0", "other.1", "other.2"]) == names
+    assert store.home(3).run == names[1]
+    with pytest.raises(errors.ConfigurationError, match="no sub-run 2"):
+        Aggregator(store, 2)
+    plain = make_store()
+    plain.register(SCHEMA)
+    with pytest.raises(errors.ConfigurationError, match="registered already"):
+        split(plain, 2)
+    with pytest.raises(errors.ConfigurationError, match="not split"):
+        Aggregator(plain, 0)
+    assert plain.home(5) is plain
+    with pytest.raises(errors.InvalidSchema):
+        make_store().split(["bad name"])
+
+
+def test_the_aggregate_command_runs_every_sub_runs_aggregator_until_terminated(real_url):
+    """``redisync aggregate --subruns 2`` splits the run and aggregates it until SIGTERM, exit 0."""
+    root = redisync.connect(real_url, run=f"t-{uuid.uuid4().hex[:12]}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisync.cli", "aggregate", "--url", real_url, "--run", root.run,
+         "--subruns", "2", "--period", "0.05"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert wait_for(lambda: len(root.subruns()) == 2)
+        shards = collectors(root, ids=range(6))
+        reports = {k: report(k, 1) for k in shards}
+        for k, shard in shards.items():
+            shard.publish(reports[k])
+        want = float(exact(reports)["obs/norm"]["count"])
+
+        def exact_everywhere():
+            try:
+                return all(float(state(s)["obs/norm"]["count"]) == want for s in (root, root.home(0), root.home(1)))
+            except errors.RunNotFound:
+                return False
+
+        assert wait_for(exact_everywhere, timeout=20)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        for name in root.subruns():
+            root.sibling(name).delete()
+        root.delete()
+    assert proc.returncode == 0, err
+    assert "as 2 sub-runs" in err
