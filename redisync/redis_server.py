@@ -9,6 +9,10 @@ append-only file), with one the file's persistence settings hold. Start it with
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -28,3 +32,68 @@ def command(port: int, workdir: str | Path, *args: str, conf: str | Path | None 
         "no",
         *args,
     ]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, with its Cluster bus port (+10000) free too."""
+    import socket
+
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 < 65536:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+
+@contextlib.contextmanager
+def loopback_cluster(workdir: str | Path, primaries: int = 3) -> Iterator[str]:
+    """A Redis Cluster of ``primaries`` primaries on loopback, for benches: its
+    ``redis+cluster://`` URL while the context lasts, every node stopped after it (and with its
+    starter, should that die first). ``cluster-require-full-coverage no``, as deploy/ has it."""
+    from .lifeline import popen
+
+    procs = []
+    ports = []
+    try:
+        for i in range(primaries):
+            port = free_port()
+            node = Path(workdir) / f"node{i}"
+            node.mkdir(parents=True, exist_ok=True)
+            args = ("--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf"))
+            args += ("--cluster-require-full-coverage", "no", "--maxclients", "20000")
+            procs.append(popen(command(port, node, *args), stdout=subprocess.DEVNULL))
+            ports.append(port)
+        for port in ports:
+            _wait_answers(port)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        for port in ports:
+            _wait_answers(port, "cluster_state:ok")
+        yield "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _wait_answers(port: int, says: str | None = None, timeout: float = 30.0) -> None:
+    """Until the server on ``port`` answers (and its CLUSTER INFO says ``says``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        command_ = ["redis-cli", "-p", str(port)] + (["cluster", "info"] if says else ["ping"])
+        done = subprocess.run(command_, capture_output=True, text=True, timeout=10)
+        if done.returncode == 0 and (says or "PONG") in done.stdout:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"redis-server on port {port} did not answer{' ' + says if says else ''} within {timeout:g} s")

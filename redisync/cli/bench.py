@@ -31,6 +31,16 @@ from .common import URL, connected, needs, table
     help="instead: the server's instructions per fold (a redis-server of its own under valgrind's callgrind)",
 )
 @click.option(
+    "--tree",
+    is_flag=True,
+    help="instead: one run split over a Cluster's primaries, --collectors simulated collectors for --seconds "
+    "(with --loopback-cluster: on a Cluster of three primaries started for the run)",
+)
+@click.option(
+    "--collectors", default=1002, show_default=True, type=click.IntRange(3, 100_000), help="--tree: collectors"
+)
+@click.option("--loopback-cluster", is_flag=True, help="--tree: start a loopback Cluster of three primaries for it")
+@click.option(
     "--all",
     "everything",
     is_flag=True,
@@ -52,12 +62,19 @@ def bench(
     steps: int,
     scale: bool,
     instructions: bool,
+    tree: bool,
+    collectors: int,
+    loopback_cluster: bool,
     everything: bool,
     show_targets: bool,
 ) -> None:
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
     With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
-    With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves."""
+    With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves.
+    With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact."""
+    if tree:
+        _bench_tree(url, collectors, seconds, loopback_cluster, as_json)
+        return
     if instructions:
         from ..bench.instructions import format_table, run_instructions
 
@@ -300,3 +317,19 @@ def _bench_peers(url: str, steps: int, as_json: bool, show_targets: bool) -> Non
     if show_targets:
         for name, t in res["targets"].items():
             click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")
+
+
+def _bench_tree(url: str | None, collectors: int, seconds: float, loopback: bool, as_json: bool) -> None:
+    import tempfile
+
+    from ..bench.tree import format_tree, run_tree
+    from ..redis_server import loopback_cluster
+
+    if loopback:
+        with tempfile.TemporaryDirectory() as workdir, loopback_cluster(workdir) as cluster_url:
+            result = run_tree(cluster_url, collectors=collectors, seconds=seconds)
+    elif url is None or not url.startswith("redis+cluster://"):
+        raise click.UsageError("--tree needs a Redis Cluster: --url redis+cluster://... or --loopback-cluster")
+    else:
+        result = run_tree(url, collectors=collectors, seconds=seconds)
+    click.echo(json.dumps(result, indent=2) if as_json else format_tree(result))

@@ -1,0 +1,318 @@
+"""``redisync bench --tree``: one run of a thousand collectors and more over a Cluster's primaries.
+
+The run is split into one sub-run per primary (`redisync.aggregation`), an aggregator per sub-run
+runs in this process, and simulated collectors in ``processes`` spawned processes each publish the
+stated report (`FLEET_SCHEMA`: a 1 024-value history key and a 256-value one with sums of squares)
+once a second and pull their sub-run once a second, from a pool of threads; a sink process holds one
+sharded subscription per collector to its sub-run's channel, as a collector's listener does, so the
+servers pay the announcements' fan-out. Every report is made of whole numbers: at the end the root's
+fleet must equal the sum of every collector's last report, bit for bit. A probe shard in sub-run 0
+raises a one-value ``maximum`` key every few seconds; the time until each other sub-run and the
+root show it is the staleness the split adds. Each primary's CPU (``INFO cpu``) over the window
+gives the collectors one primary serves at half a core, fan-out, pulls and aggregators included.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import selectors
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+from redis.crc import key_slot
+
+from ..aggregation import Aggregator, split
+from ..errors import RedisyncError
+from ..lifeline import spawn
+from ..store.client import Store, connect, masked_url
+from ..store.schema import Limits, Schema, maximum
+from .scale import CORE_BUDGET, FLEET_SCHEMA
+
+PROBE = "probe/raised"
+SCHEMA = Schema.of({**FLEET_SCHEMA, PROBE: maximum(1)})
+
+
+def report(k: int, i: int) -> dict[str, Any]:
+    """Collector ``k``'s cumulative report after its ``i``-th publish: whole numbers only."""
+    base = 1 + k % 13
+    return {
+        "motion/bin_failed": {"count": float(i * base), "sum": np.full(1024, float(i * (k % 5)))},
+        "obs/norm": {
+            "count": float(i * base),
+            "sum": np.full(256, float(i * (k % 3 - 1))),
+            "sumsq": np.full(256, float(i * (k % 3 + 1))),
+        },
+    }
+
+
+def _collectors(url: str, run: str, ids: list[int], threads: int, seconds: float, stop: Any, out: str) -> None:
+    """One process of simulated collectors: each publishes once a second and pulls once a second;
+    what they did is written to the file ``out``, as JSON."""
+    root = connect(url, run=run)
+    homes: dict[str, Store] = {}
+    shards = {}
+    for k in ids:
+        home = root.home(k)
+        home = homes.setdefault(home.run, home)
+        home.register(SCHEMA)
+        shards[k] = home.shard(k)
+    published = dict.fromkeys(ids, 0)
+    counts = {"publishes": 0, "pulls": 0, "late_s": 0.0, "errors": 0}
+    lock = threading.Lock()
+    began = time.monotonic()
+
+    def serve(mine: list[int]) -> None:
+        rng = np.random.default_rng(mine[0] if mine else 0)
+        phase = {k: float(rng.random()) for k in mine}
+        events = sorted([(phase[k], k, "publish") for k in mine] + [(phase[k] + 0.5, k, "pull") for k in mine])
+        t = 0
+        while not stop.is_set():
+            for offset, k, what in events:
+                due = began + t + offset
+                wait = due - time.monotonic()
+                if wait > 0 and stop.wait(wait):
+                    return
+                if time.monotonic() - began > seconds:
+                    return
+                try:
+                    if what == "publish":
+                        shards[k].publish(report(k, published[k] + 1))
+                        published[k] += 1
+                    else:
+                        shards[k].pull(check_first=True)
+                except (redis.RedisError, RedisyncError):
+                    with lock:
+                        counts["errors"] += 1
+                    continue
+                with lock:
+                    counts["publishes" if what == "publish" else "pulls"] += 1
+                    counts["late_s"] = max(counts["late_s"], time.monotonic() - due)
+            t += 1
+
+    threads = min(threads, len(ids))
+    pool = [threading.Thread(target=serve, args=(ids[i::threads],), daemon=True) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    Path(out).write_text(json.dumps({"published": published, **counts}))
+
+
+def _sink(nodes: list[tuple[str, int, str]], ready: Any, stop: Any, out: Any) -> None:
+    """One sharded subscription per collector (host, port, channel), drained; messages counted."""
+    selector = selectors.DefaultSelector()
+    socks = []
+    for host, port, channel in nodes:
+        s = socket.create_connection((host, port))
+        c = channel.encode()
+        s.sendall(b"*2\r\n$10\r\nSSUBSCRIBE\r\n$%d\r\n%s\r\n" % (len(c), c))
+        s.setblocking(False)
+        selector.register(s, selectors.EVENT_READ)
+        socks.append(s)
+    ready.set()
+    seen = 0
+    tail = b""
+    while not stop.is_set():
+        for key, _ in selector.select(timeout=0.2):
+            data = key.fileobj.recv(1 << 16)  # type: ignore[union-attr]
+            chunk = tail + data
+            seen += chunk.count(b"smessage")
+            tail = chunk[-8:]
+    out.put({"messages": seen, "subscriptions": len(socks)})
+    for s in socks:
+        s.close()
+
+
+def _cpu_seconds(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _primary_clients(root: Store) -> dict[str, redis.Redis]:
+    return {
+        node.name: redis.Redis(host=node.host, port=node.port, decode_responses=True)
+        for node in root.redis.get_primaries()
+    }
+
+
+def _probe(root: Store, names: list[str], stop: threading.Event, every_s: float, found: list[dict[str, float]]) -> None:
+    """Raise the probe key in sub-run 0 every ``every_s``; time until the other sub-runs and the root show it."""
+    writer = root.sibling(names[0]).shard(len(names) * 10**6)  # (a shard id of sub-run 0, no collector's)
+    readers = {name: root.sibling(name) for name in names[1:]} | {"root": root}
+    raised = 0
+    while not stop.wait(every_s):
+        raised += 1
+        began = time.monotonic()
+        writer.publish({PROBE: {"value": [float(raised)]}})
+        seen: dict[str, float] = {}
+        while len(seen) < len(readers) and time.monotonic() - began < 10 and not stop.is_set():
+            for name, store in readers.items():
+                if name not in seen:
+                    view = store.fleet().keys.get(PROBE)
+                    if view is not None and view.value is not None and view.value[0] >= raised:
+                        seen[name] = time.monotonic() - began
+            time.sleep(0.005)
+        found.append(seen)
+
+
+def run_tree(
+    url: str,
+    collectors: int = 1002,
+    seconds: float = 60.0,
+    processes: int = 3,
+    threads: int = 24,
+    period_s: float = 0.5,
+) -> dict[str, Any]:
+    """The run, as figures: rates, staleness, per-primary CPU and capacity, and the exactness check."""
+    root = connect(url, run=f"bench-tree-{uuid.uuid4().hex[:8]}")
+    if not callable(getattr(root.redis, "get_primaries", None)):
+        raise RedisyncError(f"{masked_url(url)}: --tree needs a Redis Cluster URL (redis+cluster://)")
+    primaries = _primary_clients(root)
+    names = split(root, len(primaries))
+    for name in names:
+        root.sibling(name).register(SCHEMA, Limits(stream_maxlen=100))
+    root.register(SCHEMA, Limits(stream_maxlen=100))
+    node_of = {name: root.redis.nodes_manager.get_node_from_slot(key_slot(name.encode())) for name in names}
+    ctx = mp.get_context("spawn")
+    stop, ready, sink_out = ctx.Event(), ctx.Event(), ctx.Queue()
+    outs = [Path(tempfile.mkdtemp(prefix="redisync-tree-")) / "collectors.json" for _ in range(processes)]
+    subscriptions = [
+        (node_of[names[k % len(names)]].host, node_of[names[k % len(names)]].port, f"redisync:{{{names[k % len(names)]}}}:versions")
+        for k in range(collectors)
+    ]
+    sink = spawn(_sink, subscriptions, ready, stop, sink_out)
+    if not ready.wait(60):
+        raise RedisyncError("the subscription sink did not start")
+    ids = list(range(collectors))
+    workers = [
+        spawn(_collectors, url, root.run, ids[p::processes], threads, seconds, stop, str(outs[p])) for p in range(processes)
+    ]
+    halt = threading.Event()
+    aggregators = [Aggregator(root, j, period_s=period_s) for j in range(len(names))]
+    agg_threads = [threading.Thread(target=a.run, args=(halt,), daemon=True) for a in aggregators]
+    for thread in agg_threads:
+        thread.start()
+    time.sleep(min(5.0, seconds / 4))  # (the processes' start-up: imports, claims)
+    cpu0 = {n: _cpu_seconds(c) for n, c in primaries.items()}
+    window0 = time.monotonic()
+    staleness: list[dict[str, float]] = []
+    probe_stop = threading.Event()
+    prober = threading.Thread(target=_probe, args=(root, names, probe_stop, 3.0, staleness), daemon=True)
+    prober.start()
+    for worker in workers:
+        worker.join(timeout=seconds + 120)
+    results = [json.loads(path.read_text()) for path in outs if path.exists()]
+    for path in outs:
+        shutil.rmtree(path.parent, ignore_errors=True)
+    window = time.monotonic() - window0
+    cpu = {n: (_cpu_seconds(c) - cpu0[n]) / window for n, c in primaries.items()}
+    probe_stop.set()
+    prober.join()
+    stop.set()
+    sink_result = sink_out.get(timeout=30)
+    for p in [sink, *workers]:
+        p.join(timeout=10)
+    if len(results) < processes:
+        halt.set()
+        codes = [p.exitcode for p in workers]
+        raise RedisyncError(f"{processes - len(results)} of {processes} collector processes failed (exit codes {codes})")
+    published: dict[int, int] = {}
+    for r in results:
+        published.update({int(k): i for k, i in r["published"].items()})
+    want = {name: {} for name in FLEET_SCHEMA}
+    for k, i in published.items():
+        for name, parts in report(k, i).items():
+            for part, value in parts.items():
+                want[name][part] = want[name].get(part, 0.0) + np.asarray(value, dtype=float)
+
+    def exact() -> bool:
+        fleet = root.fleet().keys
+        return all(
+            np.array_equal(np.asarray(fleet[name].parts()[part]).ravel(), np.asarray(value).ravel())
+            for name, parts in want.items()
+            for part, value in parts.items()
+        )
+
+    settled_at = time.monotonic()
+    while not exact() and time.monotonic() - settled_at < 20:
+        time.sleep(period_s / 2)
+    is_exact, settle_s = exact(), time.monotonic() - settled_at
+    root_count = float(root.fleet().keys["obs/norm"].parts()["count"])
+    halt.set()
+    for thread in agg_threads:
+        thread.join(timeout=5)
+    homed = {name: sum(1 for k in range(collectors) if names[k % len(names)] == name) for name in names}
+    per_primary = []
+    for name in names:
+        node = node_of[name].name
+        per_primary.append(
+            {
+                "primary": node,
+                "subrun": name,
+                "collectors": homed[name],
+                "cores": cpu[node],
+                "collectors_at_budget": homed[name] * CORE_BUDGET / cpu[node] if cpu[node] > 0 else float("inf"),
+            }
+        )
+    delays = {name: [s[name] for s in staleness if name in s] for name in [*names[1:], "root"]}
+    for name in [*names, root.run]:
+        root.sibling(name).delete()
+    return {
+        "url": masked_url(url),
+        "collectors": collectors,
+        "subruns": names,
+        "seconds": window,
+        "publishes_per_s": sum(r["publishes"] for r in results) / seconds,
+        "pulls_per_s": sum(r["pulls"] for r in results) / seconds,
+        "client_errors": sum(r["errors"] for r in results),
+        "latest_event_late_s": max(r["late_s"] for r in results),
+        "announcements_delivered_per_s": sink_result["messages"] / window,
+        "subscriptions": sink_result["subscriptions"],
+        "aggregator_rounds": sum(a.rounds for a in aggregators),
+        "exact": is_exact,
+        "settle_s": settle_s,
+        "root_count": root_count,
+        "staleness_s": {
+            name: {"n": len(d), "median": statistics.median(d), "max": max(d)} if d else None
+            for name, d in delays.items()
+        },
+        "per_primary": per_primary,
+        "core_budget": CORE_BUDGET,
+    }
+
+
+def format_tree(r: dict[str, Any]) -> str:
+    lines = [
+        f"one run over {len(r['subruns'])} primaries ({r['url']}): {r['collectors']} collectors, "
+        f"{r['seconds']:.0f} s measured",
+        f"  sub-runs: {', '.join(r['subruns'])}",
+        f"  publishes {r['publishes_per_s']:.0f}/s, pulls {r['pulls_per_s']:.0f}/s, announcements delivered "
+        f"{r['announcements_delivered_per_s']:.0f}/s to {r['subscriptions']} subscriptions; client errors "
+        f"{r['client_errors']}; the latest event ran {r['latest_event_late_s']:.2f} s behind its schedule",
+        f"  exact: {'yes' if r['exact'] else 'NO'} (the root's fleet equals the sum of every collector's last "
+        f"report, bit for bit; count {r['root_count']:.0f}), {r['settle_s']:.1f} s after the last publish; "
+        f"{r['aggregator_rounds']} aggregator rounds",
+        "  staleness (a value published in sub-run 0 until it shows):",
+    ]
+    for name, s in r["staleness_s"].items():
+        lines.append(
+            f"    {name:<24} " + ("not seen" if s is None else f"median {s['median']:.2f} s, max {s['max']:.2f} s, n={s['n']}")
+        )
+    lines.append(f"  per primary (CPU from INFO cpu over the window; budget {r['core_budget']:g} core):")
+    for p in r["per_primary"]:
+        lines.append(
+            f"    {p['primary']:<18} {p['subrun']:<24} {p['collectors']:>5} collectors  {p['cores']:.3f} core  "
+            f"({'within' if p['cores'] <= r['core_budget'] else 'OVER'} the budget; "
+            f"{p['collectors_at_budget']:.0f} collectors if the cost grew linearly)"
+        )
+    return "\n".join(lines)
