@@ -11,6 +11,7 @@ import base64
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import re
 import secrets
@@ -33,6 +34,7 @@ from .schema import Limits, Schema, encode_reports
 from .semantics.base import first_error
 
 ENV_URL = "REDISYNC_URL"
+log = logging.getLogger("redisync.store")
 EMBEDDED = "embedded"
 
 _embedded_lock = threading.Lock()
@@ -464,6 +466,27 @@ class Store:
         return self.sibling(names[shard_id % len(names)]) if names else self
 
     @_translated
+    def announce_owed(self) -> bool:
+        """Announce the run's current version if a fold left its announcement owed (a run with
+        ``Limits.announce_every_s``); False when nothing was owed."""
+        return bool(self._call(self.scripts.announce, [self.keys.meta], []))
+
+    def _pay_later(self, delay_us: int) -> None:
+        """Announce what a fold left owed once the run's window has passed, from a timer thread: a
+        follower learns a burst's last version then. A store that cannot be reached by then leaves it
+        to the followers' polls."""
+
+        def pay() -> None:
+            try:
+                self.announce_owed()
+            except errors.RedisyncError as e:
+                log.info("run %r: an owed announcement was not made (%s); followers' polls find the version", self.run, e)
+
+        timer = threading.Timer(delay_us / 1e6, pay)
+        timer.daemon = True
+        timer.start()
+
+    @_translated
     def registered(self) -> bool:
         """Whether the run is registered on the server (one HGET, which every role may run)."""
         return self.redis.hget(self.keys.meta, "epoch") is not None
@@ -554,6 +577,7 @@ class Store:
             int(limits.stream_payloads),
             limits.dead_letter_max_bytes,
             limits.packed(),
+            limits.announce_every_us,
         ]
         for name, spec in schema.keys.items():
             meta, data = spec.meta_fields(name) | spec.initial_meta(), spec.initial_data()
@@ -591,12 +615,15 @@ class Store:
             "stream_payloads",
             "dead_letter_max_bytes",
             "limits",
+            "announce_every_us",
         )
         if raw[0] is None or raw[1] is None or raw[2] is None:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
+        window = {"announce_every_s": int(raw[6]) / 1e6} if raw[6] is not None else {}
         with contextlib.suppress(ValueError):  # (a run registered before the field: its fields one by one)
-            return Limits.unpacked(_b(raw[5] or b""))
+            return Limits.unpacked(_b(raw[5] or b"")).model_copy(update=window)
         return Limits(
+            **window,
             max_report_bytes=int(raw[0]),
             stream_maxlen=int(raw[1]),
             dead_letter_maxlen=int(raw[2]),
@@ -864,10 +891,14 @@ class ShardClient:
             if not store.wait_replicas:
                 result = codec.parse_publish(store._call(store.scripts.fold, keys, args), names)
                 self.highest_version = max(self.highest_version, result.fleet_version)
+                if result.owed_in_us is not None:
+                    store._pay_later(result.owed_in_us)
                 return result
             reply, acked = store._call_replicated(store.scripts.fold, keys, args)
             result = codec.parse_publish(reply, names)
             self.highest_version = max(self.highest_version, result.fleet_version)
+            if result.owed_in_us is not None:
+                store._pay_later(result.owed_in_us)
         if result.applied and acked < store.wait_replicas:
             raise errors.NotReplicated(
                 f"{store.url}: fold {result.fleet_version} reached {acked} of {store.wait_replicas} replicas "

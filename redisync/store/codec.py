@@ -52,6 +52,7 @@ class PublishResult:
     key_versions: dict[str, int] = field(default_factory=dict)
     server_time_us: int | None = None
     epoch: str | None = None  # the run's epoch after the fold (a new one after a server restart)
+    owed_in_us: int | None = None  # the fold left its announcement owed: pay it this much later
 
     @property
     def applied(self) -> bool:
@@ -65,8 +66,14 @@ def parse_publish(reply: Sequence[Any], names: Sequence[str]) -> PublishResult:
     if status == b"applied" or status == "applied":
         versions = {names[0]: int(reply[4])} if len(names) == 1 else dict(zip(names, map(int, reply[4:]), strict=False))
         epoch = reply[3]
+        owed = reply[4 + len(names)] if len(reply) > 4 + len(names) else b""
         return PublishResult(
-            "applied", int(reply[1]), versions, int(reply[2]), epoch.decode() if type(epoch) is bytes else str(epoch)
+            "applied",
+            int(reply[1]),
+            versions,
+            int(reply[2]),
+            epoch.decode() if type(epoch) is bytes else str(epoch),
+            int(owed) if owed else None,
         )
     status = _text(status)
     if status == "duplicate":

@@ -34,7 +34,7 @@ from .semantics import SEMANTICS
 
 _LUA = importlib.resources.files("redisync.store") / "lua"
 NAME = "redisync"
-FUNCTIONS = ("fold", "pull", "register", "claim", "restore", "lease")
+FUNCTIONS = ("fold", "pull", "register", "claim", "restore", "lease", "announce")
 READ_ONLY = {"pull"}  # flagged no-writes: called by FCALL_RO
 MINIMUM_SERVER = "Redis 7.0 or later (or Valkey 7.2 or later)"
 
@@ -152,10 +152,11 @@ class Library:
         self.name = name or library_name(self.version)
         self._lock = threading.Lock()
         self.fold, self.pull, self.register = self._function("fold"), self._function("pull"), self._function("register")
-        self.claim, self.restore, self.lease = (
+        self.claim, self.restore, self.lease, self.announce = (
             self._function("claim"),
             self._function("restore"),
             self._function("lease"),
+            self._function("announce"),
         )
 
     def _function(self, function: str) -> Function:

@@ -82,6 +82,16 @@ class Limits(BaseModel):
     # calls (lease renewals, folds) longer than this counts as this long, so a stall of the server of
     # any length runs out nobody's lease (lua/clock.lua); a live fleet calls every second
     stall_after_s: float = Field(default=2.0, gt=0, le=3600)
+    # at most one announcement of the run's new versions per this many seconds (0: one per fold): every
+    # fold announced to every follower costs the server folds x followers messages, which grows as the
+    # square of the fleet; coalesced, the last version of a burst is still announced, once the window
+    # has passed (by the client whose fold opened the debt: `Store.announce_owed`)
+    announce_every_s: float = Field(default=0.0, ge=0, le=10)
+
+    @property
+    def announce_every_us(self) -> int:
+        """``announce_every_s`` in microseconds, as the run's meta holds it."""
+        return round(self.announce_every_s * 1e6)
 
     def packed(self) -> str:
         """The limits as the fold reads them, one run-meta field (``limits``) instead of six:

@@ -14,8 +14,10 @@
 --                    a checkpoint (it takes over its previous life's slot), '0' otherwise
 -- ARGV[5 + 2i]       name of the i-th key; ARGV[6 + 2i] its payload, little-endian float64:
 --                    laid out as the key's semantics says (its Python module's payload_parts)
--- returns {'applied', fleet_version, now_us, epoch, version_1, ..., version_k}, and announces
---         '<fleet_version> <epoch>' on the run's versions channel
+-- returns {'applied', fleet_version, now_us, epoch, version_1, ..., version_k, owed_in_us}, and announces
+--         '<fleet_version> <epoch>' on the run's versions channel; with the run's announce_every_us,
+--         at most once per that window: owed_in_us is then when the caller announces what its fold
+--         left owed (announce.lua), or '' when it owes nothing
 --       | {'duplicate', fleet_version}
 --       | {'rejected', reason, key, detail}     (also appended to the dead-letter stream)
 --
@@ -152,7 +154,8 @@ local function fold(keys, args)
   run = run_keys(KEYS[1])
   if not run then return {'rejected', 'malformed', '', 'KEYS[1] is not a redisync meta key'} end
 
-  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server')
+  meta = redis.call('HMGET', KEYS[1], 'epoch', 'digest', 'limits', 'fleet_version', 'server', 'announce_every_us',
+    'announced_us', 'announce_owed')
   shard, inc, seq, floor, resume = ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', ARGV[5] or '', ARGV[6] or ''
   -- a rejection for a run that does not exist writes nothing: no key of an unknown run is created
   if not meta[1] then return {'rejected', 'no_run', '', 'the run is not registered (or the store lost it)'} end
@@ -330,12 +333,29 @@ local function fold(keys, args)
   -- made; for `redisync watch`: how far behind the shard's view was, and what it samples)
   redis.call('HSET', KEYS[2], own.seq, seq, own.at, now_s, own.seen, floor, own.made, fv)
 
-  announce(run.versions, fv .. ' ' .. epoch) -- (the epoch: a run lost and registered
-  -- again starts its versions over, so a version alone would not tell its followers)
+  -- the new version announced (with the epoch: a run lost and registered again starts its versions
+  -- over, so a version alone would not tell its followers), at most once per the run's window: a fold
+  -- inside it leaves the announcement owed, and the first such fold's caller is told when to pay it
+  -- (announce.lua), so a burst's last version is announced too
+  local trail = ''
+  local every = meta[6]
+  if not every then
+    announce(run.versions, fv .. ' ' .. epoch)
+  else
+    local since = tonumber(now_s) - (tonumber(meta[7]) or 0)
+    if since >= tonumber(every) then
+      announce(run.versions, fv .. ' ' .. epoch)
+      redis.call('HSET', KEYS[1], 'announced_us', now_s, 'announce_owed', '0')
+    elseif meta[8] ~= '1' then
+      redis.call('HSET', KEYS[1], 'announce_owed', '1')
+      trail = string.format('%.0f', tonumber(every) - since)
+    end
+  end
 
   let_go(nkeys)
   local reply = {'applied', fleet_version, now_s, epoch}
   for i = 1, nkeys do reply[4 + i] = versions[i] end
+  reply[5 + nkeys] = trail
   return reply
 end
 

@@ -8,7 +8,8 @@
 -- ARGV[4], [5], [6], [7], [8] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen, stream_payloads
 --                  ('1' or '0'), dead_letter_max_bytes
 -- ARGV[9]          the same limits in one field, as the fold reads them (Limits.packed)
--- ARGV[10 ...]     per key, one after another: name, semantics, m, d, then m field/value pairs of its
+-- ARGV[10]         the announcements' window in microseconds (Limits.announce_every_us; 0: every fold)
+-- ARGV[11 ...]     per key, one after another: name, semantics, m, d, then m field/value pairs of its
 --                  key-meta hash and d of its data hash, as its spec gives them (SpecBase.meta_fields
 --                  and data_fields: what the key declares and the state it starts from)
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
@@ -26,7 +27,7 @@ local function register(KEYS, ARGV)
   -- each key's arguments (where they start), and a schema with a semantics this library has no module
   -- for (SEMANTICS) is refused whole
   local nkeys, at = (#KEYS - 1) / 2, {}
-  local a = 10
+  local a = 11
   for i = 1, nkeys do
     at[i] = a
     if not SEMANTICS[ARGV[a + 1]] then
@@ -47,6 +48,7 @@ local function register(KEYS, ARGV)
     'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
     'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8],
     'limits', ARGV[9])
+  if ARGV[10] ~= '0' then redis.call('HSET', KEYS[1], 'announce_every_us', ARGV[10]) end
   for i = 1, nkeys do
     local a = at[i]
     local m, d = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])

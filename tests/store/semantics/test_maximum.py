@@ -264,6 +264,7 @@ def _register_args(schema: Schema, semantics: str) -> list:
         0,
         1 << 20,
         "1048576|100|0|100|1048576",
+        0,
     ]
     for name, spec in schema.keys.items():
         meta = spec.meta_fields(name)
