@@ -65,8 +65,8 @@ def loopback_cluster(workdir: str | Path, primaries: int = 3) -> Iterator[str]:
             port = free_port()
             node = Path(workdir) / f"node{i}"
             node.mkdir(parents=True, exist_ok=True)
-            args = ("--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf"))
-            args += ("--cluster-require-full-coverage", "no", "--maxclients", "20000")
+            args = ["--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf")]
+            args += ["--cluster-require-full-coverage", "no", "--maxclients", "20000"]
             procs.append(popen(command(port, node, *args), stdout=subprocess.DEVNULL))
             ports.append(port)
         for port in ports:

@@ -35,7 +35,7 @@ from redisync.store.schema import Schema, merge
 # (a cut inside a semantics' check returns its {'cut'} as the check's rejection, which the fold returns)
 LANDMARKS = (
     ("run = run_keys(KEYS[1])", "FCALL envelope: the arguments, the keys and args tables, the call"),
-    ("-- the envelope ---", "the run's meta (HMGET of 5 fields)"),
+    ("-- the envelope ---", "the run's meta (HMGET of 8 fields)"),
     ("-- duplicates, retries and zombies", "envelope checks (KEYS, schema digest, ids and seq)"),
     ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),
     ("local t = redis.call('TIME')", "payload size"),
@@ -46,8 +46,8 @@ LANDMARKS = (
     ("local cut = 8 * count_size", "the fused pass over the values"),
     ("-- apply ---", "the sums to write, the rest of the key"),
     ("local versions = {}", "the stream entry (XADD)"),
-    ("announce(run.versions", "the writes (HSETs of data, key meta, run meta, shards)"),
-    (None, "SPUBLISH and the reply"),
+    ("local trail = ''", "the writes (HSETs of data, key meta, run meta, shards)"),
+    (None, "SPUBLISH (or the window's bookkeeping) and the reply"),
 )
 
 

@@ -35,7 +35,8 @@ import numpy as np
 from .. import errors
 from ..store.client import ShardClient, Store
 from ..store.codec import PullResult
-from ..store.schema import Schema
+from ..store.schema import Limits, Schema
+from ..store.semantics.base import Vector
 
 OUTSIDE_SHARD = 999_999_999  # in a sub-run: the rest of the root run, written back by the aggregator
 ROOT_SHARD_BASE = 999_999_000  # in the root: sub-run j's collectors, published as shard ROOT_SHARD_BASE + j
@@ -83,9 +84,10 @@ class Aggregator:
         self.up = root.shard(ROOT_SHARD_BASE + index, resume=True)
         self.down = self.sub.shard(OUTSIDE_SHARD, resume=True)
         self.schema: Schema | None = None
+        self.limits: Limits | None = None  # the sub-run's, for a sub-run or root registered again
         self._owners: dict[int, ShardClient] = {}  # an owner's shard, in the root or the sub-run
         self._sent: dict[tuple[int, str], tuple[bytes, float]] = {}  # (shard, key) -> payload, when sent
-        self._held: dict[str, np.ndarray] | None = None  # the contribution kept while the sub-run re-seeds
+        self._held: dict[str, Vector] | None = None  # the contribution kept while the sub-run re-seeds
         self._held_until = 0.0
         self._shards_before = 0
         self._epoch: str | None = None
@@ -108,7 +110,7 @@ class Aggregator:
             if owner is not None and self._home(owner) == self.index:
                 self._send(self.root, self._owner_client(self.root, owner), {name: value}, done.up)
         root = self._pull(self.up, self.root, schema)
-        down: dict[str, np.ndarray] = {}
+        down: dict[str, Vector] = {}
         for name, view in root.keys.items():
             owner = self._owner(schema, name)
             if owner is not None:
@@ -126,11 +128,11 @@ class Aggregator:
         """The collectors' schema, registered in the sub-run (and then in the root) by the first of them."""
         if self.schema is None:
             try:
-                schema = self.sub.schema
+                schema, limits = self.sub.schema, self.sub.limits()
             except errors.RunNotFound:
-                schema = self.root.schema  # a sub-run lost by its store: the root still says
-            self.root.register(schema)
-            self.schema = schema
+                schema, limits = self.root.schema, self.root.limits()  # a sub-run lost by its store: the root says
+            self.root.register(schema, limits)
+            self.schema, self.limits = schema, limits
         return self.schema
 
     def _pull(self, shard: ShardClient, store: Store, schema: Schema) -> PullResult:
@@ -138,13 +140,13 @@ class Aggregator:
         try:
             shard.pull(check_first=True)
         except errors.RunNotFound:
-            store.register(schema)
+            store.register(schema, self.limits)
             shard.known = None
             shard.pull(check_first=False)
         assert shard.known is not None
         return shard.known
 
-    def _contribution(self, sub: PullResult, schema: Schema, done: Round) -> dict[str, np.ndarray]:
+    def _contribution(self, sub: PullResult, schema: Schema, done: Round) -> dict[str, Vector]:
         """What the sub-run's collectors hold, per key; the last whole one while the sub-run re-seeds."""
         now = time.monotonic()
         shards = self._shard_count()
@@ -173,14 +175,14 @@ class Aggregator:
     def _owners_written_down(self) -> set[int]:
         return {o for o in self._owners if self._home(o) != self.index}
 
-    def _last_contribution(self) -> dict[str, np.ndarray]:
+    def _last_contribution(self) -> dict[str, Vector]:
         out = {}
         for (shard, name), (payload, _) in self._sent.items():
             if shard == self.up.shard_id or (shard in self._owners and self._home(shard) == self.index):
                 out[name] = np.frombuffer(payload, dtype="<f8").copy()
         return out
 
-    def _send(self, store: Store, shard: ShardClient, values: dict[str, np.ndarray], sent: list[str]) -> None:
+    def _send(self, store: Store, shard: ShardClient, values: dict[str, Vector], sent: list[str]) -> None:
         """Publish the keys of ``values`` that changed, or whose slot is due a heartbeat, in one fold."""
         schema, now = self.schema, time.monotonic()
         assert schema is not None

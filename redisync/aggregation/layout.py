@@ -8,7 +8,7 @@ in address order, as the client's slot map has them when the split is made).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from redis.crc import key_slot
 
@@ -35,7 +35,7 @@ def subrun_names(store: Store, count: int) -> list[str]:
         want = primaries[j % len(primaries)]
         for n in range(MAX_SUFFIX):
             name = base if n == 0 else f"{base}.{n}"
-            if store.redis.nodes_manager.get_node_from_slot(key_slot(name.encode())).name == want:
+            if cast(Any, store.redis).nodes_manager.get_node_from_slot(key_slot(name.encode())).name == want:
                 names.append(name)
                 break
         else:  # (a Cluster whose primary serves almost no slots)
@@ -45,4 +45,5 @@ def subrun_names(store: Store, count: int) -> list[str]:
 
 def split(store: Store, count: int) -> list[str]:
     """Split ``store``'s run into ``count`` sub-runs (or find the split in force): their names."""
-    return store.split(subrun_names(store, count))
+    names: list[str] = store.split(subrun_names(store, count))
+    return names

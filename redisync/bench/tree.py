@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import redis
@@ -40,6 +40,7 @@ from .scale import CORE_BUDGET, FLEET_SCHEMA
 
 PROBE = "probe/raised"
 SCHEMA = Schema.of({**FLEET_SCHEMA, PROBE: maximum(1)})
+STATED = "each collector publishes the stated report once a second and pulls its sub-run once a second"
 
 
 def report(k: int, i: int) -> dict[str, Any]:
@@ -141,7 +142,7 @@ def _cpu_seconds(client: redis.Redis) -> float:
 def _primary_clients(root: Store) -> dict[str, redis.Redis]:
     return {
         node.name: redis.Redis(host=node.host, port=node.port, decode_responses=True)
-        for node in root.redis.get_primaries()
+        for node in cast(Any, root.redis).get_primaries()
     }
 
 
@@ -172,30 +173,34 @@ def run_tree(
     processes: int = 3,
     threads: int = 24,
     period_s: float = 0.5,
+    announce_every_s: float = 0.05,
+    split_run: bool = True,
 ) -> dict[str, Any]:
-    """The run, as figures: rates, staleness, per-primary CPU and capacity, and the exactness check."""
+    """The run, as figures: rates, staleness, per-primary CPU and capacity, and the exactness check.
+    ``split_run=False``: the same collectors on one run in one slot, one primary (side by side)."""
     root = connect(url, run=f"bench-tree-{uuid.uuid4().hex[:8]}")
     if not callable(getattr(root.redis, "get_primaries", None)):
         raise RedisyncError(f"{masked_url(url)}: --tree needs a Redis Cluster URL (redis+cluster://)")
     primaries = _primary_clients(root)
-    names = split(root, len(primaries))
+    names = split(root, len(primaries)) if split_run else []
+    homes = names or [root.run]  # where the collectors publish
+    limits = Limits(stream_maxlen=100, announce_every_s=announce_every_s)
     for name in names:
-        root.sibling(name).register(SCHEMA, Limits(stream_maxlen=100))
-    root.register(SCHEMA, Limits(stream_maxlen=100))
-    node_of = {name: root.redis.nodes_manager.get_node_from_slot(key_slot(name.encode())) for name in names}
+        root.sibling(name).register(SCHEMA, limits)
+    root.register(SCHEMA, limits)
+    node_of = {name: cast(Any, root.redis).nodes_manager.get_node_from_slot(key_slot(name.encode())) for name in homes}
     ctx = mp.get_context("spawn")
     stop, ready, sink_out = ctx.Event(), ctx.Event(), ctx.Queue()
     outs = [Path(tempfile.mkdtemp(prefix="redisync-tree-")) / "collectors.json" for _ in range(processes)]
-    subscriptions = [
-        (node_of[names[k % len(names)]].host, node_of[names[k % len(names)]].port, f"redisync:{{{names[k % len(names)]}}}:versions")
-        for k in range(collectors)
-    ]
+    home_of = [homes[k % len(homes)] for k in range(collectors)]
+    subscriptions = [(node_of[h].host, node_of[h].port, f"redisync:{{{h}}}:versions") for h in home_of]
     sink = spawn(_sink, subscriptions, ready, stop, sink_out)
     if not ready.wait(60):
         raise RedisyncError("the subscription sink did not start")
     ids = list(range(collectors))
     workers = [
-        spawn(_collectors, url, root.run, ids[p::processes], threads, seconds, stop, str(outs[p])) for p in range(processes)
+        spawn(_collectors, url, root.run, ids[p::processes], threads, seconds, stop, str(outs[p]))
+        for p in range(processes)
     ]
     halt = threading.Event()
     aggregators = [Aggregator(root, j, period_s=period_s) for j in range(len(names))]
@@ -208,7 +213,8 @@ def run_tree(
     staleness: list[dict[str, float]] = []
     probe_stop = threading.Event()
     prober = threading.Thread(target=_probe, args=(root, names, probe_stop, 3.0, staleness), daemon=True)
-    prober.start()
+    if names:
+        prober.start()
     for worker in workers:
         worker.join(timeout=seconds + 120)
     results = [json.loads(path.read_text()) for path in outs if path.exists()]
@@ -217,7 +223,8 @@ def run_tree(
     window = time.monotonic() - window0
     cpu = {n: (_cpu_seconds(c) - cpu0[n]) / window for n, c in primaries.items()}
     probe_stop.set()
-    prober.join()
+    if names:
+        prober.join()
     stop.set()
     sink_result = sink_out.get(timeout=30)
     for p in [sink, *workers]:
@@ -225,11 +232,13 @@ def run_tree(
     if len(results) < processes:
         halt.set()
         codes = [p.exitcode for p in workers]
-        raise RedisyncError(f"{processes - len(results)} of {processes} collector processes failed (exit codes {codes})")
+        raise RedisyncError(
+            f"{processes - len(results)} of {processes} collector processes failed (exit codes {codes})"
+        )
     published: dict[int, int] = {}
     for r in results:
         published.update({int(k): i for k, i in r["published"].items()})
-    want = {name: {} for name in FLEET_SCHEMA}
+    want: dict[str, dict[str, Any]] = {name: {} for name in FLEET_SCHEMA}
     for k, i in published.items():
         for name, parts in report(k, i).items():
             for part, value in parts.items():
@@ -251,9 +260,9 @@ def run_tree(
     halt.set()
     for thread in agg_threads:
         thread.join(timeout=5)
-    homed = {name: sum(1 for k in range(collectors) if names[k % len(names)] == name) for name in names}
+    homed = {name: home_of.count(name) for name in homes}
     per_primary = []
-    for name in names:
+    for name in homes:
         node = node_of[name].name
         per_primary.append(
             {
@@ -264,13 +273,14 @@ def run_tree(
                 "collectors_at_budget": homed[name] * CORE_BUDGET / cpu[node] if cpu[node] > 0 else float("inf"),
             }
         )
-    delays = {name: [s[name] for s in staleness if name in s] for name in [*names[1:], "root"]}
+    delays = {name: [s[name] for s in staleness if name in s] for name in [*names[1:], "root"]} if names else {}
     for name in [*names, root.run]:
         root.sibling(name).delete()
     return {
         "url": masked_url(url),
         "collectors": collectors,
         "subruns": names,
+        "homes": homes,
         "seconds": window,
         "publishes_per_s": sum(r["publishes"] for r in results) / seconds,
         "pulls_per_s": sum(r["pulls"] for r in results) / seconds,
@@ -288,25 +298,30 @@ def run_tree(
         },
         "per_primary": per_primary,
         "core_budget": CORE_BUDGET,
+        "announce_every_s": announce_every_s,
+        "period_s": period_s,
     }
 
 
 def format_tree(r: dict[str, Any]) -> str:
+    where = f"split over {len(r['subruns'])} primaries" if r["subruns"] else "unsplit, on one primary"
     lines = [
-        f"one run over {len(r['subruns'])} primaries ({r['url']}): {r['collectors']} collectors, "
-        f"{r['seconds']:.0f} s measured",
-        f"  sub-runs: {', '.join(r['subruns'])}",
+        f"one run {where} ({r['url']}): {r['collectors']} collectors, {r['seconds']:.0f} s measured ({STATED})",
+        f"  sub-runs: {', '.join(r['subruns']) or 'none'}; aggregator period {r['period_s']:g} s; announcements "
+        + (f"at most one per {r['announce_every_s']:g} s per run" if r["announce_every_s"] else "on every fold"),
         f"  publishes {r['publishes_per_s']:.0f}/s, pulls {r['pulls_per_s']:.0f}/s, announcements delivered "
         f"{r['announcements_delivered_per_s']:.0f}/s to {r['subscriptions']} subscriptions; client errors "
         f"{r['client_errors']}; the latest event ran {r['latest_event_late_s']:.2f} s behind its schedule",
         f"  exact: {'yes' if r['exact'] else 'NO'} (the root's fleet equals the sum of every collector's last "
         f"report, bit for bit; count {r['root_count']:.0f}), {r['settle_s']:.1f} s after the last publish; "
         f"{r['aggregator_rounds']} aggregator rounds",
-        "  staleness (a value published in sub-run 0 until it shows):",
     ]
+    if r["staleness_s"]:
+        lines.append("  staleness (a value published in sub-run 0 until it shows):")
     for name, s in r["staleness_s"].items():
         lines.append(
-            f"    {name:<24} " + ("not seen" if s is None else f"median {s['median']:.2f} s, max {s['max']:.2f} s, n={s['n']}")
+            f"    {name:<24} "
+            + ("not seen" if s is None else f"median {s['median']:.2f} s, max {s['max']:.2f} s, n={s['n']}")
         )
     lines.append(f"  per primary (CPU from INFO cpu over the window; budget {r['core_budget']:g} core):")
     for p in r["per_primary"]:

@@ -46,7 +46,9 @@ def aggregate(url: str | None, run: str, subruns: int | None, indices: tuple[int
     click.echo(f"redisync aggregate: run {run!r} as {len(names)} sub-runs: {', '.join(names)}", err=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    threads = [threading.Thread(target=a.run, args=(done,), name=f"aggregate-{a.index}", daemon=True) for a in aggregators]
+    threads = [
+        threading.Thread(target=a.run, args=(done,), name=f"aggregate-{a.index}", daemon=True) for a in aggregators
+    ]
     for thread in threads:
         thread.start()
     with contextlib.suppress(KeyboardInterrupt):

@@ -40,6 +40,14 @@ from .common import URL, connected, needs, table
     "--collectors", default=1002, show_default=True, type=click.IntRange(3, 100_000), help="--tree: collectors"
 )
 @click.option("--loopback-cluster", is_flag=True, help="--tree: start a loopback Cluster of three primaries for it")
+@click.option("--unsplit", is_flag=True, help="--tree: the same collectors on one run, one primary (to compare)")
+@click.option(
+    "--announce-every",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(0, 10),
+    help="--tree: the runs' announcement window in seconds (0: every fold announced)",
+)
 @click.option(
     "--all",
     "everything",
@@ -65,6 +73,8 @@ def bench(
     tree: bool,
     collectors: int,
     loopback_cluster: bool,
+    announce_every: float,
+    unsplit: bool,
     everything: bool,
     show_targets: bool,
 ) -> None:
@@ -73,7 +83,7 @@ def bench(
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves.
     With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact."""
     if tree:
-        _bench_tree(url, collectors, seconds, loopback_cluster, as_json)
+        _bench_tree(url, collectors, seconds, loopback_cluster, announce_every, not unsplit, as_json)
         return
     if instructions:
         from ..bench.instructions import format_table, run_instructions
@@ -319,7 +329,9 @@ def _bench_peers(url: str, steps: int, as_json: bool, show_targets: bool) -> Non
             click.echo(f"target {name}: {t['measured']:.2f} {'met' if t['met'] else 'MISSED'}")
 
 
-def _bench_tree(url: str | None, collectors: int, seconds: float, loopback: bool, as_json: bool) -> None:
+def _bench_tree(
+    url: str | None, collectors: int, seconds: float, loopback: bool, window: float, split_run: bool, as_json: bool
+) -> None:
     import tempfile
 
     from ..bench.tree import format_tree, run_tree
@@ -327,9 +339,11 @@ def _bench_tree(url: str | None, collectors: int, seconds: float, loopback: bool
 
     if loopback:
         with tempfile.TemporaryDirectory() as workdir, loopback_cluster(workdir) as cluster_url:
-            result = run_tree(cluster_url, collectors=collectors, seconds=seconds)
+            result = run_tree(
+                cluster_url, collectors=collectors, seconds=seconds, announce_every_s=window, split_run=split_run
+            )
     elif url is None or not url.startswith("redis+cluster://"):
         raise click.UsageError("--tree needs a Redis Cluster: --url redis+cluster://... or --loopback-cluster")
     else:
-        result = run_tree(url, collectors=collectors, seconds=seconds)
+        result = run_tree(url, collectors=collectors, seconds=seconds, announce_every_s=window, split_run=split_run)
     click.echo(json.dumps(result, indent=2) if as_json else format_tree(result))

@@ -429,7 +429,7 @@ class Store:
         """The sub-runs of this run when it is split over several primaries (`split`), in order;
         empty for a run that is not split (one HGET, which every role may run)."""
         names = self.redis.hget(self.keys.meta, "subruns")
-        return _b(names).split(",") if names else []
+        return list(_b(names).split(",")) if names else []
 
     @_translated
     def split(self, names: Sequence[str]) -> list[str]:
@@ -443,7 +443,7 @@ class Store:
             RunKeys(name)  # a bad name: InvalidSchema, before anything is written
         if len(set(names)) != len(names) or self.run in names:
             raise errors.ConfigurationError(f"run {self.run!r}: sub-runs must differ from each other and from it")
-        in_force = self.subruns()
+        in_force: list[str] = self.subruns()
         if in_force:
             return in_force
         if self.registered():
@@ -452,7 +452,8 @@ class Store:
                 "before its collectors start, or name a new one"
             )
         self.redis.hsetnx(self.keys.meta, "subruns", ",".join(names))
-        return self.subruns()
+        split: list[str] = self.subruns()
+        return split
 
     @_translated
     def shard_ids(self) -> set[int]:
@@ -480,7 +481,9 @@ class Store:
             try:
                 self.announce_owed()
             except errors.RedisyncError as e:
-                log.info("run %r: an owed announcement was not made (%s); followers' polls find the version", self.run, e)
+                log.info(
+                    "run %r: an owed announcement was not made (%s); followers' polls find the version", self.run, e
+                )
 
         timer = threading.Timer(delay_us / 1e6, pay)
         timer.daemon = True

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import redisync
-from redisync import errors
+from redisync import broadcast, errors, maximum, merge, minimum
 from redisync.aggregation import OUTSIDE_SHARD, ROOT_SHARD_BASE, Aggregator, split
-from redisync import broadcast, maximum, merge, minimum
 from redisync.store.schema import Schema
 
 from ..support import wait_for
@@ -45,8 +44,11 @@ def report(k: int, round_: int) -> dict:
     """Collector ``k``'s cumulative report at ``round_``: whole numbers, so every sum is exact."""
     rng = np.random.default_rng(1000 * round_ + k)
     out = {
-        "obs/norm": {"count": float(rng.integers(1, 50)), "sum": rng.integers(-9, 9, 3) * 1.0,
-                     "sumsq": rng.integers(0, 99, 3) * 1.0},
+        "obs/norm": {
+            "count": float(rng.integers(1, 50)),
+            "sum": rng.integers(-9, 9, 3) * 1.0,
+            "sumsq": rng.integers(0, 99, 3) * 1.0,
+        },
         "motion/ema": {"count": 1.0, "sum": rng.integers(0, 5, 4) * 0.25},
         "terrain/level": {"value": rng.integers(0, 10, 2) * 1.0},
         "safety/limit": {"value": [float(rng.integers(1, 100))]},
@@ -93,7 +95,9 @@ def assert_same(got: dict, want: dict) -> None:
     assert set(got) == set(want)
     for name, parts in want.items():
         for part, value in parts.items():
-            np.testing.assert_array_equal(np.asarray(got[name][part]).ravel(), np.asarray(value).ravel(), err_msg=f"{name}.{part}")
+            np.testing.assert_array_equal(
+                np.asarray(got[name][part]).ravel(), np.asarray(value).ravel(), err_msg=f"{name}.{part}"
+            )
 
 
 def test_the_root_and_every_sub_run_hold_the_exact_fleet(root):
@@ -141,9 +145,11 @@ def test_a_syncer_of_a_split_run_publishes_to_its_shards_sub_run(root):
             if view is not None and view.value is not None:
                 self.fleet = float(view.parts()["count"])
 
-    terms = {k: Count(10.0 ** k) for k in range(3)}
-    syncers = {k: redisync.new_syncer(root.sibling(root.run), k, [t], worker="thread", publish_every_s=0.05).start()
-               for k, t in terms.items()}
+    terms = {k: Count(10.0**k) for k in range(3)}
+    syncers = {
+        k: redisync.new_syncer(root.sibling(root.run), k, [t], worker="thread", publish_every_s=0.05).start()
+        for k, t in terms.items()
+    }
     try:
         names = root.subruns()
         assert wait_for(lambda: all(k in root.sibling(names[k]).shard_ids() for k in terms))
@@ -235,9 +241,22 @@ def test_the_aggregate_command_runs_every_sub_runs_aggregator_until_terminated(r
     """``redisync aggregate --subruns 2`` splits the run and aggregates it until SIGTERM, exit 0."""
     root = redisync.connect(real_url, run=f"t-{uuid.uuid4().hex[:12]}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "redisync.cli", "aggregate", "--url", real_url, "--run", root.run,
-         "--subruns", "2", "--period", "0.05"],
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "redisync.cli",
+            "aggregate",
+            "--url",
+            real_url,
+            "--run",
+            root.run,
+            "--subruns",
+            "2",
+            "--period",
+            "0.05",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert wait_for(lambda: len(root.subruns()) == 2)
