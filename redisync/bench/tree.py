@@ -264,13 +264,17 @@ def run_tree(
     per_primary = []
     for name in homes:
         node = node_of[name].name
+        reports = sum(i for k, i in published.items() if home_of[k] == name) / seconds
         per_primary.append(
             {
                 "primary": node,
                 "subrun": name,
                 "collectors": homed[name],
+                "reports_per_s": reports,
                 "cores": cpu[node],
-                "collectors_at_budget": homed[name] * CORE_BUDGET / cpu[node] if cpu[node] > 0 else float("inf"),
+                # a report's whole cost to its primary: its fold, its collector's pull, its share of the
+                # announcements and of the aggregator's rounds; at one report a second per collector:
+                "collectors_at_budget": CORE_BUDGET * reports / cpu[node] if cpu[node] > 0 else float("inf"),
             }
         )
     delays = {name: [s[name] for s in staleness if name in s] for name in [*names[1:], "root"]} if names else {}
@@ -323,11 +327,14 @@ def format_tree(r: dict[str, Any]) -> str:
             f"    {name:<24} "
             + ("not seen" if s is None else f"median {s['median']:.2f} s, max {s['max']:.2f} s, n={s['n']}")
         )
-    lines.append(f"  per primary (CPU from INFO cpu over the window; budget {r['core_budget']:g} core):")
+    lines.append(
+        f"  per primary (CPU from INFO cpu over the window, per report: fold, pull, announcements, aggregator; "
+        f"budget {r['core_budget']:g} core):"
+    )
     for p in r["per_primary"]:
         lines.append(
-            f"    {p['primary']:<18} {p['subrun']:<24} {p['collectors']:>5} collectors  {p['cores']:.3f} core  "
-            f"({'within' if p['cores'] <= r['core_budget'] else 'OVER'} the budget; "
-            f"{p['collectors_at_budget']:.0f} collectors if the cost grew linearly)"
+            f"    {p['primary']:<18} {p['subrun']:<24} {p['collectors']:>5} collectors, {p['reports_per_s']:.0f} reports/s: "
+            f"{p['cores']:.3f} core, {1e3 * p['cores'] / max(p['reports_per_s'], 1e-9):.2f} ms a report -> "
+            f"{p['collectors_at_budget']:.0f} collectors reporting at 1 Hz within the budget"
         )
     return "\n".join(lines)
