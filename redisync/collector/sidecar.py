@@ -348,6 +348,7 @@ class SidecarWorker:
         self._header = self.mailbox.header
 
     def rehome(self, store: Store, shard: ShardClient) -> None:
+        """Publish as ``shard`` of ``store`` from now on (the run is split: the shard's sub-run)."""
         self.store, self.shard = store, shard
 
     def register(self) -> None:

@@ -179,6 +179,7 @@ class ThreadWorker:
         """Nothing: the threads need nothing before the hot path runs."""
 
     def rehome(self, store: Store, shard: ShardClient) -> None:
+        """Publish as ``shard`` of ``store`` from now on (the run is split: the shard's sub-run)."""
         self.store, self.shard = store, shard
 
     def register(self) -> None:
