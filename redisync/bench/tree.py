@@ -109,6 +109,77 @@ def _collectors(url: str, run: str, ids: list[int], threads: int, seconds: float
     Path(out).write_text(json.dumps({"published": published, **counts}))
 
 
+class _Reporter:
+    """A simulated collector's term: its ``i``-th report is `report` ``(k, i)``; it keeps the fleet
+    state its Syncer hands it at a reset boundary."""
+
+    def __init__(self, k: int):
+        self.k, self.i, self.fleet_count = k, 0, 0.0
+        self.key = "obs/norm"
+
+    def schema_entries(self) -> dict[str, Any]:
+        return dict(SCHEMA.keys)
+
+    def report_shard_state(self) -> dict[str, Any]:
+        self.i += 1
+        return report(self.k, self.i)
+
+    def apply_shard_state(self, fleet: Any) -> None:
+        view = fleet.keys.get(self.key)
+        if view is not None and view.value is not None:
+            self.fleet_count = float(view.parts()["count"])
+
+
+def _syncers(url: str, run: str, ids: list[int], seconds: float, stop: Any, out: str) -> None:
+    """One process of collectors, each a `Syncer` with its thread worker (a publisher thread and a
+    listener on its sub-run's channel): a report due once a second, pulls at most once a second, the
+    reset boundary ten times a second. What they published is written to ``out``, as JSON."""
+    from ..collector.workers import new_syncer
+
+    root = connect(url, run=run)
+    terms = {k: _Reporter(k) for k in ids}
+    syncers = {}
+    for k in ids:
+        syncers[k] = new_syncer(
+            root.sibling(run),
+            k,
+            [terms[k]],
+            worker="thread",
+            publish_every_s=1.0,
+            publish_every_steps=10**9,
+            min_pull_interval_s=1.0,
+            poll_every_s=5.0,
+            start_timeout_s=60.0,
+        )
+    for syncer in syncers.values():
+        syncer.start()
+    began = time.monotonic()
+    boundaries = 0
+    while time.monotonic() - began < seconds and not stop.is_set():
+        tick = time.monotonic()
+        for syncer in syncers.values():
+            syncer.on_step()
+            syncer.at_reset_boundary()
+        boundaries += 1
+        stop.wait(max(0.0, 0.1 - (time.monotonic() - tick)))
+    flushed = sum(bool(s.stop(flush=True, timeout=60.0)) for s in syncers.values())
+    stats = [s.stats for s in syncers.values()]
+    Path(out).write_text(
+        json.dumps(
+            {
+                "published": {k: t.i for k, t in terms.items()},
+                "publishes": sum(st["publishes"] for st in stats),
+                "pulls": sum(st["pulls"] for st in stats),
+                "errors": sum(st["publish_failures"] + st["pull_failures"] + st["worker_errors"] for st in stats),
+                "late_s": max(0.0, (time.monotonic() - began) - seconds),
+                "boundaries_per_s": boundaries / seconds,
+                "flushed": flushed,
+                "announcements": sum(getattr(s.worker, "_listened", 0) for s in syncers.values()),
+            }
+        )
+    )
+
+
 def _sink(nodes: list[tuple[str, int, str]], ready: Any, stop: Any, out: Any) -> None:
     """One sharded subscription per collector (host, port, channel), drained; messages counted."""
     selector = selectors.DefaultSelector()
@@ -175,9 +246,12 @@ def run_tree(
     period_s: float = 0.5,
     announce_every_s: float = 0.05,
     split_run: bool = True,
+    syncers: bool = True,
 ) -> dict[str, Any]:
     """The run, as figures: rates, staleness, per-primary CPU and capacity, and the exactness check.
-    ``split_run=False``: the same collectors on one run in one slot, one primary (side by side)."""
+    ``split_run=False``: the same collectors on one run in one slot, one primary (side by side).
+    ``syncers``: each collector a `Syncer` with its thread worker and its own subscription; else a
+    shard client driven from a pool of threads, and a sink process holding the subscriptions."""
     root = connect(url, run=f"bench-tree-{uuid.uuid4().hex[:8]}")
     if not callable(getattr(root.redis, "get_primaries", None)):
         raise RedisyncError(f"{masked_url(url)}: --tree needs a Redis Cluster URL (redis+cluster://)")
@@ -194,12 +268,14 @@ def run_tree(
     outs = [Path(tempfile.mkdtemp(prefix="redisync-tree-")) / "collectors.json" for _ in range(processes)]
     home_of = [homes[k % len(homes)] for k in range(collectors)]
     subscriptions = [(node_of[h].host, node_of[h].port, f"redisync:{{{h}}}:versions") for h in home_of]
-    sink = spawn(_sink, subscriptions, ready, stop, sink_out)
-    if not ready.wait(60):
+    sink = None if syncers else spawn(_sink, subscriptions, ready, stop, sink_out)
+    if sink is not None and not ready.wait(60):
         raise RedisyncError("the subscription sink did not start")
     ids = list(range(collectors))
     workers = [
-        spawn(_collectors, url, root.run, ids[p::processes], threads, seconds, stop, str(outs[p]))
+        spawn(_syncers, url, root.run, ids[p::processes], seconds, stop, str(outs[p]))
+        if syncers
+        else spawn(_collectors, url, root.run, ids[p::processes], threads, seconds, stop, str(outs[p]))
         for p in range(processes)
     ]
     halt = threading.Event()
@@ -216,7 +292,7 @@ def run_tree(
     if names:
         prober.start()
     for worker in workers:
-        worker.join(timeout=seconds + 120)
+        worker.join(timeout=seconds + 240)
     results = [json.loads(path.read_text()) for path in outs if path.exists()]
     for path in outs:
         shutil.rmtree(path.parent, ignore_errors=True)
@@ -226,8 +302,8 @@ def run_tree(
     if names:
         prober.join()
     stop.set()
-    sink_result = sink_out.get(timeout=30)
-    for p in [sink, *workers]:
+    sink_result = sink_out.get(timeout=30) if sink is not None else None
+    for p in [*([sink] if sink is not None else []), *workers]:
         p.join(timeout=10)
     if len(results) < processes:
         halt.set()
@@ -290,8 +366,13 @@ def run_tree(
         "pulls_per_s": sum(r["pulls"] for r in results) / seconds,
         "client_errors": sum(r["errors"] for r in results),
         "latest_event_late_s": max(r["late_s"] for r in results),
-        "announcements_delivered_per_s": sink_result["messages"] / window,
-        "subscriptions": sink_result["subscriptions"],
+        "announcements_delivered_per_s": (
+            sink_result["messages"] if sink_result else sum(r["announcements"] for r in results)
+        )
+        / window,
+        "subscriptions": sink_result["subscriptions"] if sink_result else collectors,
+        "collectors_kind": "syncers (thread workers)" if syncers else "shard clients from a pool of threads",
+        "flushed": sum(r.get("flushed", 0) for r in results) if syncers else None,
         "aggregator_rounds": sum(a.rounds for a in aggregators),
         "exact": is_exact,
         "settle_s": settle_s,
@@ -310,7 +391,7 @@ def run_tree(
 def format_tree(r: dict[str, Any]) -> str:
     where = f"split over {len(r['subruns'])} primaries" if r["subruns"] else "unsplit, on one primary"
     lines = [
-        f"one run {where} ({r['url']}): {r['collectors']} collectors, {r['seconds']:.0f} s measured ({STATED})",
+        f"one run {where} ({r['url']}): {r['collectors']} collectors, {r['seconds']:.0f} s measured ({r['collectors_kind']}: {STATED})",
         f"  sub-runs: {', '.join(r['subruns']) or 'none'}; aggregator period {r['period_s']:g} s; announcements "
         + (f"at most one per {r['announce_every_s']:g} s per run" if r["announce_every_s"] else "on every fold"),
         f"  publishes {r['publishes_per_s']:.0f}/s, pulls {r['pulls_per_s']:.0f}/s, announcements delivered "
@@ -318,7 +399,12 @@ def format_tree(r: dict[str, Any]) -> str:
         f"{r['client_errors']}; the latest event ran {r['latest_event_late_s']:.2f} s behind its schedule",
         f"  exact: {'yes' if r['exact'] else 'NO'} (the root's fleet equals the sum of every collector's last "
         f"report, bit for bit; count {r['root_count']:.0f}), {r['settle_s']:.1f} s after the last publish; "
-        f"{r['aggregator_rounds']} aggregator rounds",
+        f"{r['aggregator_rounds']} aggregator rounds"
+        + (
+            f"; {r['flushed']} of {r['collectors']} syncers published their last report at stop"
+            if r["flushed"] is not None
+            else ""
+        ),
     ]
     if r["staleness_s"]:
         lines.append("  staleness (a value published in sub-run 0 until it shows):")
