@@ -15,6 +15,7 @@ gives the collectors one primary serves at half a core, fan-out, pulls and aggre
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing as mp
 import selectors
 import shutil
@@ -56,7 +57,9 @@ def report(k: int, i: int) -> dict[str, Any]:
     }
 
 
-def _collectors(url: str, run: str, ids: list[int], threads: int, seconds: float, stop: Any, out: str) -> None:
+def _collectors(
+    url: str, run: str, ids: list[int], threads: int, seconds: float, stop: Any, phases: tuple[Any, Any, Any], out: str
+) -> None:
     """One process of simulated collectors: each publishes once a second and pulls once a second;
     what they did is written to the file ``out``, as JSON."""
     root = connect(url, run=run)
@@ -70,6 +73,9 @@ def _collectors(url: str, run: str, ids: list[int], threads: int, seconds: float
     published = dict.fromkeys(ids, 0)
     counts = {"publishes": 0, "pulls": 0, "late_s": 0.0, "errors": 0}
     lock = threading.Lock()
+    started, go, looped = phases
+    started.set()
+    go.wait()
     began = time.monotonic()
 
     def serve(mine: list[int]) -> None:
@@ -106,7 +112,8 @@ def _collectors(url: str, run: str, ids: list[int], threads: int, seconds: float
         thread.start()
     for thread in pool:
         thread.join()
-    Path(out).write_text(json.dumps({"published": published, **counts}))
+    looped.set()
+    Path(out).write_text(json.dumps({"published": published, "in_window": published, **counts}))
 
 
 class _Reporter:
@@ -130,18 +137,20 @@ class _Reporter:
             self.fleet_count = float(view.parts()["count"])
 
 
-def _syncers(url: str, run: str, ids: list[int], seconds: float, stop: Any, out: str) -> None:
+def _syncers(
+    url: str, run: str, ids: list[int], seconds: float, stop: Any, phases: tuple[Any, Any, Any], out: str
+) -> None:
     """One process of collectors, each a `Syncer` with its thread worker (a publisher thread and a
     listener on its sub-run's channel): a report due once a second, pulls at most once a second, the
     reset boundary ten times a second. What they published is written to ``out``, as JSON."""
     from ..collector.workers import new_syncer
 
-    root = connect(url, run=run)
+    logging.getLogger("redisync").setLevel(logging.ERROR)  # (a thousand collectors' recoveries: counted below)
     terms = {k: _Reporter(k) for k in ids}
     syncers = {}
     for k in ids:
         syncers[k] = new_syncer(
-            root.sibling(run),
+            connect(url, run=run),  # a client of its own, as a collector process has
             k,
             [terms[k]],
             worker="thread",
@@ -153,6 +162,10 @@ def _syncers(url: str, run: str, ids: list[int], seconds: float, stop: Any, out:
         )
     for syncer in syncers.values():
         syncer.start()
+    started, go, looped = phases
+    started.set()
+    go.wait()
+    first = {k: t.i for k, t in terms.items()}
     began = time.monotonic()
     boundaries = 0
     while time.monotonic() - began < seconds and not stop.is_set():
@@ -162,12 +175,15 @@ def _syncers(url: str, run: str, ids: list[int], seconds: float, stop: Any, out:
             syncer.at_reset_boundary()
         boundaries += 1
         stop.wait(max(0.0, 0.1 - (time.monotonic() - tick)))
+    looped.set()
+    in_window = {k: t.i - first[k] for k, t in terms.items()}
     flushed = sum(bool(s.stop(flush=True, timeout=60.0)) for s in syncers.values())
     stats = [s.stats for s in syncers.values()]
     Path(out).write_text(
         json.dumps(
             {
                 "published": {k: t.i for k, t in terms.items()},
+                "in_window": in_window,
                 "publishes": sum(st["publishes"] for st in stats),
                 "pulls": sum(st["pulls"] for st in stats),
                 "errors": sum(st["publish_failures"] + st["pull_failures"] + st["worker_errors"] for st in stats),
@@ -265,6 +281,8 @@ def run_tree(
     node_of = {name: cast(Any, root.redis).nodes_manager.get_node_from_slot(key_slot(name.encode())) for name in homes}
     ctx = mp.get_context("spawn")
     stop, ready, sink_out = ctx.Event(), ctx.Event(), ctx.Queue()
+    started, looped = [ctx.Event() for _ in range(processes)], [ctx.Event() for _ in range(processes)]
+    go = ctx.Event()  # every process has started its collectors: the measured window opens
     outs = [Path(tempfile.mkdtemp(prefix="redisync-tree-")) / "collectors.json" for _ in range(processes)]
     home_of = [homes[k % len(homes)] for k in range(collectors)]
     subscriptions = [(node_of[h].host, node_of[h].port, f"redisync:{{{h}}}:versions") for h in home_of]
@@ -273,9 +291,19 @@ def run_tree(
         raise RedisyncError("the subscription sink did not start")
     ids = list(range(collectors))
     workers = [
-        spawn(_syncers, url, root.run, ids[p::processes], seconds, stop, str(outs[p]))
+        spawn(_syncers, url, root.run, ids[p::processes], seconds, stop, (started[p], go, looped[p]), str(outs[p]))
         if syncers
-        else spawn(_collectors, url, root.run, ids[p::processes], threads, seconds, stop, str(outs[p]))
+        else spawn(
+            _collectors,
+            url,
+            root.run,
+            ids[p::processes],
+            threads,
+            seconds,
+            stop,
+            (started[p], go, looped[p]),
+            str(outs[p]),
+        )
         for p in range(processes)
     ]
     halt = threading.Event()
@@ -283,21 +311,25 @@ def run_tree(
     agg_threads = [threading.Thread(target=a.run, args=(halt,), daemon=True) for a in aggregators]
     for thread in agg_threads:
         thread.start()
-    time.sleep(min(5.0, seconds / 4))  # (the processes' start-up: imports, claims)
+    for event in started:  # (the processes' start-up: imports, claims, a thousand Syncers started)
+        event.wait(900)
     cpu0 = {n: _cpu_seconds(c) for n, c in primaries.items()}
     window0 = time.monotonic()
+    go.set()
     staleness: list[dict[str, float]] = []
     probe_stop = threading.Event()
     prober = threading.Thread(target=_probe, args=(root, names, probe_stop, 3.0, staleness), daemon=True)
     if names:
         prober.start()
+    for event in looped:
+        event.wait(seconds + 600)
+    window = time.monotonic() - window0
+    cpu = {n: (_cpu_seconds(c) - cpu0[n]) / window for n, c in primaries.items()}
     for worker in workers:
-        worker.join(timeout=seconds + 240)
+        worker.join(timeout=900)
     results = [json.loads(path.read_text()) for path in outs if path.exists()]
     for path in outs:
         shutil.rmtree(path.parent, ignore_errors=True)
-    window = time.monotonic() - window0
-    cpu = {n: (_cpu_seconds(c) - cpu0[n]) / window for n, c in primaries.items()}
     probe_stop.set()
     if names:
         prober.join()
@@ -312,8 +344,10 @@ def run_tree(
             f"{processes - len(results)} of {processes} collector processes failed (exit codes {codes})"
         )
     published: dict[int, int] = {}
+    in_window: dict[int, int] = {}
     for r in results:
         published.update({int(k): i for k, i in r["published"].items()})
+        in_window.update({int(k): i for k, i in r["in_window"].items()})
     want: dict[str, dict[str, Any]] = {name: {} for name in FLEET_SCHEMA}
     for k, i in published.items():
         for name, parts in report(k, i).items():
@@ -340,7 +374,7 @@ def run_tree(
     per_primary = []
     for name in homes:
         node = node_of[name].name
-        reports = sum(i for k, i in published.items() if home_of[k] == name) / seconds
+        reports = sum(i for k, i in in_window.items() if home_of[k] == name) / window
         per_primary.append(
             {
                 "primary": node,
@@ -362,8 +396,8 @@ def run_tree(
         "subruns": names,
         "homes": homes,
         "seconds": window,
-        "publishes_per_s": sum(r["publishes"] for r in results) / seconds,
-        "pulls_per_s": sum(r["pulls"] for r in results) / seconds,
+        "publishes_per_s": sum(in_window.values()) / window,
+        "pulls_per_s": sum(r["pulls"] for r in results) / window,
         "client_errors": sum(r["errors"] for r in results),
         "latest_event_late_s": max(r["late_s"] for r in results),
         "announcements_delivered_per_s": (

@@ -42,6 +42,12 @@ from .common import URL, connected, needs, table
 @click.option("--loopback-cluster", is_flag=True, help="--tree: start a loopback Cluster of three primaries for it")
 @click.option("--unsplit", is_flag=True, help="--tree: the same collectors on one run, one primary (to compare)")
 @click.option(
+    "--shard-clients",
+    is_flag=True,
+    help="--tree: lighter collectors (shard clients from a pool of threads, a sink holding their subscriptions) "
+    "instead of a Syncer each",
+)
+@click.option(
     "--announce-every",
     default=0.05,
     show_default=True,
@@ -75,6 +81,7 @@ def bench(
     loopback_cluster: bool,
     announce_every: float,
     unsplit: bool,
+    shard_clients: bool,
     everything: bool,
     show_targets: bool,
 ) -> None:
@@ -83,7 +90,7 @@ def bench(
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves.
     With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact."""
     if tree:
-        _bench_tree(url, collectors, seconds, loopback_cluster, announce_every, not unsplit, as_json)
+        _bench_tree(url, collectors, seconds, loopback_cluster, announce_every, not unsplit, not shard_clients, as_json)
         return
     if instructions:
         from ..bench.instructions import format_table, run_instructions
@@ -330,7 +337,14 @@ def _bench_peers(url: str, steps: int, as_json: bool, show_targets: bool) -> Non
 
 
 def _bench_tree(
-    url: str | None, collectors: int, seconds: float, loopback: bool, window: float, split_run: bool, as_json: bool
+    url: str | None,
+    collectors: int,
+    seconds: float,
+    loopback: bool,
+    window: float,
+    split_run: bool,
+    syncers: bool,
+    as_json: bool,
 ) -> None:
     import tempfile
 
@@ -340,10 +354,17 @@ def _bench_tree(
     if loopback:
         with tempfile.TemporaryDirectory() as workdir, loopback_cluster(workdir) as cluster_url:
             result = run_tree(
-                cluster_url, collectors=collectors, seconds=seconds, announce_every_s=window, split_run=split_run
+                cluster_url,
+                collectors=collectors,
+                seconds=seconds,
+                announce_every_s=window,
+                split_run=split_run,
+                syncers=syncers,
             )
     elif url is None or not url.startswith("redis+cluster://"):
         raise click.UsageError("--tree needs a Redis Cluster: --url redis+cluster://... or --loopback-cluster")
     else:
-        result = run_tree(url, collectors=collectors, seconds=seconds, announce_every_s=window, split_run=split_run)
+        result = run_tree(
+            url, collectors=collectors, seconds=seconds, announce_every_s=window, split_run=split_run, syncers=syncers
+        )
     click.echo(json.dumps(result, indent=2) if as_json else format_tree(result))
