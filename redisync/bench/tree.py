@@ -165,7 +165,7 @@ def _syncers(
     started, go, looped = phases
     started.set()
     go.wait()
-    first = {k: t.i for k, t in terms.items()}
+    first = {k: s.stats["publishes"] for k, s in syncers.items()}  # (folds applied: a coalesced report is not one)
     began = time.monotonic()
     boundaries = 0
     while time.monotonic() - began < seconds and not stop.is_set():
@@ -176,7 +176,7 @@ def _syncers(
         boundaries += 1
         stop.wait(max(0.0, 0.1 - (time.monotonic() - tick)))
     looped.set()
-    in_window = {k: t.i - first[k] for k, t in terms.items()}
+    in_window = {k: s.stats["publishes"] - first[k] for k, s in syncers.items()}
     flushed = sum(bool(s.stop(flush=True, timeout=60.0)) for s in syncers.values())
     stats = [s.stats for s in syncers.values()]
     Path(out).write_text(
