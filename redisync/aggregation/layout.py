@@ -23,9 +23,10 @@ def _primaries(client: Any) -> list[str]:
     return sorted(node.name for node in get_primaries()) if callable(get_primaries) else []
 
 
-def subrun_names(store: Store, count: int) -> list[str]:
-    """Names for ``count`` sub-runs of ``store``'s run, placed round-robin over a Cluster's primaries."""
-    primaries = _primaries(store.redis)
+def subrun_names(store: Store, count: int, on: list[str] | None = None) -> list[str]:
+    """Names for ``count`` sub-runs of ``store``'s run, placed round-robin over a Cluster's primaries
+    (or over those of ``on``, host:port)."""
+    primaries = on or _primaries(store.redis)
     names = []
     for j in range(count):
         base = f"{store.run}.{j}"
@@ -43,7 +44,8 @@ def subrun_names(store: Store, count: int) -> list[str]:
     return names
 
 
-def split(store: Store, count: int) -> list[str]:
-    """Split ``store``'s run into ``count`` sub-runs (or find the split in force): their names."""
-    names: list[str] = store.split(subrun_names(store, count))
+def split(store: Store, count: int, on: list[str] | None = None) -> list[str]:
+    """Split ``store``'s run into ``count`` sub-runs (or find the split in force): their names. On a
+    Cluster they spread over its primaries (over those of ``on``, host:port, if given)."""
+    names: list[str] = store.split(subrun_names(store, count, on))
     return names

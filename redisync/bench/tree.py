@@ -263,16 +263,19 @@ def run_tree(
     announce_every_s: float = 0.05,
     split_run: bool = True,
     syncers: bool = True,
+    one_primary: bool = False,
 ) -> dict[str, Any]:
     """The run, as figures: rates, staleness, per-primary CPU and capacity, and the exactness check.
     ``split_run=False``: the same collectors on one run in one slot, one primary (side by side).
+    ``one_primary``: the sub-runs all on one primary (a tree that adds no server).
     ``syncers``: each collector a `Syncer` with its thread worker and its own subscription; else a
     shard client driven from a pool of threads, and a sink process holding the subscriptions."""
     root = connect(url, run=f"bench-tree-{uuid.uuid4().hex[:8]}")
     if not callable(getattr(root.redis, "get_primaries", None)):
         raise RedisyncError(f"{masked_url(url)}: --tree needs a Redis Cluster URL (redis+cluster://)")
     primaries = _primary_clients(root)
-    names = split(root, len(primaries)) if split_run else []
+    on = sorted(primaries)[:1] if one_primary else None
+    names = split(root, len(primaries), on) if split_run else []
     homes = names or [root.run]  # where the collectors publish
     limits = Limits(stream_maxlen=100, announce_every_s=announce_every_s)
     for name in names:
@@ -372,14 +375,14 @@ def run_tree(
         thread.join(timeout=5)
     homed = {name: home_of.count(name) for name in homes}
     per_primary = []
-    for name in homes:
-        node = node_of[name].name
-        reports = sum(i for k, i in in_window.items() if home_of[k] == name) / window
+    for node in sorted({node_of[name].name for name in homes}):
+        served = [name for name in homes if node_of[name].name == node]
+        reports = sum(i for k, i in in_window.items() if home_of[k] in served) / window
         per_primary.append(
             {
                 "primary": node,
-                "subrun": name,
-                "collectors": homed[name],
+                "subrun": ", ".join(served),
+                "collectors": sum(homed[name] for name in served),
                 "reports_per_s": reports,
                 "cores": cpu[node],
                 # a report's whole cost to its primary: its fold, its collector's pull, its share of the
@@ -423,7 +426,11 @@ def run_tree(
 
 
 def format_tree(r: dict[str, Any]) -> str:
-    where = f"split over {len(r['subruns'])} primaries" if r["subruns"] else "unsplit, on one primary"
+    where = (
+        f"split into {len(r['subruns'])} sub-runs over {len({p['primary'] for p in r['per_primary']})} primaries"
+        if r["subruns"]
+        else "unsplit, on one primary"
+    )
     lines = [
         f"one run {where} ({r['url']}): {r['collectors']} collectors, {r['seconds']:.0f} s measured ({r['collectors_kind']}: {STATED})",
         f"  sub-runs: {', '.join(r['subruns']) or 'none'}; aggregator period {r['period_s']:g} s; announcements "

@@ -41,6 +41,7 @@ from .common import URL, connected, needs, table
 )
 @click.option("--loopback-cluster", is_flag=True, help="--tree: start a loopback Cluster of three primaries for it")
 @click.option("--unsplit", is_flag=True, help="--tree: the same collectors on one run, one primary (to compare)")
+@click.option("--one-primary", is_flag=True, help="--tree: every sub-run on one primary (a tree that adds no server)")
 @click.option(
     "--shard-clients",
     is_flag=True,
@@ -82,6 +83,7 @@ def bench(
     announce_every: float,
     unsplit: bool,
     shard_clients: bool,
+    one_primary: bool,
     everything: bool,
     show_targets: bool,
 ) -> None:
@@ -90,7 +92,17 @@ def bench(
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves.
     With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact."""
     if tree:
-        _bench_tree(url, collectors, seconds, loopback_cluster, announce_every, not unsplit, not shard_clients, as_json)
+        _bench_tree(
+            url,
+            collectors,
+            seconds,
+            loopback_cluster,
+            announce_every,
+            not unsplit,
+            not shard_clients,
+            one_primary,
+            as_json,
+        )
         return
     if instructions:
         from ..bench.instructions import format_table, run_instructions
@@ -344,6 +356,7 @@ def _bench_tree(
     window: float,
     split_run: bool,
     syncers: bool,
+    one_primary: bool,
     as_json: bool,
 ) -> None:
     import tempfile
@@ -360,11 +373,18 @@ def _bench_tree(
                 announce_every_s=window,
                 split_run=split_run,
                 syncers=syncers,
+                one_primary=one_primary,
             )
     elif url is None or not url.startswith("redis+cluster://"):
         raise click.UsageError("--tree needs a Redis Cluster: --url redis+cluster://... or --loopback-cluster")
     else:
         result = run_tree(
-            url, collectors=collectors, seconds=seconds, announce_every_s=window, split_run=split_run, syncers=syncers
+            url,
+            collectors=collectors,
+            seconds=seconds,
+            announce_every_s=window,
+            split_run=split_run,
+            syncers=syncers,
+            one_primary=one_primary,
         )
     click.echo(json.dumps(result, indent=2) if as_json else format_tree(result))
