@@ -235,8 +235,9 @@ class Aggregator:
     # ------------------------------------------------------------------ the loop
 
     def run(self, stop: threading.Event, on_round: Callable[[Round], Any] | None = None) -> None:
-        """Rounds every ``period_s`` until ``stop`` is set; a store that cannot be reached is tried
-        again next period (said in the log once per change), never raised."""
+        """Rounds every ``period_s`` until ``stop`` is set; a store that cannot be reached, or refuses
+        a round (a schema registered anew, a role without a command), is tried again next period
+        (said in the log once per change), never raised."""
         said: str | None = None
         while not stop.is_set():
             began = time.monotonic()
@@ -247,8 +248,10 @@ class Aggregator:
                 said = None
                 if on_round is not None:
                     on_round(done)
-            except (errors.ConnectionUnavailable, errors.RunNotFound) as e:
-                if str(e) != said:
-                    log.warning("sub-run %r: %s (tried again every %g s)", self.sub.run, e, self.period_s)
-                said = str(e)
+            except errors.RedisyncError as e:
+                if f"{type(e).__name__}: {e}" != said:
+                    log.warning(
+                        "sub-run %r: %s: %s (tried again every %g s)", self.sub.run, type(e).__name__, e, self.period_s
+                    )
+                said = f"{type(e).__name__}: {e}"
             stop.wait(max(0.0, self.period_s - (time.monotonic() - began)))

@@ -52,7 +52,14 @@ def aggregate(url: str | None, run: str, subruns: int | None, indices: tuple[int
     for thread in threads:
         thread.start()
     with contextlib.suppress(KeyboardInterrupt):
-        done.wait()
+        while not done.wait(1.0):
+            if not all(thread.is_alive() for thread in threads):  # (its error is in the log, with its trace)
+                done.set()
+                for thread in threads:
+                    thread.join()
+                raise click.ClickException(
+                    "an aggregator stopped on an unexpected error (above): the run is not aggregated"
+                )
     done.set()
     for thread in threads:
         thread.join()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import click
@@ -364,20 +365,12 @@ def _bench_tree(
     from ..bench.tree import format_tree, run_tree
     from ..redis_server import loopback_cluster
 
-    if loopback:
-        with tempfile.TemporaryDirectory() as workdir, loopback_cluster(workdir) as cluster_url:
-            result = run_tree(
-                cluster_url,
-                collectors=collectors,
-                seconds=seconds,
-                announce_every_s=window,
-                split_run=split_run,
-                syncers=syncers,
-                one_primary=one_primary,
-            )
-    elif url is None or not url.startswith("redis+cluster://"):
+    if not loopback and (url is None or not url.startswith("redis+cluster://")):
         raise click.UsageError("--tree needs a Redis Cluster: --url redis+cluster://... or --loopback-cluster")
-    else:
+    with contextlib.ExitStack() as stack:
+        if loopback:
+            url = stack.enter_context(loopback_cluster(stack.enter_context(tempfile.TemporaryDirectory())))
+        assert url is not None
         result = run_tree(
             url,
             collectors=collectors,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 
 import numpy as np
@@ -281,3 +282,28 @@ def test_the_aggregate_command_runs_every_sub_runs_aggregator_until_terminated(r
         root.delete()
     assert proc.returncode == 0, err
     assert "as 2 sub-runs" in err
+
+
+def test_an_aggregator_goes_on_after_a_refused_round(root):
+    """A round the store refuses (here a schema mismatch, as after the run was registered anew) is
+    logged and tried again next period: the aggregator's thread does not end on it."""
+    collectors(root, ids=range(3))
+    aggregator = Aggregator(root, 0, period_s=0.01)
+    real_step, calls, done = aggregator.step, [], []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            raise errors.SchemaMismatch("obs/norm", "registered anew with another shape")
+        return real_step()
+
+    aggregator.step = step
+    stop = threading.Event()
+    thread = threading.Thread(target=aggregator.run, args=(stop, done.append))
+    thread.start()
+    try:
+        assert wait_for(lambda: len(done) >= 2)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert len(calls) >= 3  # the refused round, then rounds that went through
