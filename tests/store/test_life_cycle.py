@@ -40,6 +40,8 @@ def state_bytes(store) -> dict:
 
 
 def test_a_fresh_restart_drops_a_state_slot_and_retires_a_history_slot(make_store):
+    """A fresh restart (no resume): a state key keeps only the newest life's slot, a history key keeps every
+    life's samples, each counted once."""
     store = make_store()
     store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2, lifecycle="history")})
     first = store.shard(0)
@@ -54,6 +56,8 @@ def test_a_fresh_restart_drops_a_state_slot_and_retires_a_history_slot(make_stor
 
 
 def test_a_resumed_shard_takes_over_its_slot_for_both_kinds(make_store):
+    """A process resuming its own cumulative statistics replaces its previous life's slot, state and history
+    keys alike: its pull counts that slot as its own, never as the others'."""
     store = make_store()
     store.register({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2, lifecycle="history")})
     store.shard(1).publish({"motion/ema": {"count": 1, "sum": [1.0, 1.0]}, "obs/norm": {"count": 4, "sum": [4.0, 4.0]}})
@@ -72,6 +76,8 @@ def test_a_resumed_shard_takes_over_its_slot_for_both_kinds(make_store):
 
 
 def test_resume_can_name_single_keys(make_store):
+    """``resume`` names single keys: the named key's slot is taken over, an unnamed history key's old life is
+    retired and the new one added."""
     store = make_store()
     store.register({"motion/ema": merge(1, lifecycle="state"), "obs/norm": merge(1, lifecycle="history")})
     store.shard(0).publish({"motion/ema": {"count": 1, "sum": 2.0}, "obs/norm": {"count": 10, "sum": 5.0}})
@@ -169,6 +175,8 @@ def test_a_shard_whose_lease_lapsed_leaves_a_state_key_whichever_shard_folds(mak
 
 
 def test_a_syncer_keeps_its_shard_alive_and_the_default_grace_is_a_few_leases(make_store):
+    """A live Syncer renews its lease, so its state slots outlive a grace shorter than the time they run; the
+    default grace is at least two leases."""
     from redisync.collector.syncer import LEASE_S
     from redisync.store.schema import DEFAULT_LEASE_GRACE_S
     from redisync.terms.numpy import FailureEma
@@ -242,6 +250,8 @@ def test_the_dead_letter_stream_is_capped_in_bytes_as_well_as_entries(make_store
 
 
 def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkeypatch):
+    """A restarted shard's incarnation is issued by the server: a host clock far behind cannot make it a
+    zombie."""
     store = make_store()
     store.register({"obs/norm": merge(1, lifecycle="history")})
     first = store.shard(0)
@@ -254,6 +264,8 @@ def test_incarnations_come_from_the_server_not_the_host_clock(make_store, monkey
 
 
 def test_the_later_of_two_claims_wins(make_store):
+    """Of two claims of one shard id the later wins, even before it publishes: the earlier is refused as a
+    stale incarnation."""
     store = make_store()
     store.register({"obs/norm": merge(1, lifecycle="history")})
     early, late = store.shard(3), store.shard(3)
@@ -269,6 +281,7 @@ def test_the_later_of_two_claims_wins(make_store):
 
 
 def test_claims_outrank_incarnations_beyond_float_precision(make_store):
+    """Claims are ordered as whole numbers beyond float64's 2^53: the next claim is exactly one above."""
     store = make_store()
     store.register({"obs/norm": merge(1, lifecycle="history")})
     old = store.shard(0, incarnation=9_007_199_254_740_993)  # 2^53 + 1, a nanosecond clock's range
@@ -280,6 +293,8 @@ def test_claims_outrank_incarnations_beyond_float_precision(make_store):
 
 
 def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
+    """The aggregate is the sum of the live slots, re-made, not updated incrementally: a huge value that left
+    a slot leaves no rounding behind."""
     store = make_store()
     store.register({"motion/ema": merge(1, lifecycle="history")})
     a, b = store.shard(0), store.shard(1)
@@ -289,6 +304,8 @@ def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
 
 
 def test_a_fold_that_would_overflow_is_refused_and_changes_nothing(make_store):
+    """A fold whose aggregate or moments would overflow float64 is refused whole (dead-lettered as non_finite)
+    and writes nothing; a later finite fold is exact."""
     store = make_store()
     store.register({"motion/ema": merge(2, lifecycle="history"), "obs/norm": merge(1, sumsq=True, lifecycle="history")})
     a, b = store.shard(0), store.shard(1, incarnation=7)
@@ -308,6 +325,8 @@ def test_a_fold_that_would_overflow_is_refused_and_changes_nothing(make_store):
 
 
 def test_a_float32_sampler_survives_a_fleet_value_beyond_its_range(make_store):
+    """A float32 sampler applying a fleet value beyond float32's range keeps finite probabilities that sum to
+    one and samples inside the motion, in both modes."""
     store = make_store()
     sampler = AdaptiveMotionSampler(FRAMES, 0.02, dtype=torch.float32)
     store.register(Schema.of(sampler.schema_entries()))
@@ -330,6 +349,7 @@ def test_a_float32_sampler_survives_a_fleet_value_beyond_its_range(make_store):
 
 
 def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store):
+    """A float32 normaliser applying fleet moments finite only in float64 keeps a finite mean, std and output."""
     store = make_store()
     norm = SyncedEmpiricalNormalization(1)
     store.register(Schema.of(norm.schema_entries()))
@@ -357,6 +377,8 @@ def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store
     ],
 )
 def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
+    """A fold that finds a key's stored state damaged (a slot, the data hash, the retired sum, the writers)
+    is refused and dead-lettered, and writes nothing else, not even the key before it."""
     store = make_store()
     store.register({"a/first": merge(2, lifecycle="history"), "b/second": merge(2, lifecycle="history")})
     other = store.shard(1)
@@ -434,6 +456,8 @@ def _bad_snapshots(snap):
 
 
 def test_restore_validates_everything_before_writing(make_store):
+    """Every way a snapshot can be corrupt is refused before anything is written: the run's state stays byte
+    for byte."""
     store = make_store()
     store.register({"obs/norm": merge(2, lifecycle="history"), "c/scale": broadcast(())})
     store.shard(0).publish({"obs/norm": {"count": 2, "sum": [1.0, 2.0]}, "c/scale": {"value": 0.5}})
@@ -475,6 +499,8 @@ def test_restore_verifies_or_remakes_every_key_field_the_fold_trusts(make_store)
 
 
 def test_restore_is_atomic_with_a_fold_racing_it(make_store):
+    """A fold landing just before a restore is either before it or after it: the restore opens a new epoch
+    above it, and the live collector publishes on."""
     store = make_store()
     store.register({"obs/norm": merge(2, lifecycle="history")})
     racer = store.shard(1)
@@ -499,6 +525,8 @@ def test_restore_is_atomic_with_a_fold_racing_it(make_store):
 
 
 def test_restore_into_another_run_keeps_its_live_collectors(make_store):
+    """A snapshot restored into a run with a live collector of the same shard id is that collector's previous
+    life: history retired and counted, state dropped."""
     source, target = make_store(), make_store()
     schema = Schema.of({"obs/norm": merge(1, lifecycle="history"), "ema/x": merge(1, lifecycle="state")})
     source.register(schema)
@@ -530,6 +558,8 @@ def lose_tail(store, saved: dict) -> None:
 
 
 def test_after_lost_writes_no_version_names_two_states(make_store):
+    """After a crash lost the tail of the writes, a new epoch opens, so no (epoch, version) names two states,
+    and a client that saw the lost state takes the new one."""
     store = make_store()
     store.register({"obs/norm": merge(1, lifecycle="history")})
     a, b, c = store.shard(0), store.shard(1), store.shard(2)
@@ -573,6 +603,8 @@ class _NormTerm:
 
 
 def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
+    """A publish the store keeps refusing (out of memory) is counted and logged, and the worker still pulls
+    the fleet for the collector."""
     store = make_store()
     term = _NormTerm()
     # the thread worker: the test replaces its shard client's publish in this process
@@ -601,6 +633,8 @@ def test_a_failing_publish_never_stops_the_pulls(make_store, caplog):
 
 
 def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog):
+    """A schema mismatch is raised by start(); one that appears later (the run registered anew with another
+    schema) is shown by health() and the log."""
     store = make_store()
     store.register({"obs/n": merge(3, lifecycle="history")})
     with pytest.raises(errors.SchemaMismatch, match="obs/n"):
@@ -627,6 +661,7 @@ def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog
 
 
 def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
+    """stop() returns within its timeout against a server that accepts and never answers."""
     listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
     held = []
     threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
@@ -647,6 +682,8 @@ def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
 
 
 def test_a_shard_client_shared_by_threads_never_rolls_back(make_store):
+    """A shard client shared by four publishing threads serialises its folds: every sequence number used once,
+    none refused."""
     store = make_store()
     store.register({"obs/n": merge(1, lifecycle="history")})
     shard = store.shard(0)
@@ -672,6 +709,7 @@ def test_a_shard_client_shared_by_threads_never_rolls_back(make_store):
 
 
 def test_a_report_for_an_unknown_run_creates_no_key(make_store):
+    """A fold for a run that is not registered is refused and creates no key of that run."""
     store = make_store()
     store.register({"obs/n": merge(1, lifecycle="history")})
     ghost = redisync.connect(None if store.url == "embedded" else store.url, run=store.run + "-ghost")
@@ -682,6 +720,7 @@ def test_a_report_for_an_unknown_run_creates_no_key(make_store):
 
 
 def test_the_fold_accepts_exactly_the_run_names_the_client_accepts(make_store):
+    """The fold refuses a meta key whose run name the client would refuse (a space, 129 characters, a slash)."""
     store = make_store()
     store.register({"obs/n": merge(1, lifecycle="history")})
     from redisync.store.codec import parse_publish
