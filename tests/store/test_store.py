@@ -31,6 +31,8 @@ def ema(shard: int, k: float = 1.0) -> dict:
 
 
 def test_first_registration_wins_and_a_different_schema_is_refused(make_store):
+    """The first registration wins: registering the same schema again finds the run and its epoch, another
+    schema is refused naming the key and how it differs."""
     store = make_store()
     first = store.register(SCHEMA)
     assert first.created
@@ -45,6 +47,8 @@ def test_first_registration_wins_and_a_different_schema_is_refused(make_store):
 
 
 def test_publish_then_pull_gives_the_pooled_state_and_own_slot(make_store):
+    """A publish returns the new fleet and key versions; a pull returns the pooled state with the caller's own
+    slot as folded, and then only what changed since."""
     store = make_store()
     store.register(SCHEMA)
     a, b = store.shard(0), store.shard(1)
@@ -83,6 +87,8 @@ def test_publish_then_pull_gives_the_pooled_state_and_own_slot(make_store):
 
 
 def test_a_retried_report_is_folded_once(make_store):
+    """A report sent again with the same sequence number is a duplicate: folded once, the fleet version
+    unchanged."""
     store = make_store()
     store.register(SCHEMA)
     a = store.shard(0)
@@ -95,6 +101,8 @@ def test_a_retried_report_is_folded_once(make_store):
 
 
 def test_restarted_shard_retires_history_and_drops_state_slots(make_store):
+    """A new incarnation of a shard keeps its previous life's history counted (retired) and drops its previous
+    life's state slot."""
     store = make_store()
     schema = Schema.of(
         {"obs/norm": merge(1, lifecycle="history"), "motion/ema": merge(1, stale_after_s=0.5, lifecycle="state")}
@@ -124,6 +132,8 @@ def test_restarted_shard_retires_history_and_drops_state_slots(make_store):
 
 
 def test_broadcast_is_last_writer_wins_and_owned_keys_refuse_others(make_store):
+    """A broadcast key holds the last accepted value; an owned key refuses every other shard, on the client
+    (nothing sent, no dead letter) and on the server for a client that skips the check."""
     store = make_store()
     store.register(SCHEMA)
     a, b = store.shard(0), store.shard(1)
@@ -141,6 +151,8 @@ def test_broadcast_is_last_writer_wins_and_owned_keys_refuse_others(make_store):
 
 
 def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
+    """An operator with redis-cli reads a key's metadata as plain fields, the accepted reports in a stream,
+    and each fold's announcement on the run's shard channel."""
     store = make_store()
     store.register(SCHEMA)
     sub = store.redis.pubsub()
@@ -178,6 +190,7 @@ def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
 
 
 def test_streams_are_capped(make_store):
+    """The reports stream stays near its cap (MAXLEN ~), however many folds."""
     store = make_store()
     store.register(SCHEMA, Limits(stream_maxlen=10))
     a = store.shard(0)
@@ -188,6 +201,8 @@ def test_streams_are_capped(make_store):
 
 
 def test_snapshot_and_restore_round_trip_through_json(make_store):
+    """A snapshot survives JSON and restores into another run under a new epoch, above every version that run
+    had served, with the snapshot's state."""
     src, dst = make_store(), make_store()
     src.register(SCHEMA)
     a = src.shard(0)
@@ -211,6 +226,7 @@ def test_snapshot_and_restore_round_trip_through_json(make_store):
 
 
 def test_restore_refuses_corrupt_snapshots(make_store):
+    """A snapshot with a field that is not base64 is refused as corrupt."""
     store = make_store()
     store.register(SCHEMA)
     snap = store.snapshot()
@@ -220,6 +236,8 @@ def test_restore_refuses_corrupt_snapshots(make_store):
 
 
 def test_a_lost_run_is_reported_and_a_new_epoch_seen(make_store):
+    """A run the store lost is RunNotFound for pulls and publishes; registered again, it is seen under a new
+    epoch."""
     store = make_store()
     store.register(SCHEMA)
     a = store.shard(0)
@@ -236,6 +254,7 @@ def test_a_lost_run_is_reported_and_a_new_epoch_seen(make_store):
 
 
 def test_connect_reads_the_url_from_the_environment(monkeypatch, real_url):
+    """connect() without a URL takes REDISYNC_URL, and without it the embedded store."""
     monkeypatch.setenv("REDISYNC_URL", real_url)
     store = redisync.connect(run="env-check")
     assert store.url == real_url
@@ -245,6 +264,7 @@ def test_connect_reads_the_url_from_the_environment(monkeypatch, real_url):
 
 
 def test_bad_urls_fail_clearly():
+    """An unsupported URL scheme, and a server that does not answer, are ConnectionUnavailable naming the URL."""
     with pytest.raises(errors.ConnectionUnavailable, match="unsupported URL"):
         redisync.connect("http://example.org", run="x")
     store = redisync.connect("redis://127.0.0.1:1", run="x", socket_connect_timeout=0.2)
@@ -253,6 +273,8 @@ def test_bad_urls_fail_clearly():
 
 
 def test_the_reports_stream_keeps_payloads_only_when_the_run_asks(make_store):
+    """The reports stream keeps each report's envelope, and its payloads only for a run registered with
+    stream_payloads."""
     plain, audited = make_store(), make_store()
     plain.register({"obs/n": merge(2, lifecycle="history")})
     audited.register({"obs/n": merge(2, lifecycle="history")}, Limits(stream_payloads=True))
