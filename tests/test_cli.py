@@ -37,6 +37,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.integration  # a fleet of collector processes
 @pytest.mark.extras("torch", "tqdm", "matplotlib")
 def test_demo_shows_drift_without_sync_and_agreement_with_it(backend, tmp_path):
+    """`redisync demo` shows the shards' distributions drifting apart without sync and agreeing with it, on
+    either backend."""
     url = ["--url", real_redis_or_skip()] if backend == "real" else []
     run = f"demo-test-{uuid.uuid4().hex[:8]}"
     try:
@@ -88,6 +90,8 @@ def test_bench_prints_figures_and_the_targets_only_for_developers(real_url):
 
 
 def test_bench_json_on_real_redis(real_url):
+    """`redisync bench --json` prints every figure, each publish beside its transport floor measured in the
+    same run."""
     out = cli("bench", "--url", real_url, "--json", "--calls", "20", "--procs", "2", "--seconds", "0.5")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
@@ -150,6 +154,8 @@ def populated(cli_url):
 
 
 def test_inspect_shows_keys_slots_and_dead_letters(populated):
+    """`redisync inspect` shows a run's keys with their semantics, versions, writers and slots, and its dead
+    letters."""
     url, store = populated
     out = cli("inspect", "--url", url, "--run", store.run)
     assert out.returncode == 0, out.stderr
@@ -171,6 +177,7 @@ def test_inspect_shows_keys_slots_and_dead_letters(populated):
 
 
 def test_watch_shows_per_shard_drift_and_stops(populated):
+    """`redisync watch --count 2` prints each shard's drift from the fleet twice, then stops."""
     url, store = populated
     out = cli("watch", "--url", url, "--run", store.run, "--count", "2", "--interval", "0.1")
     assert out.returncode == 0, out.stderr
@@ -293,6 +300,7 @@ def test_watch_started_before_the_run_exists_waits_for_it(real_url):
 
 
 def test_watch_exits_cleanly_on_ctrl_c(populated):
+    """`redisync watch` ends on Ctrl-C with status 0 and no traceback."""
     url, store = populated
     proc = subprocess.Popen(
         [sys.executable, "-m", "redisync.cli", "watch", "--url", url, "--run", store.run, "--interval", "0.1"],
@@ -311,6 +319,7 @@ def test_watch_exits_cleanly_on_ctrl_c(populated):
 
 
 def test_snapshot_and_restore_move_a_run(populated, tmp_path):
+    """`redisync snapshot` then `redisync restore` moves a run's state into another run, value for value."""
     url, store = populated
     path = tmp_path / "run.json"
     out = cli("snapshot", "--url", url, "--run", store.run, str(path))
@@ -346,6 +355,7 @@ def test_snapshot_and_restore_move_a_run(populated, tmp_path):
     ],
 )
 def test_bad_arguments_print_one_line_and_exit_nonzero(args, words, real_url):
+    """A bad argument is one line naming it and a non-zero status, no traceback."""
     out = cli(*(a.format(url=real_url) for a in args))
     assert out.returncode != 0
     assert words in out.stderr
@@ -363,6 +373,8 @@ def test_bad_arguments_print_one_line_and_exit_nonzero(args, words, real_url):
     ],
 )
 def test_commands_on_a_run_refuse_the_embedded_store(args, monkeypatch, tmp_path):
+    """A command that works on a run in a Redis refuses to run without a URL (status 2, saying why), and its
+    help says the URL is required."""
     monkeypatch.delenv("REDISYNC_URL", raising=False)
     out = cli(*args)
     assert out.returncode == 2
@@ -375,6 +387,7 @@ def test_commands_on_a_run_refuse_the_embedded_store(args, monkeypatch, tmp_path
 
 
 def test_version_and_no_password_in_what_inspect_prints(real_url):
+    """`--version` prints the package's version, and nothing inspect prints holds the URL's password."""
     out = cli("--version")
     assert out.returncode == 0
     assert out.stdout.strip() == f"redisync, version {redisync_api.__version__}"
@@ -387,6 +400,7 @@ def test_version_and_no_password_in_what_inspect_prints(real_url):
 
 
 def test_a_snapshot_into_a_missing_folder_is_one_line_naming_the_path(populated, tmp_path):
+    """A snapshot into a folder that does not exist is one line naming the path and why, status 1."""
     url, store = populated
     path = tmp_path / "no-such-folder" / "snap.json"
     out = cli("snapshot", "--url", url, "--run", store.run, str(path))
@@ -396,6 +410,7 @@ def test_a_snapshot_into_a_missing_folder_is_one_line_naming_the_path(populated,
 
 
 def test_url_help_lists_every_scheme_connect_takes():
+    """The --url help names every scheme connect() takes."""
     out = cli("inspect", "--help")
     for scheme in ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://"):
         assert scheme in out.stdout
@@ -403,6 +418,8 @@ def test_url_help_lists_every_scheme_connect_takes():
 
 @pytest.mark.extras("torch")
 def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
+    """A command whose optional extra is not installed says which extra and how to install it, before doing
+    any work."""
     blocker = tmp_path / "sitecustomize.py"  # the interpreter as a plain `pip install redisync` leaves it: no tqdm
     blocker.write_text(
         "import sys\nclass Block:\n    def find_spec(self, name, *a):\n"
@@ -431,6 +448,7 @@ def test_a_command_whose_extra_is_missing_says_which_before_any_work(tmp_path):
 
 def test_a_connection_error_names_the_url_with_its_password_masked():
     # (watch waits for a store it cannot reach, saying so with the URL masked: test_watch_lives_through_the_store)
+    """A store that cannot be reached is named by its URL with the password masked, by every command."""
     out = cli("watch", "--run", "x", "--count", "1", "--url", "redis://operator:s3cret@127.0.0.1:1/0")
     assert out.returncode == 0, out.stderr
     assert "waiting for the store: redis://operator:***@127.0.0.1:1/0: " in out.stdout
@@ -457,6 +475,7 @@ def test_a_connection_error_names_the_url_with_its_password_masked():
 
 
 def test_a_database_the_server_lacks_is_named_in_words(real_url):
+    """A database index the server lacks is one line naming the URL and the server's 'databases' setting."""
     base = real_url.rsplit("/", 1)[0]
     out = cli("inspect", "--url", f"{base}/99")
     assert out.returncode == 1
@@ -466,6 +485,8 @@ def test_a_database_the_server_lacks_is_named_in_words(real_url):
 
 
 def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
+    """A snapshot file that is missing, not JSON, not a snapshot or damaged is refused naming the file and the
+    problem."""
     url, store = populated
     missing, not_json, no_run, damaged = (
         tmp_path / n for n in ("missing.json", "not.json", "norun.json", "damaged.json")
