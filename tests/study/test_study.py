@@ -27,6 +27,8 @@ from ..conftest import real_redis_or_skip
 
 
 def test_the_sign_flip_test_is_exact():
+    """The paired sign-flip test's p is the exact share of the 2^n sign patterns at least as extreme (2/256 at
+    best with 8 seeds)."""
     d = [0.3, 0.1, -0.05, 0.2, 0.25]
     flips = [np.mean(np.array(s) * d) for s in itertools.product((-1, 1), repeat=len(d))]
     want = np.mean(np.abs(flips) >= abs(np.mean(d)) - 1e-12)
@@ -35,11 +37,14 @@ def test_the_sign_flip_test_is_exact():
 
 
 def test_holm_adjusts_step_down_and_keeps_the_order():
+    """Holm's step-down adjustment gives the textbook values, monotone in the original order."""
     assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
     assert holm([0.5]) == [0.5]
 
 
 def test_the_t_interval_and_equivalence_answer_what_they_should():
+    """The t interval covers a zero difference; equivalence within a margin holds for a tight zero and never
+    for a real difference; four noisy seeds are inconclusive, a large difference is higher."""
     rng = np.random.default_rng(0)
     same = rng.normal(0.0, 0.02, 12)
     lo, hi = t_interval(same)
@@ -55,6 +60,8 @@ def test_the_t_interval_and_equivalence_answer_what_they_should():
 
 
 def test_the_primary_family_is_holm_corrected():
+    """The pre-registered primary contrasts are Holm-corrected as one family, claims of no difference
+    included."""
     rng = np.random.default_rng(1)
     cs = [contrast(f"H: a{i} − b", rng.normal(m, 0.05, 8), np.zeros(8), 0.1) for i, m in enumerate((0.5, 0.01, 0.0))]
     family = primary_family(cs)
@@ -86,6 +93,7 @@ def test_an_equivalence_on_a_knife_edge_does_not_survive_the_familys_correction(
 
 
 def test_contrasts_need_paired_finite_values():
+    """A contrast refuses unpaired or non-finite values, saying which."""
     with pytest.raises(ValueError, match="same length"):
         contrast("H: a − b", [1.0, 2.0], [1.0], 0.1)
     with pytest.raises(ValueError, match="finite"):
@@ -93,6 +101,8 @@ def test_contrasts_need_paired_finite_values():
 
 
 def test_the_plan_gives_every_primary_arm_its_seeds_and_pairs_everything():
+    """The plan runs both arms of every primary contrast on the same seeds, and the comparison arm on its
+    share of them."""
     cells = {(c, a): seeds for c, a, seeds in plan(8, 3)}
     for condition, a, b in PRIMARY:
         assert cells[(condition, a)] == cells[(condition, b)] == list(range(8))
@@ -120,6 +130,8 @@ def _runs(values: dict[tuple[str, str], list[float]]) -> list[dict]:
 
 
 def test_the_gate_and_the_analysis_follow_the_pre_registration():
+    """The gate passes only on the pre-registered difference, and the analysis answers each hypothesis as the
+    plan says it would."""
     rng = np.random.default_rng(3)
     assert not gate(_runs({("H", "single"): [0.5, 0.6, 0.55], ("H", "uniform"): [0.45, 0.5, 0.5]}))["passed"]
     passed = gate(_runs({("H", "single"): [0.9, 0.8, 0.85], ("H", "uniform"): [0.4, 0.5, 0.45]}))
@@ -148,6 +160,8 @@ def test_the_gate_and_the_analysis_follow_the_pre_registration():
 
 
 def test_skill_segments_rotate_the_actuation_only_there():
+    """A skill segment rotates the actuation inside its frames and nowhere else; segments are apart and after
+    the start."""
     cfg = TaskConfig(bins=8, skill_segments=2, skill_angle_deg=90.0)
     env = SkillTracking(cfg, torch.zeros(2, dtype=torch.long))
     assert isinstance(env, TrackingEnv)
@@ -170,6 +184,8 @@ def test_skill_segments_rotate_the_actuation_only_there():
 
 
 def test_a_policy_blind_to_the_skill_falls_in_the_first_skill_segment():
+    """Every segment is trackable by a policy that inverts its actuation; a policy blind to the skill fails
+    exactly in the first skill segment, where the sampler should look."""
     cfg = TaskConfig(bins=20, skill_segments=2)
     env = SkillTracking(cfg, torch.zeros(1, dtype=torch.long))
     first_skill = int(env.kinds[0].nonzero().min())
@@ -194,6 +210,7 @@ def test_a_policy_blind_to_the_skill_falls_in_the_first_skill_segment():
 
 
 def test_observations_show_the_segment_its_preview_and_the_profile():
+    """The observation holds the current segment's kind, a preview of the next, and the env's profile."""
     cfg = TaskConfig(condition="X", bins=12, profiles=2, skill_segments=1, obs_offset=1.0)
     env = SkillTracking(cfg, torch.tensor([0, 1]))
     assert env.obs_dim == 12 + 2 * KINDS + 2
@@ -210,6 +227,7 @@ def test_observations_show_the_segment_its_preview_and_the_profile():
 
 
 def test_h_has_one_profile_and_x_gives_each_profile_its_own_segments():
+    """Condition H has one motion profile; condition X gives each profile its own skill segments."""
     h = TaskConfig(condition="H", profiles=4)
     x = TaskConfig(condition="X", profiles=3)
     assert h.layout().shape == (1, 120)
@@ -221,6 +239,7 @@ def test_h_has_one_profile_and_x_gives_each_profile_its_own_segments():
 
 
 def test_the_replay_buffer_wraps_around_and_keeps_the_newest():
+    """The replay buffer wraps around and keeps the newest transitions."""
     buf = ReplayBuffer(5, 1, 1)
     for i in range(3):
         x = torch.full((2, 1), float(i))
@@ -308,6 +327,8 @@ TINY = replace(
 
 @pytest.mark.parametrize("backend", ["embedded", "real"])
 def test_a_users_own_env_runs_through_the_store(backend):
+    """A user's own env, named as module:function, trains through the store and its drift is measured, on
+    either backend."""
     url = real_redis_or_skip() if backend == "real" else None
     cfg = replace(TINY, task=replace(TINY.task, bins=4))
     run = run_arm(
@@ -321,6 +342,8 @@ def test_a_users_own_env_runs_through_the_store(backend):
 
 @pytest.mark.parametrize("arm", ["per-profile", "local-paper", "norm-local", "local-16-shards"])
 def test_every_kind_of_arm_trains_on_x(arm):
+    """Every arm of the study trains on condition X with its own number of shards, and samples the skill
+    segments."""
     cfg = replace(TINY, task=replace(TINY.task, condition="X", obs_offset=1.0))
     run = run_arm(cfg, arm, seed=0)
     assert run["shards"] == (ARMS[arm].shards or cfg.shards)
@@ -360,6 +383,8 @@ def test_the_learner_reads_each_shards_drift_back_from_the_store(backend):
 
 
 def test_a_wrong_env_spec_is_refused_naming_what_is_wrong():
+    """An env spec that is not module:function, names a module that does not import, or a function it lacks,
+    is refused saying which."""
     with pytest.raises(ValueError, match="module:function"):
         load_env_factory("tests.study.test_study", TINY)
     with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
@@ -431,6 +456,8 @@ def test_the_smoke_gate_runs_end_to_end_and_the_report_leads_with_it(tmp_path):
 
 
 def test_the_report_claims_only_what_the_tests_say(tmp_path):
+    """The rendered report states each hypothesis's answer as its test gave it; with a failed gate it says so
+    and reports no contrast."""
     from redisync.study.report import render_markdown
 
     rng = np.random.default_rng(0)
@@ -664,6 +691,7 @@ def test_one_arm_and_one_seed_run_twice_give_the_same_numbers(backend):
 
 
 def test_seeds_are_different_motions():
+    """Each seed draws a different motion of the same kind (the same number of skill segments)."""
     from redisync.study.study import seeded
 
     layouts = [seeded(StudyConfig(), seed).task.layout() for seed in range(4)]
