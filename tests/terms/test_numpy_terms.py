@@ -36,6 +36,8 @@ def feed(samplers, frames, steps=200, seed=0, envs=48):
 @pytest.mark.parametrize("mix", ["code", "paper"])
 @pytest.mark.parametrize("kernel_size", [1, 3])
 def test_numpy_sampler_computes_what_the_torch_sampler_does(frames, mix, kernel_size):
+    """The numpy sampler computes what the torch sampler does: the same EMA and distribution, for one motion
+    or several, with any uniform mix and kernel."""
     grouped = len(frames) > 1
     arg = frames if grouped else frames[0]
     kw = dict(mode="local", uniform_mix=mix, kernel_size=kernel_size, alpha=0.01)
@@ -49,6 +51,8 @@ def test_numpy_sampler_computes_what_the_torch_sampler_does(frames, mix, kernel_
 
 
 def test_the_sampler_writes_the_callers_arrays_in_place():
+    """The numpy sampler keeps its EMA and CDF in the caller's arrays, written in place (a task's kernel reads
+    them)."""
     ema, cdf = np.zeros(13, dtype=np.float32), np.zeros(13, dtype=np.float32)
     s = rnp.AdaptiveMotionSampler(600, 0.02, mode="local", ema=ema, cdf=cdf)
     assert s.ema is ema
@@ -68,6 +72,8 @@ def test_the_sampler_writes_the_callers_arrays_in_place():
 
 
 def test_a_wrong_caller_array_is_refused_naming_it():
+    """A caller's array of the wrong size, dtype or one not writeable is refused, naming the array and what it
+    must be."""
     with pytest.raises(InvalidSchema, match="cdf must be a numpy array of 13 float32"):
         rnp.AdaptiveMotionSampler(600, 0.02, cdf=np.zeros(12, dtype=np.float32))
     frozen = np.zeros(13, dtype=np.float32)
@@ -82,6 +88,8 @@ def test_a_wrong_caller_array_is_refused_naming_it():
 
 @pytest.mark.parametrize("n_shards", [2, 4])
 def test_sharded_numpy_terms_equal_one_unsharded_term(make_store, n_shards):
+    """N synced numpy shards hold what one unsharded process of all their envs holds: the sampler's pooled EMA
+    and the normaliser's moments."""
     envs, frames = 64, (300, 450)
     single = rnp.AdaptiveMotionSampler(frames, 0.02, mode="local", dtype=np.float64)
     single_norm = rnp.EmpiricalNormalizer(3, mode="local", dtype=np.float64)
@@ -118,6 +126,8 @@ def test_sharded_numpy_terms_equal_one_unsharded_term(make_store, n_shards):
 
 
 def test_write_sampling_ema_fills_a_kernels_array(make_store):
+    """write_sampling_ema fills a caller's array with the fleet EMA the sampler acts on (the others' plus its
+    own)."""
     a, b = (rnp.AdaptiveMotionSampler(100, 0.1, shard_id=i) for i in range(2))
     store = make_store()
     store.register(schema_of([a]))

@@ -77,6 +77,8 @@ def rsl_rl_normalization():
 
 @pytest.mark.parametrize("kernel_size", [1, 3])
 def test_local_sampler_reproduces_beyondmimic_step_for_step(kernel_size):
+    """Unsynced, the sampler is BeyondMimic's, step for step: the same bins, EMA, probabilities and draws from
+    the same generator."""
     ours = AdaptiveMotionSampler(1234, 0.02, mode="local", kernel_size=kernel_size)
     ref = BeyondMimicReference(1234, 0.02, k=kernel_size)
     assert ours.bin_count == ref.bins == 25
@@ -101,6 +103,8 @@ def test_local_sampler_reproduces_beyondmimic_step_for_step(kernel_size):
 
 
 def test_local_normaliser_is_rsl_rl():
+    """Unsynced, the normaliser is rsl_rl's EmpiricalNormalization: the same mean, var, std and count after
+    every update, bit for bit."""
     Reference = rsl_rl_normalization()
     ours, ref = SyncedEmpiricalNormalization(5, until=3000, mode="local"), Reference(5, until=3000)
     g = torch.Generator().manual_seed(3)
@@ -151,6 +155,8 @@ def test_a_pooled_normaliser_resumes_from_its_checkpoint_until_the_store_holds_a
 
 
 def test_holosoma_tracker_and_penalty_rules():
+    """The episode-length tracker and the penalty curriculum follow holosoma's rules: its window scaled from
+    its env count, its weight min(n / N, 1), its step up and down and its clip."""
     assert AverageEpisodeLength(num_envs=1024).window == 250  # holosoma's window: scaled from its 4 096 envs
     tracker = AverageEpisodeLength(num_envs=4096, num_compute_average_epl=1000, base_num_envs=2048)
     assert tracker.window == 2000
@@ -179,6 +185,8 @@ def test_holosoma_tracker_and_penalty_rules():
 
 
 def test_the_tracker_resumes_from_its_state_dict_and_broadcasts_the_owners_average(make_store):
+    """A tracker resumes its own average and episode count from its state dict (marked resumed) and skips the
+    batch after a restore, as holosoma does; in broadcast mode every shard takes the owner's average."""
     tracker = AverageEpisodeLength(num_envs=1024)
     tracker.update(torch.full((100,), 300.0))
     restored = AverageEpisodeLength(num_envs=1024, mode="pooled")
@@ -199,6 +207,8 @@ def test_the_tracker_resumes_from_its_state_dict_and_broadcasts_the_owners_avera
 
 
 def test_terrain_levels_follow_isaaclab():
+    """Terrain levels move as Isaac Lab's do: up on success, down on failure, clipped, the top level sent to a
+    random level."""
     g = torch.Generator().manual_seed(0)
     terrain = TerrainLevels(6, num_levels=5, generator=g)
     terrain.levels[:] = torch.tensor([0, 0, 2, 4, 4, 3])
@@ -219,6 +229,8 @@ def test_terrain_levels_follow_isaaclab():
 
 @pytest.mark.parametrize("n_shards", [1, 2, 4, 8])
 def test_sharded_terms_equal_one_unsharded_term(make_store, n_shards):
+    """N synced shards hold what one unsharded process of all their envs holds: the sampler's pooled EMA and
+    the normaliser's moments."""
     envs, frames = 64, 600
     single_sampler = AdaptiveMotionSampler(frames, 0.02, mode="local", dtype=F64)
     single_norm = SyncedEmpiricalNormalization(4, mode="pooled")  # alone: its own statistics of every sample
@@ -260,6 +272,8 @@ def test_sharded_terms_equal_one_unsharded_term(make_store, n_shards):
 
 
 def test_between_syncs_a_shard_sees_others_as_pulled_plus_itself_now(make_store):
+    """Between two pulls a shard acts on the others' data as pulled plus all of its own up to now (own
+    substitution)."""
     a, b = (AdaptiveMotionSampler(100, 0.1, mode="pooled", shard_id=i, rebuild_tol=0.0, dtype=F64) for i in range(2))
     store = make_store()
     store.register(schema_of([a]))
@@ -274,6 +288,8 @@ def test_between_syncs_a_shard_sees_others_as_pulled_plus_itself_now(make_store)
 
 
 def test_weighted_and_broadcast_sampler_modes(make_store):
+    """The weighted mode's fleet EMA is the failure-weighted mean of the shards' blended EMAs; the broadcast
+    mode's is the owner's own EMA."""
     store = make_store()
     weighted = [AdaptiveMotionSampler(100, 0.1, mode="weighted", shard_id=i, dtype=F64) for i in range(2)]
     store.register(schema_of([weighted[0]]))
@@ -304,6 +320,9 @@ def test_weighted_and_broadcast_sampler_modes(make_store):
 
 
 def test_curriculum_terms_sync(make_store):
+    """Synced curriculum terms: the episode-length tracker's value is every shard's average weighted as
+    holosoma weights one shard's, the penalty scale is the owner's (a non-owner's opinion ignored), terrain
+    levels pool their histograms."""
     store = make_store()
     trackers = [AverageEpisodeLength(100, 100, base_num_envs=None, mode="pooled") for _ in range(3)]
     pens = [PenaltyCurriculum(0.5, degree=0.1, mode="broadcast", shard_id=i, owner=0) for i in range(3)]
@@ -325,6 +344,7 @@ def test_curriculum_terms_sync(make_store):
 
 
 def test_two_terms_may_not_claim_one_key():
+    """Two terms declaring one key is an invalid schema; terms with their own keys make one schema."""
     from redisync.errors import InvalidSchema
 
     with pytest.raises(InvalidSchema, match="declared by two terms"):
@@ -335,6 +355,8 @@ def test_two_terms_may_not_claim_one_key():
 
 
 def test_learner_owned_normaliser_is_broadcast_to_collectors(make_store):
+    """A normaliser owned by the learner is the learner's statistics in every collector, whatever the
+    collectors saw."""
     from redisync.learner import FleetMonitor
 
     store = make_store()
