@@ -54,6 +54,8 @@ def use_backend(backend: str, monkeypatch) -> None:
 
 
 def test_the_store_api_example_runs(backend, monkeypatch):
+    """The store API page's trainer example runs as written, on either backend: its report applied and pooled,
+    fleet version 1."""
     use_backend(backend, monkeypatch)
     redisync.connect(run="humanoid-v3").delete()
     namespace: dict = {}
@@ -68,6 +70,7 @@ def test_the_store_api_example_runs(backend, monkeypatch):
 
 
 def test_the_collector_loop_runs(backend, monkeypatch):
+    """The README's collector loop runs as written and publishes with no worker error."""
     use_backend(backend, monkeypatch)
     namespace: dict = {}
     try:
@@ -91,7 +94,7 @@ def _block_after(marker: str) -> str:
 
 
 def test_the_redis_cli_section_matches_what_the_store_writes(real_url):
-
+    """What the README says redis-cli shows of a run is what the store writes."""
     from redisync.store.schema import Schema, broadcast, merge
 
     run = "readme-cli-check"
@@ -159,6 +162,8 @@ def test_the_redis_cli_section_matches_what_the_store_writes(real_url):
 
 
 def test_the_multi_motion_loop_runs(backend, monkeypatch):
+    """The many-motions page's loop runs as written: the learner's fleet distribution is what one unsharded
+    sampler of every collector's EMA gives, and the hard landing gets the starts."""
     use_backend(backend, monkeypatch)
     redisync.connect(run="motion-library").delete()
     namespace: dict = {}
@@ -225,6 +230,8 @@ def test_every_code_block_is_run_by_a_test_or_labelled(page):
 
 
 def test_the_own_term_example_runs_and_both_shards_decide_on_the_fleets_rate(backend, monkeypatch):
+    """The own-term page's example runs as written: every attempt counted once, both shards deciding on the
+    fleet's rate."""
     use_backend(backend, monkeypatch)
     redisync.connect(run="own-term").delete()
     namespace: dict = {}
@@ -241,6 +248,8 @@ def test_the_own_term_example_runs_and_both_shards_decide_on_the_fleets_rate(bac
 
 
 def test_the_checkpoint_example_resumes_into_its_old_slot(backend, monkeypatch):
+    """The checkpoint page's example resumes into its previous slot: the pooled state is its own, counted
+    once."""
     use_backend(backend, monkeypatch)
     redisync.connect(run="resume-example").delete()
     namespace: dict = {}
@@ -255,6 +264,7 @@ def test_the_checkpoint_example_resumes_into_its_old_slot(backend, monkeypatch):
 
 
 def test_the_readme_is_short_and_speaks_of_the_product():
+    """The README stays within 200 lines, and no page speaks of issues, rounds or runs that have not happened."""
     text = README.read_text()
     assert len(text.splitlines()) <= 200
     for page in DOCS:
@@ -264,6 +274,7 @@ def test_the_readme_is_short_and_speaks_of_the_product():
 
 
 def test_the_readmes_demo_figures_are_the_committed_runs():
+    """The README's demo figures are those of the committed, dated demo runs."""
     runs = (ROOT / "docs" / "demo-runs-2026-12-01.txt").read_text()
     largest = [float(x) for x in re.findall(r"largest TV distance from the pooled distribution: ([0-9.]+)", runs)]
     off, on = largest[0::2], largest[1::2]
@@ -284,6 +295,7 @@ def test_the_readmes_demo_figures_are_the_committed_runs():
 
 
 def test_the_troubleshooting_page_names_every_error_a_user_can_meet():
+    """The troubleshooting page names every error class a user can meet."""
     import inspect
 
     import redisync.errors as errors

@@ -20,6 +20,7 @@ SCHEMA = Schema.of(
 
 
 def test_specs_reject_bad_shapes_and_options():
+    """A spec with a bad shape or option is an invalid schema naming the option."""
     with pytest.raises(errors.InvalidSchema, match="positive"):
         merge((0, 3), lifecycle="history")
     with pytest.raises(errors.InvalidSchema, match="stale_after_s"):
@@ -33,6 +34,7 @@ def test_specs_reject_bad_shapes_and_options():
 
 
 def test_schema_difference_names_key_and_field():
+    """Two schemas' difference names the first key that differs and how."""
     other = Schema.of({**SCHEMA.keys, "motion/bin_failed": merge(9, lifecycle="history")})
     key, diff = SCHEMA.difference(other)
     assert key == "motion/bin_failed"
@@ -44,6 +46,8 @@ def test_schema_difference_names_key_and_field():
 
 
 def test_valid_report_is_coerced_to_float64_of_the_key_shape():
+    """A valid report of any numeric type is encoded as float64 of the key's shape, broadcast where the spec
+    allows."""
     out = encode_reports(
         SCHEMA,
         {
@@ -84,6 +88,8 @@ def test_valid_report_is_coerced_to_float64_of_the_key_shape():
     ],
 )
 def test_bad_reports_get_typed_errors_naming_key_and_problem(report, error, words):
+    """A bad report is refused on the client with a typed error (a RedisyncError and a ValueError) naming the
+    key and the problem."""
     with pytest.raises(error) as info:
         encode_reports(SCHEMA, report, Limits())
     assert isinstance(info.value, errors.RedisyncError)
@@ -92,11 +98,13 @@ def test_bad_reports_get_typed_errors_naming_key_and_problem(report, error, word
 
 
 def test_size_limit():
+    """A report over the run's max_report_bytes is refused on the client, naming the limit."""
     with pytest.raises(errors.PayloadTooLarge, match="max_report_bytes=70"):
         encode_reports(SCHEMA, {"motion/bin_failed": {"count": 1, "sum": np.ones(8)}}, Limits(max_report_bytes=70))
 
 
 def test_merge_needs_its_lifecycle_and_says_what_each_is_for():
+    """merge() without a lifecycle is refused, saying what state and history are for."""
     with pytest.raises(
         errors.InvalidSchema, match=r"lifecycle=.state. \(a current value.*lifecycle='history' \(counts"
     ):

@@ -35,6 +35,8 @@ def url(server, user: str) -> str:
 
 
 def test_collector_publishes_and_pulls_its_run_only(acl_server):
+    """The collector role publishes, pulls and follows its own run; another run, a snapshot and any other
+    command are refused."""
     store = redisync.connect(url(acl_server, "collector"), run=RUN)
     store.register(SCHEMA)
     shard = store.shard(0)
@@ -58,6 +60,7 @@ def test_collector_publishes_and_pulls_its_run_only(acl_server):
 
 
 def test_learner_snapshots_and_restores(acl_server):
+    """The learner role publishes decisions, snapshots and restores its own run, and no other run's."""
     collector = redisync.connect(url(acl_server, "collector"), run=RUN)
     collector.register(SCHEMA)
     collector.shard(0).publish({"obs/norm": {"count": 2, "sum": [1.0, 2.0]}})
@@ -71,6 +74,7 @@ def test_learner_snapshots_and_restores(acl_server):
 
 
 def test_inspector_reads_but_never_writes(acl_server):
+    """The inspector role reads a run's metadata and state and is refused every write."""
     redisync.connect(url(acl_server, "collector"), run=RUN).register(SCHEMA)
     inspector = redisync.connect(url(acl_server, "inspector"), run=RUN)
     assert inspector.run_info()["fleet_version"] == "0"
@@ -84,6 +88,7 @@ def test_inspector_reads_but_never_writes(acl_server):
 
 
 def test_anonymous_and_wrong_passwords_are_refused(acl_server):
+    """A connection without a user, or with a wrong password, is PermissionDenied."""
     with pytest.raises(errors.PermissionDenied):
         redisync.connect(f"redis://127.0.0.1:{acl_server.port}/0", run=RUN).run_info()
     with pytest.raises(errors.PermissionDenied):
@@ -120,6 +125,8 @@ def test_a_role_that_may_not_run_info_is_refused_at_register_with_the_permission
 
 
 def test_a_collector_that_finds_no_library_is_refused_naming_the_permission_until_the_learner_loads_it(tmp_path):
+    """A collector that may not load functions and finds none is refused naming the permission it lacks, until
+    the learner loads the library; then it publishes."""
     server = RedisProcess(tmp_path, None, "--aclfile", str(ACL)).start_authenticated("learner", "learner-change-me")
     try:
         collector = redisync.connect(url(server, "collector"), run=RUN)
@@ -199,6 +206,7 @@ def _operations(server) -> dict:
 
 
 def test_every_role_does_what_the_deploy_readme_says_and_nothing_more(acl_server):
+    """Each role of users.acl may do exactly what deploy/README.md's table says, and nothing more."""
     table, operations = _roles_table(), _operations(acl_server)
     assert set(table) == set(operations), "the table and the test name the same operations"
     assert all(set(row) == {"collector", "learner", "inspector"} for row in table.values())

@@ -33,6 +33,8 @@ def _failures(g: torch.Generator, ts: torch.Tensor, groups: torch.Tensor) -> tor
 @pytest.mark.parametrize("mix", ["code", "paper"])
 @pytest.mark.parametrize("kernel_size", [1, 3])
 def test_each_group_pooled_across_shards_equals_one_unsharded_sampler_of_that_group(make_store, mix, kernel_size):
+    """Each motion group of a grouped sampler, pooled across shards, equals one unsharded sampler of that
+    motion."""
     n_shards, envs = 3, 96
     kw = dict(uniform_mix=mix, kernel_size=kernel_size, alpha=0.05, dtype=F64)
     oracles = [AdaptiveMotionSampler(f, STEP_DT, mode="local", **kw) for f in FRAMES]
@@ -77,6 +79,8 @@ def test_each_group_pooled_across_shards_equals_one_unsharded_sampler_of_that_gr
 
 @pytest.mark.parametrize("mode", ["local", "pooled"])
 def test_paper_mix_keeps_the_floor_and_is_scale_invariant(make_store, mode):
+    """The paper's uniform mix keeps every bin's floor (a group with no failure samples uniformly) and gives
+    the same distribution when the EMA is scaled, alone or pooled."""
     lam = 0.2
     kw = dict(uniform_mix="paper", uniform_ratio=lam, kernel_size=3, rebuild_tol=0.0, dtype=F64)
     g = torch.Generator().manual_seed(1)
@@ -126,6 +130,7 @@ def test_the_code_formula_depends_on_the_failure_scale():
 
 
 def test_one_group_is_the_ungrouped_sampler():
+    """A grouped sampler of one group is the ungrouped sampler, step for step."""
     one = AdaptiveMotionSampler(FRAMES[2], STEP_DT, mode="local", kernel_size=3)
     grouped = AdaptiveMotionSampler(FRAMES[2:3], STEP_DT, mode="local", kernel_size=3)
     g = torch.Generator().manual_seed(2)
@@ -143,6 +148,8 @@ def test_one_group_is_the_ungrouped_sampler():
 
 
 def test_grouped_draws_follow_each_groups_distribution():
+    """Draws stay inside their env's motion and follow its group's distribution; groups are drawn by their
+    failure mass, each at least its floor."""
     sampler = AdaptiveMotionSampler(FRAMES, STEP_DT, mode="local", group_uniform_ratio=0.4)
     sampler.bin_failed_count.copy_(torch.rand(sampler.bin_count, generator=torch.Generator().manual_seed(4)) ** 3)
     sampler.bin_failed_count[sampler.layout.offsets[1] : sampler.layout.offsets[2]] *= (
@@ -168,6 +175,7 @@ def test_grouped_draws_follow_each_groups_distribution():
 
 
 def test_bad_groups_are_refused_with_what_was_wrong():
+    """Group ids that are missing, of the wrong shape or out of range are refused, saying what was wrong."""
     sampler = AdaptiveMotionSampler(FRAMES, STEP_DT)
     with pytest.raises(ValueError, match="pass group_ids"):
         sampler.sample(4)
@@ -185,6 +193,7 @@ def test_bad_groups_are_refused_with_what_was_wrong():
 
 
 def test_metrics_stay_bounded_and_name_the_worst_groups():
+    """With hundreds of groups the sampler's metrics stay few and name the worst groups."""
     names = [f"clip{g:03d}" for g in range(200)]
     sampler = AdaptiveMotionSampler([299] * 200, STEP_DT, mode="local", group_names=names, worst_groups=3)
     sampler.bin_failed_count[sampler.layout.offsets[17] + 2] = 50.0  # clip017 concentrates on one bin
@@ -197,6 +206,7 @@ def test_metrics_stay_bounded_and_name_the_worst_groups():
 
 
 def test_the_learner_sees_every_groups_pooled_distribution(make_store):
+    """The learner reads every group's pooled distribution from the store."""
     names = [f"motion{g}" for g in range(len(FRAMES))]
     shards = [
         AdaptiveMotionSampler(FRAMES, STEP_DT, shard_id=i, rebuild_tol=0.0, group_names=names, dtype=F64)
