@@ -127,6 +127,8 @@ def _rank(rank: int, init: str, url: str, run: str, rounds: int, out: dict) -> N
 
 
 def test_the_tracker_and_penalty_decide_alike_through_redisync_and_through_holosomas_broadcast(real_url, tmp_path):
+    """Under torchrun, holosoma's episode tracker and penalty curriculum decide alike whether they sync
+    through redisync or through holosoma's own broadcast."""
     run, rounds = f"t-{uuid.uuid4().hex[:12]}", 12
     with mp.Manager() as manager:
         out = manager.dict()
@@ -182,6 +184,8 @@ def _collector(rank: int, url: str, run: str, mode: str, rounds: int, handshake,
 
 @pytest.mark.parametrize("mode", ["broadcast", "pooled"])
 def test_single_process_collectors_sync_the_curriculum_without_its_sync_call(real_url, mode):
+    """Single-process collectors (no process group) sync holosoma's curriculum through redisync, where
+    holosoma's own sync call would do nothing."""
     run, rounds = f"t-{uuid.uuid4().hex[:12]}", 40
     ctx = mp.get_context("spawn")
     with mp.Manager() as manager:
@@ -214,6 +218,8 @@ def test_single_process_collectors_sync_the_curriculum_without_its_sync_call(rea
 
 
 def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):
+    """Pooled episode trackers decide their penalty on the fleet's weighted mean episode length, alike in
+    every collector."""
     run = f"t-{uuid.uuid4().hex[:12]}"
     envs = [LocomotionEnv(), LocomotionEnv()]
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
@@ -251,6 +257,8 @@ def test_pooled_trackers_decide_on_the_fleets_weighted_mean(real_url):
 
 
 def test_redisyncs_tracker_has_holosomas_window_and_loads_its_checkpoint_state():
+    """redisync's tracker has holosoma's window for the env count, tracks as holosoma's does and loads
+    holosoma's checkpoint state."""
     env = LocomotionEnv(num_envs=1024)
     tracker = env._get_average_episode_tracker()
     ours = AverageEpisodeLength(num_envs=1024)

@@ -60,11 +60,15 @@ def drive(sampler, rank: int, steps: int, draws: list | None = None) -> None:
 
 
 def test_the_preset_builds_a_sampler_of_the_motion_the_test_uses():
+    """The holosoma WBT preset the tests use builds the adaptive timesteps sampler of a motion longer than one
+    second."""
     assert motion_config.use_adaptive_timesteps_sampler
     assert T > FPS
 
 
 def test_local_mode_draws_what_holosomas_own_sampler_draws():
+    """In local mode the synced sampler draws exactly what holosoma's own AdaptiveTimestepsSampler draws from
+    the same generator."""
     own, synced = AdaptiveTimestepsSampler(T, "cpu", FPS), None
     fleet = ProcessFleet(redisync.connect(None), 0)
     synced = SyncedAdaptiveTimestepsSampler.replacing(
@@ -102,6 +106,7 @@ def _rank(rank: int, url: str, run: str, steps: int, barrier, out: dict) -> None
 
 @pytest.mark.slow  # two spawned processes
 def test_two_pooled_processes_draw_from_the_ema_of_one_sampler_fed_every_failure(real_url):
+    """Two pooled processes draw from the failure EMA of one sampler fed both processes' failures."""
     run, steps = f"t-{uuid.uuid4().hex[:12]}", 150
     ctx = mp.get_context("spawn")
     out, barrier = ctx.Manager().dict(), ctx.Barrier(2)
@@ -128,6 +133,8 @@ def test_two_pooled_processes_draw_from_the_ema_of_one_sampler_fed_every_failure
 
 
 def test_a_rank_that_dies_and_never_returns_leaves_the_pool(real_url):
+    """A rank gone for good (its lease given up) leaves the pooled EMA at the next fold: the survivor samples
+    from its own EMA alone."""
     run = f"t-{uuid.uuid4().hex[:12]}"
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), r, worker="thread") for r in (0, 1)]
     samplers = []
@@ -160,6 +167,7 @@ def test_a_rank_that_dies_and_never_returns_leaves_the_pool(real_url):
 
 
 def test_a_command_without_the_adaptive_sampler_is_refused():
+    """A motion command without holosoma's adaptive sampler is refused, naming the setting to turn on."""
     with pytest.raises(ConfigurationError, match="use_adaptive_timesteps_sampler=True"):
         sync_motion_command(
             type("Env", (), {"command_manager": type("M", (), {"_state_terms": {}})()})(),
@@ -176,6 +184,8 @@ class FastSacAgent:
 
 
 def test_fastsac_normalisers_are_replaced_with_their_state_and_called_as_holosoma_calls_them(real_url):
+    """FastSAC's normalisers are replaced keeping their statistics, and called as holosoma calls them give
+    what holosoma's give."""
     agent, theirs = FastSacAgent(), FastSacAgent()
     g = torch.Generator().manual_seed(0)
     warm = torch.randn(32, 6, generator=g) * 3 + 1
@@ -199,6 +209,7 @@ def test_fastsac_normalisers_are_replaced_with_their_state_and_called_as_holosom
 
 
 def test_pooled_fastsac_normalisers_hold_the_statistics_of_every_sample(real_url):
+    """Pooled FastSAC normalisers in two processes hold the statistics of every sample either saw."""
     run = f"t-{uuid.uuid4().hex[:12]}"
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), r, worker="thread") for r in (0, 1)]
     agents, reference, seen = [FastSacAgent(), FastSacAgent()], FastSacNormalization(6, "cpu"), []
@@ -232,12 +243,14 @@ def test_pooled_fastsac_normalisers_hold_the_statistics_of_every_sample(real_url
 
 
 def test_an_agent_without_normalisation_is_refused():
+    """An agent without observation normalisation is refused, naming the setting."""
     agent = type("Agent", (), {"obs_normalizer": torch.nn.Identity()})()
     with pytest.raises(ConfigurationError, match="obs_normalization=True"):
         sync_fastsac_normalizers(agent, fleet=ProcessFleet(redisync.connect(None), 0))
 
 
 def test_rsl_rls_sync_normalizers_points_a_holosoma_agent_to_its_own_drop_in():
+    """rsl_rl's sync_normalizers given a holosoma FastSAC agent names the drop-in to use instead."""
     from redisync.integrations.rsl_rl import sync_normalizers
 
     with pytest.raises(

@@ -75,6 +75,7 @@ def random_steps(env: ManagerBasedRlEnv, steps: int, seed: int, each=None) -> No
 
 
 def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
+    """In local mode the synced motion command samples the same starts as mjlab's own MotionCommand."""
     runs = {}
     for mode in (None, "local"):
         env = tracking_env(motion, mode)
@@ -99,6 +100,7 @@ def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
 
 
 def test_a_collector_that_dies_and_never_restarts_leaves_the_pool_with_stale_after_s(motion, real_url):
+    """A collector that dies and never restarts leaves the pooled EMA after stale_after_s."""
     run = f"t-{uuid.uuid4().hex[:12]}"
     fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
     envs = [
@@ -134,6 +136,7 @@ def test_a_collector_that_dies_and_never_restarts_leaves_the_pool_with_stale_aft
 
 
 def test_synced_motion_command_names_its_options_when_one_is_unknown():
+    """An unknown option of the synced motion command is refused, naming the options it has."""
     from redisync.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"unknown option\(s\) \['sync_stale_after'\].*'stale_after_s'"):
@@ -187,6 +190,7 @@ def _collector(rank: int, motion: str, url: str, run: str, steps: int, barrier, 
 
 
 def test_two_pooled_collectors_hold_the_failure_ema_of_one_process_fed_every_failure(motion, real_url):
+    """Two pooled mjlab collectors hold the failure EMA of one process fed both collectors' failures."""
     run, steps = f"t-{uuid.uuid4().hex[:12]}", 150
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
@@ -225,6 +229,7 @@ def test_two_pooled_collectors_hold_the_failure_ema_of_one_process_fed_every_fai
 
 
 def test_the_guides_mjlab_collector_trains_in_two_processes(real_url, tmp_path):
+    """The frameworks guide's mjlab collector trains as written in two processes through the store."""
     code = guide_collector()
     run = f"t-{uuid.uuid4().hex[:12]}"
     procs = []

@@ -101,6 +101,8 @@ def assert_samples_from(t: dict, ema_of_row) -> None:
 
 @pytest.mark.parametrize("collectors", [2, 4])
 def test_async_collectors_sample_from_the_pooled_failure_ema(fleet_run, collectors):
+    """MotrixLab's asynchronous collectors sample their starts from the pooled failure EMA once the fleet
+    state arrives."""
     go, store = fleet_run
     traces = go("redisync-wbt", collectors, 200)
     for i, t in traces.items():
@@ -140,6 +142,8 @@ def assert_stopped_cleanly(store, traces: dict[int, dict]) -> None:
 
 
 def test_the_run_trains_as_without_redisync(fleet_run):
+    """A MotrixLab run steps and resets every collector with redisync as without it; unsynced, each collector
+    samples from its own EMA only, synced from the fleet's."""
     go, _ = fleet_run
     plain = go("redisync-wbt-plain", 2, 150)
     synced_run = go("redisync-wbt", 2, 150)
@@ -153,6 +157,7 @@ def test_the_run_trains_as_without_redisync(fleet_run):
 
 
 def test_a_killed_collector_restarted_is_not_counted_twice(fleet_run):
+    """A MotrixLab collector killed and restarted is not counted twice: its new life replaces the old."""
     go, store = fleet_run
     go("redisync-wbt", 2, 2000, kill="1:30")  # collector 1 SIGKILLed at its 30th reset; the trainer stops
     again = go("redisync-wbt", 2, 150)  # the run restarted: both shards start new lives
@@ -195,6 +200,7 @@ def test_a_killed_collector_that_never_returns_leaves_the_pool_by_its_lease(flee
 
 
 def test_broadcast_collectors_sample_from_the_owners_ema(fleet_run):
+    """In broadcast mode the owner samples from its own EMA and the others from the owner's as received."""
     go, _ = fleet_run
     traces = go("redisync-wbt-broadcast", 2, 150)
     owner, other = traces[0], traces[1]
@@ -213,6 +219,7 @@ def test_broadcast_collectors_sample_from_the_owners_ema(fleet_run):
 
 
 def test_the_guides_motrix_block_registers_a_synced_manager_env():
+    """The frameworks guide's MotrixLab block registers a synced ManagerEnv as written."""
     from motrix_env_core import registry
 
     from ..test_docs import block_after
@@ -303,6 +310,7 @@ def test_a_disabled_adaptive_sampler_runs_unsynced_saying_so_once(monkeypatch, c
 
 
 def test_bad_configuration_is_a_typed_error_naming_the_env_the_terms_and_what_to_set(monkeypatch):
+    """A bad MotrixLab configuration is a typed error naming the env, the terms and what to set."""
     cases = [
         (SyncedManagerEnv, {}, "register the plain ManagerEnv for it, or set REDISYNC_MODE=local", "none"),
         (

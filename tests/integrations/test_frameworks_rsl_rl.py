@@ -46,6 +46,8 @@ def batches(seed: int, n: int = 4, rows: int = 64, dim: int = 5) -> list[torch.T
 
 
 def test_the_models_normalisers_are_replaced_with_their_state_and_checkpoints_load_both_ways(real_url):
+    """rsl_rl models' normalisers are replaced keeping their statistics, and checkpoints load both ways
+    between synced and plain models."""
     actor, critic = models()
     for x in batches(0):
         actor.obs_normalizer.update(x)
@@ -78,6 +80,7 @@ def test_the_models_normalisers_are_replaced_with_their_state_and_checkpoints_lo
 
 
 def test_a_model_without_normalisation_is_refused():
+    """A model without observation normalisation is refused, naming the setting."""
     actor, critic = models(normalization=False)
     with pytest.raises(ConfigurationError, match="obs_normalization=True"):
         sync_normalizers(Algorithm(actor, critic), fleet=ProcessFleet(redisync.connect(None), 0))
@@ -146,6 +149,8 @@ def _rank(rank: int, init: str, url: str, run: str, out: dict) -> None:
 
 
 def test_the_synced_normaliser_runs_no_collective_where_rsl_rls_waits_for_a_straggler(real_url, tmp_path):
+    """Under torchrun the synced normaliser runs no collective, where rsl_rl's own waits for a straggling
+    rank."""
     run = f"t-{uuid.uuid4().hex[:12]}"
     with mp.Manager() as manager:
         out = manager.dict()

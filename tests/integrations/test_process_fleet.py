@@ -12,6 +12,8 @@ from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormaliza
 
 
 def test_the_fleet_starts_at_the_first_step_with_every_term_added_before(make_store):
+    """A process fleet starts one Syncer at the first env step, with every term added before it, as the shard
+    it was given."""
     store = make_store()
     fleet = ProcessFleet(store, 3, publish_every_steps=1)
     sampler, norm = AdaptiveMotionSampler(500, 0.02), SyncedEmpiricalNormalization(2)
@@ -37,6 +39,7 @@ def test_the_fleet_starts_at_the_first_step_with_every_term_added_before(make_st
 
 
 def test_the_environment_names_the_store_and_the_shard(monkeypatch, real_url):
+    """The environment names the store, the run and the shard (REDISYNC_SHARD, else torchrun's RANK)."""
     monkeypatch.setenv("REDISYNC_URL", real_url)
     monkeypatch.setenv("REDISYNC_RUN", "fleet-env-test")
     monkeypatch.delenv("REDISYNC_SHARD", raising=False)
