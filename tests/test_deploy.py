@@ -24,6 +24,7 @@ CONF = Path(__file__).resolve().parents[1] / "deploy" / "redis.conf"
 
 
 def test_redis_conf_runs_a_durable_non_evicting_store(tmp_path):
+    """deploy/redis.conf runs a store with an fsynced append-only file that never evicts a run's keys."""
     server = RedisProcess(tmp_path, conf=CONF).start()
     port = server.port
     try:

@@ -89,6 +89,8 @@ def _fleet(url: str):
 
 
 def test_a_scrape_of_a_live_fleet_says_what_the_store_holds(tmp_path):
+    """A scrape of a live fleet on a users.acl server says what the store holds, metric by metric and label by
+    label."""
     server = RedisProcess(tmp_path, None, "--aclfile", str(ROOT / "deploy" / "users.acl"))
     server.start_authenticated("inspector", "inspector-change-me")
     url = URL.replace("{1}", str(server.port))

@@ -24,6 +24,7 @@ def lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.Comple
 
 @pytest.mark.extras("lint-imports")
 def test_the_import_contracts_hold():
+    """The package's import contracts hold (layers, no torch in the runtime, the store imports no tool)."""
     out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "3 kept, 0 broken" in out.stdout
@@ -44,6 +45,7 @@ def test_an_upward_import_breaks_a_contract(tmp_path):
 
 @pytest.mark.extras("ruff")
 def test_ruff_lint_and_format_pass():
+    """ruff's lint and format checks pass over the tree."""
     lint = subprocess.run([str(BIN / "ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert lint.returncode == 0, lint.stdout[-3000:]
     fmt = subprocess.run(

@@ -25,6 +25,7 @@ def dist(tmp_path_factory) -> Path:
 
 
 def test_the_wheel_and_the_sdist_carry_the_license(dist):
+    """The wheel and the sdist carry the license and the Lua files."""
     (wheel,) = dist.glob("*.whl")
     (sdist,) = dist.glob("*.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
@@ -36,6 +37,7 @@ def test_the_wheel_and_the_sdist_carry_the_license(dist):
 
 
 def test_a_plain_install_is_a_working_library_and_names_the_demo_extra(dist, tmp_path):
+    """A plain install of the wheel is a working library, and the demo names the extra it needs."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.extras("mkdocs")
 def test_the_documentation_site_builds_with_warnings_as_errors(tmp_path):
+    """The documentation site builds with warnings as errors."""
     out = subprocess.run(
         [str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,

@@ -21,6 +21,7 @@ def _reseeds(stdout: str) -> int:
 
 
 def test_short_soak_loses_nothing():
+    """A short soak of 32 collectors under a fault schedule loses nothing and counts nothing twice."""
     out = subprocess.run(
         [
             sys.executable,

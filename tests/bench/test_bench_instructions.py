@@ -10,6 +10,8 @@ pytestmark = pytest.mark.integration  # starts a redis-server of its own, under 
 
 
 def test_a_folds_instruction_count_repeats_whatever_the_load():
+    """A fold's instruction count under callgrind repeats within 1 %: the figure does not move with the
+    machine's load."""
     server = CountingServer()
     try:
         first, second = measure(server, 256, 4, folds=50), measure(server, 256, 4, folds=50)
@@ -23,6 +25,8 @@ def test_a_folds_instruction_count_repeats_whatever_the_load():
 
 
 def test_the_table_has_every_size_and_slot_count_and_the_marginal_cost():
+    """The instructions table has a row for every size and slot count, and the marginal cost per value between
+    sizes."""
     result = run_instructions(sizes=(64, 512), slots=(1, 4), folds=2, client_publishes=200)
     assert {(r["values"], r["slots"]) for r in result["folds"]} == {(64, 1), (64, 4), (512, 1), (512, 4)}
     one, four = (m["per_value"] for m in result["marginal_per_value"])

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.extras("torch")
 def test_gpu_check_refuses_a_machine_without_cuda_and_says_why(tmp_path):
+    """scripts/gpu-check on a machine without CUDA exits 2 saying so, before making its environment."""
     import torch
 
     if torch.cuda.is_available():

@@ -11,6 +11,8 @@ pytestmark = pytest.mark.integration  # starts collector processes (and gloo pro
 
 
 def test_a_straggler_holds_up_the_collective_but_not_the_store(real_url):
+    """A straggling rank holds up a gloo broadcast's other rank; a redisync collector beside a straggler
+    blocks less than a third as long, and still applies fleet states."""
     gloo = measure(Scenario("gloo-broadcast", 2, straggler=True), 300, real_url)
     ours = measure(Scenario("process", 2, straggler=True), 300, real_url)
     # every 10th step the other rank waits for the straggler's 20 ms inside the broadcast
@@ -21,6 +23,7 @@ def test_a_straggler_holds_up_the_collective_but_not_the_store(real_url):
 
 
 def test_the_peers_table_has_every_row_and_ratio(real_url):
+    """The peers table has a row for every scenario, with its blocking time and its ratio to the others."""
     scenarios = (Scenario("gloo-allreduce", 2, 50), Scenario("thread", 2), Scenario("process", 2))
     res = run_peers(real_url, steps=200, scenarios=scenarios)
     assert [r["scenario"] for r in res["rows"]] == [

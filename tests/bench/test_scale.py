@@ -11,6 +11,8 @@ pytestmark = pytest.mark.integration  # publisher processes against the real Red
 
 
 def test_fold_pull_memory_and_throughput_are_measured(real_url):
+    """bench --scale measures the fold and the pull against slots, the memory of a run and the throughput of
+    many connections."""
     rows = [fold_and_pull(real_url, {"bench/key": merge(64, lifecycle="history")}, n, calls=10) for n in (2, 20)]
     assert [r["slots"] for r in rows] == [2, 20]
     assert all(r["fold_us"] > 0 and r["pull_us"] > 0 for r in rows)
@@ -26,6 +28,7 @@ def test_fold_pull_memory_and_throughput_are_measured(real_url):
 
 
 def test_the_fleet_estimate_adds_folds_and_capped_pulls():
+    """The fleet estimate adds the folds and the pulls, each collector's pulls capped by its pull interval."""
     rows = [{"slots": 8, "fold_us": 100.0, "pull_us": 10.0}, {"slots": 64, "fold_us": 100.0, "pull_us": 10.0}]
     est = fleet_estimate(rows, interval_s=1.0)
     # 8 collectors: 8 folds of 100 us and 8 x 8 pulls of 10 us (each pulls after every fold, fewer than 10 a second)

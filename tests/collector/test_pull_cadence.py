@@ -62,6 +62,7 @@ def _collector(url: str, term, worker: str, poll_every_s: float):
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, worker):
+    """A collector following the run's channel reads nothing from the server while the run is quiet."""
     term = Cumulative()
     with _collector(real_url, term, worker, poll_every_s=0.05) as (store, syncer):
         _synced(syncer, term)
@@ -75,6 +76,7 @@ def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, w
 
 
 def test_without_a_subscription_a_poll_is_one_plain_read_of_the_version(real_url, monkeypatch):
+    """Without a subscription, a poll that finds nothing new is one plain read of the run's version."""
     monkeypatch.setattr("redisync.collector.thread_worker.ThreadWorker._listen", lambda self: None)  # never subscribed
     term = Cumulative()
     with _collector(real_url, term, "thread", poll_every_s=0.05) as (store, syncer):
@@ -90,6 +92,7 @@ def test_without_a_subscription_a_poll_is_one_plain_read_of_the_version(real_url
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_a_restore_is_announced_to_a_collector_that_never_polls(real_url, worker):
+    """A restore is announced: a collector that never polls applies the restored state's new epoch."""
     seen = Versions()
     with _collector(real_url, seen, worker, poll_every_s=3600) as (store, syncer):
         _synced(syncer, seen)

@@ -32,6 +32,7 @@ def test_both_distribution_panels_share_one_y_scale(tmp_path):
 
 
 def test_a_collectors_warning_reaches_the_demo_as_a_line_of_its_own():
+    """A collector process's warning reaches the demo as a line of its own, prefixed with the collector."""
     from redisync.demo.collector import LogToParent
 
     out: queue.Queue = queue.Queue()

@@ -48,6 +48,8 @@ def two_runs_on_different_nodes(client) -> tuple[str, str]:
 
 
 def test_runs_live_in_one_slot_and_do_not_interfere(cluster):
+    """On a Cluster each run lives in one slot, and two runs on different nodes fold and pull without touching
+    each other."""
     probe = redisync.connect(cluster, run="probe")
     a_name, b_name = two_runs_on_different_nodes(probe.redis)
     a, b = redisync.connect(cluster, run=a_name), redisync.connect(cluster, run=b_name)

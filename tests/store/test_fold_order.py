@@ -42,6 +42,7 @@ def _payload(rng: np.random.Generator, count: float) -> np.ndarray:
     order=st.randoms(use_true_random=False),
 )
 def test_a_batch_of_folds_ends_in_the_same_fleet_in_any_order(seed, lapsed, events, order):
+    """A batch of folds, lapses and restarts ends in the same fleet whatever order the folds arrive in."""
     rng = np.random.default_rng(seed)
     ref = ReferenceFold(SCHEMA, Limits(stall_after_s=3600))  # (the batch's times are all served)
     inc = {}

@@ -138,6 +138,8 @@ def run_sequence(store, ops) -> None:
 )
 @given(seed=st.integers(0, 2**32 - 1), length=st.integers(1, 80))
 def test_lua_fold_matches_reference(backend, seed, length):
+    """The Lua fold and the reference fold agree byte for byte over random sequences of operations, on either
+    backend."""
     store = new_store(backend)
     try:
         run_sequence(store, random_operations(seed, length))

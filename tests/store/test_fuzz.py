@@ -173,6 +173,7 @@ def state(store) -> dict:
 )
 @given(report=bad_client_report())
 def test_client_refuses_malformed_reports(fuzz_store, report):
+    """A malformed report is refused on the client with a typed error, and nothing reaches the store."""
     store = fuzz_store
     client = store.shard(SHARD, incarnation=INC)
     client.seq = 10**6
@@ -192,6 +193,8 @@ def test_client_refuses_malformed_reports(fuzz_store, report):
 )
 @given(call=forged_call())
 def test_server_refuses_forged_arguments(fuzz_store, call):
+    """Forged arguments sent straight to the fold are refused by the server with a typed error, change nothing
+    of the run's state, and leave one dead letter with the reason."""
     store = fuzz_store
     kind, digest, shard, inc, seq, floor, items = call
     k = store.keys

@@ -63,6 +63,8 @@ def test_a_library_that_vanishes_as_it_is_loaded_is_a_typed_error(make_store, mo
 
 
 def test_a_flushed_library_is_loaded_again_by_the_next_call_and_nothing_is_lost(make_store):
+    """After an operator's FUNCTION FLUSH the next call loads the library again, and nothing of the run is
+    lost."""
     store = make_store()
     store.register(SCHEMA)
     shard = store.shard(0)
@@ -76,12 +78,15 @@ def test_a_flushed_library_is_loaded_again_by_the_next_call_and_nothing_is_lost(
 
 
 def test_a_server_without_functions_is_refused_with_a_typed_error_naming_the_minimum():
+    """A server without Redis Functions is UnsupportedServer, naming the minimum version."""
     old = Store(fakeredis.FakeRedis(server=fakeredis.FakeServer(version=(6, 2))), "old-server")
     with pytest.raises(errors.UnsupportedServer, match=r"Redis 7\.0 or later"):
         old.register(SCHEMA)
 
 
 def test_the_version_is_the_texts_own_digest_so_an_edit_is_a_new_version():
+    """A library's version is its text's digest: an edited library is another version, with functions of other
+    names."""
     ours = Library(fakeredis.FakeRedis())
     edited = Library(fakeredis.FakeRedis(), edit={"lease.lua": "local function lease() end\nexport('lease', lease)"})
     assert ours.version != edited.version

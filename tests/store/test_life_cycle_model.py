@@ -400,5 +400,8 @@ LIFE_SETTINGS = settings(
 
 @pytest.mark.parametrize("backend_name", ["embedded", "real"])
 def test_a_fleet_lives_through_its_life_cycle(backend_name):
+    """The model-based test: collectors publish, retry, crash, restart (resuming or not, clocks behind),
+    lease, turn zombie; the server stalls, restarts empty, loses its file's tail, is restored; the store
+    stays the model's, exact and finite, nothing counted twice or lost, no version naming two states."""
     machine = type(f"FleetLife_{backend_name}", (FleetLife,), {"backend": backend_name})
     run_state_machine_as_test(machine, settings=LIFE_SETTINGS)

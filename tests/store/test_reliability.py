@@ -32,6 +32,7 @@ SCHEMA = Schema.of(
 
 
 def test_lost_replies_are_retried_and_folded_once(tmp_path):
+    """Replies lost on the way back are retried by the client and each report is folded once."""
     server = RedisProcess(tmp_path).start()
     proxy = ReplyDroppingProxy(server.port, p=0.05, seed=1)
     store = redisync.connect(proxy.url, run="lost-replies")

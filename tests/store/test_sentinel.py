@@ -87,6 +87,7 @@ def sentinel_fleet(tmp_path):
 
 
 def test_failover_loses_no_acknowledged_report(sentinel_fleet):
+    """A Sentinel failover loses no report acknowledged with wait_replicas."""
     url, primary, replica, sentinel_ports = sentinel_fleet
     store = redisync.connect(url, run="failover", wait_replicas=1, wait_timeout_ms=500, socket_timeout=1.0)
     wait_for(lambda: store.register(Schema.of({"obs/norm": merge(1, lifecycle="history")})), 15, "the run to register")

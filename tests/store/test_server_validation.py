@@ -100,6 +100,8 @@ def state_bytes(store) -> dict:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_forged_reports_are_refused_and_change_nothing(run, case):
+    """A forged report (bad shape, size, value, identity) sent past the client's checks is refused by the
+    server and changes nothing."""
     store, _ = run
     kwargs, reason, key = CASES[case]
     if case == "too large":  # 80 bytes of valid payload against a 50-byte limit
@@ -134,6 +136,7 @@ def test_forged_reports_are_refused_and_change_nothing(run, case):
 
 
 def test_forged_key_names_cannot_reach_other_keys(run):
+    """A fold called with another run's keys is refused without touching them."""
     store, _ = run
     before = state_bytes(store)
     foreign = ["redisync:{other}:shards", "redisync:{other}:reports", "redisync:{other}:dead"]
@@ -150,6 +153,7 @@ def test_forged_key_names_cannot_reach_other_keys(run):
 
 
 def test_a_report_applies_all_or_none(run):
+    """A report whose second key is bad applies none of its keys."""
     store, shard = run
     before = state_bytes(store)
     good = encode([np.ones(1), np.ones(4)])
@@ -161,6 +165,7 @@ def test_a_report_applies_all_or_none(run):
 
 
 def test_a_non_redisync_meta_key_is_refused_without_writing(run):
+    """A fold called on a key that is not a run's meta key is refused before reading its arguments."""
     store, _ = run
     reply = store.scripts.fold(keys=["some:other:key"], args=["x"])  # refused before reading any ARGV
     with pytest.raises(errors.MalformedReport, match="not a redisync meta key"):

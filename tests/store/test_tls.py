@@ -91,6 +91,7 @@ def tls_server(tmp_path):
 
 
 def test_publish_and_pull_over_verified_tls(tls_server):
+    """A collector publishes and pulls over TLS with the server's certificate verified."""
     port, d = tls_server
     url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={d / 'ca.crt'}"
     store = redisync.connect(url, run="tls")
@@ -101,6 +102,7 @@ def test_publish_and_pull_over_verified_tls(tls_server):
 
 
 def test_an_unknown_certificate_authority_is_refused(tls_server, tmp_path_factory):
+    """A server certificate signed by another authority is refused."""
     port, _ = tls_server
     other = tmp_path_factory.mktemp("other-ca")
     make_certificates(other)  # a CA that did not sign the server's certificate

@@ -20,6 +20,7 @@ def _run(arm: str, alpha: float, seed: int, auc: float) -> dict:
 
 
 def test_the_plan_states_the_codes_seeds_arms_rates_and_power():
+    """The third study's committed plan states the code's seeds, arms, rates and power as the code has them."""
     from redisync.study import third_study as t
 
     text = " ".join(PLAN.read_text().split())

@@ -36,6 +36,7 @@ def test_the_harness_holds_the_torso_and_leaves_the_slide_and_the_legs_free():
 
 
 def test_a_reset_places_each_walker_in_the_reference_pose_of_its_start_frame():
+    """A reset places each walker in the reference pose of its start frame."""
     from redisync.study.walker import WalkerTracking
 
     env = WalkerTracking(_task(), torch.zeros(4, dtype=torch.long), seed=1)
@@ -81,6 +82,7 @@ def test_failures_fall_in_the_skill_segments_for_a_policy_that_has_not_learnt_th
 
 
 def test_the_same_seed_steps_the_same_walkers():
+    """The same seed steps the same walkers, bit for bit."""
     from redisync.study.walker import WalkerTracking
 
     runs = []

@@ -54,6 +54,7 @@ class HandEvent:
 
 
 def test_a_report_is_handed_over_only_once_its_copy_has_landed_and_none_is_waited_for():
+    """A device report is handed over only once its copy has landed, and the hot path never waits for a copy."""
     reports = DeviceReports(3, pin=False, event=HandEvent)
     first, second, third = HandEvent.made[-2], HandEvent.made[-1], None
     assert reports.report(torch.tensor([1.0, 2.0, 3.0])) is None  # queued; nothing has landed
@@ -73,6 +74,8 @@ def test_a_report_is_handed_over_only_once_its_copy_has_landed_and_none_is_waite
 
 
 def test_a_fleet_state_is_queued_from_a_free_buffer_or_left_for_the_next_boundary():
+    """A fleet state is copied to the device from a free buffer, or left for the next boundary when none is
+    free."""
     fleet = DeviceFleet(2, pin=False, event=HandEvent)
     into = torch.zeros(2, dtype=torch.float64)
     assert fleet.copy(np.array([1.0, 2.0]), into)
@@ -96,6 +99,7 @@ class DeviceOps(TorchOps):
 @pytest.mark.parametrize("mix", ["code", "paper"])
 @pytest.mark.parametrize("scale", [1.0, 1e38])  # 1e38: float32 sums overflow, the rescaled path is taken
 def test_the_device_builds_the_same_distributions_without_reading_a_value(mix, scale):
+    """The device path builds the same distributions as the host without reading a value back."""
     ema = torch.rand(40, generator=torch.Generator().manual_seed(3)) * scale
     layout = sampler.BinLayout((40,), "cpu")
     kernel = torch.tensor([0.6, 0.3, 0.1])
@@ -253,6 +257,8 @@ def test_a_resumed_normaliser_on_the_device_path_weighs_its_checkpoint_as_the_cp
 
 
 def test_terrain_levels_on_the_device_path_report_their_histogram_a_publish_later(device_paths):
+    """Terrain levels on the device path report their histogram one publish later, and settle() reports the
+    current one."""
     levels = TerrainLevels(32, 5, mode="pooled", generator=torch.Generator().manual_seed(0))
     assert levels.report_shard_state() == {}
     before = levels.histogram()
