@@ -126,3 +126,18 @@ def test_a_semantics_lives_in_its_modules_and_the_sidecar_is_a_worker_not_a_sync
         node.name: [ast.unparse(b) for b in node.bases] for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
     }
     assert not [name for name, base in bases.items() if any(b.endswith("Syncer") for b in base)], bases
+
+
+def test_every_test_says_the_invariant_it_holds():
+    """Every test function has a docstring (the invariant it holds, as rsl_rl's tests say theirs)."""
+    import ast
+
+    bare = [
+        f"{path.relative_to(ROOT)}::{node.name}"
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.startswith("test_")
+        and not ast.get_docstring(node)
+    ]
+    assert bare == [], bare
