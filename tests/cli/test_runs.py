@@ -1,0 +1,125 @@
+"""`redisync inspect`, `snapshot` and `restore`: what a run holds, moved between runs, and their errors."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import numpy as np
+
+import redisync as redisync_api
+
+from .conftest import cli
+
+
+def test_inspect_shows_keys_slots_and_dead_letters(populated):
+    """`redisync inspect` shows a run's keys with their semantics, versions, writers and slots, and its dead
+    letters."""
+    url, store = populated
+    out = cli("inspect", "--url", url, "--run", store.run)
+    assert out.returncode == 0, out.stderr
+    assert f"run {store.run}" in out.stdout
+    assert "fleet version 4" in out.stdout
+    assert "dead letters 1" in out.stdout
+    line = next(l for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" in l)
+    assert line.split()[1:7] == ["merge", "4", "stale", "60.0s", "3", "0,1,2"]
+    slots = [l.split() for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" not in l]
+    assert [row[1] for row in slots] == ["0", "1", "2"]
+    assert all(row[5:] == ["1", "live"] for row in slots)
+    assert "not_owner curriculum/scale" in out.stdout
+    report = json.loads(cli("inspect", "--url", url, "--run", store.run, "--json").stdout)[0]
+    key = next(k for k in report["keys"] if k["key"] == "motion/bin_failed")
+    assert [s["shard"] for s in key["slots"]] == [0, 1, 2]
+    assert report["dead_letters"] == 1
+    listing = cli("inspect", "--url", url)
+    assert f"run {store.run}" in listing.stdout
+
+
+def test_inspect_lists_every_readable_run_and_says_which_keys_it_skipped(populated):
+    """Keys that only look like a run's meta (a foreign string, a hash without a schema) are named
+    and skipped; the real runs are listed."""
+    url, store = populated
+    fake = [f"redisync:{{fake-{uuid.uuid4().hex[:6]}}}:meta" for _ in range(2)]
+    store.redis.set(fake[0], "not a hash")
+    store.redis.hset(fake[1], "owner", "someone else")
+    try:
+        out = cli("inspect", "--url", url)
+        assert out.returncode == 0, out.stderr
+        assert f"run {store.run}" in out.stdout
+        for key in fake:
+            assert f"skipped {key}: " in out.stderr
+        as_json = cli("inspect", "--url", url, "--json")
+        assert as_json.returncode == 0
+        assert store.run in [r["run"] for r in json.loads(as_json.stdout)]
+    finally:
+        store.redis.delete(*fake)
+
+
+def test_version_and_no_password_in_what_inspect_prints(real_url):
+    """`--version` prints the package's version, and nothing inspect prints holds the URL's password."""
+    out = cli("--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"redisync, version {redisync_api.__version__}"
+    db = real_url.rsplit("/", 1)[1]
+    # a URL with a password the server ignores (requirepass unset): the run list is empty, the password masked
+    out = cli("inspect", "--url", f"redis://:hunter2@127.0.0.1:6379/{db}", "--run", "no-such-run-here")
+    assert "hunter2" not in out.stdout + out.stderr
+    out = cli("inspect", "--url", f"redis://:hunter2@127.0.0.1:6379/{db}")
+    assert "hunter2" not in out.stdout + out.stderr
+
+
+def test_snapshot_and_restore_move_a_run(populated, tmp_path):
+    """`redisync snapshot` then `redisync restore` moves a run's state into another run, value for value."""
+    url, store = populated
+    path = tmp_path / "run.json"
+    out = cli("snapshot", "--url", url, "--run", store.run, str(path))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(path.read_text())["format"] == "redisync.snapshot"
+    copy = redisync_api.connect(url, run=store.run + "-copy")
+    try:
+        out = cli("restore", "--url", url, "--run", copy.run, str(path))
+        assert out.returncode == 0, out.stderr
+        want, got = store.fleet(), copy.fleet()
+        for name in want.keys:
+            np.testing.assert_array_equal(got.keys[name].value, want.keys[name].value)
+        assert got.fleet_version > want.fleet_version
+    finally:
+        copy.delete()
+
+
+def test_a_snapshot_into_a_missing_folder_is_one_line_naming_the_path(populated, tmp_path):
+    """A snapshot into a folder that does not exist is one line naming the path and why, status 1."""
+    url, store = populated
+    path = tmp_path / "no-such-folder" / "snap.json"
+    out = cli("snapshot", "--url", url, "--run", store.run, str(path))
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1
+    assert f"redisync: error: {path}: cannot write the snapshot there (No such file or directory)" in out.stderr
+
+
+def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
+    """A snapshot file that is missing, not JSON, not a snapshot or damaged is refused naming the file and the
+    problem."""
+    url, store = populated
+    missing, not_json, no_run, damaged = (
+        tmp_path / n for n in ("missing.json", "not.json", "norun.json", "damaged.json")
+    )
+    not_json.write_text("garbage")
+    no_run.write_text("{}")
+    assert cli("snapshot", "--url", url, "--run", store.run, str(damaged)).returncode == 0
+    snap = json.loads(damaged.read_text())
+    snap["hashes"]["meta"]["fleet_version"] = "not base64!"
+    damaged.write_text(json.dumps(snap))
+    for path, problem in (
+        (missing, "no such file"),
+        (not_json, "is not a redisync snapshot: not JSON"),
+        (no_run, "is not a redisync snapshot: the field 'run' is missing"),
+        (damaged, "meta"),
+    ):
+        out = cli("restore", "--url", url, "--run", store.run, str(path))
+        assert out.returncode == 1, out.stderr
+        assert f"redisync: error: {path}" in out.stderr, out.stderr
+        assert problem in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1
+        assert "Traceback" not in out.stderr
+    assert store.fleet().fleet_version == 4  # nothing was restored
