@@ -123,7 +123,7 @@ def test_the_demos_follow_up_commands_run_as_pasted_when_the_url_has_a_password(
 
     from redisync.cli.demo import follow_up
 
-    from .servers import RedisProcess
+    from ..servers import RedisProcess
 
     server = RedisProcess(tmp_path, None, "--requirepass", "s3cret")
     server.start_authenticated(None, "s3cret")

@@ -226,7 +226,7 @@ def test_watch_lives_through_the_store(tmp_path, event):
     """A store restarted without persistence, a run lost and registered again, a connection refused
     for a while: watch says what it waits for, once, and carries on (it died with a traceback:
     KeyError 'fleet_version')."""
-    from .servers import RedisProcess
+    from ..servers import RedisProcess
 
     server = RedisProcess(tmp_path)
     if event != "refused":
