@@ -1,5 +1,6 @@
 """redisync: a Redis-backed, versioned fleet state store for the collectors of a distributed RL trainer."""
 
+from .collector.settings import SyncSettings
 from .collector.syncer import Syncer
 from .collector.workers import new_syncer
 from .errors import RedisyncError
@@ -22,6 +23,7 @@ __all__ = [
     "Schema",
     "ShardClient",
     "Store",
+    "SyncSettings",
     "Syncer",
     "broadcast",
     "connect",

@@ -42,6 +42,7 @@ header what it must continue from. The invariants:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -81,6 +82,7 @@ from .mailbox import (
     unpack_handed,
 )
 from .seam import SyncedTerm
+from .settings import SyncSettings
 from .shared_state import SharedState, SidecarState
 from .syncer import Syncer
 from .thread_worker import STATS
@@ -354,7 +356,7 @@ class SidecarWorker:
     def register(self) -> None:
         """Register the schema and claim the shard in this process, and lease it (the sidecar renews it)."""
         claim(self.syncer, None)
-        self.store.lease(self.shard.shard_id, self.shard.incarnation, max(1, int(self.syncer.lease_s * 1e3)))
+        self.store.lease(self.shard.shard_id, self.shard.incarnation, max(1, int(self.syncer.settings.lease_s * 1e3)))
 
     def start(self) -> None:
         """Spawn the sidecar, wait for it to serve, and watch it."""
@@ -431,13 +433,7 @@ class SidecarWorker:
             "mailbox": (box.name, box.sizes),
             "lifeline": read_end,
             "shared": None if self._shared is None else self._shared.layout(),
-            "cadence": (self.syncer.publish_every_steps, self.syncer.publish_every_s),
-            "syncer": {
-                "poll_every_s": self.syncer.poll_every_s,
-                "min_pull_interval_s": self.syncer.min_pull_interval_s,
-                "retry_every_s": self.syncer.retry_every_s,
-                "lease_s": self.syncer.lease_s,
-            },
+            "settings": self.syncer.settings.as_dict(),
         }
         box.header[SIDECAR_PID] = 0
         box.header[HEARTBEAT_MS] = int(time.monotonic() * 1e3)
@@ -775,16 +771,21 @@ def serve(config: dict[str, Any]) -> None:
     schema = Schema.model_validate_json(config["schema"])
     shared = None if config["shared"] is None else SidecarState(config["shared"])
     term = MailboxTerm(schema, box, shared)
-    cadence = None if shared is None or not shared.parts else SharedCadence(shared, header, *config["cadence"])
+    settings = SyncSettings(**config["settings"])
+    cadence = (
+        None
+        if shared is None or not shared.parts
+        else SharedCadence(shared, header, settings.publish_every_steps, settings.publish_every_s)
+    )
     syncer = Syncer(
         store,
         config["shard_id"],
         [term],
-        publish_every_steps=2**62,
+        # the collector counts the steps and hands a report over when one is due: publish what arrives
+        settings=dataclasses.replace(settings, publish_every_steps=2**62),
         incarnation=config["incarnation"],
         resume=config["resume"],
         take_over=config["take_over"],
-        **config["syncer"],
     )
     # continue where an earlier sidecar of this collector left off (nothing of it lives in this process)
     handed = unpack_handed(header[HANDED])
@@ -808,7 +809,7 @@ def serve(config: dict[str, Any]) -> None:
                 sequenced = True
             except errors.RedisyncError as e:
                 log.info("sidecar shard %d: the store is not answering yet (%s)", syncer.shard.shard_id, e)
-                next_retry = now + syncer.retry_every_s
+                next_retry = now + syncer.settings.retry_every_s
         fresh = False
         got = box.read_vectors(OUTBOX, taken) if sequenced else None
         if got is not None:

@@ -27,10 +27,10 @@ from typing import Any
 from .. import errors
 from ..store.client import Store
 from .seam import SyncedTerm, schema_of
+from .settings import SyncSettings
 from .thread_worker import ThreadWorker
 from .worker import Problems, Worker, log, report_of
 
-LEASE_S = 5.0  # the default lease: a live process renews it every fifth of it (a dead one's runs out)
 _live: weakref.WeakSet[Syncer] = weakref.WeakSet()  # started and not stopped: a forked child detaches them
 
 
@@ -55,31 +55,19 @@ class Syncer:
         shard_id: int,
         terms: Sequence[SyncedTerm],
         *,
-        publish_every_steps: int = 50,
-        publish_every_s: float = 1.0,
-        poll_every_s: float = 1.0,
-        min_pull_interval_s: float = 0.1,
-        retry_every_s: float = 0.5,
+        settings: SyncSettings | None = None,
         incarnation: int | None = None,
         resume: bool | frozenset[str] | None = None,
-        start_timeout_s: float = 5.0,
         take_over: bool = False,
-        lease_s: float = LEASE_S,
     ):
-        if not lease_s > 0:
-            raise errors.ConfigurationError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
         self.store = store
         self.terms = list(terms)
         self.reporting = self.terms  # the terms whose reports this process builds (a sidecar shares some)
         self.schema = schema_of(self.terms)
         self.shard = store.shard(shard_id, incarnation)
         self.resume = resume
-        self.publish_every_steps, self.publish_every_s = publish_every_steps, publish_every_s
-        self.poll_every_s, self.retry_every_s = poll_every_s, retry_every_s
-        self.min_pull_interval_s = min_pull_interval_s
-        self.start_timeout_s = start_timeout_s
+        self.settings = SyncSettings() if settings is None else settings
         self.take_over = take_over
-        self.lease_s = lease_s
         self.problems = Problems(shard_id)
         self.forked = False  # this object was inherited by a forked child: it must not touch the parent's sync
         self.closing = threading.Event()  # stop() has begun: a start still waiting for the store starts no worker
@@ -129,7 +117,10 @@ class Syncer:
     def report_due(self) -> bool:
         """Counts a step of the reporting terms: whether a report is due (enough steps or seconds)."""
         self._steps += 1
-        return self._steps >= self.publish_every_steps or time.monotonic() - self._last_report >= self.publish_every_s
+        return (
+            self._steps >= self.settings.publish_every_steps
+            or time.monotonic() - self._last_report >= self.settings.publish_every_s
+        )
 
     def take_reports(self, settle: bool = False) -> dict[str, Mapping[str, Any]]:
         """The reporting terms' reports, now (the next one falls due a whole period later)."""
@@ -179,7 +170,7 @@ class Syncer:
         def register_then_start() -> None:
             try:
                 while not self._found_home():  # nothing is published before the shard knows its run
-                    if self.closing.wait(self.retry_every_s):
+                    if self.closing.wait(self.settings.retry_every_s):
                         return
                 self.worker.register()  # the incarnation is claimed now, before this process publishes anything
                 self.problems.clear("start")
@@ -204,10 +195,10 @@ class Syncer:
         )
         self._starter.start()
         _live.add(self)
-        if not registered.wait(self.start_timeout_s):
+        if not registered.wait(self.settings.start_timeout_s):
             returned.set()
             self.problems.report(
-                f"start: the store did not answer within {self.start_timeout_s:g} s "
+                f"start: the store did not answer within {self.settings.start_timeout_s:g} s "
                 "(registering and claiming the shard go on in the background)",
                 logging.WARNING,
             )

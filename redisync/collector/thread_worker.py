@@ -247,9 +247,9 @@ class ThreadWorker:
         last_pull = 0.0
         wanted = False  # a pull is owed (an announcement or our own publish) but came too soon
         while not self._stop.is_set():
-            timeout = s.poll_every_s if self._registered else s.retry_every_s
+            timeout = s.settings.poll_every_s if self._registered else s.settings.retry_every_s
             if wanted:
-                timeout = max(0.0, last_pull + s.min_pull_interval_s - time.monotonic())
+                timeout = max(0.0, last_pull + s.settings.min_pull_interval_s - time.monotonic())
             if self._registered:
                 timeout = min(timeout, max(0.0, self._lease_due - time.monotonic()))
             self._wake.wait(timeout)
@@ -266,11 +266,13 @@ class ThreadWorker:
             wanted = wanted or self._pulled_after != self._subscriptions
             since = time.monotonic() - last_pull
             # polled only while the subscription is down: a live one announces every new version
-            due = (since >= s.poll_every_s and not self._subscribed) or (wanted and since >= s.min_pull_interval_s)
+            due = (since >= s.settings.poll_every_s and not self._subscribed) or (
+                wanted and since >= s.settings.min_pull_interval_s
+            )
             if due and self._attempt("pull", self._pull) is not None:
                 last_pull, wanted = time.monotonic(), False
             if self.problems.current is not None:
-                self._stop.wait(s.retry_every_s)
+                self._stop.wait(s.settings.retry_every_s)
                 self._wake.set()  # try again: the pending report is still there
         if self._registered and self._zombie is None and not s.forked:  # stopped: the shard id is free at once
             self._attempt("lease", lambda: self.store.lease(self.shard.shard_id, self.shard.incarnation, 0))
@@ -283,7 +285,7 @@ class ThreadWorker:
 
     def _renew_lease(self) -> None:
         """Tell the store this process lives (a second one started with our shard id is refused)."""
-        lease_s = self.syncer.lease_s
+        lease_s = self.syncer.settings.lease_s
         self._lease_due = time.monotonic() + lease_s / 5
         if not self.store.lease(self.shard.shard_id, self.shard.incarnation, max(1, int(lease_s * 1e3))):
             self._became_zombie("the store holds a later claim of the shard")
@@ -468,7 +470,7 @@ class ThreadWorker:
         within another ``keepalive_s`` is taken for dead and replaced (a firewall or NAT that forgot an
         idle connection closes nothing: without the PING the listener would wait for ever, subscribed
         in name, and the worker would never poll)."""
-        retry_every_s = self.syncer.retry_every_s
+        retry_every_s = self.syncer.settings.retry_every_s
         client = cast(Any, self.store.redis)  # (pubsub() is annotated in some redis-py versions only)
         cluster = hasattr(client, "get_node_from_key")  # a RedisCluster: shard channels have their own reader
         channel = self.store.keys.channel

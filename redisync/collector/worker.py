@@ -18,6 +18,7 @@ from .. import errors
 from ..store.client import ShardClient, Store
 from ..store.schema import Limits, Schema
 from .seam import SyncedTerm
+from .settings import SyncSettings
 
 log = logging.getLogger("redisync.collector.syncer")  # (one logger for the collector's sync, either worker)
 
@@ -32,12 +33,7 @@ class Host(Protocol):
     terms: list[SyncedTerm]
     reporting: list[SyncedTerm]  # the terms whose reports this process builds (a sidecar shares some)
     problems: Problems
-    publish_every_steps: int
-    publish_every_s: float
-    poll_every_s: float
-    min_pull_interval_s: float
-    retry_every_s: float
-    lease_s: float
+    settings: SyncSettings
     forked: bool  # a forked child's copy: never touches the parent's sync
     closing: threading.Event  # stop() has begun: a start still waiting starts no worker
 
@@ -133,7 +129,7 @@ def claim(syncer: Host, limits: Limits | None) -> Limits | None:
     """Register the schema and claim the shard's incarnation (a no-op once claimed); the run's limits
     as first read. A shard whose holder's lease is fresh is refused (`ShardInUse`) as soon as the
     holder renews it; a crashed holder's lease is waited out (at most one lease)."""
-    store, shard, lease_s = syncer.store, syncer.shard, syncer.lease_s
+    store, shard, lease_s = syncer.store, syncer.shard, syncer.settings.lease_s
     # the run's limits as first read: a store that lost the run gets them back, not the defaults
     store.register(syncer.schema, limits)
     if limits is None:

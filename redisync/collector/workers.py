@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from .. import errors
 from ..store.client import Store
 from .seam import SyncedTerm
+from .settings import SyncSettings
 from .sidecar import SidecarWorker
-from .syncer import LEASE_S, Syncer
+from .syncer import Syncer
 
 WORKERS = ("auto", "process", "thread")
 
@@ -25,16 +26,16 @@ def new_syncer(
     terms: Sequence[SyncedTerm],
     *,
     worker: str = "auto",
-    publish_every_steps: int = 50,
-    publish_every_s: float = 1.0,
-    poll_every_s: float = 1.0,
-    min_pull_interval_s: float = 0.1,
-    retry_every_s: float = 0.5,
+    publish_every_steps: int = SyncSettings.publish_every_steps,
+    publish_every_s: float = SyncSettings.publish_every_s,
+    poll_every_s: float = SyncSettings.poll_every_s,
+    min_pull_interval_s: float = SyncSettings.min_pull_interval_s,
+    retry_every_s: float = SyncSettings.retry_every_s,
+    start_timeout_s: float = SyncSettings.start_timeout_s,
+    lease_s: float = SyncSettings.lease_s,
     incarnation: int | None = None,
     resume: bool | frozenset[str] | None = None,
-    start_timeout_s: float = 5.0,
     take_over: bool = False,
-    lease_s: float = LEASE_S,
 ) -> Syncer:
     """A collector's Syncer: it publishes ``terms``' reports as shard ``shard_id`` of ``store``'s run
     and hands the fleet state to them at reset boundaries, without the collector ever waiting.
@@ -49,25 +50,20 @@ def new_syncer(
             (which lives inside this process). Same API, same rules. The sidecar's seqlocks are
             plain stores with no memory fences: they rely on a CPU that keeps stores in order
             (x86); elsewhere ``"auto"`` takes the thread and ``"process"`` is refused.
-        publish_every_steps: a report is due after this many ``on_step()`` calls ...
-        publish_every_s: ... or after this many seconds, whichever comes first.
-        poll_every_s: how often the worker reads the fleet version when no announcement on the
-            run's versions channel arrives (the channel makes a change known at once).
-        min_pull_interval_s: the shortest time between two pulls of a changed fleet state.
-        retry_every_s: the wait before retrying after the store could not be reached.
+        publish_every_steps: `redisync.SyncSettings.publish_every_steps` (the settings' one declaration: meaning, default, checks).
+        publish_every_s: `redisync.SyncSettings.publish_every_s`.
+        poll_every_s: `redisync.SyncSettings.poll_every_s`.
+        min_pull_interval_s: `redisync.SyncSettings.min_pull_interval_s`.
+        retry_every_s: `redisync.SyncSettings.retry_every_s`.
+        start_timeout_s: `redisync.SyncSettings.start_timeout_s`.
+        lease_s: `redisync.SyncSettings.lease_s`.
         incarnation: this process's incarnation of the shard (default: claimed from the store at
             ``start()``, one above the last).
         resume: whether the terms resume their own cumulative statistics from a checkpoint (their
             previous life's slots are taken over, not counted twice): ``True``/``False`` for every
             key, a set of key names, or ``None`` to ask each term (``term.resumed``).
-        start_timeout_s: how long ``start()`` waits for the store before it returns and goes on
-            registering in the background.
         take_over: claim the shard even while another live process holds its lease (a restarted
             collector whose old process is known to be gone).
-        lease_s: how long the shard counts as live without a renewal (renewed every fifth of it): a
-            collector that dies leaves the live fleet this long after its last renewal, plus a state
-            key's ``lease_grace_s``; one paused longer (a debugger, a swapped-out process) leaves it
-            too, and comes back with its next publish.
     """
     if worker not in WORKERS:
         raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
@@ -78,19 +74,16 @@ def new_syncer(
             f"worker='process' needs a CPU that keeps stores in order (x86); this one is {platform.machine()!r}: "
             "use worker='thread'"
         )
-    syncer = Syncer(
-        store,
-        shard_id,
-        terms,
+    settings = SyncSettings(
         publish_every_steps=publish_every_steps,
         publish_every_s=publish_every_s,
         poll_every_s=poll_every_s,
         min_pull_interval_s=min_pull_interval_s,
         retry_every_s=retry_every_s,
-        incarnation=incarnation,
-        resume=resume,
         start_timeout_s=start_timeout_s,
-        take_over=take_over,
         lease_s=lease_s,
+    )
+    syncer = Syncer(
+        store, shard_id, terms, settings=settings, incarnation=incarnation, resume=resume, take_over=take_over
     )
     return syncer.use(SidecarWorker) if worker == "process" else syncer

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisync import Syncer, errors
+from redisync import Syncer, SyncSettings, errors
 from redisync.inspection import describe_run
 from redisync.store.client import RunSnapshot
 from redisync.store.schema import Schema, merge
@@ -139,7 +139,10 @@ def test_collectors_adopt_the_tightest_bound_any_shard_has_seen_and_inspect_show
     inspector lists the key with its semantics."""
     store = new_store(backend)
     terms = [Clearance(0.3), Clearance(0.1)]
-    syncers = [Syncer(store, i, [t], publish_every_steps=1, poll_every_s=0.05).start() for i, t in enumerate(terms)]
+    syncers = [
+        Syncer(store, i, [t], settings=SyncSettings(publish_every_steps=1, poll_every_s=0.05)).start()
+        for i, t in enumerate(terms)
+    ]
 
     def settled() -> bool:
         for syncer in syncers:
