@@ -28,10 +28,10 @@ from ..collector.seam import SyncedTerm, schema_of
 from ..inspection import slot_parts
 from ..store.client import Store, connect
 from ..store.schema import merge
+from ..terms.sampler_options import Mode as SamplerMode
 from ..terms.torch.normalization import Mode as NormMode
 from ..terms.torch.normalization import SyncedEmpiricalNormalization
 from ..terms.torch.sampler import AdaptiveMotionSampler, UniformMix, sampling_probabilities
-from ..terms.torch.sampler import Mode as SamplerMode
 from .evaluation import Evaluation
 from .learner import SAC, Actor, SACConfig
 from .task import SkillTracking, Step, TaskConfig, TrackingEnv

@@ -4,7 +4,7 @@ declares, the report it makes and the fleet part it reads.
 - ``local``: nothing synced;
 - ``pooled``: each shard's own EMA is a slot (count 1) of a ``merge`` key; the shard samples from the
   others' sum plus its own EMA of now;
-- ``weighted`` (torch): each report carries the failures since the last one as its count, and the
+- ``weighted``: each report carries the failures since the last one as its count, and the
   shard blends the failure-weighted mean of the shards' EMAs into its own;
 - ``broadcast``: the owner shard's EMA is everybody's.
 """

@@ -19,8 +19,6 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import InvalidSchema
-
 UniformMix = Literal["code", "paper"]
 MIXES = ("code", "paper")
 
@@ -402,27 +400,53 @@ class EmaWatch:
         }
 
 
-def check_sampler_arguments(
-    modes: Sequence[str],
-    mode: str,
-    mix: str,
-    frames: tuple[int, ...],
-    step_dt: float,
-    kernel_size: int,
-    uniform_ratio: float,
-    group_uniform_ratio: float,
-    group_names: Sequence[str] | None,
-) -> None:
-    """The adaptive sampler's arguments, checked the same way for every kind of term."""
-    if mode not in modes:
-        raise InvalidSchema(f"sampler mode must be one of {tuple(modes)}, got {mode!r}")
-    if mix not in MIXES:
-        raise InvalidSchema(f"uniform_mix must be one of {MIXES}, got {mix!r}")
-    if not frames or min(frames) < 1 or step_dt <= 0 or kernel_size < 1:
-        raise InvalidSchema("num_frames >= 1 (for every group), step_dt > 0 and kernel_size >= 1 are required")
-    if uniform_ratio < 0 or (mix == "paper" and uniform_ratio > 1) or not 0 <= group_uniform_ratio <= 1:
-        raise InvalidSchema(
-            "uniform_ratio >= 0 (at most 1 with uniform_mix='paper') and group_uniform_ratio in [0, 1] are required"
-        )
-    if group_names is not None and len(group_names) != len(frames):
-        raise InvalidSchema(f"group_names has {len(group_names)} names for {len(frames)} groups")
+def moved_beyond(
+    built: Any, now: Any, geometry: Any, tol: float, uniform_ratio: float, ops: ArrayOps, scale: Any = None
+) -> bool:
+    """Whether some group's EMA moved since ``built`` by more than ``tol`` of its mass (``scale``'s,
+    default ``now``'s) plus ε: when a sampler rebuilds its distributions (``tol`` 0: on any change)."""
+    if tol == 0:
+        return not bool((built == now).all())
+    moved = group_sums(abs(now - built), geometry, ops)
+    scale = group_sums(now if scale is None else scale, geometry, ops) + uniform_ratio
+    return not bool((moved <= tol * scale).all())
+
+
+def distribution_summary(
+    probs: NDArray[np.float64],
+    bins: NDArray[Any],
+    drift: NDArray[np.float64] | None,
+    names: Sequence[str] | None,
+    worst: int,
+) -> dict[str, float]:
+    """Entropy (normalised by each group's bin count), top bin and drift of ``[G, max bins]``
+    distributions. Ungrouped (``names`` None): BeyondMimic's metric names. Grouped: the mean and
+    the extreme over groups, and the ``worst`` groups by name — bounded whatever G is."""
+    logs = np.log(np.asarray(bins, dtype=np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        entropy = np.where(logs > 0, -(probs * np.log(probs + 1e-12)).sum(axis=1) / np.where(logs > 0, logs, 1), 1.0)
+    top_prob, top_bin = probs.max(axis=1), probs.argmax(axis=1)
+    if names is None:
+        out = {
+            "sampling_entropy": float(entropy[0]),
+            "sampling_top1_prob": float(top_prob[0]),
+            "sampling_top1_bin": float(top_bin[0]) / int(bins[0]),
+        }
+        if drift is not None:
+            out["drift_tv"] = float(drift[0])
+        return out
+    out = {
+        "sampling_entropy": float(entropy.mean()),
+        "sampling_entropy_min": float(entropy.min()),
+        "sampling_top1_prob": float(top_prob.mean()),
+        "sampling_top1_prob_max": float(top_prob.max()),
+    }
+    k = min(worst, len(names))
+    # the sharpest groups: where the curriculum concentrates the fleet's starts
+    for g in np.argsort(entropy, kind="stable")[:k]:
+        out[f"sampling_entropy/{names[g]}"] = float(entropy[g])
+    if drift is not None:
+        out["drift_tv"], out["drift_tv_max"] = float(drift.mean()), float(drift.max())
+        for g in np.argsort(-drift, kind="stable")[:k]:
+            out[f"drift_tv/{names[g]}"] = float(drift[g])
+    return out

@@ -83,7 +83,7 @@ def test_a_wrong_caller_array_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"time_steps and failed must be 1-D of one length.*\(3,\) and \(2,\)"):
         rnp.AdaptiveMotionSampler(600, 0.02).record_failures(np.array([1, 2, 3]), np.array([True, False]))
     with pytest.raises(InvalidSchema, match="mode must be one of"):
-        rnp.AdaptiveMotionSampler(600, 0.02, mode="weighted")
+        rnp.AdaptiveMotionSampler(600, 0.02, mode="sharded")
 
 
 @pytest.mark.parametrize("n_shards", [2, 4])

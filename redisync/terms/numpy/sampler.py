@@ -11,8 +11,10 @@ holds the old one), so the sampler writes into arrays the caller owns, **in plac
   `rebuild` from the EMA the mode chooses, for a kernel that draws from it.
 
 Arrays the caller does not pass are the sampler's own (float32 unless ``dtype`` says otherwise).
-Modes: ``local`` (the shard's own EMA: the unsynced algorithm), ``pooled`` (the fleet's summed
-EMA: what one unsharded sampler fed every shard's failures would use, up to float32) and
+Modes, options and metrics are the torch sampler's (`redisync.terms.sampler_options`): ``local``
+(the shard's own EMA: the unsynced algorithm), ``pooled`` (the fleet's summed EMA: what one
+unsharded sampler fed every shard's failures would use, up to float32), ``weighted`` (the
+failure-weighted mean of the shards' EMAs, written into ``ema`` at each reset boundary) and
 ``broadcast`` (the owner shard's EMA).
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,15 +31,17 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle
 from .. import ema_seam, formulas
+from ..sampler_options import MODES, Mode, SamplerOptions
 
-Mode = Literal["local", "pooled", "broadcast"]
-MODES = ("local", "pooled", "broadcast")
+DEFAULTS = SamplerOptions()  # the options' defaults, declared once
 
 
 class FailureEma:
     """A shard's failure EMA as a synced term: the own array (the caller's, read where it lies) and
     the fleet's part as last applied. What a sampler — this package's, or an environment's own —
-    builds its distribution from is `sampling_ema`, per mode."""
+    builds its distribution from is `sampling_ema`, per mode. In ``weighted`` mode the caller
+    counts its failures with `count_failures` (each report carries those since the last one) and
+    the fleet's failure-weighted mean is written into the own array at the reset boundary."""
 
     def __init__(
         self,
@@ -58,6 +62,11 @@ class FailureEma:
         self._fleet = np.zeros(own.shape, dtype=np.float64)  # the others' summed EMA, or the owner's
         self._fleet_view: Any = None
         self.fleet_version = 0
+        self._failures_since_report = 0.0
+
+    def count_failures(self, failures: float) -> None:
+        """Add failures seen since the last report (what a ``weighted`` report is weighted by)."""
+        self._failures_since_report += float(failures)
 
     @property
     def follows_fleet(self) -> bool:
@@ -94,13 +103,25 @@ class FailureEma:
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
-        return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner)
+        count = 1.0
+        if self.mode == "weighted":
+            count, self._failures_since_report = self._failures_since_report, 0.0
+        return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner, count=count)
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Keep the fleet's view; it becomes an array when the EMA is next read (the reset boundary
         that calls this stays a swap)."""
         view = fleet.keys.get(self.key)
-        if view is not None and view.value is not None and self.follows_fleet:
+        if view is None or view.value is None:
+            return
+        if self.mode == "weighted":  # the failure-weighted mean of the shards' blended EMAs, in place
+            parts = view.parts()
+            if float(parts["count"]) > 0:
+                big = float(np.finfo(self.own.dtype).max)
+                mean = np.nan_to_num(parts["sum"] / parts["count"], nan=0.0, posinf=big, neginf=-big)
+                np.copyto(self.own, mean.reshape(self.own.shape), casting="unsafe")
+                self.fleet_version = fleet.fleet_version
+        elif self.follows_fleet:
             self._fleet_view, self.fleet_version = view, fleet.fleet_version
 
     def _take_view(self) -> None:
@@ -115,10 +136,33 @@ class AdaptiveMotionSampler:
     Its synced state is a `FailureEma` over ``ema`` (``state``).
     Per env step: `record_failures` (at reset, the envs that failed) and `step` (the EMA
     fold); before drawing: `rebuild` (or `sample`, which rebuilds when the EMA it uses
-    moved). With a sequence of ``num_frames`` (groups: motions of a library, env profiles), pass
-    each env's group. ``fleet_shards`` (the shards of its fleet), if given, lets a ``local`` sampler
-    warn once when its own EMA is a poor guide where the fleet's would be fair; `metrics` gives the
-    EMA's statistics (`EmaWatch`).
+    moved by more than ``rebuild_tol``). With a sequence of ``num_frames`` (groups: motions of a
+    library, env profiles), pass each env's group. `metrics` gives the torch sampler's metrics:
+    the distributions' entropy, top bin and drift, and the EMA's statistics (`EmaWatch`).
+
+    Args:
+        num_frames: the motion's length in frames, or one length per group (motions or profiles).
+        step_dt: the env step in seconds; a bin is one second of motion.
+        mode: `redisync.terms.sampler_options.SamplerOptions.mode` (the options of both samplers, declared once).
+        key: `redisync.terms.sampler_options.SamplerOptions.key`.
+        shard_id: `redisync.terms.sampler_options.SamplerOptions.shard_id`.
+        owner: `redisync.terms.sampler_options.SamplerOptions.owner`.
+        alpha: `redisync.terms.sampler_options.SamplerOptions.alpha`.
+        uniform_ratio: `redisync.terms.sampler_options.SamplerOptions.uniform_ratio`.
+        uniform_mix: `redisync.terms.sampler_options.SamplerOptions.uniform_mix`.
+        group_uniform_ratio: `redisync.terms.sampler_options.SamplerOptions.group_uniform_ratio`.
+        group_names: `redisync.terms.sampler_options.SamplerOptions.group_names`.
+        worst_groups: `redisync.terms.sampler_options.SamplerOptions.worst_groups`.
+        kernel_size: `redisync.terms.sampler_options.SamplerOptions.kernel_size`.
+        kernel_lambda: `redisync.terms.sampler_options.SamplerOptions.kernel_lambda`.
+        stale_after_s: `redisync.terms.sampler_options.SamplerOptions.stale_after_s`.
+        lifecycle: `redisync.terms.sampler_options.SamplerOptions.lifecycle`.
+        lease_grace_s: `redisync.terms.sampler_options.SamplerOptions.lease_grace_s`.
+        rebuild_tol: `redisync.terms.sampler_options.SamplerOptions.rebuild_tol`.
+        fleet_shards: `redisync.terms.sampler_options.SamplerOptions.fleet_shards`.
+        dtype: the EMA's dtype, when the sampler allocates it (the fleet part is float64).
+        ema: the own failure EMA, ``[bins]``, the caller's array written in place (a kernel's).
+        cdf: the start-bin CDF, ``[G, width]`` or ``[bins]``, the caller's array written in place.
     """
 
     def __init__(
@@ -126,31 +170,54 @@ class AdaptiveMotionSampler:
         num_frames: int | Sequence[int],
         step_dt: float,
         *,
-        mode: Mode = "pooled",
-        key: str = "motion/bin_failed",
-        shard_id: int = 0,
-        owner: int = 0,
-        alpha: float = 0.001,
-        uniform_ratio: float = 0.1,
-        uniform_mix: formulas.UniformMix = "code",
-        group_uniform_ratio: float = 0.1,
-        kernel_size: int = 1,
-        kernel_lambda: float = 0.8,
-        stale_after_s: float | None = None,
-        lifecycle: Lifecycle = "state",
-        lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
+        mode: Mode = DEFAULTS.mode,
+        key: str = DEFAULTS.key,
+        shard_id: int = DEFAULTS.shard_id,
+        owner: int = DEFAULTS.owner,
+        alpha: float = DEFAULTS.alpha,
+        uniform_ratio: float = DEFAULTS.uniform_ratio,
+        uniform_mix: formulas.UniformMix = DEFAULTS.uniform_mix,
+        group_uniform_ratio: float = DEFAULTS.group_uniform_ratio,
+        group_names: Sequence[str] | None = DEFAULTS.group_names,
+        worst_groups: int = DEFAULTS.worst_groups,
+        kernel_size: int = DEFAULTS.kernel_size,
+        kernel_lambda: float = DEFAULTS.kernel_lambda,
+        stale_after_s: float | None = DEFAULTS.stale_after_s,
+        lifecycle: Lifecycle = DEFAULTS.lifecycle,
+        lease_grace_s: float | None = DEFAULTS.lease_grace_s,
+        rebuild_tol: float = DEFAULTS.rebuild_tol,
+        fleet_shards: int | None = DEFAULTS.fleet_shards,
         dtype: Any = np.float32,
         ema: NDArray[Any] | None = None,
         cdf: NDArray[Any] | None = None,
-        fleet_shards: int | None = None,
     ):
         self.grouped = not isinstance(num_frames, (int, np.integer))
         frames = (int(num_frames),) if isinstance(num_frames, (int, np.integer)) else tuple(int(f) for f in num_frames)
-        formulas.check_sampler_arguments(
-            MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, None
+        self.options = SamplerOptions(
+            mode=mode,
+            key=key,
+            shard_id=shard_id,
+            owner=owner,
+            alpha=alpha,
+            uniform_ratio=uniform_ratio,
+            uniform_mix=uniform_mix,
+            group_uniform_ratio=group_uniform_ratio,
+            group_names=group_names,
+            worst_groups=worst_groups,
+            kernel_size=kernel_size,
+            kernel_lambda=kernel_lambda,
+            stale_after_s=stale_after_s,
+            lifecycle=lifecycle,
+            lease_grace_s=lease_grace_s,
+            rebuild_tol=rebuild_tol,
+            fleet_shards=fleet_shards,
         )
+        self.options.check(frames, step_dt)
+        self.mode = mode
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
-        self.group_uniform_ratio = group_uniform_ratio
+        self.group_uniform_ratio, self.worst_groups = group_uniform_ratio, worst_groups
+        self.group_names = self.options.names(len(frames))
+        self.rebuild_tol = self.options.tolerance
         self.frame_counts = np.asarray(frames, dtype=np.int64)
         self.geometry = formulas.BinGeometry.of(formulas.bin_counts_of(frames, step_dt))
         self.bin_count, self.groups, self.width = self.geometry.size, self.geometry.groups, self.geometry.width
@@ -173,6 +240,7 @@ class AdaptiveMotionSampler:
             lease_grace_s=lease_grace_s,
         )
         self._built_from: NDArray[Any] | None = None
+        self.rebuilds = 0
         self.rebuild()
 
     # ------------------------------------------------------------------ the algorithm
@@ -201,6 +269,8 @@ class AdaptiveMotionSampler:
             g = self._groups_of(group_ids, failed.shape[0])
             flat = self.bin_of(time_steps, group_ids) + self.geometry.offsets[g]
             self.current += np.bincount(flat[failed], minlength=self.bin_count).astype(self.current.dtype)
+            if self.mode == "weighted":
+                self.state.count_failures(int(failed.sum()))
 
     def step(self) -> None:
         """Once per env step: fold this step's failures into the own EMA (in place) and clear them."""
@@ -209,11 +279,19 @@ class AdaptiveMotionSampler:
         self._watch.steps += 1
 
     def metrics(self) -> dict[str, float]:
-        """The own failure EMA's statistics (`EmaWatch`), for a logger;
-        a ``local`` sampler whose EMA is a poor guide warns once, with the numbers."""
+        """BeyondMimic's sampling metrics and the drift of the own distribution from the one used
+        (for groups: their mean and extreme, and the few worst groups), and the own failure EMA's
+        statistics (`EmaWatch`); a ``local`` sampler whose EMA is a poor guide warns once."""
+        used = np.asarray(self.probabilities(), dtype=np.float64).reshape(self.groups, self.width)
+        own = formulas.grouped_probabilities(
+            self.ema, self.geometry, self.uniform_ratio, self.kernel, formulas.NUMPY, self.uniform_mix
+        ).astype(np.float64)
+        drift = 0.5 * np.abs(own - used).sum(axis=1)
+        names = self.group_names if self.grouped else None
+        out = formulas.distribution_summary(used, self.geometry.bins, drift, names, self.worst_groups)
         offsets = np.cumsum([0, *self._watch.bins])
-        own = np.asarray(self.ema, dtype=np.float64).ravel()
-        return self._watch.metrics([float(own[a:b].sum()) for a, b in itertools.pairwise(offsets)])
+        mass = np.asarray(self.ema, dtype=np.float64).ravel()
+        return out | self._watch.metrics([float(mass[a:b].sum()) for a, b in itertools.pairwise(offsets)])
 
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from (`FailureEma.sampling_ema`)."""
@@ -242,10 +320,13 @@ class AdaptiveMotionSampler:
         cdf = np.cumsum(probs, axis=1)
         np.copyto(self.cdf.reshape(self.groups, self.width), cdf / cdf[:, -1:], casting="unsafe")
         self._built_from = self.sampling_ema().copy()
+        self.rebuilds += 1
 
     def sample(self, n: int, group_ids: NDArray[Any] | None = None, *, rng: np.random.Generator) -> NDArray[Any]:
         """Start time steps for ``n`` envs: a bin from the group's CDF, then a uniform offset inside it."""
-        if self._built_from is None or not np.array_equal(self._built_from, self.sampling_ema()):
+        if self._built_from is None or formulas.moved_beyond(
+            self._built_from, self.sampling_ema(), self.geometry, self.rebuild_tol, self.uniform_ratio, formulas.NUMPY
+        ):
             self.rebuild()
         g = self._groups_of(group_ids, n)
         rows = self.cdf.reshape(self.groups, self.width)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,15 +43,14 @@ from torch import nn
 
 from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
-from ...store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle
+from ...store.schema import KeySpec, Lifecycle
 from .. import ema_seam, formulas
+from ..sampler_options import Mode, SamplerOptions
 from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
 
-Mode = Literal["local", "pooled", "weighted", "broadcast"]
-MODES = ("local", "pooled", "weighted", "broadcast")
 UniformMix = formulas.UniformMix
-MIXES = formulas.MIXES
+DEFAULTS = SamplerOptions()  # the options' defaults, declared once
 
 
 FPS = 50  # the control rate of the tracking tasks: one bin per second of motion is 50 frames
@@ -123,32 +122,25 @@ class AdaptiveMotionSampler(nn.Module):
     Args:
         num_frames: the motion's length in frames, or one length per group (motions or profiles).
         step_dt: the env step in seconds; a bin is one second of motion.
-        mode: ``"local"`` (its own EMA), ``"pooled"`` (the sum of every shard's own EMA: what one
-            unsharded sampler would hold), ``"weighted"`` (the failure-weighted mean) or
-            ``"broadcast"`` (the owner's EMA).
-        key: the store key of the failure EMA.
-        shard_id: this collector's shard.
-        owner: the shard whose EMA ``"broadcast"`` follows.
-        alpha: the EMA's rate per env step (BeyondMimic's 0.001).
-        uniform_ratio: ε, the uniform share mixed into the start distribution.
-        uniform_mix: ``"code"`` (BeyondMimic's code: ``ema + ε/B``) or ``"paper"`` (a fixed share ε).
-        group_uniform_ratio: the uniform floor when `sample_groups` draws a group.
-        group_names: names for the groups in the metrics.
-        worst_groups: how many of the sharpest and most drifted groups the metrics name.
-        kernel_size: the smoothing kernel's width in bins (BeyondMimic's; 1: none).
-        kernel_lambda: the kernel's decay.
-        stale_after_s: the merge key's ``stale_after_s`` (a silent shard leaves the pool).
-        lifecycle: the merge key's life cycle (``"state"``: a current value).
-        lease_grace_s: how long past its lease a lapsed shard's slot still counts (a ``"state"``
-            key's; ``None``: for ever).
-        rebuild_tol: the distribution is rebuilt at a reset when the EMA it was built from moved by
-            more than this share of its mass (0: whenever it changed at all).
+        mode: `redisync.terms.sampler_options.SamplerOptions.mode` (the options of both samplers, declared once).
+        key: `redisync.terms.sampler_options.SamplerOptions.key`.
+        shard_id: `redisync.terms.sampler_options.SamplerOptions.shard_id`.
+        owner: `redisync.terms.sampler_options.SamplerOptions.owner`.
+        alpha: `redisync.terms.sampler_options.SamplerOptions.alpha`.
+        uniform_ratio: `redisync.terms.sampler_options.SamplerOptions.uniform_ratio`.
+        uniform_mix: `redisync.terms.sampler_options.SamplerOptions.uniform_mix`.
+        group_uniform_ratio: `redisync.terms.sampler_options.SamplerOptions.group_uniform_ratio`.
+        group_names: `redisync.terms.sampler_options.SamplerOptions.group_names`.
+        worst_groups: `redisync.terms.sampler_options.SamplerOptions.worst_groups`.
+        kernel_size: `redisync.terms.sampler_options.SamplerOptions.kernel_size`.
+        kernel_lambda: `redisync.terms.sampler_options.SamplerOptions.kernel_lambda`.
+        stale_after_s: `redisync.terms.sampler_options.SamplerOptions.stale_after_s`.
+        lifecycle: `redisync.terms.sampler_options.SamplerOptions.lifecycle`.
+        lease_grace_s: `redisync.terms.sampler_options.SamplerOptions.lease_grace_s`.
+        rebuild_tol: `redisync.terms.sampler_options.SamplerOptions.rebuild_tol`.
+        fleet_shards: `redisync.terms.sampler_options.SamplerOptions.fleet_shards`.
         device: where the buffers live.
         dtype: the EMA's dtype (the fleet part is float64 whatever it is).
-        fleet_shards: the shards of the fleet this one belongs to (torchrun's world size, the
-            collectors of an async trainer); given, a ``local`` sampler warns once when its own EMA
-            is a poor guide where the fleet's pooled one would be fair
-            (`EmaWatch`).
     """
 
     # buffers (they move with the module and the persistent ones are in its checkpoint)
@@ -166,47 +158,57 @@ class AdaptiveMotionSampler(nn.Module):
         num_frames: int | Sequence[int],
         step_dt: float,
         *,
-        mode: Mode = "pooled",
-        key: str = "motion/bin_failed",
-        shard_id: int = 0,
-        owner: int = 0,
-        alpha: float = 0.001,
-        uniform_ratio: float = 0.1,
-        uniform_mix: UniformMix = "code",
-        group_uniform_ratio: float = 0.1,
-        group_names: Sequence[str] | None = None,
-        worst_groups: int = 3,
-        kernel_size: int = 1,
-        kernel_lambda: float = 0.8,
-        stale_after_s: float | None = None,
-        lifecycle: Lifecycle = "state",
-        lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
-        rebuild_tol: float = 1e-4,
+        mode: Mode = DEFAULTS.mode,
+        key: str = DEFAULTS.key,
+        shard_id: int = DEFAULTS.shard_id,
+        owner: int = DEFAULTS.owner,
+        alpha: float = DEFAULTS.alpha,
+        uniform_ratio: float = DEFAULTS.uniform_ratio,
+        uniform_mix: UniformMix = DEFAULTS.uniform_mix,
+        group_uniform_ratio: float = DEFAULTS.group_uniform_ratio,
+        group_names: Sequence[str] | None = DEFAULTS.group_names,
+        worst_groups: int = DEFAULTS.worst_groups,
+        kernel_size: int = DEFAULTS.kernel_size,
+        kernel_lambda: float = DEFAULTS.kernel_lambda,
+        stale_after_s: float | None = DEFAULTS.stale_after_s,
+        lifecycle: Lifecycle = DEFAULTS.lifecycle,
+        lease_grace_s: float | None = DEFAULTS.lease_grace_s,
+        rebuild_tol: float = DEFAULTS.rebuild_tol,
+        fleet_shards: int | None = DEFAULTS.fleet_shards,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
-        fleet_shards: int | None = None,
     ):
         super().__init__()
         self.grouped = not isinstance(num_frames, int)
         frames = (int(num_frames),) if isinstance(num_frames, int) else tuple(int(f) for f in num_frames)
-        formulas.check_sampler_arguments(
-            MODES, mode, uniform_mix, frames, step_dt, kernel_size, uniform_ratio, group_uniform_ratio, group_names
+        self.options = SamplerOptions(
+            mode=mode,
+            key=key,
+            shard_id=shard_id,
+            owner=owner,
+            alpha=alpha,
+            uniform_ratio=uniform_ratio,
+            uniform_mix=uniform_mix,
+            group_uniform_ratio=group_uniform_ratio,
+            group_names=group_names,
+            worst_groups=worst_groups,
+            kernel_size=kernel_size,
+            kernel_lambda=kernel_lambda,
+            stale_after_s=stale_after_s,
+            lifecycle=lifecycle,
+            lease_grace_s=lease_grace_s,
+            rebuild_tol=rebuild_tol,
+            fleet_shards=fleet_shards,
         )
+        self.options.check(frames, step_dt)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.frame_counts = frames
         self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
-        self.group_uniform_ratio, self.worst_groups, self.stale_after_s = (
-            group_uniform_ratio,
-            worst_groups,
-            stale_after_s,
-        )
-        self.lifecycle, self.lease_grace_s = lifecycle, lease_grace_s
-        self.group_names = (
-            tuple(group_names) if group_names is not None else tuple(f"group_{g}" for g in range(len(frames)))
-        )
-        # local sampling must reproduce the unsynced algorithm exactly: rebuild on every change
-        self.rebuild_tol = 0.0 if mode == "local" else rebuild_tol
+        self.group_uniform_ratio, self.worst_groups = group_uniform_ratio, worst_groups
+        self.stale_after_s, self.lifecycle, self.lease_grace_s = stale_after_s, lifecycle, lease_grace_s
+        self.group_names = self.options.names(len(frames))
+        self.rebuild_tol = self.options.tolerance
         self.bin_counts = formulas.bin_counts_of(frames, step_dt)
         self.groups = len(frames)
         self.bin_count = sum(self.bin_counts)  # the flat EMA's length: the synced key's
@@ -337,9 +339,10 @@ class AdaptiveMotionSampler(nn.Module):
         if self.groups == 1:  # scalars: the cheapest check on the collector's reset path
             total = float((own - built).abs().sum())
             return not total <= self.rebuild_tol * (float(self.sampling_ema().sum()) + self.uniform_ratio)
-        moved = self.layout.group_sums((own - built).abs())
-        scale = self.layout.group_sums(self.sampling_ema()) + self.uniform_ratio
-        return not bool((moved <= self.rebuild_tol * scale).all())
+        moved: bool = formulas.moved_beyond(
+            built, own, self.layout, self.rebuild_tol, self.uniform_ratio, TORCH, scale=self.sampling_ema()
+        )
+        return moved
 
     def _rebuild(self) -> None:
         self._probs = self._distributions(self.sampling_ema())
@@ -625,37 +628,14 @@ class AdaptiveMotionSampler(nn.Module):
 def _summary(
     probs: torch.Tensor, bins: torch.Tensor, drift: torch.Tensor | None, names: Sequence[str] | None, worst: int
 ) -> dict[str, float]:
-    """Entropy (normalised by each group's bin count), top bin and drift of ``[G, max bins]``
-    distributions. Ungrouped (``names`` None): BeyondMimic's metric names. Grouped: the mean and
-    the extreme over groups, and the ``worst`` groups by name — bounded whatever G is."""
-    p = probs.to(torch.float64)
-    logs = torch.log(bins.to(torch.float64))
-    entropy = torch.where(logs > 0, -(p * (p + 1e-12).log()).sum(dim=1) / torch.where(logs > 0, logs, 1), 1.0)
-    top_prob, top_bin = p.max(dim=1)
-    if names is None:
-        out = {
-            "sampling_entropy": float(entropy[0]),
-            "sampling_top1_prob": float(top_prob[0]),
-            "sampling_top1_bin": float(top_bin[0]) / int(bins[0]),
-        }
-        if drift is not None:
-            out["drift_tv"] = float(drift[0])
-        return out
-    out = {
-        "sampling_entropy": float(entropy.mean()),
-        "sampling_entropy_min": float(entropy.min()),
-        "sampling_top1_prob": float(top_prob.mean()),
-        "sampling_top1_prob_max": float(top_prob.max()),
-    }
-    k = min(worst, len(names))
-    # the sharpest groups: where the curriculum concentrates the fleet's starts
-    for g in torch.topk(-entropy, k).indices.tolist():
-        out[f"sampling_entropy/{names[g]}"] = float(entropy[g])
-    if drift is not None:
-        out["drift_tv"], out["drift_tv_max"] = float(drift.mean()), float(drift.max())
-        for g in torch.topk(drift.to(torch.float64), k).indices.tolist():
-            out[f"drift_tv/{names[g]}"] = float(drift[g])
-    return out
+    """`formulas.distribution_summary` of tensors (read back once, in float64)."""
+    return formulas.distribution_summary(
+        probs.to("cpu", torch.float64).numpy(),
+        bins.cpu().numpy(),
+        None if drift is None else drift.to("cpu", torch.float64).numpy(),
+        names,
+        worst,
+    )
 
 
 def _mark_resumed(module: AdaptiveMotionSampler, incompatible: Any) -> None:
