@@ -335,7 +335,9 @@ def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(wo
     threading.Thread(target=accept_and_never_answer, daemon=True).start()
     url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
     term = Cumulative()
-    syncer = new_syncer(redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker)
+    syncer = new_syncer(
+        redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker, start_timeout_s=1.0
+    )
     try:
         t = time.monotonic()
         syncer.start()

@@ -177,7 +177,7 @@ def test_a_shard_whose_lease_lapsed_leaves_a_state_key_whichever_shard_folds(mak
 def test_a_syncer_keeps_its_shard_alive_and_the_default_grace_is_a_few_leases(make_store):
     """A live Syncer renews its lease, so its state slots outlive a grace shorter than the time they run; the
     default grace is at least two leases."""
-    from redisync.collector.syncer import LEASE_S
+    from redisync.collector.settings import LEASE_S
     from redisync.store.schema import DEFAULT_LEASE_GRACE_S
     from redisync.terms.numpy import FailureEma
 
@@ -185,11 +185,12 @@ def test_a_syncer_keeps_its_shard_alive_and_the_default_grace_is_a_few_leases(ma
     store = make_store()
     emas = [np.zeros(2, dtype=np.float32) + i + 1 for i in range(2)]
     terms = [FailureEma(emas[i], key="motion/ema", shard_id=i, lease_grace_s=0.3) for i in range(2)]
-    syncers = [new_syncer(store, i, [terms[i]], worker="thread").start() for i in range(2)]
+    lease_s = 1.0  # (a short lease: the test waits past one)
+    syncers = [new_syncer(store, i, [terms[i]], worker="thread", lease_s=lease_s).start() for i in range(2)]
     try:
         for s in syncers:
             s.flush()
-        time.sleep(LEASE_S + 0.5)  # past the first lease and the grace: renewed, it never lapses
+        time.sleep(lease_s + 0.5)  # past the first lease and the grace: renewed, it never lapses
         for s in syncers:
             s.on_step()
             s.flush()
