@@ -13,6 +13,7 @@ import importlib.util
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,14 @@ def framework_or_skip(module: str):
 @pytest.fixture
 def real_url() -> str:
     return real_redis_or_skip()
+
+
+@pytest.fixture(scope="module")
+def counted_url(tmp_path_factory) -> Iterator[str]:
+    """A redis-server of the module's own, for a test that counts the server's commands: on the
+    shared server another test (or a parallel worker) adds to the counts."""
+    from .servers import RedisProcess
+
+    server = RedisProcess(tmp_path_factory.mktemp("counted")).start()
+    yield server.url
+    server.stop()

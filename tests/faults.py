@@ -19,6 +19,7 @@ class _Proxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._sockets: list[socket.socket] = []  # every connection's two ends, closed by close()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -32,6 +33,7 @@ class _Proxy:
             except OSError:  # the server is down: the client sees its connection closed
                 client.close()
                 continue
+            self._sockets += [client, server]
             state = self._connection()
             threading.Thread(target=self._pump, args=(client, server, state, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, state, False), daemon=True).start()
@@ -50,7 +52,12 @@ class _Proxy:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        """Stop listening and close every connection's two ends (a pump still running sees its end
+        closed and stops)."""
         self._listener.close()
+        self._hang_up(*self._sockets)
+        for sock in self._sockets:
+            sock.close()
 
 
 class ReplyDroppingProxy(_Proxy):

@@ -61,10 +61,10 @@ def _collector(url: str, term, worker: str, poll_every_s: float):
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
-def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, worker):
+def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(counted_url, worker):
     """A collector following the run's channel reads nothing from the server while the run is quiet."""
     term = Cumulative()
-    with _collector(real_url, term, worker, poll_every_s=0.05) as (store, syncer):
+    with _collector(counted_url, term, worker, poll_every_s=0.05) as (store, syncer):
         _synced(syncer, term)
         before = _reads(store)
         time.sleep(1.0)  # twenty poll intervals
@@ -75,11 +75,11 @@ def test_a_subscribed_collector_reads_nothing_while_the_run_is_quiet(real_url, w
         assert wait_for(lambda: (syncer.at_reset_boundary(), term.fleet)[1] is not None and term.fleet["count"] == 5.0)
 
 
-def test_without_a_subscription_a_poll_is_one_plain_read_of_the_version(real_url, monkeypatch):
+def test_without_a_subscription_a_poll_is_one_plain_read_of_the_version(counted_url, monkeypatch):
     """Without a subscription, a poll that finds nothing new is one plain read of the run's version."""
     monkeypatch.setattr("redisync.collector.thread_worker.ThreadWorker._listen", lambda self: None)  # never subscribed
     term = Cumulative()
-    with _collector(real_url, term, "thread", poll_every_s=0.05) as (store, syncer):
+    with _collector(counted_url, term, "thread", poll_every_s=0.05) as (store, syncer):
         term.step()
         syncer.on_step()
         syncer.flush()
@@ -174,14 +174,14 @@ def test_a_subscription_gone_silent_is_replaced_and_the_fold_it_missed_is_pulled
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
-def test_forged_and_garbled_announcements_cost_at_most_a_pull_each_and_are_forgotten(real_url, worker):
+def test_forged_and_garbled_announcements_cost_at_most_a_pull_each_and_are_forgotten(counted_url, worker):
     """Anyone who may publish on the run's channel (collectors and learners may) can send a version a
     million ahead, another epoch's, or garbage: announcements are hints, so each costs at most one
     pull, is then forgotten, and wait_synced() and staleness go by the store again (a forged version
     made every collector pull again and again, wait_synced() never return and staleness read 1e6; a
     garbled one dropped the subscription)."""
     term = Cumulative()
-    with _collector(real_url, term, worker, poll_every_s=3600) as (store, syncer):
+    with _collector(counted_url, term, worker, poll_every_s=3600) as (store, syncer):
         _synced(syncer, term)
         epoch = store.run_info()["epoch"]
         drops = syncer.metrics()["redisync/subscription_drops"]

@@ -94,13 +94,13 @@ def test_the_version_is_the_texts_own_digest_so_an_edit_is_a_new_version():
     assert ours.text.startswith(f"#!lua name=redisync_{ours.version}\n")  # a library per version
 
 
-def test_the_server_reads_its_identity_once_per_vm_not_once_per_fold(real_url):
+def test_the_server_reads_its_identity_once_per_vm_not_once_per_fold(counted_url):
     """The restart check's INFO ran in every fold of an EVAL script; a library keeps the run_id for
     the life of its VM (a restart starts a fresh one: tests/store/test_reliability.py's AOF restart
     still opens a new epoch)."""
     from redisync import connect
 
-    store = connect(real_url, run="identity-once")
+    store = connect(counted_url, run="identity-once")
     try:
         store.register(SCHEMA)
         shard = store.shard(0)
