@@ -163,3 +163,31 @@ class SilencingProxy(_Proxy):
     def silence(self) -> None:
         """From now on the marked connections carry nothing; new ones work."""
         self.silenced.set()
+
+
+class SilentServer:
+    """A server that accepts connections and never answers (a hung Redis): ``url`` to connect to;
+    `close` stops it and closes every connection it accepted."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        self.held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        try:
+            while True:
+                self.held.append(self._listener.accept()[0])
+        except OSError:  # closed
+            pass
+
+    def close(self) -> None:
+        """Stop accepting, then close what was accepted (the accepting thread has ended first)."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        self._listener.close()
+        self._thread.join(timeout=5)
+        for connection in self.held:
+            connection.close()

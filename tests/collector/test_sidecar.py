@@ -187,6 +187,8 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
         assert set(os.listdir("/dev/shm")) - before == set(), "shared memory outlived every process that held it"
     finally:
         collector.kill()
+        collector.wait()
+        collector.stdout.close()
         redisync.connect(real_url, run=run).delete()
 
 

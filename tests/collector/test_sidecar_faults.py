@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,7 +23,7 @@ import redisync
 from redisync.collector.mailbox import SIDECAR_PID
 from redisync.collector.workers import new_syncer
 
-from ..faults import HoldingProxy
+from ..faults import HoldingProxy, SilentServer
 from ..servers import RedisProcess
 from ..support import wait_for
 from .test_sidecar import KEY, Cumulative, _alive
@@ -322,18 +321,8 @@ def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sideca
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(worker):
     """9. A store that accepts connections and never answers holds start() for its timeout only."""
-    silent = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept_and_never_answer() -> None:
-        try:
-            while True:
-                held.append(silent.accept()[0])
-        except OSError:  # closed at the end of the test
-            pass
-
-    threading.Thread(target=accept_and_never_answer, daemon=True).start()
-    url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+    silent = SilentServer()
+    url = silent.url
     term = Cumulative()
     syncer = new_syncer(
         redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker, start_timeout_s=1.0
@@ -466,6 +455,8 @@ def test_a_crashed_holders_lease_runs_out_and_its_restart_claims_the_shard(real_
         restarted.stop()
     finally:
         holder.kill()
+        holder.wait()
+        holder.stdout.close()
         redisync.connect(real_url, run=run).delete()
 
 

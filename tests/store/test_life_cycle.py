@@ -7,7 +7,6 @@ the Syncer's honesty and reports for runs that do not exist.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 
@@ -23,6 +22,7 @@ from redisync.collector.workers import new_syncer
 from redisync.store.schema import Schema, broadcast, merge
 from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
+from ..faults import SilentServer
 from ..support import wait_for
 
 FRAMES = 20 * 50 - 1  # 20 one-second bins
@@ -663,10 +663,8 @@ def test_a_schema_mismatch_is_raised_by_start_and_shown_later(make_store, caplog
 
 def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
     """stop() returns within its timeout against a server that accepts and never answers."""
-    listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
-    held = []
-    threading.Thread(target=lambda: held.append(listener.accept()), daemon=True).start()
-    store = redisync.connect(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", run="silent", socket_timeout=30)
+    silent = SilentServer()
+    store = redisync.connect(silent.url, run="silent", socket_timeout=30)
     syncer = new_syncer(store, 0, [_NormTerm()], worker="thread", incarnation=1)
     syncer.worker._threads = [
         threading.Thread(target=syncer.worker._work, daemon=True),
@@ -679,7 +677,7 @@ def test_stop_returns_within_its_timeout_against_an_unresponsive_server():
     t0 = time.monotonic()
     syncer.stop(timeout=1)
     assert time.monotonic() - t0 < 1.5
-    listener.close()
+    silent.close()
 
 
 def test_a_shard_client_shared_by_threads_never_rolls_back(make_store):
