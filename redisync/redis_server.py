@@ -51,6 +51,40 @@ def free_port() -> int:
             return port
 
 
+def sentinel_command(conf: str | Path) -> list[str]:
+    """A Sentinel's command line, from its configuration file (its port and directory are there)."""
+    return ["redis-server", str(conf), "--sentinel"]
+
+
+def cluster_node_args(node_dir: str | Path, *extra: str) -> list[str]:
+    """A Cluster node's arguments (after `command`'s): its node file in ``node_dir``, and a failing
+    primary stopping only the runs in its slots (``cluster-require-full-coverage no``, as deploy/
+    has it); then ``extra``."""
+    node_file = str(Path(node_dir) / "nodes.conf")
+    return [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        node_file,
+        "--cluster-require-full-coverage",
+        "no",
+        *extra,
+    ]
+
+
+def create_cluster(ports: list[int], replicas: int = 0) -> None:
+    """Join the started nodes on ``ports`` into one Cluster, ``replicas`` replicas per primary."""
+    subprocess.run(
+        [
+            *("redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports]),
+            *("--cluster-replicas", str(replicas), "--cluster-yes"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
 @contextlib.contextmanager
 def loopback_cluster(workdir: str | Path, primaries: int = 3) -> Iterator[str]:
     """A Redis Cluster of ``primaries`` primaries on loopback, for benches: its
@@ -65,18 +99,12 @@ def loopback_cluster(workdir: str | Path, primaries: int = 3) -> Iterator[str]:
             port = free_port()
             node = Path(workdir) / f"node{i}"
             node.mkdir(parents=True, exist_ok=True)
-            args = ["--cluster-enabled", "yes", "--cluster-config-file", str(node / "nodes.conf")]
-            args += ["--cluster-require-full-coverage", "no", "--maxclients", "20000"]
+            args = cluster_node_args(node, "--maxclients", "20000")  # (a thousand collectors' connections)
             procs.append(popen(command(port, node, *args), stdout=subprocess.DEVNULL))
             ports.append(port)
         for port in ports:
             _wait_answers(port)
-        subprocess.run(
-            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        create_cluster(ports)
         for port in ports:
             _wait_answers(port, "cluster_state:ok")
         yield "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)

@@ -109,39 +109,14 @@ class LoopbackCluster:
         for i in range(primaries * (1 + replicas)):
             d = workdir / f"node{i}"
             d.mkdir(parents=True, exist_ok=True)
-            self.nodes.append(
-                RedisProcess(
-                    d,
-                    free_cluster_port(),
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    str(d / "nodes.conf"),
-                    "--cluster-node-timeout",
-                    str(node_timeout_ms),
-                    "--cluster-require-full-coverage",
-                    "no",
-                )
-            )
+            args = redis_server.cluster_node_args(d, "--cluster-node-timeout", str(node_timeout_ms))
+            self.nodes.append(RedisProcess(d, free_cluster_port(), *args))
         self.replicas = replicas
 
     def start(self) -> LoopbackCluster:
         for node in self.nodes:
             node.start()
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                "--cluster-replicas",
-                str(self.replicas),
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        redis_server.create_cluster([n.port for n in self.nodes], self.replicas)
         self.wait_ok()
         self.wait_replicas_in_sync()
         return self

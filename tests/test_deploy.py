@@ -14,6 +14,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import redisync
+from redisync import redis_server
+from redisync.lifeline import popen
 from redisync.store.schema import Schema, merge
 
 from .servers import RedisProcess, free_cluster_port, free_port
@@ -107,10 +109,8 @@ def test_sentinel_conf_monitors_a_primary(tmp_path):
     )
     conf = conf.replace("dir /data", f"dir {tmp_path}")
     (tmp_path / "sentinel.conf").write_text(conf)
-    proc = subprocess.Popen(
-        ["redis-server", str(tmp_path / "sentinel.conf"), "--sentinel"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    proc = popen(
+        redis_server.sentinel_command(tmp_path / "sentinel.conf"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         client = redis.Redis(port=sentinel_port, retry=Retry(NoBackoff(), 0), decode_responses=True)

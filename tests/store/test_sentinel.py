@@ -12,7 +12,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import redisync
-from redisync import errors
+from redisync import errors, redis_server
+from redisync.lifeline import popen
 from redisync.store.schema import Schema, merge
 
 from ..servers import RedisProcess, free_port
@@ -63,9 +64,7 @@ def sentinel_fleet(tmp_path):
         sentinels.append(
             (
                 port,
-                subprocess.Popen(
-                    ["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                ),
+                popen(redis_server.sentinel_command(conf), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
             )
         )
     for port, _ in sentinels:
