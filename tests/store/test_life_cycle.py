@@ -293,17 +293,6 @@ def test_claims_outrank_incarnations_beyond_float_precision(make_store):
 # 3. cancellation and 4. overflow ----------------------------------------------------------------
 
 
-def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
-    """The aggregate is the sum of the live slots, re-made, not updated incrementally: a huge value that left
-    a slot leaves no rounding behind."""
-    store = make_store()
-    store.register({"motion/ema": merge(1, lifecycle="history")})
-    a, b = store.shard(0), store.shard(1)
-    for shard, v in ((a, 1e16), (b, 1.0), (a, 0.0), (b, 0.5)):  # an incremental (agg - old) + new ends at -0.5
-        shard.publish({"motion/ema": {"count": 1, "sum": v}})
-    assert scalar(store.fleet().keys["motion/ema"].parts()["sum"]) == 0.5
-
-
 def test_a_fold_that_would_overflow_is_refused_and_changes_nothing(make_store):
     """A fold whose aggregate or moments would overflow float64 is refused whole (dead-lettered as non_finite)
     and writes nothing; a later finite fold is exact."""

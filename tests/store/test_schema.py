@@ -103,14 +103,6 @@ def test_size_limit():
         encode_reports(SCHEMA, {"motion/bin_failed": {"count": 1, "sum": np.ones(8)}}, Limits(max_report_bytes=70))
 
 
-def test_merge_needs_its_lifecycle_and_says_what_each_is_for():
-    """merge() without a lifecycle is refused, saying what state and history are for."""
-    with pytest.raises(
-        errors.InvalidSchema, match=r"lifecycle=.state. \(a current value.*lifecycle='history' \(counts"
-    ):
-        merge(4)
-
-
 _PLAIN_SCHEMA = Schema.of(
     {
         "motion/ema": merge(5, lifecycle="state"),

@@ -46,46 +46,6 @@ def test_first_registration_wins_and_a_different_schema_is_refused(make_store):
     assert "shape=(3,) here, (2,) registered" in str(info.value)
 
 
-def test_publish_then_pull_gives_the_pooled_state_and_own_slot(make_store):
-    """A publish returns the new fleet and key versions; a pull returns the pooled state with the caller's own
-    slot as folded, and then only what changed since."""
-    store = make_store()
-    store.register(SCHEMA)
-    a, b = store.shard(0), store.shard(1)
-    r1 = a.publish({"motion/bin_failed": ema(0), "curriculum/scale": {"value": 0.7}})
-    r2 = b.publish({"motion/bin_failed": ema(1)})
-    assert r1.applied
-    assert r1.fleet_version == 1
-    assert r1.key_versions == {"motion/bin_failed": 1, "curriculum/scale": 1}
-    assert r2.fleet_version == 2
-    assert r2.key_versions == {"motion/bin_failed": 2}
-
-    got = a.pull()
-    assert got is not None
-    assert got.fleet_version == 2
-    assert got.epoch_changed
-    key = got.keys["motion/bin_failed"]
-    assert key.version == 2
-    np.testing.assert_array_equal(key.parts()["sum"], np.arange(4.0) * 2 + 1)
-    assert key.parts()["count"] == 2
-    np.testing.assert_array_equal(key.own_slot, np.r_[1.0, np.arange(4.0)])
-    assert key.own_incarnation == a.incarnation
-    assert float(got.keys["curriculum/scale"].parts()["value"]) == 0.7
-    # own substitution: the others' data as pulled plus our own state of now
-    view = key.view({"count": 3, "sum": 5 * np.arange(4.0)})
-    assert view["count"] == 1 + 3
-    np.testing.assert_array_equal(view["sum"], np.arange(4.0) + 1 + 5 * np.arange(4.0))
-    with pytest.raises(errors.ShapeMismatch):
-        key.view({"count": 1, "sum": np.ones(5)})
-
-    assert a.pull() is None  # nothing changed: nothing returned
-    b.publish({"curriculum/stage": {"value": [3.0]}})
-    changed = a.pull()
-    assert set(changed.keys) == {"curriculum/stage"}
-    assert changed.fleet_version == 3
-    assert set(a.known.keys) == set(SCHEMA.keys)  # the client keeps the whole state
-
-
 def test_a_retried_report_is_folded_once(make_store):
     """A report sent again with the same sequence number is a duplicate: folded once, the fleet version
     unchanged."""
@@ -129,25 +89,6 @@ def test_restarted_shard_retires_history_and_drops_state_slots(make_store):
     info = store.key_info("motion/ema")
     assert info["writers"] == "0"
     assert info["dropped_stale"] == "1"
-
-
-def test_broadcast_is_last_writer_wins_and_owned_keys_refuse_others(make_store):
-    """A broadcast key holds the last accepted value; an owned key refuses every other shard, on the client
-    (nothing sent, no dead letter) and on the server for a client that skips the check."""
-    store = make_store()
-    store.register(SCHEMA)
-    a, b = store.shard(0), store.shard(1)
-    a.publish({"curriculum/stage": {"value": [1.0]}})
-    b.publish({"curriculum/stage": {"value": [2.0]}})
-    assert store.fleet().keys["curriculum/stage"].parts()["value"].tolist() == [2.0]
-    with pytest.raises(errors.NotOwner, match="owned by shard 0; this is shard 1"):
-        b.publish({"curriculum/scale": {"value": 1.0}})
-    assert store.dead_letters() == []
-    assert b.seq == 1
-    with pytest.raises(errors.NotOwner):  # and by the server, for a client that skips the check
-        b.publish_payloads({"curriculum/scale": codec.encode([np.array([1.0])])}, seq=3)
-    assert [d["reason"] for d in store.dead_letters()] == ["not_owner"]
-    assert store.key_info("curriculum/stage")["writer"] == "1"
 
 
 def test_redis_cli_sees_readable_metadata_streams_and_announcements(make_store):
@@ -340,64 +281,3 @@ def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
     for field, value in expected.items():
         np.testing.assert_array_equal(codec.decode(data[field]), value, err_msg=field)
     assert store.redis.hget(store.keys.key_meta("obs/norm"), "sums_layout") == semantics.LAYOUT.encode()
-
-
-def test_a_run_folded_before_two_level_sums_has_them_remade_at_its_next_fold(make_store):
-    """A run whose sums an older redisync laid out as one level (group = its slots' sum, no
-    sums_layout) is not trusted: the next fold re-makes every sub-group and group sum from the
-    slots, so the state is the reference's bit for bit, and a snapshot of the older layout restores
-    with its sums re-made (they are derived data), whatever they held."""
-    from redisync.store.semantics import merge as semantics
-
-    store = make_store()
-    store.register(SCHEMA)
-    values = {shard: [3.0, 0.1 * shard, 0.3, 0.7 * shard, 0.2] for shard in (0, 1, 5, 6, 9, 17)}
-    clients = {shard: store.shard(shard) for shard in values}
-    for shard, v in values.items():
-        clients[shard].publish({"obs/norm": {"count": v[0], "sum": v[1:3], "sumsq": v[3:]}})
-    meta, data = store.keys.key_meta("obs/norm"), store.keys.key_data("obs/norm")
-
-    def as_one_level() -> None:
-        store.redis.hdel(meta, "sums_layout")
-        store.redis.hdel(data, *[f for f in store.redis.hkeys(data) if f.startswith((b"sub:", b"group:", b"counts:"))])
-        for g, ids in {0: (0, 1, 5, 6, 9), 1: (17,)}.items():
-            flat = semantics.summed([np.array(values[i]) for i in ids], 5)
-            store.redis.hset(data, f"group:{g}", codec.encode([flat]))
-
-    as_one_level()
-    values[17] = [4.0, 1.0, 1.0, 1.0, 1.0]
-    clients[17].publish({"obs/norm": {"count": 4.0, "sum": [1.0, 1.0], "sumsq": [1.0, 1.0]}})
-    assert_matches_reference(store, values)
-
-    as_one_level()
-    snap = store.snapshot()
-    hashes = dict(snap.hashes)
-    garbage = codec.encode([np.full(5, 7.0)])
-    import base64
-
-    hashes["data:obs/norm"] = {**hashes["data:obs/norm"], "agg": base64.b64encode(garbage).decode()}
-    store.restore(snap.model_copy(update={"hashes": hashes}))
-    assert_matches_reference(store, values)
-
-
-@pytest.mark.parametrize(("field", "parts"), [("sub:0", "slots"), ("group:0", "sub-groups")])
-def test_a_fold_refuses_a_stored_sum_it_can_prove_wrong(make_store, field, parts):
-    """A fold that re-makes a sub-group or group sum checks that the stored one was its parts' sum,
-    on its count record (``counts:<field>``, count_size values, so the fold reads no whole vector for
-    it): a damaged one is refused, and nothing is written."""
-    store = make_store()
-    store.register(SCHEMA)
-    shards = {shard: store.shard(shard) for shard in (0, 1, 2, 5, 17)}  # (17: group 0 is not the only group)
-    for client in shards.values():
-        client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
-    data = store.keys.key_data("obs/norm")
-    damaged = codec.decode(store.redis.hget(data, f"counts:{field}"))
-    damaged[0] += 1000.0
-    store.redis.hset(data, f"counts:{field}", codec.encode([damaged]))
-    before = store.fleet()
-    with pytest.raises(errors.CorruptState, match=f"{field} disagrees with the sum of its {parts}"):
-        shards[1].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})
-    after = store.fleet()
-    assert after.fleet_version == before.fleet_version
-    np.testing.assert_array_equal(after.keys["obs/norm"].value, before.keys["obs/norm"].value)
-    assert store.dead_letters()[0]["reason"] == "corrupt_state"
