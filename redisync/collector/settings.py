@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,12 @@ class SyncSettings:
             ):
                 wanted = "a positive" if positive else "a non-negative"
                 raise errors.ConfigurationError(f"{field.name} must be {wanted} number of seconds, got {value!r}")
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> SyncSettings:
+        """The settings among a function's arguments (its ``locals()`` on entry: `new_syncer` names
+        every setting in its own signature, for its users' help and IDEs)."""
+        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})
 
     def as_dict(self) -> dict[str, Any]:
         """The settings by name (what a sidecar process is handed)."""

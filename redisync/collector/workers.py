@@ -65,6 +65,7 @@ def new_syncer(
         take_over: claim the shard even while another live process holds its lease (a restarted
             collector whose old process is known to be gone).
     """
+    settings = SyncSettings.of(locals())  # the settings among the arguments
     if worker not in WORKERS:
         raise errors.ConfigurationError(f"worker must be one of {WORKERS}, got {worker!r}")
     if worker == "auto":
@@ -74,15 +75,6 @@ def new_syncer(
             f"worker='process' needs a CPU that keeps stores in order (x86); this one is {platform.machine()!r}: "
             "use worker='thread'"
         )
-    settings = SyncSettings(
-        publish_every_steps=publish_every_steps,
-        publish_every_s=publish_every_s,
-        poll_every_s=poll_every_s,
-        min_pull_interval_s=min_pull_interval_s,
-        retry_every_s=retry_every_s,
-        start_timeout_s=start_timeout_s,
-        lease_s=lease_s,
-    )
     syncer = Syncer(
         store, shard_id, terms, settings=settings, incarnation=incarnation, resume=resume, take_over=take_over
     )

@@ -9,9 +9,10 @@ caller owns).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import InvalidSchema
 from ..store.schema import DEFAULT_LEASE_GRACE_S, Lifecycle
@@ -69,6 +70,12 @@ class SamplerOptions:
     lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S
     rebuild_tol: float = 1e-4
     fleet_shards: int | None = None
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> SamplerOptions:
+        """The options among a sampler's arguments (its ``locals()`` on entry: each sampler names
+        every option in its own signature, for its users' help and IDEs)."""
+        return cls(**{field.name: arguments[field.name] for field in dataclasses.fields(cls)})
 
     def check(self, frames: tuple[int, ...], step_dt: float) -> None:
         """Refuse options that make no sampler for motions of ``frames`` frames at ``step_dt``."""

@@ -193,25 +193,7 @@ class AdaptiveMotionSampler:
     ):
         self.grouped = not isinstance(num_frames, (int, np.integer))
         frames = (int(num_frames),) if isinstance(num_frames, (int, np.integer)) else tuple(int(f) for f in num_frames)
-        self.options = SamplerOptions(
-            mode=mode,
-            key=key,
-            shard_id=shard_id,
-            owner=owner,
-            alpha=alpha,
-            uniform_ratio=uniform_ratio,
-            uniform_mix=uniform_mix,
-            group_uniform_ratio=group_uniform_ratio,
-            group_names=group_names,
-            worst_groups=worst_groups,
-            kernel_size=kernel_size,
-            kernel_lambda=kernel_lambda,
-            stale_after_s=stale_after_s,
-            lifecycle=lifecycle,
-            lease_grace_s=lease_grace_s,
-            rebuild_tol=rebuild_tol,
-            fleet_shards=fleet_shards,
-        )
+        self.options = SamplerOptions.of(locals())  # the options among the arguments
         self.options.check(frames, step_dt)
         self.mode = mode
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix

@@ -181,25 +181,7 @@ class AdaptiveMotionSampler(nn.Module):
         super().__init__()
         self.grouped = not isinstance(num_frames, int)
         frames = (int(num_frames),) if isinstance(num_frames, int) else tuple(int(f) for f in num_frames)
-        self.options = SamplerOptions(
-            mode=mode,
-            key=key,
-            shard_id=shard_id,
-            owner=owner,
-            alpha=alpha,
-            uniform_ratio=uniform_ratio,
-            uniform_mix=uniform_mix,
-            group_uniform_ratio=group_uniform_ratio,
-            group_names=group_names,
-            worst_groups=worst_groups,
-            kernel_size=kernel_size,
-            kernel_lambda=kernel_lambda,
-            stale_after_s=stale_after_s,
-            lifecycle=lifecycle,
-            lease_grace_s=lease_grace_s,
-            rebuild_tol=rebuild_tol,
-            fleet_shards=fleet_shards,
-        )
+        self.options = SamplerOptions.of(locals())  # the options among the arguments
         self.options.check(frames, step_dt)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.frame_counts = frames
