@@ -56,14 +56,14 @@ def alive(pid: int) -> bool:
 
 
 def start_parent(script: str, tmp_path: Path) -> subprocess.Popen:
-    log = open(tmp_path / "parent.log", "w")  # noqa: SIM115 (closed with the test's tmp_path)
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=os.environ | {"PYTHONUNBUFFERED": "1"},
-    )
+    with open(tmp_path / "parent.log", "w") as log:  # the child writes through its own copy
+        return subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
 
 
 def kill_parent_and_wait_for_children(parent: subprocess.Popen, children: set[int]) -> set[int]:

@@ -258,6 +258,7 @@ def test_watch_lives_through_the_store(tmp_path, event):
         assert proc.poll() is None  # still watching
     finally:
         proc.kill()
+        proc.communicate()  # reaps it and closes its pipes
         server.kill()
 
 
