@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -172,3 +177,29 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return bool(predicate())
+
+
+@contextlib.contextmanager
+def socket_calls_of_this_thread() -> Iterator[list[str]]:
+    """The socket operations (connect, send, receive) this thread makes while the context lasts, by
+    name: what a hot path that never touches the network makes none of, however loaded the machine."""
+    calls: list[str] = []
+    me = threading.get_ident()
+    names = ("connect", "connect_ex", "send", "sendall", "recv", "recv_into")
+    originals = {name: getattr(socket.socket, name) for name in names}
+
+    def counted(name: str, original: Any) -> Any:
+        def call(self: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me:
+                calls.append(name)
+            return original(self, *args, **kwargs)
+
+        return call
+
+    for name, original in originals.items():
+        setattr(socket.socket, name, counted(name, original))
+    try:
+        yield calls
+    finally:
+        for name, original in originals.items():
+            setattr(socket.socket, name, original)
