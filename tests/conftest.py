@@ -72,6 +72,7 @@ def make_store(backend):
     yield make
     for store in made:
         store.delete()
+        store.close()
 
 
 # the modules the optional extras bring (``pip install '.[test]'`` alone has none of them)

@@ -384,6 +384,17 @@ class Store:
         """The run's name."""
         return self.keys.run
 
+    def close(self) -> None:
+        """Close this store's connections to the server, for a tool or a test done with the run (a
+        later call opens new ones). Stores made by `sibling` share them."""
+        self.redis.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     @property
     @_translated
     def schema(self) -> Schema:

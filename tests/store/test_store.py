@@ -281,3 +281,26 @@ def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
     for field, value in expected.items():
         np.testing.assert_array_equal(codec.decode(data[field]), value, err_msg=field)
     assert store.redis.hget(store.keys.key_meta("obs/norm"), "sums_layout") == semantics.LAYOUT.encode()
+
+
+def test_a_closed_store_holds_no_connection_and_opens_one_when_used_again(real_url):
+    """A store's connections were left to the garbage collector (a warning per socket in a long
+    tool or test run): `close()`, or leaving a ``with`` block, closes them at once, and a later call
+    connects again."""
+    name = f"t-close-{time.monotonic_ns()}"
+    watcher = redisync.connect(real_url, run="watcher")
+
+    def open_connections() -> int:
+        return sum(1 for c in watcher.redis.client_list() if c.get("name") == name)
+
+    with redisync.connect(real_url, run=name, client_name=name) as store:
+        store.register(SCHEMA)
+        store.shard(0).publish({"motion/bin_failed": ema(0)})
+        assert open_connections() >= 1
+    assert open_connections() == 0
+    assert store.fleet().fleet_version == 1  # used again: a new connection
+    assert open_connections() == 1
+    store.delete()
+    store.close()
+    assert open_connections() == 0
+    watcher.close()
