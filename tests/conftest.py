@@ -109,6 +109,15 @@ def pytest_pycollect_makemodule(module_path, parent):
     return _ModuleNeedingExtras.from_parent(parent, path=module_path)
 
 
+def pytest_collection_modifyitems(items):
+    """The training tests (``slow``) run one after another on one xdist worker (``--dist loadgroup``,
+    the full tier's second run): each loads the machine's cores itself, so two at once would only
+    slow both, while the fleets and servers tests run on the other worker beside them."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("training"))
+
+
 def pytest_runtest_setup(item):
     """``@pytest.mark.extras("torch", ...)``: a test that needs optional modules (or the dev extra's
     tools, by executable name) is skipped without them where the tier does not require everything."""
