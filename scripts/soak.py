@@ -105,17 +105,11 @@ def collector(
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self) -> None:
         if not shutil.which("redis-server"):
             sys.exit("soak: redis-server not found (scripts/ensure-redis installs it)")
-        self.port, self.dir = free_port(), tempfile.mkdtemp(prefix="redisync-soak-")
+        self.port, self.dir = redis_server.free_port(), tempfile.mkdtemp(prefix="redisync-soak-")
         self.proc: subprocess.Popen | None = None
 
     @property

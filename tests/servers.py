@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,34 +17,13 @@ from redisync import redis_server
 from redisync.lifeline import popen
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10 000) is free too; Redis Cluster wants it below 55 536."""
-    rng = random.Random()
-    for _ in range(1000):
-        port = rng.randrange(20000, 45000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10000))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair for a cluster node")
-
-
 class RedisProcess:
     """One redis-server; ``kill()`` is SIGKILL by pid, ``start()`` (re)starts it on the same port."""
 
     def __init__(self, workdir: Path, port: int | None = None, *args: str, conf: Path | None = None):
         if not shutil.which("redis-server"):
             pytest.fail("redis-server is not installed (scripts/ensure-redis installs it)")
-        self.workdir, self.port, self.args, self.conf = workdir, port or free_port(), args, conf
+        self.workdir, self.port, self.args, self.conf = workdir, port or redis_server.free_port(), args, conf
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -110,7 +87,7 @@ class LoopbackCluster:
             d = workdir / f"node{i}"
             d.mkdir(parents=True, exist_ok=True)
             args = redis_server.cluster_node_args(d, "--cluster-node-timeout", str(node_timeout_ms))
-            self.nodes.append(RedisProcess(d, free_cluster_port(), *args))
+            self.nodes.append(RedisProcess(d, redis_server.free_port(), *args))
         self.replicas = replicas
 
     def start(self) -> LoopbackCluster:

@@ -16,9 +16,10 @@ from redis.retry import Retry
 import redisync
 from redisync import redis_server
 from redisync.lifeline import popen
+from redisync.redis_server import free_port
 from redisync.store.schema import Schema, merge
 
-from .servers import RedisProcess, free_cluster_port, free_port
+from .servers import RedisProcess
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
@@ -184,7 +185,7 @@ def test_redis_cluster_conf_runs_a_cluster_node_that_keeps_other_slots_serving(t
     header says, runs a cluster node that keeps serving the slots it has while others have no primary,
     and refuses reads of a slot that is down."""
     monkeypatch.chdir(CONF.parents[1])
-    server = RedisProcess(tmp_path, free_cluster_port(), conf=CONF.parent / "redis-cluster.conf").start()
+    server = RedisProcess(tmp_path, free_port(), conf=CONF.parent / "redis-cluster.conf").start()
     try:
         cfg = redis.Redis(port=server.port).config_get("*")
         assert cfg["cluster-enabled"] == "yes"

@@ -14,9 +14,10 @@ import pytest
 
 import redisync
 from redisync import inspection
+from redisync.redis_server import free_port
 from redisync.store.schema import Schema, merge
 
-from .servers import RedisProcess, free_port
+from .servers import RedisProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.extras("prometheus_client")]
 

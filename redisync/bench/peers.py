@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 import statistics
 import time
 import uuid
@@ -39,6 +38,7 @@ from typing import Any
 
 import torch
 
+from .. import redis_server
 from ..lifeline import spawn
 
 STEP_S = 1e-3
@@ -71,12 +71,6 @@ class Scenario:
             "process": "redisync process",
         }[self.mode]
         return f"{name}/{'step' if self.every == 1 else self.every}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | None, run: str, out: Any) -> None:
@@ -180,7 +174,7 @@ def measure(scenario: Scenario, steps: int, url: str | None) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     run = f"bench-peers-{uuid.uuid4().hex[:8]}"
-    port = _free_port()
+    port = redis_server.free_port()
     t0 = time.perf_counter()
     # each dies with this process
     procs = [spawn(_collector, scenario, r, steps, port, url, run, out) for r in range(scenario.procs)]

@@ -320,18 +320,25 @@ def test_a_collector_importing_redisync_from_a_source_tree_gets_a_working_sideca
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
 def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(worker):
-    """9. A store that accepts connections and never answers holds start() for its timeout only."""
+    """9. A store that accepts connections and never answers holds start() and stop() for their
+    timeouts only, not the socket's (the bounds are half of it: a sidecar process starting on a
+    loaded machine takes seconds, never 15)."""
     silent = SilentServer()
     url = silent.url
     term = Cumulative()
+    socket_timeout_s = 30
     syncer = new_syncer(
-        redisync.connect(url, run="silent", socket_timeout=30), 0, [term], worker=worker, start_timeout_s=1.0
+        redisync.connect(url, run="silent", socket_timeout=socket_timeout_s),
+        0,
+        [term],
+        worker=worker,
+        start_timeout_s=1.0,
     )
     try:
         t = time.monotonic()
         syncer.start()
         elapsed = time.monotonic() - t
-        assert elapsed < 8.0, f"start() blocked {elapsed:.1f} s"
+        assert elapsed < socket_timeout_s / 2, f"start() blocked {elapsed:.1f} s"
         health = syncer.health()
         assert not health["ok"]
         assert "did not answer" in health["error"]
@@ -339,7 +346,7 @@ def test_start_against_a_silent_store_returns_within_its_timeout_and_says_why(wo
     finally:
         t = time.monotonic()
         syncer.stop(timeout=1.0)
-        assert time.monotonic() - t < 4.0
+        assert time.monotonic() - t < socket_timeout_s / 2
         silent.close()
 
 

@@ -14,9 +14,10 @@ from redis.retry import Retry
 import redisync
 from redisync import errors, redis_server
 from redisync.lifeline import popen
+from redisync.redis_server import free_port
 from redisync.store.schema import Schema, merge
 
-from ..servers import RedisProcess, free_port
+from ..servers import RedisProcess
 
 pytestmark = pytest.mark.integration  # starts redis-server processes of its own (see tests/servers.py)
 
