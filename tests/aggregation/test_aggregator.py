@@ -125,9 +125,14 @@ def test_the_root_and_every_sub_run_hold_the_exact_fleet(root):
     assert OUTSIDE_SHARD in root.home(0).shard_ids()
 
 
-def test_a_syncer_of_a_split_run_publishes_to_its_shards_sub_run(root):
+@pytest.mark.parametrize(
+    ("backend", "worker"),
+    [("embedded", "thread"), ("real", "thread"), ("real", "process")],  # (a sidecar reaches no embedded store)
+)
+def test_a_syncer_of_a_split_run_publishes_to_its_shards_sub_run(root, worker):
     """A collector given only the run's URL and name publishes to sub-run ``shard % m`` and applies the
-    whole fleet, the other sub-runs' collectors included, at its reset boundary."""
+    whole fleet, the other sub-runs' collectors included, at its reset boundary, with either worker
+    (a sidecar publishes to the sub-run its collector found)."""
 
     class Count:
         key = "obs/n"
@@ -148,7 +153,7 @@ def test_a_syncer_of_a_split_run_publishes_to_its_shards_sub_run(root):
 
     terms = {k: Count(10.0**k) for k in range(3)}
     syncers = {
-        k: redisync.new_syncer(root.sibling(root.run), k, [t], worker="thread", publish_every_s=0.05).start()
+        k: redisync.new_syncer(root.sibling(root.run), k, [t], worker=worker, publish_every_s=0.05).start()
         for k, t in terms.items()
     }
     try:
