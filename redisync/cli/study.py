@@ -68,6 +68,12 @@ from .common import URL, needs, table
     help="'module:function' making your own TrackingEnv batches (the study page's 'Bring your own env')",
 )
 @click.option("--report-only", is_flag=True, help="rebuild the plots and report.md from OUT/results.json")
+@click.option(
+    "--allow-dirty",
+    is_flag=True,
+    help="run a study that keeps its runs (the second follow-up, the third study) from a checkout with "
+    "uncommitted changes; each run file then records the diff's SHA-256 beside its commit",
+)
 @click.option("--no-progress", is_flag=True, help="no progress bar")
 def ab(
     url: str | None,
@@ -83,6 +89,7 @@ def ab(
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
+    allow_dirty: bool,
     no_progress: bool,
 ) -> None:
     """The drift study: the gate, then every sync arm on H and X trained with SAC; figures and report in OUT."""
@@ -92,6 +99,10 @@ def ab(
     from ..study.study import load_env_factory, run_study
 
     out = Path(out_dir)
+    if (third_study or second_follow_up) and not report_only and not allow_dirty:
+        from ..study.provenance import require_clean
+
+        require_clean("redisync ab")  # its run files are the record: each must name the code that made it
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
     if third_study:  # its configuration and task are the plan's: fixed in redisync/study/third_study.py
         from ..study.third_study import run_third_study

@@ -196,9 +196,9 @@ def _start_worker(parent_pid: int, pdeathsig: bool, progress: Any) -> None:
 
 def _worker(cfg_dict: dict[str, Any], arm: str, seed: int, url: str | None, env_spec: str | None) -> dict[str, Any]:
     cfg = seeded(StudyConfig.from_dict(cfg_dict), seed)
-    started = provenance.now()
+    origin = provenance.provenance(provenance.now())  # at the start: the code that runs, not the code at its end
     run = run_arm(cfg, arm, seed, url, load_env_factory(env_spec, cfg), on_progress=_progress.put)
-    return run | {"provenance": provenance.provenance(started)}
+    return run | {"provenance": origin}
 
 
 def seeded(cfg: StudyConfig, seed: int) -> StudyConfig:

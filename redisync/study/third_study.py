@@ -112,6 +112,14 @@ def config_for(arm: str) -> StudyConfig:
     return replace(CONFIG, sampler_alpha=ARMS[arm][1])
 
 
+def config_record(cfg: StudyConfig) -> dict[str, Any]:
+    """A configuration as results.json records it: the study's fields and the walker's task record
+    (not the toy task's fields, which the walker ignores)."""
+    from .walker import task_record
+
+    return cfg.to_dict() | {"task": task_record(cfg.task)}
+
+
 def cells() -> list[tuple[str, str, str, list[int]]]:
     """(alpha tag, condition, study arm, seeds) for every run, α = 0.001 first: a study stopped part
     way has answered P1 whole."""
@@ -236,7 +244,9 @@ def run_third_study(
     result: dict[str, Any] = {
         "plan": "docs/ab/third-study-plan.md",
         "env": env_spec,
-        "config": CONFIG.to_dict(),
+        # the configurations that ran (the gate's at α = 0.001), with the task fields the walker reads
+        "config": config_record(gate_cfg),
+        "arm_configs": {name: config_record(config_for(name)) for name in ARMS},
         "gate": gate(gate_runs) if gate_runs else None,
         "gate_decision": GATE_DECISION,
     }

@@ -216,6 +216,24 @@ class WalkerTracking:
         )
 
 
+# the fields of TaskConfig the walker reads; the others (the toy's force, damping, tolerance, ...) it ignores
+TASK_FIELDS = ("condition", "bins", "profiles", "skill_segments", "seed", "episode_s", "preview_s")
+
+
+def task_record(task: TaskConfig) -> dict[str, Any]:
+    """What a run file records of the walker's task: the TaskConfig fields it reads and its own constants."""
+    fields = {name: getattr(task, name) for name in TASK_FIELDS}
+    constants = {
+        "tolerance_rad": TOLERANCE,
+        "sigma_rad": SIGMA,
+        "substeps": SUBSTEPS,
+        "harness_z": HARNESS_Z,
+        "fps": FPS,
+        "ahead_frames": list(AHEAD),
+    }
+    return {"env": "redisync.study.walker:make_env", **fields, **constants}
+
+
 def make_env(task: TaskConfig) -> Callable[[torch.Tensor, int], WalkerTracking]:
     """The study's ``--env`` factory: ``redisync ab --env redisync.study.walker:make_env``."""
     return lambda profiles, seed: WalkerTracking(task, profiles, seed)
