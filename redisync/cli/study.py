@@ -59,6 +59,12 @@ from .common import URL, needs, table
     "vs pooled at two EMA rates; every run kept in OUT/runs as it finishes, the same command again resumes",
 )
 @click.option(
+    "--fourth-study-pilots",
+    is_flag=True,
+    help="the fourth study's pilots on the learnable walker (learnability, then the paired sd); every run kept in "
+    "OUT/pilots as it finishes, the same command again resumes",
+)
+@click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
 )
 @click.option(
@@ -86,6 +92,7 @@ def ab(
     follow_up: bool,
     second_follow_up: bool,
     third_study: bool,
+    fourth_study_pilots: bool,
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
@@ -99,11 +106,17 @@ def ab(
     from ..study.study import load_env_factory, run_study
 
     out = Path(out_dir)
-    if (third_study or second_follow_up) and not report_only and not allow_dirty:
+    if (third_study or second_follow_up or fourth_study_pilots) and not report_only and not allow_dirty:
         from ..study.provenance import require_clean
 
         require_clean("redisync ab")  # its run files are the record: each must name the code that made it
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
+    if fourth_study_pilots:
+        from ..study.fourth_study import run_pilots
+
+        summary = run_pilots(out, workers=workers, show_progress=not no_progress, on_stage=click.echo)
+        click.echo(json.dumps(summary, indent=1, default=float))
+        return
     if third_study:  # its configuration and task are the plan's: fixed in redisync/study/third_study.py
         from ..study.third_study import run_third_study
 

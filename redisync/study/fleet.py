@@ -47,7 +47,7 @@ class Arm:
     the normaliser's mode, and the number of shards when it is not the configuration's (the
     fleet's envs stay the same, split among them)."""
 
-    sampler: Literal["uniform", "per-profile", "local", "pooled", "weighted", "broadcast"]
+    sampler: Literal["uniform", "oracle", "per-profile", "local", "pooled", "weighted", "broadcast"]
     mix: UniformMix = "code"
     normalizer: NormMode = "pooled"
     shards: int | None = None
@@ -55,6 +55,8 @@ class Arm:
 
 ARMS: dict[str, Arm] = {
     "uniform": Arm("uniform"),
+    # the learnability pilot's: one collector whose starts an oracle puts just before the skill segments
+    "oracle": Arm("oracle", shards=1),
     "single": Arm("pooled", shards=1),  # one unsharded collector with every env: the ideal pool
     "pooled": Arm("pooled"),
     "local": Arm("local"),
@@ -89,6 +91,7 @@ class StudyConfig:
     eval_every: int = 512_000
     eval_rollouts: int = 8  # per profile, from frame 0 through the whole motion (one batch: as cheap as 2)
     drift_every: int = 128_000
+    skill_eval: bool = False  # evaluate each skill segment from a start 1 s before it too (the fourth study's endpoint)
     task: TaskConfig = field(default_factory=TaskConfig)
     # the replay buffer keeps the whole run: with a FIFO of 200k-1M transitions the adaptive arms forgot a
     # segment once the sampler moved on from it, and the gate failed on that oscillation (docs/ab/pilots.md)
@@ -249,6 +252,8 @@ class Collector:
 
     def starts(self, ids: torch.Tensor) -> torch.Tensor:
         n = len(ids)
+        if self.arm.sampler == "oracle":
+            return self.oracle_starts(n)
         if self.arm.sampler == "uniform":
             bins = torch.randint(0, self.sampler.bin_counts[0], (n,), generator=self.generator)
             offset = torch.rand(n, generator=self.generator)
@@ -257,6 +262,27 @@ class Collector:
         probs = self.sampler.probabilities()
         self.probe.used = (probs[int(self.profiles[0])] if self.sampler.grouped else probs).double().numpy().copy()
         return self.sampler.sample(n, groups, generator=self.generator)
+
+    ORACLE_SHARE = 0.75  # of an oracle's starts, the share just before a skill segment (the rest uniform)
+
+    def oracle_starts(self, n: int) -> torch.Tensor:
+        """Starts an oracle that knows where the skill segments lie would choose: `ORACLE_SHARE` of
+        them in the second before a segment of the env's profile, the rest uniform over the motion."""
+        env, g = self.env, self.generator
+        skill = getattr(env, "skill_bins", None)
+        last = env.num_frames - 1
+        uniform = (torch.rand(n, generator=g) * last).long()
+        if skill is None:
+            return uniform
+        per_bin = env.num_frames / skill.shape[1]
+        segments = skill[int(self.profiles[0])].nonzero().squeeze(1)
+        if len(segments) == 0:
+            return uniform
+        pick = segments[torch.randint(0, len(segments), (n,), generator=g)].double()
+        lead = torch.rand(n, generator=g, dtype=torch.float64) * (1.0 / env.step_dt)
+        before = (pick * per_bin - lead).clamp(min=0).long()
+        near = torch.rand(n, generator=g) < self.ORACLE_SHARE
+        return torch.where(near, before, uniform)
 
 
 def make_collector(
@@ -278,7 +304,7 @@ def make_collector(
     env = make_env(profiles, seed * 1_000 + shard)
     grouped = arm.sampler == "per-profile"
     mode: SamplerMode = (
-        "local" if arm.sampler == "uniform" else "pooled" if arm.sampler == "per-profile" else arm.sampler
+        "local" if arm.sampler in ("uniform", "oracle") else "pooled" if arm.sampler == "per-profile" else arm.sampler
     )
     frames = [env.num_frames] * profiles_n if grouped else env.num_frames
     sampler = AdaptiveMotionSampler(
@@ -354,7 +380,7 @@ def run_arm(
     first = collectors[0].env
     learner = SAC(first.obs_dim, first.act_dim, cfg.sac, seed=seed)
     monitor = connect(url, run=run)
-    evaluation = Evaluation(make_env, cfg.task.num_profiles, cfg.eval_rollouts)
+    evaluation = Evaluation(make_env, cfg.task.num_profiles, cfg.eval_rollouts, skill=cfg.skill_eval)
     curve: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
     policy: Actor | None = None
@@ -391,7 +417,7 @@ def run_arm(
                 )
             if env_steps // cfg.eval_every > before // cfg.eval_every or env_steps >= cfg.env_steps:
                 t = time.perf_counter()
-                row = evaluation.run(as_collectors_act(learner.actor, collectors, evaluation.profiles))
+                row = evaluation.run(lambda profiles: as_collectors_act(learner.actor, collectors, profiles))
                 curve.append({"env_steps": env_steps, **row})
                 timing["eval_s"] += time.perf_counter() - t
             if on_progress is not None:

@@ -112,7 +112,9 @@ def summarise_run(run: dict[str, Any]) -> dict[str, float]:
     completion = [row["completion"] for row in run["curve"]]
     drift = [float(np.mean(d["tv"])) for d in run["drift"] if d["tv"]]
     buffer_drift = [d["buffer_tv"] for d in run["drift"] if d["buffer_tv"] is not None]
-    return {
+    skill = [row["skill_success"] for row in run["curve"] if "skill_success" in row]
+    extra = {"skill_success_auc": float(np.mean(skill)), "final_skill_success": float(skill[-1])} if skill else {}
+    return extra | {
         "completion_auc": float(np.mean(completion)),
         "final_completion": float(completion[-1]),
         "skill_share": float(run["skill_share"]),

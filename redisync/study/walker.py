@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -70,15 +71,32 @@ def harnessed_walker() -> Any:
     return model
 
 
-def actuation(kind: int) -> np.ndarray:
-    """``(6, 6)``: the motor commands a policy's action becomes in a segment of ``kind``."""
+@dataclass(frozen=True)
+class WalkerOptions:
+    """What differs between the walker of the third study (the defaults) and the learnable one
+    (`LEARNABLE`): how a failure is called and how far a skill segment remaps the motors."""
+
+    sustain_s: float = 0.0  # a failure: the error past TOLERANCE for this long (0: the first frame past it)
+    mild: bool = False  # mild skill segments: one leg's hip and knee swapped, or the knees reversed
+
+
+LEARNABLE = WalkerOptions(sustain_s=0.2, mild=True)
+
+
+def actuation(kind: int, mild: bool = False) -> np.ndarray:
+    """``(6, 6)``: the motor commands a policy's action becomes in a segment of ``kind``. Mild
+    segments remap fewer motors: kind 1 swaps the right leg's hip and knee only, kind 2 reverses the
+    knees only, kind 3 swaps the ankles only."""
     order, sign = list(range(JOINTS)), np.ones(JOINTS)
     if kind == 1:
-        order = [1, 0, 2, 4, 3, 5]
+        order = [1, 0, 2, 3, 4, 5] if mild else [1, 0, 2, 4, 3, 5]
     elif kind == 2:
-        sign = -sign
+        if mild:
+            sign[[1, 4]] = -1
+        else:
+            sign = -sign
     elif kind == 3:
-        order = [3, 4, 5, 0, 1, 2]
+        order = [0, 1, 5, 3, 4, 2] if mild else [3, 4, 5, 0, 1, 2]
     return np.eye(JOINTS)[order] * sign[:, None]
 
 
@@ -121,11 +139,14 @@ class WalkerTracking:
     act_dim = JOINTS
     step_dt = 1.0 / FPS
 
-    def __init__(self, cfg: TaskConfig, profiles: torch.Tensor, seed: int = 0):
+    def __init__(
+        self, cfg: TaskConfig, profiles: torch.Tensor, seed: int = 0, options: WalkerOptions = WalkerOptions()
+    ):
         import mujoco
 
         self._mujoco = mujoco
-        self.cfg = cfg
+        self.cfg, self.options = cfg, options
+        self.sustain = max(1, round(options.sustain_s * FPS))  # frames past the tolerance that make a failure
         self.num_envs = int(profiles.numel())
         self.profiles = profiles.long().clamp(max=cfg.num_profiles - 1).numpy()
         self.kinds = cfg.layout().numpy()  # (profiles, bins)
@@ -138,7 +159,7 @@ class WalkerTracking:
         self.preview = int(cfg.preview_s * FPS)
         self.max_steps = int(cfg.episode_s * FPS)
         self.obs_dim = 1 + 2 * JOINTS + JOINTS + JOINTS * len(AHEAD) + 2 + 2 * KINDS + cfg.num_profiles
-        self.actuation = np.stack([actuation(k) for k in range(KINDS)])  # (kinds, 6, 6)
+        self.actuation = np.stack([actuation(k, options.mild) for k in range(KINDS)])  # (kinds, 6, 6)
         self.rng = np.random.default_rng(seed)
         self.model = harnessed_walker()
         self.data = [mujoco.MjData(self.model) for _ in range(self.num_envs)]
@@ -147,6 +168,7 @@ class WalkerTracking:
         self.qvel = np.zeros((n, self.model.nv))
         self.frames_np: np.ndarray = np.zeros(n, dtype=np.int64)
         self.age = np.zeros(n, dtype=np.int64)
+        self.over = np.zeros(n, dtype=np.int64)  # consecutive frames past the tolerance
         self.reset(torch.arange(n), torch.zeros(n, dtype=torch.long))
 
     @property
@@ -162,6 +184,7 @@ class WalkerTracking:
         f = start_frames.clamp(0, self.num_frames - 1).numpy()
         self.frames_np[ids] = f
         self.age[ids] = 0
+        self.over[ids] = 0
         prof = self.profiles[ids]
         q = self.ref_q[prof, f] + 0.02 * self.rng.standard_normal((len(ids), JOINTS))
         for k, i in enumerate(ids):
@@ -206,7 +229,8 @@ class WalkerTracking:
         self.age += 1
         err = np.abs(self.ref_q[self.profiles, self.frames_np] - self.qpos[:, 1:]).mean(axis=1)
         reward = np.exp(-((err / SIGMA) ** 2))
-        terminated = err > TOLERANCE
+        self.over = np.where(err > TOLERANCE, self.over + 1, 0)
+        terminated = self.over >= self.sustain
         truncated = ~terminated & ((self.age >= self.max_steps) | (self.frames_np >= self.num_frames - 1))
         return Step(
             self.observations(),
@@ -220,9 +244,9 @@ class WalkerTracking:
 TASK_FIELDS = ("condition", "bins", "profiles", "skill_segments", "seed", "episode_s", "preview_s")
 
 
-def task_record(task: TaskConfig) -> dict[str, Any]:
-    """What a run file records of the walker's task: the TaskConfig fields it reads and its own constants."""
-    fields = {name: getattr(task, name) for name in TASK_FIELDS}
+def task_record(task: TaskConfig, options: WalkerOptions = WalkerOptions(), env: str = "make_env") -> dict[str, Any]:
+    """What a run file records of the walker's task: the TaskConfig fields it reads, its options and constants."""
+    fields = {name: getattr(task, name) for name in TASK_FIELDS} | asdict(options)
     constants = {
         "tolerance_rad": TOLERANCE,
         "sigma_rad": SIGMA,
@@ -231,9 +255,14 @@ def task_record(task: TaskConfig) -> dict[str, Any]:
         "fps": FPS,
         "ahead_frames": list(AHEAD),
     }
-    return {"env": "redisync.study.walker:make_env", **fields, **constants}
+    return {"env": f"redisync.study.walker:{env}", **fields, **constants}
 
 
 def make_env(task: TaskConfig) -> Callable[[torch.Tensor, int], WalkerTracking]:
-    """The study's ``--env`` factory: ``redisync ab --env redisync.study.walker:make_env``."""
+    """The third study's ``--env`` factory: ``redisync ab --env redisync.study.walker:make_env``."""
     return lambda profiles, seed: WalkerTracking(task, profiles, seed)
+
+
+def make_learnable_env(task: TaskConfig) -> Callable[[torch.Tensor, int], WalkerTracking]:
+    """The fourth study's factory: mild skill segments, a failure only after a sustained error (`LEARNABLE`)."""
+    return lambda profiles, seed: WalkerTracking(task, profiles, seed, LEARNABLE)

@@ -107,3 +107,33 @@ def test_the_walker_plugs_into_the_study_as_an_env(tmp_path):
     run = run_arm(cfg, "pooled", 1, None, make_env)
     assert run["curve"][-1]["env_steps"] >= 2_048
     assert 0.0 <= run["curve"][-1]["completion"] <= 1.0
+
+
+def test_the_learnable_walker_fails_only_after_a_sustained_error():
+    """With LEARNABLE's 0.2 s, an error past the tolerance ends the episode on its 10th frame, not its 1st;
+    the third study's walker ends it on the first."""
+    from redisync.study.walker import LEARNABLE, TOLERANCE, WalkerOptions, WalkerTracking
+
+    for options, frames in ((LEARNABLE, 10), (WalkerOptions(), 1)):
+        env = WalkerTracking(_task(), torch.zeros(1, dtype=torch.long), seed=0, options=options)
+        env.ref_q = env.ref_q + 10 * TOLERANCE  # every frame's error far past the bound
+        steps = 0
+        while True:
+            steps += 1
+            if bool(env.step(torch.zeros(1, 6)).terminated[0]):
+                break
+            assert steps < 50
+        assert steps == frames
+
+
+def test_mild_segments_remap_fewer_motors_than_the_third_studys():
+    """Each mild kind is a permutation with signs, moving 2 of the 6 motors; the third study's move 4 to 6."""
+    from redisync.study.walker import actuation
+
+    for kind in (1, 2, 3):
+        mild, full = actuation(kind, mild=True), actuation(kind)
+        for a in (mild, full):
+            assert np.allclose(np.abs(a).sum(0), 1)
+            assert np.allclose(np.abs(a).sum(1), 1)
+        assert int((np.diag(mild) != 1).sum()) == 2
+        assert int((np.diag(full) != 1).sum()) >= 4

@@ -1,0 +1,103 @@
+"""The fourth study: drift on a walker that can learn. Its pilots first, then (once they have
+passed) a plan committed before the gate and the contrasts.
+
+The task (`redisync.study.walker`, `make_learnable_env`): a 30-second gait with two mild skill
+segments, a failure only after the error has stayed past the bound for 0.2 s (so a failed visit
+yields at least ten transitions inside a segment). The budget: 16 shards × 32 envs (512 in all),
+2 048 000 env steps, 8 SAC updates per fleet step, BeyondMimic's EMA rate α = 0.001. The primary
+endpoint: the share of evaluation rollouts started 1 s before a skill segment that reach its end
+without a failure (``skill_success``), averaged over the run's evaluations; completion from frame 0
+is secondary (its floor depends on where the first segment sits).
+
+Pilots (their seeds are never reused by the gate or the contrasts):
+
+- **learnability** (`LEARNABILITY_SEEDS`): one collector whose starts an oracle puts just before the
+  skill segments (``oracle``), beside ``single`` (adaptive, one collector) and ``uniform``: can the
+  learner learn a segment within the budget at all, given the data? If the oracle cannot, the task
+  changes, never the gate.
+- **paired sd** (`SD_SEEDS`): ``local`` and ``pooled`` at 16 × 32, for the paired difference's spread
+  the contrasts' power is computed from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .fleet import StudyConfig
+from .learner import SACConfig
+from .task import TaskConfig
+
+ENV = "redisync.study.walker:make_learnable_env"
+TASK = TaskConfig(bins=30, skill_segments=2, episode_s=10.0)
+CONFIG = StudyConfig(
+    shards=16,
+    envs_per_shard=32,
+    env_steps=2_048_000,  # 4 000 fleet steps
+    learning_starts=51_200,
+    updates_per_step=8,  # 31 000 SAC updates
+    sampler_alpha=0.001,  # BeyondMimic's
+    eval_every=256_000,
+    eval_rollouts=4,
+    drift_every=128_000,
+    skill_eval=True,
+    task=TASK,
+    sac=SACConfig(hidden=128, batch_size=512, buffer_size=2_048_000),
+)
+PRIMARY_METRIC = "skill_success_auc"
+LEARNABILITY_SEEDS = (600, 601)
+SD_SEEDS = (610, 611, 612)
+LEARNABILITY_ARMS = ("oracle", "single", "uniform")
+SD_ARMS = ("local", "pooled")
+
+
+def pilot_cells() -> list[tuple[str, str, list[int]]]:
+    """Every pilot run, (condition, arm, seeds): learnability first, then the paired sd's."""
+    return [("H", arm, list(LEARNABILITY_SEEDS)) for arm in LEARNABILITY_ARMS] + [
+        ("H", arm, list(SD_SEEDS)) for arm in SD_ARMS
+    ]
+
+
+def pilot_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per pilot arm and seed, the primary and secondary endpoints; the paired sd of local − pooled."""
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    for run in runs:
+        s = run["summary"]
+        table.setdefault(run["arm"], {})[run["seed"]] = {
+            "skill_success_auc": s.get("skill_success_auc", float("nan")),
+            "final_skill_success": s.get("final_skill_success", float("nan")),
+            "completion_auc": s["completion_auc"],
+            "skill_share": s["skill_share"],
+        }
+    out: dict[str, Any] = {"arms": table}
+    local, pooled = table.get("local", {}), table.get("pooled", {})
+    both = sorted(set(local) & set(pooled))
+    if len(both) >= 2:
+        d = np.array([local[k][PRIMARY_METRIC] - pooled[k][PRIMARY_METRIC] for k in both])
+        out["paired_sd"] = {"seeds": both, "differences": d.tolist(), "sd": float(d.std(ddof=1))}
+    return out
+
+
+def run_pilots(
+    out: Path, *, workers: int, show_progress: bool = False, on_stage: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The pilots, each run kept in ``out/pilots`` as it finishes (the same call again resumes), and
+    ``out/pilots.json`` written from the runs so far."""
+    from .study import run_cells
+
+    say = on_stage or (lambda _: None)
+    runs: list[dict[str, Any]] = []
+    for cell in pilot_cells():
+        say(f"pilot: {cell[1]}, seeds {cell[2]}")
+        runs += run_cells(
+            CONFIG, [cell], url=None, env_spec=ENV, workers=workers, show_progress=show_progress,
+            desc=f"pilot {cell[1]}", saved=out / "pilots",
+        )  # fmt: skip
+        summary = pilot_summary(runs)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pilots.json").write_text(json.dumps(summary, indent=1, default=float))
+    return pilot_summary(runs)

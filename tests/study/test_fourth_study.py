@@ -1,0 +1,64 @@
+"""The fourth study's pieces: the oracle's starts, the skill-segment endpoint, the pilots' summary."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.extras("torch", "scipy")
+
+
+def _collector(arm_name: str, seed: int = 3):
+    from redisync.study.fleet import ARMS, StudyConfig, default_env, make_collector
+    from redisync.study.task import TaskConfig
+
+    cfg = StudyConfig(task=TaskConfig(bins=30, skill_segments=2, seed=seed))
+    return make_collector(cfg, ARMS[arm_name], 0, 1, 64, seed, None, f"t-oracle-{seed}", default_env(cfg.task))
+
+
+def test_an_oracles_starts_lie_in_the_second_before_a_skill_segment():
+    """Three quarters of an oracle's starts fall in the second before one of the profile's skill segments."""
+    c = _collector("oracle")
+    skill = c.env.skill_bins[0]
+    per_bin = c.env.num_frames / skill.shape[0]
+    starts = c.oracle_starts(4000)
+    before = torch.zeros(len(starts), dtype=torch.bool)
+    for b in skill.nonzero().squeeze(1).tolist():
+        first = int(b * per_bin)
+        before |= (starts >= first - 50) & (starts < first)
+    share = float(before.float().mean())
+    assert 0.72 < share < 0.80, share  # 0.75 by construction, plus the uniform part's few (2/30 of 0.25)
+
+
+def test_skill_success_counts_rollouts_that_reach_a_segments_end():
+    """On a task that cannot fail every rollout reaches its segment's end; a point mass that never
+    pushes, on the real tolerance, reaches none."""
+    from redisync.study.evaluation import Evaluation
+    from redisync.study.task import SkillTracking, TaskConfig
+
+    task = TaskConfig(bins=30, skill_segments=2, seed=5)
+    ev = Evaluation(lambda profiles, seed: SkillTracking(task, profiles, seed), 1, 3, skill=True)
+
+    def still(profiles):
+        return lambda obs: torch.zeros(obs.shape[0], 2)
+
+    row = ev.run(still)
+    assert row["skill_success"] == 0.0  # it leaves the curve within the second before the segment
+    lenient = TaskConfig(bins=30, skill_segments=2, seed=5, tolerance=1e9)
+    ev = Evaluation(lambda profiles, seed: SkillTracking(lenient, profiles, seed), 1, 3, skill=True)
+    assert ev.run(still)["skill_success"] == 1.0
+
+
+def test_the_pilots_summary_gives_the_paired_sd_of_local_minus_pooled():
+    from redisync.study.fourth_study import pilot_summary
+
+    def run(arm, seed, v):
+        return {"arm": arm, "seed": seed, "summary": {"skill_success_auc": v, "final_skill_success": v,
+                                                      "completion_auc": 0.1, "skill_share": 0.05}}  # fmt: skip
+
+    runs = [run("local", 1, 0.4), run("pooled", 1, 0.5), run("local", 2, 0.3), run("pooled", 2, 0.6)]
+    out = pilot_summary(runs)
+    assert out["paired_sd"]["differences"] == pytest.approx([-0.1, -0.3])
+    assert math.isclose(out["paired_sd"]["sd"], torch.tensor([-0.1, -0.3]).std().item(), rel_tol=1e-6)
