@@ -152,10 +152,13 @@ def test_a_killed_sidecar_is_restarted_within_the_same_life(real_url):
         store.delete()
 
 
+SHM_PREFIXES = ("redisync", "psm_")  # what a redisync block, or multiprocessing's SharedMemory, would be named
+
+
 @pytest.mark.extras("torch")
 def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group(real_url, tmp_path):
     """SIGKILL of the whole group (the resource tracker dies too): the sidecar exits and nothing is
-    left in /dev/shm (the blocks are anonymous memory files)."""
+    left in /dev/shm of ours (the blocks are anonymous memory files; another process's files there are not ours)."""
     run = f"sidecar-orphan-{os.getpid()}"
     script = textwrap.dedent(f"""
         import sys, time
@@ -184,7 +187,11 @@ def test_the_sidecar_and_the_shared_memory_die_with_the_collectors_process_group
         os.killpg(collector.pid, signal.SIGKILL)
         collector.wait()
         assert wait_for(lambda: not _alive(int(pid)), timeout=5), "the sidecar outlived its collector"
-        assert set(os.listdir("/dev/shm")) - before == set(), "shared memory outlived every process that held it"
+        assert not [b for b in blocks if os.path.exists(b)], "a block's name outlived every process that held it"
+        # scoped to names of ours: other processes on a shared machine create and remove their own
+        # (multiprocessing's sem.mp-*), which say nothing of this collector
+        ours = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith(SHM_PREFIXES)}
+        assert ours == set(), "shared memory outlived every process that held it"
     finally:
         collector.kill()
         collector.wait()

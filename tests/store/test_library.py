@@ -3,8 +3,12 @@ with a typed error by a server too old to hold it, and the same text on both bac
 
 from __future__ import annotations
 
+import uuid
+
 import fakeredis
 import pytest
+
+import redisync
 
 from redisync import errors
 from redisync.store.client import Store
@@ -12,6 +16,33 @@ from redisync.store.library import FUNCTIONS, Library
 from redisync.store.schema import Schema, broadcast, merge
 
 SCHEMA = Schema.of({"obs/norm": merge(2, lifecycle="history"), "curriculum/scale": broadcast(())})
+
+
+@pytest.fixture(scope="module")
+def own_url(tmp_path_factory):
+    """A redis-server of this module's own: its tests FUNCTION FLUSH and prune, server-wide commands
+    that would remove every other test worker's library from a shared server."""
+    from tests.servers import RedisProcess
+
+    server = RedisProcess(tmp_path_factory.mktemp("library")).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def make_store(backend, own_url):
+    """Fresh runs on the embedded store or on this module's own server (never the shared one)."""
+    made: list[Store] = []
+
+    def make(run: str | None = None) -> Store:
+        store = redisync.connect(own_url if backend == "real" else None, run=run or f"t-{uuid.uuid4().hex[:12]}")
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.delete()
+        store.close()
 
 
 def _loaded(store: Store) -> set[str]:
