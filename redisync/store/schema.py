@@ -32,12 +32,15 @@ from .semantics import (
     MaximumSpec,
     MergeReport,
     MergeSpec,
+    MinimumReport,
+    MinimumSpec,
     Report,
 )
 from .semantics.base import Part, ReportBase, first_error, plain_numbers
 from .semantics.broadcast import broadcast
 from .semantics.maximum import maximum
 from .semantics.merge import merge
+from .semantics.minimum import minimum
 
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}$")
 
@@ -53,6 +56,8 @@ __all__ = [
     "MaximumSpec",
     "MergeReport",
     "MergeSpec",
+    "MinimumReport",
+    "MinimumSpec",
     "Report",
     "Schema",
     "broadcast",
@@ -60,6 +65,7 @@ __all__ = [
     "encode_reports",
     "maximum",
     "merge",
+    "minimum",
     "plain_numbers",
 ]
 

@@ -2,14 +2,15 @@
 
 - `.broadcast`: last writer wins (an owner's value for everyone);
 - `.merge`: the exact sum of every shard's live slot (pooled statistics);
-- `.maximum`: the element-wise maximum of everything reported (a level any shard may raise).
+- `.maximum`: the element-wise maximum of everything reported (a level any shard may raise);
+- `.minimum`: the element-wise minimum (a level any shard may lower).
 
 ``NAMES`` is the registry: one entry per semantics, each a module here (whose ``SPEC`` is its key
 spec's class) and a Lua module ``lua/semantics/<name>.lua`` (the library takes its list from here).
 ``KeySpec`` is the type of any key's spec (a pydantic union told apart by its ``semantics`` field,
 made from the registry); code outside the semantics' modules asks the spec (`.base.SpecBase`'s
 methods) and never tells one class from another, so a new semantics is its two modules and its name
-here. The builders (``broadcast()``, ``merge()``, ``maximum()``) are in their modules and in
+here. The builders (``broadcast()``, ``merge()``, ``maximum()``, ``minimum()``) are in their modules and in
 `redisync.store.schema`.
 """
 
@@ -26,6 +27,7 @@ from .base import ReportBase, SpecBase
 from .broadcast import BroadcastReport, BroadcastSpec
 from .maximum import MaximumReport, MaximumSpec
 from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
+from .minimum import MinimumReport, MinimumSpec
 
 # the registry: one name per semantics
 NAMES = ("broadcast", "merge", "maximum", "minimum")
@@ -50,5 +52,7 @@ __all__ = [
     "MaximumSpec",
     "MergeReport",
     "MergeSpec",
+    "MinimumReport",
+    "MinimumSpec",
     "Report",
 ]
