@@ -17,6 +17,7 @@ OWN_SERVER = ("RedisProcess(", "LoopbackCluster(")
 
 
 def test_server_wide_commands_run_only_in_modules_that_start_their_own_server():
+    """A test module that calls a server-wide command starts a redis-server of its own."""
     offenders = []
     for path in sorted(TESTS.rglob("test_*.py")):
         if path == Path(__file__).resolve():

@@ -13,6 +13,7 @@ import click
 import redis
 
 from .. import __version__, errors
+from .advise import advise
 from .aggregate import aggregate
 from .bench import bench
 from .demo import demo
@@ -35,7 +36,7 @@ def cli() -> None:
     collector takes at its next reset boundary. These commands show it, measure it and study it."""
 
 
-for command in (demo, ab, bench, inspect, watch, exporter, aggregate, snapshot, restore, functions):
+for command in (demo, advise, ab, bench, inspect, watch, exporter, aggregate, snapshot, restore, functions):
     cli.add_command(command)
 
 

@@ -304,7 +304,11 @@ def make_collector(
     env = make_env(profiles, seed * 1_000 + shard)
     grouped = arm.sampler == "per-profile"
     mode: SamplerMode = (
-        "local" if arm.sampler in ("uniform", "oracle") else "pooled" if arm.sampler == "per-profile" else arm.sampler
+        "local"
+        if arm.sampler == "uniform" or arm.sampler == "oracle"
+        else "pooled"
+        if arm.sampler == "per-profile"
+        else arm.sampler
     )
     frames = [env.num_frames] * profiles_n if grouped else env.num_frames
     sampler = AdaptiveMotionSampler(

@@ -168,7 +168,7 @@ class WalkerTracking:
         self.qvel = np.zeros((n, self.model.nv))
         self.frames_np: np.ndarray = np.zeros(n, dtype=np.int64)
         self.age = np.zeros(n, dtype=np.int64)
-        self.over = np.zeros(n, dtype=np.int64)  # consecutive frames past the tolerance
+        self.over: np.ndarray = np.zeros(n, dtype=np.int64)  # consecutive frames past the tolerance
         self.reset(torch.arange(n), torch.zeros(n, dtype=torch.long))
 
     @property

@@ -9,7 +9,6 @@ import fakeredis
 import pytest
 
 import redisync
-
 from redisync import errors
 from redisync.store.client import Store
 from redisync.store.library import FUNCTIONS, Library

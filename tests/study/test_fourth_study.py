@@ -52,6 +52,7 @@ def test_skill_success_counts_rollouts_that_reach_a_segments_end():
 
 
 def test_the_pilots_summary_gives_the_paired_sd_of_local_minus_pooled():
+    """The paired sd is the sample sd of local − pooled skill success over the seeds both ran."""
     from redisync.study.fourth_study import pilot_summary
 
     def run(arm, seed, v):

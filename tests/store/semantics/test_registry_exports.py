@@ -8,6 +8,7 @@ from redisync.store import schema, semantics
 
 
 def test_every_registered_semantics_is_exported_by_the_schema_the_semantics_and_the_package():
+    """For each name in the registry: its builder in schema and redisync, its Spec and Report classes in both __all__."""
     for name in semantics.NAMES:
         title = name.capitalize()
         assert name in schema.__all__, name

@@ -1,0 +1,110 @@
+"""``redisync advise``: how differently a fleet's unsynced samplers would sample from one unsharded run,
+from the model of the sampler (`redisync.terms.drift_model`), for the user's own configuration."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .common import num, table
+
+LIMITS = (
+    "What the model can claim: it computes the sampler's start distributions at their steady state for the "
+    "failure law given (failures per env per step, hard bins and how much harder, an episode's length), "
+    "with the linear-noise approximation of the EMA's noise. It says how differently shards would sample, "
+    "not what that does to training: whether a difference in start distributions slows learning depends on "
+    "the task and the learner, which the model does not see. A policy that is still learning moves the "
+    "failure law faster than the steady state assumes. Checked against the sampler's formulas run step by "
+    "step on the same failure law (the model's page: docs/concepts/drift-model.md)."
+)
+
+
+@click.command(short_help="Predict how far unsynced samplers sample from one unsharded run.")
+@click.option("--shards", required=True, type=click.IntRange(1, 100_000), help="collector shards (processes)")
+@click.option("--envs-per-shard", required=True, type=click.IntRange(1, 10_000_000), help="envs in each shard")
+@click.option("--alpha", default=0.001, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="the failure EMA's rate (BeyondMimic's 0.001)")  # fmt: skip
+@click.option("--bins", required=True, type=click.IntRange(2, 100_000), help="the sampler's bins (one per second)")
+@click.option("--failure-rate", required=True, type=click.FloatRange(0, 1, min_open=True),
+              help="failures per env per env step, as your run logs them (the EMA's mass divided by the envs)")  # fmt: skip
+@click.option("--episode-s", default=10.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="an episode's length without a failure, in seconds")  # fmt: skip
+@click.option("--step-dt", default=0.02, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="the env step, in seconds")  # fmt: skip
+@click.option("--hard-bins", default=0, show_default=True, type=click.IntRange(0),
+              help="bins where failures concentrate (0: every bin alike)")  # fmt: skip
+@click.option("--hard-ratio", default=10.0, show_default=True, type=click.FloatRange(1),
+              help="how many times as likely to fail a hard bin is")  # fmt: skip
+@click.option("--uniform-ratio", default=0.1, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="the sampler's uniform ratio ε")  # fmt: skip
+@click.option("--mix", default="code", show_default=True, type=click.Choice(["code", "paper"]),
+              help="the uniform mix: BeyondMimic's code or its paper")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="print the model's figures as JSON")
+def advise(
+    shards: int,
+    envs_per_shard: int,
+    alpha: float,
+    bins: int,
+    failure_rate: float,
+    episode_s: float,
+    step_dt: float,
+    hard_bins: int,
+    hard_ratio: float,
+    uniform_ratio: float,
+    mix: str,
+    as_json: bool,
+) -> None:
+    """Predict, from a model of the adaptive sampler, how differently SHARDS unsynced samplers of
+    ENVS-PER-SHARD envs each sample start frames from one unsharded run of all the envs (the pooled sampler)."""
+    from ..terms.drift_model import FleetModel, predict, profile
+
+    episode_steps = max(1, round(episode_s / step_dt))
+    start_rate = min(1.0, 1.0 / episode_steps + failure_rate)  # episodes end by a time-out or a failure
+    episode_bins = max(1, round(episode_s))
+    hazard, hard = profile(
+        bins, failure_rate, start_rate=start_rate, episode_bins=episode_bins, hard_bins=hard_bins,
+        hard_ratio=hard_ratio,
+    )  # fmt: skip
+    model = FleetModel(
+        shards, envs_per_shard, hazard, alpha=alpha, start_rate=start_rate, uniform_ratio=uniform_ratio,
+        mix=mix,  # type: ignore[arg-type]
+        episode_bins=episode_bins, hard=hard,
+    )  # fmt: skip
+    p = predict(model)
+    if as_json:
+        out = p.to_dict()
+        for arm in ("local", "pooled"):
+            out[arm].pop("distribution")
+        out.pop("oracle")
+        out["model"].pop("hazard")
+        out["model"].pop("hard")
+        out["limits"] = LIMITS
+        click.echo(json.dumps(out, indent=1))
+        return
+    local, pooled = p.local, p.pooled
+    rows = [
+        ["failures per bin in the EMA's window", num(local.failures_per_bin_window, 2),
+         num(pooled.failures_per_bin_window, 2)],
+        ["uniform share of the start distribution", num(local.uniform_share, 3), num(pooled.uniform_share, 3)],
+        ["a shard's distance from the pooled distribution (TV)", num(local.shard_distance, 3), "0.000"],
+        ["disagreement between shards (TV from the fleet's mix)", num(local.disagreement, 3), "0.000"],
+        ["share of starts in the hard bins", num(local.skill_share, 3) if hard_bins else "-",
+         num(pooled.skill_share, 3) if hard_bins else "-"],
+        ["distance from the noise-free pooled sampler (TV)", num(local.regret, 3), num(pooled.regret, 3)],
+        ["  of which flattening (the uniform part weighs more)", num(local.parts["flattening"], 3),
+         num(pooled.parts["flattening"], 3)],
+        ["  of which noise (few failures per bin)", num(local.parts["noise"], 3), num(pooled.parts["noise"], 3)],
+        ["  of which feedback (over-sampled bins fail more)", num(local.parts["feedback"], 3),
+         num(pooled.parts["feedback"], 3)],
+    ]  # fmt: skip
+    click.echo(
+        f"{shards} shards x {envs_per_shard} envs, alpha {alpha}, {bins} bins, {failure_rate} failures per env "
+        f"per step, {mix} mix" + (f", {hard_bins} hard bins x{hard_ratio:g}" if hard_bins else "")
+    )
+    click.echo(table(["the model's figure", "unsynced (local)", "synced (pooled)"], rows))
+    click.echo(
+        f"The fleet's start distribution unsynced is {num(p.distance_from_pooled, 3)} (TV) from one unsharded "
+        f"run's; each shard's own is {num(local.shard_distance, 3)} from it."
+    )
+    click.echo(LIMITS)
