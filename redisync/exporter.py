@@ -5,7 +5,9 @@ needs, as ``watch`` keeps them) with read-only commands, so the ``inspector`` ro
 ``deploy/users.acl`` suffices. Labels are ``run``, ``shard`` and ``key``: their number is bounded
 by the runs on the server, the shards of each run and the keys of its schema. A store that cannot
 be read turns ``redisync_store_up`` to 0 and exports nothing else: a dashboard never shows old
-figures as current.
+figures as current. A run the exporter cannot describe (a malformed meta, a key of the wrong type, a
+slot no Cluster node serves) is one ``redisync_run_error`` series for that run, with its reason's
+type, and no other series of it; the other runs are exported as usual.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 # every metric the exporter writes, with its help text (the dashboard's and the alerts' test reads it)
 METRICS = {
     "redisync_store_up": "1 when the store answered this scrape, 0 when it did not or refused a read (the exporter's log says which)",
+    "redisync_run_error": "1 for a run this scrape could not describe, labelled with the error's type (the exporter's log says more)",
     "redisync_run_fleet_version": "the run's fleet version: one more per fold (rate: folds per second)",
     "redisync_run_updated_age_seconds": "seconds since the run's last fold",
     "redisync_run_dead_letters": "reports refused and kept in the run's dead-letter stream (its length)",
@@ -52,6 +55,7 @@ class FleetCollector(Collector):
         self._stores: dict[str, tuple[Any, Store]] = {}  # per run: (its epoch, its store), kept across scrapes
         self._sampled: dict[str, tuple[str, SampledDistance]] = {}  # per run: its epoch's fleet states seen
         self._said = ""  # the last failure logged (each new one is logged once)
+        self._run_errors: set[str] = set()  # the runs' failures logged
 
     def describe(self) -> Iterator[Any]:
         """Nothing: the registry would otherwise call collect() at registration, when the store may not answer yet."""
@@ -77,6 +81,51 @@ class FleetCollector(Collector):
         yield from families
 
     def _families(self) -> list[Any]:
+        g, c = self._new_families()
+        errors = GaugeMetricFamily("redisync_run_error", METRICS["redisync_run_error"], labels=["run", "reason"])
+        runs = self.runs or tuple(list_runs(self._client))
+        for run in set(self._stores) - set(runs):  # a run deleted since: its client goes too
+            self._stores.pop(run)[1].redis.close()
+        for run in runs:
+            mine_g, mine_c = self._new_families()
+            try:
+                self._run(self._store_of(run), mine_g, mine_c)
+            except Exception as e:  # noqa: BLE001 (one run's failure, whatever it is, is that run's error)
+                if not self._answers():
+                    raise  # the store itself: redisync_store_up 0
+                self._said_of(run, e)
+                errors.add_metric([run, type(e).__name__], 1.0)
+                continue
+            for mine, into in ((mine_g, g), (mine_c, c)):
+                for name, family in mine.items():
+                    into[name].samples.extend(family.samples)
+        return [errors, *g.values(), *c.values()]
+
+    def _answers(self) -> bool:
+        """Whether the store answers a PING now (a run's failure is then the run's, not the store's)."""
+        try:
+            return bool(self._client.ping())
+        except (redis.RedisError, OSError):
+            return False
+
+    def _said_of(self, run: str, e: BaseException) -> None:
+        text = f"{run}: {type(e).__name__}: {e}"
+        if text not in self._run_errors:
+            self._run_errors.add(text)
+            log.warning("redisync exporter: run %r could not be described: %s: %s", run, type(e).__name__, e)
+
+    def _store_of(self, run: str) -> Store:
+        """A store per run, kept (a scrape opens no connection pool) until the run's epoch changes: a
+        run registered again may hold another schema."""
+        epoch = self._client.hget(RunKeys(run).meta, "epoch")
+        if run not in self._stores or self._stores[run][0] != epoch:
+            if run in self._stores:
+                self._stores[run][1].redis.close()
+            self._stores[run] = (epoch, connect(self.url, run=run))
+        return self._stores[run][1]
+
+    @staticmethod
+    def _new_families() -> tuple[dict[str, GaugeMetricFamily], dict[str, CounterMetricFamily]]:
         g = {
             name: GaugeMetricFamily(name, help, labels=labels)
             for name, help, labels in (
@@ -96,19 +145,7 @@ class FleetCollector(Collector):
             name: CounterMetricFamily(name, METRICS[name], labels=["run", "key"])
             for name in ("redisync_key_dropped_lapsed", "redisync_key_dropped_stale")
         }
-        runs = self.runs or tuple(list_runs(self._client))
-        for run in set(self._stores) - set(runs):  # a run deleted since: its client goes too
-            self._stores.pop(run)[1].redis.close()
-        for run in runs:
-            # a store per run, kept (a scrape opens no connection pool) until the run's epoch changes: a run
-            # registered again may hold another schema
-            epoch = self._client.hget(RunKeys(run).meta, "epoch")
-            if run not in self._stores or self._stores[run][0] != epoch:
-                if run in self._stores:
-                    self._stores[run][1].redis.close()
-                self._stores[run] = (epoch, connect(self.url, run=run))
-            self._run(self._stores[run][1], g, c)
-        return [*g.values(), *c.values()]
+        return g, c
 
     def _run(self, store: Store, g: dict[str, GaugeMetricFamily], c: dict[str, CounterMetricFamily]) -> None:
         run = store.run

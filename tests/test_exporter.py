@@ -212,6 +212,7 @@ def test_every_alert_rule_names_exported_metrics():
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
     assert {r["alert"] for r in rules} == {
         "RedisyncStoreUnreadable",
+        "RedisyncRunUnreadable",
         "RedisyncShardLapsed",
         "RedisyncRunStale",
         "RedisyncDeadLettersGrowing",
@@ -281,3 +282,44 @@ def test_a_run_registered_again_with_another_schema_is_read_with_its_new_schema(
         assert keys_seen(collector) == {"new/key"}
     finally:
         redisync.connect(real_url, run=run).delete()
+
+
+def test_a_run_it_cannot_describe_is_that_runs_error_never_the_stores(real_url):
+    """A run whose meta is malformed (a fleet version that is no number, a schema that does not parse)
+    or of the wrong type is one redisync_run_error series with the error's type, and nothing else of
+    it; the store is up and a healthy run beside them is exported whole. (Before, the scrape failed:
+    redisync_store_up 0, or an HTTP 500 with no store_up at all.)"""
+    import uuid
+
+    import redis as redis_py
+
+    from redisync.exporter import FleetCollector
+    from redisync.store.keys import RunKeys
+
+    tag = uuid.uuid4().hex[:8]
+    good, version, schema, wrong = (f"exp-{name}-{tag}" for name in ("good", "version", "schema", "wrongtype"))
+    client = redis_py.Redis.from_url(real_url)
+    stores = [redisync.connect(real_url, run=r) for r in (good, version, schema)]
+    try:
+        for store in stores:
+            store.register(Schema.of({"obs/norm": merge(2, lifecycle="history")}))
+            store.shard(0).publish({"obs/norm": {"count": 1.0, "sum": [1.0, 2.0]}})
+        client.hset(RunKeys(version).meta, "fleet_version", "abc")
+        client.hset(RunKeys(schema).meta, "schema", "{not json")
+        client.set(RunKeys(wrong).meta, "a string where a hash belongs")
+        for runs in ((good, version, schema, wrong), ()):
+            families = {f.name: f for f in FleetCollector(real_url, runs).collect()}
+            assert families["redisync_store_up"].samples[0].value == 1.0
+            errors = {s.labels["run"]: s.labels["reason"] for s in families["redisync_run_error"].samples}
+            assert {version, schema, wrong} <= set(errors), errors
+            assert good not in errors
+            exported = {
+                s.labels.get("run") for f in families.values() for s in f.samples if f.name != "redisync_run_error"
+            }
+            assert good in exported
+            assert not {version, schema, wrong} & exported  # nothing half-read of a failed run
+    finally:
+        for store in stores:
+            store.delete()
+        client.delete(RunKeys(wrong).meta)
+        client.close()

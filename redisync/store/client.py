@@ -129,7 +129,15 @@ def _cluster_client(url: str, **kwargs: Any) -> Any:
     if not nodes:
         raise errors.ConnectionUnavailable(f"bad Cluster URL {url!r}: use redis+cluster://host:port[,host:port]")
     keep = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout", "retry") if k in kwargs}
-    return RedisCluster(startup_nodes=nodes, username=unquote(user) or None, password=unquote(password) or None, **keep)
+    # require_full_coverage=False: a slot no node serves fails only the runs in it (redis-py's default
+    # refuses every new client, for every run, while one slot is uncovered)
+    return RedisCluster(
+        startup_nodes=nodes,
+        username=unquote(user) or None,
+        password=unquote(password) or None,
+        require_full_coverage=False,
+        **keep,
+    )
 
 
 def server_time_us(client: Any) -> int:
@@ -278,6 +286,7 @@ def _translated(method: Any) -> Any:
             redis.exceptions.ClusterError,  # the cluster down (a primary failing over), redirects exhausted
             redis.exceptions.TryAgainError,  # a slot migrating
             redis.exceptions.SlotNotCoveredError,  # a slot no live node serves (while the topology settles)
+            redis.exceptions.RedisClusterException,  # the others redis-py's cluster client raises untyped
         ) as e:  # a Cluster partly down: unavailable for this run, retried as any outage
             self._forget_connections()
             raise errors.ConnectionUnavailable(f"{self.url}: the Cluster cannot serve run {self.run!r} now: {e}") from e
