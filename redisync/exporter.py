@@ -90,7 +90,7 @@ class FleetCollector(Collector):
             mine_g, mine_c = self._new_families()
             try:
                 self._run(self._store_of(run), mine_g, mine_c)
-            except Exception as e:  # noqa: BLE001 (one run's failure, whatever it is, is that run's error)
+            except Exception as e:  # one run's failure, whatever it is, is that run's error
                 if not self._answers():
                     raise  # the store itself: redisync_store_up 0
                 self._said_of(run, e)
