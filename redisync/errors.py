@@ -56,6 +56,11 @@ class ShardInUse(RedisyncError):
         return (ShardInUse, (self.shard_id, self.incarnation, self.remaining_ms))
 
 
+class Fenced(RedisyncError):
+    """A later process has claimed this process's shard: it must stop, its reports would be refused
+    (an aggregator replaced by another one for the same sub-run)."""
+
+
 class RunNotFound(RedisyncError):
     """The run has no state in the store: never registered, or the store lost it (new epoch)."""
 

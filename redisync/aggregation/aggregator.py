@@ -23,6 +23,7 @@ have claimed the new sub-run as before or ``reseed_s`` has passed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -81,8 +82,10 @@ class Aggregator:
             raise errors.ConfigurationError(f"run {root.run!r} has {len(names)} sub-runs; there is no sub-run {index}")
         self.root, self.sub, self.index, self.names = root, root.sibling(names[index]), index, names
         self.period_s, self.lease_s, self.heartbeat_s, self.reseed_s = period_s, lease_s, heartbeat_s, reseed_s
-        self.up = root.shard(ROOT_SHARD_BASE + index, resume=True)
-        self.down = self.sub.shard(OUTSIDE_SHARD, resume=True)
+        # its two shards, resumed (a restart takes its predecessor's slots over) but never taken from a
+        # live holder: a second aggregator of the same sub-run is refused (ShardInUse), not let in
+        self.up = self._claimed(root.shard(ROOT_SHARD_BASE + index, resume=True))
+        self.down = self._claimed(self.sub.shard(OUTSIDE_SHARD, resume=True))
         self.schema: Schema | None = None
         self.limits: Limits | None = None  # the sub-run's, for a sub-run or root registered again
         self._owners: dict[int, ShardClient] = {}  # an owner's shard, in the root or the sub-run
@@ -91,6 +94,7 @@ class Aggregator:
         self._held_until = 0.0
         self._shards_before = 0
         self._epoch: str | None = None
+        self._root_epoch: str | None = None
         self._leased_at = -float("inf")
         self.rounds = 0
 
@@ -101,15 +105,21 @@ class Aggregator:
         done = Round()
         schema = self._schema()
         self.root.split(self.names)  # (a root the store lost is split again before anything is published)
+        if not self.root.registered():  # and registered again, by whichever round finds it lost
+            self.root.register(schema, self.limits)
+            self._forget_sent(self.root)
+            log.warning("root run %r lost by its store: registered again by sub-run %r's aggregator", self.root.run,
+                        self.sub.run)  # fmt: skip
         sub = self._pull(self.down, self.sub, schema)
         self._renew_leases()
         up = self._contribution(sub, schema, done)
-        self._send(self.root, self.up, {n: v for n, v in up.items() if not self._owned(schema, n)}, done.up)
-        for name, value in up.items():
-            owner = self._owner(schema, name)
-            if owner is not None and self._home(owner) == self.index:
-                self._send(self.root, self._owner_client(self.root, owner), {name: value}, done.up)
+        self._publish_up(up, schema, done)
         root = self._pull(self.up, self.root, schema)
+        if self._root_epoch is not None and root.epoch != self._root_epoch:  # registered again since our last round
+            self._forget_sent(self.root)
+            self._publish_up(up, schema, done)
+            root = self._pull(self.up, self.root, schema)
+        self._root_epoch = root.epoch
         down: dict[str, Vector] = {}
         for name, view in root.keys.items():
             owner = self._owner(schema, name)
@@ -123,6 +133,14 @@ class Aggregator:
         self._send(self.sub, self.down, down, done.down)
         self.rounds += 1
         return done
+
+    def _publish_up(self, up: dict[str, Vector], schema: Schema, done: Round) -> None:
+        """The sub-run's contribution into the root: as its shard, and each owner's key as its owner."""
+        self._send(self.root, self.up, {n: v for n, v in up.items() if not self._owned(schema, n)}, done.up)
+        for name, value in up.items():
+            owner = self._owner(schema, name)
+            if owner is not None and self._home(owner) == self.index:
+                self._send(self.root, self._owner_client(self.root, owner), {name: value}, done.up)
 
     def _schema(self) -> Schema:
         """The collectors' schema, registered in the sub-run (and then in the root) by the first of them."""
@@ -203,15 +221,35 @@ class Aggregator:
             self._sent[(shard.shard_id, name)] = (np.ascontiguousarray(values[name], dtype="<f8").tobytes(), now)
         sent.extend(reports)
 
+    def _forget_sent(self, store: Store) -> None:
+        """What was sent to ``store``'s run, forgotten: a run its store lost is sent everything again."""
+        ids = {self.up.shard_id} if store is self.root else {self.down.shard_id}
+        ids |= {o for o, client in self._owners.items() if client.store is store}
+        self._sent = {k: v for k, v in self._sent.items() if k[0] not in ids}
+        self._leased_at = -float("inf")
+
+    @staticmethod
+    def _claimed(client: ShardClient) -> ShardClient:
+        client.take_over = False
+        return client
+
     def _renew_leases(self) -> None:
         if time.monotonic() - self._leased_at < self.lease_s / 5:
             return
         ms = max(1, int(self.lease_s * 1e3))
-        self.root.lease(self.up.shard_id, self.up.incarnation, ms)
-        self.sub.lease(self.down.shard_id, self.down.incarnation, ms)
-        for owner, client in self._owners.items():
-            client.store.lease(owner, client.incarnation, ms)
+        for client in (self.up, self.down, *self._owners.values()):
+            if not client.store.lease(client.shard_id, client.incarnation, ms):
+                raise errors.Fenced(
+                    f"sub-run {self.sub.run!r}: another aggregator has claimed shard {client.shard_id} of run "
+                    f"{client.store.run!r}; this one stops (two aggregators of one sub-run)"
+                )
         self._leased_at = time.monotonic()
+
+    def release(self) -> None:
+        """Give its shards' leases up (a clean stop): a successor claims them at once."""
+        for client in (self.up, self.down, *self._owners.values()):
+            if client.claimed:
+                client.store.lease(client.shard_id, client.incarnation, 0)
 
     # ------------------------------------------------------------------ keys with an owner
 
@@ -229,16 +267,24 @@ class Aggregator:
     def _owner_client(self, store: Store, owner: int) -> ShardClient:
         client = self._owners.get(owner)
         if client is None:
-            client = self._owners[owner] = store.shard(owner, resume=True)
+            client = self._owners[owner] = self._claimed(store.shard(owner, resume=True))
         return client
 
     # ------------------------------------------------------------------ the loop
 
     def run(self, stop: threading.Event, on_round: Callable[[Round], Any] | None = None) -> None:
-        """Rounds every ``period_s`` until ``stop`` is set; a store that cannot be reached, or refuses
-        a round (a schema registered anew, a role without a command), is tried again next period
-        (said in the log once per change), never raised."""
+        """Rounds every ``period_s`` until ``stop`` is set, then its leases given up; a store that
+        cannot be reached, or refuses a round (a schema registered anew, a role without a command), is
+        tried again next period (said in the log once per change). Raises `ShardInUse` when another
+        aggregator of the sub-run holds its shards, and `Fenced` when another has claimed them since."""
         said: str | None = None
+        try:
+            self._rounds(stop, on_round, said)
+        finally:
+            with contextlib.suppress(errors.RedisyncError):
+                self.release()
+
+    def _rounds(self, stop: threading.Event, on_round: Callable[[Round], Any] | None, said: str | None) -> None:
         while not stop.is_set():
             began = time.monotonic()
             try:
@@ -248,6 +294,9 @@ class Aggregator:
                 said = None
                 if on_round is not None:
                     on_round(done)
+            except (errors.ShardInUse, errors.Fenced, errors.StaleIncarnation) as e:
+                log.error("sub-run %r: %s", self.sub.run, e)
+                raise errors.Fenced(str(e)) if isinstance(e, errors.StaleIncarnation) else e from None
             except errors.RedisyncError as e:
                 if f"{type(e).__name__}: {e}" != said:
                     log.warning(

@@ -9,6 +9,8 @@ import threading
 
 import click
 
+from .. import errors
+
 from ..aggregation import Aggregator, split
 from .common import SERVER_URL, connected, not_embedded
 
@@ -46,14 +48,23 @@ def aggregate(url: str | None, run: str, subruns: int | None, indices: tuple[int
     click.echo(f"redisync aggregate: run {run!r} as {len(names)} sub-runs: {', '.join(names)}", err=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    failed: list[BaseException] = []
+
+    def aggregating(a: Aggregator) -> None:
+        try:
+            a.run(done)
+        except (errors.ShardInUse, errors.Fenced) as e:  # another aggregator holds, or took, this sub-run
+            failed.append(e)
+            done.set()
+
     threads = [
-        threading.Thread(target=a.run, args=(done,), name=f"aggregate-{a.index}", daemon=True) for a in aggregators
+        threading.Thread(target=aggregating, args=(a,), name=f"aggregate-{a.index}", daemon=True) for a in aggregators
     ]
     for thread in threads:
         thread.start()
     with contextlib.suppress(KeyboardInterrupt):
         while not done.wait(1.0):
-            if not all(thread.is_alive() for thread in threads):  # (its error is in the log, with its trace)
+            if not failed and not all(thread.is_alive() for thread in threads):  # (its error is in the log)
                 done.set()
                 for thread in threads:
                     thread.join()
@@ -63,3 +74,5 @@ def aggregate(url: str | None, run: str, subruns: int | None, indices: tuple[int
     done.set()
     for thread in threads:
         thread.join()
+    if failed:  # (exit status 1: a second aggregator of a sub-run is refused, one fenced out stops)
+        raise click.ClickException(f"{failed[0]}")

@@ -846,6 +846,11 @@ class ShardClient:
                     self._incarnation = self.store.claim(self.shard_id, self.take_over)
         return self._incarnation
 
+    @property
+    def claimed(self) -> bool:
+        """Whether this process has claimed its incarnation yet (reading `incarnation` claims one)."""
+        return self._incarnation is not None
+
     @incarnation.setter
     def incarnation(self, value: int) -> None:
         """This process's incarnation of the shard, claimed from the server on first use."""

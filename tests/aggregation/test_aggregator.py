@@ -182,7 +182,10 @@ def test_a_restarted_aggregator_takes_its_slots_over(root):
     reports = {k: report(k, 1) for k in shards}
     for k, shard in shards.items():
         shard.publish(reports[k])
-    rounds([Aggregator(root, j) for j in range(SUBRUNS)])
+    first = [Aggregator(root, j) for j in range(SUBRUNS)]
+    rounds(first)
+    for a in first:
+        a.release()  # a clean stop gives its shards up
     rounds([Aggregator(root, j) for j in range(SUBRUNS)])  # every aggregator restarted
     assert_same(state(root), exact(reports))
     assert_same(state(root.home(1)), exact(reports))
@@ -214,6 +217,8 @@ def test_a_sub_run_lost_by_its_store_leaves_no_dip_in_the_root(root):
     rounds(aggregators)
     assert_same(state(root), want)
 
+    for a in aggregators:
+        a.release()  # (stopped: their successors without the hold claim their shards)
     unheld = [Aggregator(root, j, reseed_s=0.0) for j in range(SUBRUNS)]
     rounds(unheld)
     lost.delete()
@@ -312,3 +317,99 @@ def test_an_aggregator_goes_on_after_a_refused_round(root):
         stop.set()
         thread.join(timeout=10)
     assert len(calls) >= 3  # the refused round, then rounds that went through
+
+
+def test_a_root_lost_by_its_store_comes_back_exact_at_the_next_round(root):
+    """The root's store loses it (deleted, or its server restarted empty) while the aggregators run:
+    the next round registers and splits it again before anything is published up, and the root holds
+    the exact fleet again (was: every later round raised RunNotFound at the up-publish, for good)."""
+    shards = collectors(root)
+    reports = {k: report(k, 1) for k in shards}
+    for k, shard in shards.items():
+        shard.publish(reports[k])
+    aggregators = [Aggregator(root, j) for j in range(SUBRUNS)]
+    rounds(aggregators)
+    assert_same(state(root), exact(reports))
+    root.delete()  # (the sub-runs stay: another slot, another primary)
+    rounds(aggregators)
+    assert root.subruns() == aggregators[0].names
+    assert_same(state(root), exact(reports))
+    later = {k: report(k, 2) for k in shards}
+    for k, shard in shards.items():
+        shard.publish(later[k])
+    rounds(aggregators)
+    assert_same(state(root), exact(later, (reports,)))
+
+
+def test_a_second_aggregator_of_a_sub_run_is_refused_and_the_first_goes_on(root):
+    """While sub-run 0's aggregator holds its shards, a second one for it is refused (ShardInUse) at
+    its first round and takes nothing over; the first goes on and the root stays exact (was: the
+    second silently took the shards, and once it stopped the first was fenced out for good)."""
+    shards = collectors(root)
+    reports = {k: report(k, 1) for k in shards}
+    for k, shard in shards.items():
+        shard.publish(reports[k])
+    aggregators = [Aggregator(root, j) for j in range(SUBRUNS)]
+    rounds(aggregators)
+    second = Aggregator(root, 0)
+    with pytest.raises(errors.ShardInUse):
+        second.step()
+    later = {k: report(k, 2) for k in shards}
+    for k, shard in shards.items():
+        shard.publish(later[k])
+    rounds(aggregators)
+    assert_same(state(root), exact(later, (reports,)))
+
+
+def test_an_aggregator_fenced_out_by_another_stops_with_an_error(root):
+    """Another process claims sub-run 0's root shard over its aggregator (take_over): the aggregator's
+    loop ends with Fenced instead of retrying refused rounds for ever."""
+    collectors(root, ids=range(3))
+    aggregator = Aggregator(root, 0, period_s=0.01, lease_s=0.05)
+    aggregator.step()
+    root.claim(ROOT_SHARD_BASE, take_over=True)  # a later process's claim of its shard
+    stop = threading.Event()
+    timer = threading.Timer(20, stop.set)  # (a loop that retried for ever would end here, without the error)
+    timer.start()
+    try:
+        with pytest.raises(errors.Fenced):
+            aggregator.run(stop)
+    finally:
+        timer.cancel()
+    assert not stop.is_set()
+
+
+def test_a_second_aggregate_command_for_a_run_exits_non_zero_saying_why(real_url):
+    """`redisync aggregate` for a run whose sub-runs another aggregator holds exits 1 and says so."""
+    root = redisync.connect(real_url, run=f"t-{uuid.uuid4().hex[:12]}")
+    names = split(root, 2)
+    collectors(root, ids=range(2))
+    first = [Aggregator(root, j) for j in range(2)]
+    try:
+        for a in first:
+            a.step()
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "redisync.cli",
+                "aggregate",
+                "--url",
+                real_url,
+                "--run",
+                root.run,
+                "--period",
+                "0.05",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 1, proc.stderr
+        assert "is held by a live process" in proc.stderr
+    finally:
+        for a in first:
+            a.release()
+        for name in names:
+            root.sibling(name).delete()
+        root.delete()
