@@ -10,7 +10,6 @@ import threading
 import click
 
 from .. import errors
-
 from ..aggregation import Aggregator, split
 from .common import SERVER_URL, connected, not_embedded
 

@@ -846,15 +846,15 @@ class ShardClient:
                     self._incarnation = self.store.claim(self.shard_id, self.take_over)
         return self._incarnation
 
-    @property
-    def claimed(self) -> bool:
-        """Whether this process has claimed its incarnation yet (reading `incarnation` claims one)."""
-        return self._incarnation is not None
-
     @incarnation.setter
     def incarnation(self, value: int) -> None:
         """This process's incarnation of the shard, claimed from the server on first use."""
         self._incarnation = int(value)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether this process has claimed its incarnation yet (reading `incarnation` claims one)."""
+        return self._incarnation is not None
 
     def continue_from(self, epoch_tag: int, version: int) -> None:
         """Carry on from another process serving this shard (a restarted sidecar): the newest fleet
