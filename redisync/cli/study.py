@@ -62,7 +62,7 @@ from .common import URL, needs, table
     "--fourth-study-pilots",
     is_flag=True,
     help="the fourth study's pilots on the learnable walker (learnability, then the paired sd); every run kept in "
-    "OUT/pilots as it finishes, the same command again resumes",
+    "OUT/pilot-N as it finishes (N: the pilot's round), the same command again resumes",
 )
 @click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"

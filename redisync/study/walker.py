@@ -85,14 +85,15 @@ LEARNABLE = WalkerOptions(sustain_s=0.2, mild=True)
 
 def actuation(kind: int, mild: bool = False) -> np.ndarray:
     """``(6, 6)``: the motor commands a policy's action becomes in a segment of ``kind``. Mild
-    segments remap fewer motors: kind 1 swaps the right leg's hip and knee only, kind 2 reverses the
-    knees only, kind 3 swaps the ankles only."""
+    segments remap two motors: kind 1 swaps the right leg's hip and knee, kind 2 the left leg's,
+    kind 3 swaps the ankles. (The first learnability pilot's kind 2 reversed both knees in the deep
+    crouch: no pilot learnt it, docs/ab/fourth-study/pilots.md.)"""
     order, sign = list(range(JOINTS)), np.ones(JOINTS)
     if kind == 1:
         order = [1, 0, 2, 3, 4, 5] if mild else [1, 0, 2, 4, 3, 5]
     elif kind == 2:
         if mild:
-            sign[[1, 4]] = -1
+            order = [0, 1, 2, 4, 3, 5]
         else:
             sign = -sign
     elif kind == 3:

@@ -63,3 +63,30 @@ def test_the_pilots_summary_gives_the_paired_sd_of_local_minus_pooled():
     out = pilot_summary(runs)
     assert out["paired_sd"]["differences"] == pytest.approx([-0.1, -0.3])
     assert math.isclose(out["paired_sd"]["sd"], torch.tensor([-0.1, -0.3]).std().item(), rel_tol=1e-6)
+
+
+def test_the_learnability_pilot_is_judged_as_planned_and_pilot_1_reported_from_its_files():
+    """learnable(): the oracle's final skill success >= 0.75 on each pilot seed; pilot 1's committed
+    runs fail it, and the pilots page quotes their figures."""
+    import json
+    from pathlib import Path
+
+    from redisync.study.fourth_study import LEARNABILITY_SEEDS, learnable
+
+    def summary(values):
+        return {
+            "arms": {"oracle": {s: {"final_skill_success": v} for s, v in zip(LEARNABILITY_SEEDS, values, strict=True)}}
+        }
+
+    assert learnable(summary([0.75, 1.0])) is True
+    assert learnable(summary([0.5, 1.0])) is False
+    assert learnable({"arms": {}}) is None
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    page = (root / "pilots.md").read_text()
+    for seed in LEARNABILITY_SEEDS:
+        run = json.loads((root / "pilot-1" / f"H-oracle-{seed}.json").read_text())
+        final = run["run"]["curve"][-1]["skill_success"]
+        auc = sum(c["completion"] for c in run["run"]["curve"]) / len(run["run"]["curve"])
+        assert f"| oracle | {seed} | {final:.2f} | {auc:.3f} |" in page
+        assert final < 0.75
+        assert run["provenance"]["commit"].startswith("306bc6d")
