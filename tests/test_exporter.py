@@ -228,7 +228,8 @@ def test_every_alert_rule_names_exported_metrics():
 
 
 def test_the_metrics_role_reads_the_servers_figures_and_no_key(tmp_path):
-    """deploy/users.acl's `metrics` user (redis_exporter's): INFO and CONFIG GET, not a run's keys."""
+    """deploy/users.acl's `metrics` user (redis_exporter's): INFO, CONFIG GET and CLIENT SETNAME (which
+    redis_exporter sends on every scrape: NOPERM without it), not a run's keys."""
     import redis
 
     server = RedisProcess(tmp_path, None, "--aclfile", str(ROOT / "deploy" / "users.acl"))
@@ -237,6 +238,7 @@ def test_the_metrics_role_reads_the_servers_figures_and_no_key(tmp_path):
         client = redis.Redis(port=server.port, username="metrics", password="metrics-change-me")
         assert "redis_version" in client.info()
         assert "maxmemory" in client.config_get("maxmemory")
+        assert client.client_setname("redis_exporter")  # what redis_exporter sends on every scrape
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.hgetall(f"redisync:{{{RUN}}}:meta")
     finally:
@@ -323,3 +325,37 @@ def test_a_run_it_cannot_describe_is_that_runs_error_never_the_stores(real_url):
             store.delete()
         client.delete(RunKeys(wrong).meta)
         client.close()
+
+
+def test_the_exporter_starts_while_the_store_is_down_and_says_so_by_store_up(tmp_path):
+    """Started before its Redis (a store down, a deploy's order): it serves redisync_store_up 0, then 1
+    once the store answers (was: exit 1 at start, so the store-unreadable alert could never fire)."""
+    redis_port, port = free_port(), free_port()
+    proc = _exporter(f"redis://127.0.0.1:{redis_port}/0", port)
+    server = RedisProcess(tmp_path, redis_port)
+    try:
+        assert _scrape(port)[("redisync_store_up", frozenset())] == 0.0
+        server.start()
+        assert _scrape(port)[("redisync_store_up", frozenset())] == 1.0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        proc.stderr.close()
+        server.stop()
+
+
+def test_a_port_in_use_is_said_with_the_port():
+    """The exporter's port taken by another process: one line naming the address and port, exit 1."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "redisync.cli", "exporter", "--url", "redis://127.0.0.1:6379/0", "--port",
+             str(port), "--addr", "127.0.0.1"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert f"127.0.0.1:{port}" in out.stderr

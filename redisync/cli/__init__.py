@@ -46,6 +46,14 @@ def main() -> None:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
+    except click.exceptions.NoSuchOption as e:  # a Redis named another way: the option is --url
+        named = e.option_name.lstrip("-").lower() in ("redis", "redis-url", "host", "server")
+        if named and e.ctx is not None and any("--url" in p.opts for p in e.ctx.command.params):
+            e = click.exceptions.NoSuchOption(
+                e.option_name, f"No such option '{e.option_name}'. Did you mean '--url'?", ctx=e.ctx
+            )
+        e.show()
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

@@ -35,7 +35,7 @@ def aggregate(url: str | None, run: str, subruns: int | None, indices: tuple[int
     """Fold each sub-run of RUN into the run and write the rest of the run back into it, so that
     every collector, publishing to its shard's sub-run, pulls the whole fleet. Collectors need
     only the URL and the run's name; the learner reads the run itself. Runs until interrupted;
-    start one per sub-run (``--index``) on several hosts, or all in one process."""
+    start one per sub-run (--index) on several hosts, or all in one process."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     url = not_embedded(url, "aggregate")
     store = connected(url, run)

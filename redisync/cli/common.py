@@ -35,7 +35,7 @@ SERVER_URL = click.option(
 )
 EXTRAS = {
     "demo": ("torch", "tqdm", "matplotlib"),
-    "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium"),
+    "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium", "mujoco"),
     "peers": ("torch",),
     "exporter": ("prometheus_client",),
 }

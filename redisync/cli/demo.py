@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -112,10 +114,20 @@ def follow_up(url: str, run: str) -> list[str]:
     ]
 
 
+def this_cli() -> str:
+    """This redisync as a fresh shell can call it: its full path when it lives in a virtual
+    environment (a fresh shell has not activated it), else ``redisync``."""
+    script = Path(sys.executable).parent / "redisync"
+    if sys.prefix != sys.base_prefix and script.exists():
+        return str(script)
+    return "redisync" if shutil.which("redisync") else f"{sys.executable} -m redisync.cli"
+
+
 def inspect_commands(url: str, run: str) -> list[str]:
     """The commands that show a run: redisync's inspect and watch, and redis-cli on its keys."""
+    cli = this_cli()
     return [
-        f"redisync inspect --url {url} --run {run}",
-        f"redisync watch --url {url} --run {run}",
+        f"{cli} inspect --url {url} --run {run}",
+        f"{cli} watch --url {url} --run {run}",
         f"redis-cli -u {url} --scan --pattern 'redisync:{{{run}}}:*'",
     ]

@@ -9,6 +9,7 @@ import threading
 
 import click
 
+from .. import errors
 from .common import SERVER_URL, connected, needs, not_embedded
 
 
@@ -31,9 +32,17 @@ def exporter(url: str | None, runs: tuple[str, ...], port: int, addr: str) -> No
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")  # the store's failures and recoveries
     url = not_embedded(url, "exporter")
-    connected(url)  # a wrong URL or password ends here, said once, not at every scrape
+    try:
+        connected(url)  # a wrong password or a refused role ends here, said once, not at every scrape
+    except errors.ConnectionUnavailable as e:  # a store down now: served as redisync_store_up 0 until it answers
+        click.echo(f"redisync exporter: the store does not answer yet ({e}); serving redisync_store_up 0", err=True)
     REGISTRY.register(FleetCollector(url, runs))
-    server, thread = start_http_server(port, addr=addr)
+    try:
+        server, thread = start_http_server(port, addr=addr)
+    except OSError as e:
+        raise errors.ConfigurationError(
+            f"cannot serve metrics on {addr}:{port}: {e.strerror or e} (another process listens there? --port)"
+        ) from None
     click.echo(f"redisync exporter: serving http://{addr}:{server.server_port}/metrics", err=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

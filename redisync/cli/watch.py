@@ -173,7 +173,12 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
 @click.option(
     "--interval", default=1.0, show_default=True, type=click.FloatRange(0.05, 3600), help="seconds between refreshes"
 )
-@click.option("--count", default=0, type=click.IntRange(0), help="stop after this many refreshes (0: until Ctrl-C)")
+@click.option(
+    "--count",
+    default=0,
+    type=click.IntRange(0),
+    help="stop after this many refreshes (0: until Ctrl-C); exit 1 when the last one could not show the run",
+)
 def watch(url: str | None, run: str, interval: float, count: int) -> None:
     """A live view of one run: per shard its report age, how far behind it was, and the distance of
     what it samples from the pooled distribution beside its distance without sync. Started before
@@ -209,6 +214,8 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
                 click.echo(render(view) + "\n")
             shown += 1
             if count and shown >= count:
+                if said is not None:  # its last refresh showed nothing of the run: not a success
+                    raise errors.RedisyncError(f"{said}, after {count} refreshes")
                 return
             time.sleep(max(0.0, interval - (time.monotonic() - t)))
     except KeyboardInterrupt:

@@ -280,7 +280,12 @@ def _translated(method: Any) -> Any:
             redis.exceptions.AuthorizationError,
         ) as e:  # before ConnectionError: some subclass it
             raise _denied(self, e) from e
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except redis.TimeoutError as e:  # (a black-hole address: no refusal, no answer)
+            raise errors.ConnectionUnavailable(
+                f"{self.url}: no answer in time ({e}): a wrong address or port, a firewall that drops the packets, "
+                "or a server too busy to answer"
+            ) from e
+        except redis.ConnectionError as e:
             raise errors.ConnectionUnavailable(f"{self.url}: {e}") from e
         except (
             redis.exceptions.ClusterError,  # the cluster down (a primary failing over), redirects exhausted

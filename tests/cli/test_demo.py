@@ -99,14 +99,20 @@ def test_a_kept_demo_run_is_named_served_and_inspectable_until_ctrl_c(tmp_path):
                 break
         text = "".join(lines)
         assert text.startswith("demo: run 'first-look' at redis://127.0.0.1:"), text
-        commands = [l.strip() for l in lines if l.startswith("  redisync ") or l.startswith("  redis-cli ")]
+        commands = [l.strip() for l in lines if l.startswith("  ") and (" --run " in l or "redis-cli" in l)]
         assert [c.split()[1] for c in commands] == ["inspect", "watch", "-u"]
-        inspect = cli(*commands[0].split()[1:])
-        assert inspect.returncode == 0
+        # as pasted into a fresh shell, whose PATH has no virtual environment activated
+        fresh = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+
+        def pasted(command: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=fresh, timeout=120)
+
+        inspect = pasted(commands[0])
+        assert inspect.returncode == 0, inspect.stderr
         assert "run first-look" in inspect.stdout
         assert "motion/bin_failed" in inspect.stdout
-        watch = cli(*commands[1].split()[1:], "--count", "1")
-        assert watch.returncode == 0
+        watch = pasted(commands[1] + " --count 1")
+        assert watch.returncode == 0, watch.stderr
         assert "motion/bin_failed TV" in watch.stdout
     finally:
         proc.send_signal(signal.SIGINT)
@@ -132,15 +138,14 @@ def test_the_demos_follow_up_commands_run_as_pasted_when_the_url_has_a_password(
         store = redisync_api.connect(url, run="kept")
         store.register(redisync_api.Schema.of({"obs/norm": redisync_api.merge(2, lifecycle="history")}))
         lines = follow_up(url, "kept")
-        commands = [line for line in lines if line.startswith(("redisync ", "redis-cli "))]
+        commands = [line for line in lines if " --run " in line or line.startswith("redis-cli ")]
         assert len(commands) == 3
         assert not any("***" in line or "s3cret" in line for line in commands)
         assert "s3cret" not in lines[-1]  # the note says which URL, masked
-        inspect = next(line for line in lines if line.startswith("redisync inspect"))
-        bin_dir = Path(sys.executable).parent
+        inspect = next(line for line in lines if " inspect " in line)
         done = subprocess.run(
-            ["bash", "-c", inspect],
-            env={**os.environ, "REDISYNC_URL": url, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+            ["bash", "-c", inspect],  # a fresh shell: no virtual environment on its PATH
+            env={"REDISYNC_URL": url, "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
             capture_output=True,
             text=True,
             timeout=120,
@@ -148,6 +153,8 @@ def test_the_demos_follow_up_commands_run_as_pasted_when_the_url_has_a_password(
         assert done.returncode == 0, done.stderr
         assert "obs/norm" in done.stdout
         plain = follow_up("redis://127.0.0.1:6379/0", "kept")
-        assert plain[0] == "redisync inspect --url redis://127.0.0.1:6379/0 --run kept"
+        assert (
+            plain[0] == f"{Path(sys.executable).parent / 'redisync'} inspect --url redis://127.0.0.1:6379/0 --run kept"
+        )
     finally:
         server.kill()
