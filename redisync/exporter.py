@@ -21,7 +21,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .errors import RedisyncError
-from .inspection import LEASE_STATES, SampledDistance, describe_run, drift, list_runs, shard_leases, shard_reports
+from .inspection import (
+    LEASE_STATES,
+    SampledDistance,
+    ServiceWatch,
+    describe_run,
+    drift,
+    list_runs,
+    shard_leases,
+    shard_reports,
+)
 from .store.client import Store, connect, server_time_us
 from .store.keys import RunKeys
 
@@ -56,6 +65,7 @@ class FleetCollector(Collector):
         self._sampled: dict[str, tuple[str, SampledDistance]] = {}  # per run: its epoch's fleet states seen
         self._said = ""  # the last failure logged (each new one is logged once)
         self._run_errors: set[str] = set()  # the runs' failures logged
+        self._service: dict[str, ServiceWatch] = {}  # per run: the server seen serving (a dead fleet lapses)
 
     def describe(self) -> Iterator[Any]:
         """Nothing: the registry would otherwise call collect() at registration, when the store may not answer yet."""
@@ -155,7 +165,7 @@ class FleetCollector(Collector):
         if about["updated_age_s"] is not None:
             g["redisync_run_updated_age_seconds"].add_metric([run], about["updated_age_s"])
         g["redisync_run_dead_letters"].add_metric([run], about["dead_letters"])
-        leases = shard_leases(store, now)
+        leases = shard_leases(store, self._service.setdefault(run, ServiceWatch()))
         for state in LEASE_STATES:
             g["redisync_run_shards"].add_metric([run, state], sum(s == state for s in leases.values()))
         for shard, lease in sorted(leases.items()):

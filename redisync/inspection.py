@@ -13,7 +13,7 @@ import numpy as np
 import redis
 
 from .errors import RedisyncError
-from .store.client import Store, server_time_us
+from .store.client import LeaseReading, Store, server_time_us
 from .store.codec import decode
 from .store.keys import ROOT, run_of
 from .store.schema import KeySpec
@@ -79,6 +79,7 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
         "dead_letters": int(r.xlen(store.keys.dead_letters)),
         "newest_dead_letters": dead,
         "shards": shard_ages(store, now),
+        "leases": {str(shard): state for shard, state in shard_leases(store).items()},
         "keys": keys,
     }
 
@@ -110,23 +111,49 @@ def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str
 LEASE_STATES = ("live", "lapsed", "stopped")
 
 
-def shard_leases(store: Store, now_us: int | None = None) -> dict[int, str]:
+class ServiceWatch:
+    """What an observer (watch, the exporter) has seen of a server serving: since when it has
+    answered every look without a gap longer than the run's stall cap. A server that has answered
+    this observer continuously for longer than that, past the run's last call, could have served the
+    collectors' renewals too: that time counts in the served clock for this observer, so a fleet that
+    died whole lapses (the fold's own clock advances only with the run's calls, and a dead fleet makes
+    none), while a stalled server (no answers) still lapses nobody."""
+
+    def __init__(self) -> None:
+        self.since_us: int | None = None  # the server's time at the first answer of the current streak
+        self.last_us: int | None = None
+
+    def saw(self, reading: LeaseReading) -> None:
+        """One answer of the server, at its time ``reading.now_us``."""
+        gap = None if self.last_us is None else reading.now_us - self.last_us
+        if gap is None or gap < 0 or gap > reading.stall_cap_us:
+            self.since_us = reading.now_us  # the first look, a clock step, or a gap: a new streak
+        self.last_us = reading.now_us
+
+    def served_us(self, reading: LeaseReading) -> int:
+        """The served clock for this observer: the fold's, plus the time past the stall cap that the
+        server has answered this observer since the run's last call."""
+        if self.since_us is None or reading.last_call_us is None:
+            return reading.served_us
+        seen = reading.now_us - max(self.since_us, reading.last_call_us)
+        return reading.served_us + max(0, seen - reading.stall_cap_us)
+
+
+def shard_leases(store: Store, watch: ServiceWatch | None = None) -> dict[int, str]:
     """Per shard that holds or held a lease: ``live`` (its lease runs in the run's served clock),
     ``lapsed`` (it ran out: a dead, or paused, collector) or ``stopped`` (given up by a clean stop).
-    The served clock is read as ``lua/clock.lua`` keeps it: the server's time less what it did not
-    serve the run (a gap past the run's ``stall_after_s``), so a stalled server lapses nobody."""
-    now = now_us if now_us is not None else server_time_us(store.redis)
-    wall, stalled = store.redis.hmget(store.keys.meta, "clock_wall_us", "clock_stalled_us")
-    served = now - int(stalled or 0)
-    if wall is not None and now - int(wall) > store.limits().stall_after_us:
-        served -= now - int(wall) - store.limits().stall_after_us
-    out = {}
-    for field, value in store.redis.hgetall(store.keys.shards).items():
-        shard, _, what = _text(field).partition(":")
-        if what == "alive_until_us":
-            until = int(_text(value))
-            out[int(shard)] = "stopped" if until < 0 else "live" if until >= served else "lapsed"
-    return out
+    The served clock is the fold's own, read by ``leases.lua`` with clock.lua's rule (the server's
+    time less what it did not serve the run); with ``watch``, an observer's continuous view of the
+    server serving also counts (`ServiceWatch`), so a whole fleet that died lapses."""
+    reading = store.leases()
+    served = reading.served_us
+    if watch is not None:
+        watch.saw(reading)
+        served = watch.served_us(reading)
+    return {
+        shard: "stopped" if until < 0 else "live" if until >= served else "lapsed"
+        for shard, until in reading.alive_until_us.items()
+    }
 
 
 def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, dict[int, dict[str, np.ndarray]]]:

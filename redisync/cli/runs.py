@@ -67,12 +67,14 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
                 age(s["age_s"]),
                 f"{s['count']:g}",
                 "stale: dropped at the next fold" if s["stale"] else "live",
+                r["leases"].get(str(s["shard"]), "-"),
             ]
             for k in r["keys"]
             for s in k.get("slots", [])
         ]
         if slots:
-            click.echo("\n" + table(["slot of key", "shard", "incarnation", "seq", "age", "count", "state"], slots))
+            headers = ["slot of key", "shard", "incarnation", "seq", "age", "count", "state", "lease"]
+            click.echo("\n" + table(headers, slots))
         for d in r["newest_dead_letters"]:
             click.echo(
                 f"dead letter {d['id']}: shard {d.get('shard')} {d.get('reason')} {d.get('key') or ''} - {d.get('detail')}"

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from .. import errors
-from ..inspection import SampledDistance, drift, shard_leases, shard_reports
+from ..inspection import SampledDistance, ServiceWatch, drift, shard_leases, shard_reports
 from ..store.client import connect, masked_url
 from .common import SERVER_URL, age, not_embedded, num, render, rich_table, terminal
 
@@ -63,6 +63,7 @@ class WatchState:
     worst_sampled: deque[float | None] = field(default_factory=lambda: deque(maxlen=HISTORY))
     worst_unsynced: deque[float | None] = field(default_factory=lambda: deque(maxlen=HISTORY))
     legend_shown: bool = False  # printed frames (a pipe) carry the legend once
+    service: ServiceWatch = field(default_factory=ServiceWatch)  # the server seen serving: a dead fleet lapses
 
     def start_over(self, epoch: str) -> None:
         """A new epoch: its versions start over, so its history does too."""
@@ -85,7 +86,7 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
     rate = (version - last[1]) / (t - last[0]) if last else 0.0
     new_dead = dead - last[2] if last else 0
     state.last = (t, version, dead)
-    reports, drifts, leases = shard_reports(store), drift(store), shard_leases(store)
+    reports, drifts, leases = shard_reports(store), drift(store), shard_leases(store, state.service)
     state.sampled.observe(version, drifts)
 
     headers = ["shard", "last report", "behind", "lease"]

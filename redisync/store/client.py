@@ -267,6 +267,19 @@ def _denied(store: Store, error: Exception) -> errors.PermissionDenied:
     return errors.PermissionDenied(f"{store.url}, run {store.run!r}: {why} (the server said: {text})")
 
 
+@dataclasses.dataclass(frozen=True)
+class LeaseReading:
+    """A run's leases as an observer reads them (``leases.lua``): the server's time, the run's served
+    clock (clock.lua's, not advanced by the read), the server's time at the run's last call, the
+    stall cap, and each shard's lease end in the served clock (-1: given up by a clean stop)."""
+
+    now_us: int
+    served_us: int
+    last_call_us: int | None
+    stall_cap_us: int
+    alive_until_us: dict[int, int]
+
+
 def _translated(method: Any) -> Any:
     """Redis failures as redisync's typed errors, naming the store's URL."""
 
@@ -685,6 +698,23 @@ class Store:
         process has claimed the shard."""
         reply = self._call(self.scripts.lease, [self.keys.shards, self.keys.meta], [shard_id, incarnation, lease_ms])
         return _b(reply[0]) == "leased"
+
+    @_translated
+    def leases(self) -> LeaseReading:
+        """The run's leases as the fold judges them, read without advancing its served clock (an
+        observer's read: the inspector role may make it)."""
+        reply = self._call_read_only(self.scripts.leases, [self.keys.shards, self.keys.meta], [])
+        if _b(reply[0]) == "no_run":
+            raise errors.RunNotFound(f"run {self.run!r} is not registered")
+        now, served, wall, cap = (_b(v) for v in reply[1:5])
+        pairs = [_b(v) for v in reply[5:]]
+        return LeaseReading(
+            now_us=int(now),
+            served_us=int(served),
+            last_call_us=int(wall) if wall else None,
+            stall_cap_us=int(cap),
+            alive_until_us={int(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)},
+        )
 
     def pull(
         self,

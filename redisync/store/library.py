@@ -34,8 +34,8 @@ from .semantics import SEMANTICS
 
 _LUA = importlib.resources.files("redisync.store") / "lua"
 NAME = "redisync"
-FUNCTIONS = ("fold", "pull", "register", "claim", "restore", "lease", "announce")
-READ_ONLY = {"pull"}  # flagged no-writes: called by FCALL_RO
+FUNCTIONS = ("fold", "pull", "register", "claim", "restore", "lease", "announce", "leases")
+READ_ONLY = {"pull", "leases"}  # flagged no-writes: called by FCALL_RO
 MINIMUM_SERVER = "Redis 7.0 or later (or Valkey 7.2 or later)"
 
 
@@ -158,6 +158,7 @@ class Library:
             self._function("lease"),
             self._function("announce"),
         )
+        self.leases = self._function("leases")
 
     def _function(self, function: str) -> Function:
         return Function(self, f"{NAME}_{function}_{self.version}", read_only=function in READ_ONLY)

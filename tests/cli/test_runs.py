@@ -25,7 +25,11 @@ def test_inspect_shows_keys_slots_and_dead_letters(populated):
     assert line.split()[1:7] == ["merge", "4", "stale", "60.0s", "3", "0,1,2"]
     slots = [l.split() for l in out.stdout.splitlines() if l.startswith("motion/bin_failed") and "merge" not in l]
     assert [row[1] for row in slots] == ["0", "1", "2"]
-    assert all(row[5:] == ["1", "live"] for row in slots)
+    assert all(row[5:7] == ["1", "live"] for row in slots)
+    from redisync.inspection import shard_leases
+
+    leases = shard_leases(store)
+    assert [row[7] for row in slots] == [leases.get(int(row[1]), "-") for row in slots]  # the lease column
     assert "not_owner curriculum/scale" in out.stdout
     report = json.loads(cli("inspect", "--url", url, "--run", store.run, "--json").stdout)[0]
     key = next(k for k in report["keys"] if k["key"] == "motion/bin_failed")

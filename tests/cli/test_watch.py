@@ -320,8 +320,9 @@ def test_the_live_view_fits_80_columns(cli_url):
 
 def test_watch_count_bounds_the_waiting_too(real_url):
     """`watch --count 2` on a run nobody registers ends after two refreshes, saying what it waited for
-    (it used to wait for ever: only drawn frames were counted)."""
+    (it used to wait for ever: only drawn frames were counted), with status 1: it never showed the run."""
     run = f"cli-never-{uuid.uuid4().hex[:8]}"
     out = cli("watch", "--url", real_url, "--run", run, "--count", "2", "--interval", "0.1")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr
+    assert "after 2 refreshes" in out.stderr
     assert out.stdout.count(f"waiting for run {run!r}") == 1
