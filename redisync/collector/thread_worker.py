@@ -33,6 +33,7 @@ from ..store.schema import Limits
 from .worker import Host, claim, log
 
 LOST_SAID_EVERY_S = 60.0  # a lost connection is logged at most once a minute
+WINDOW_MARGIN_S = 0.01  # past an announcement window's end: when a follower that heard it open looks once
 # the worker's counters (see Syncer.metrics); zombie_dropped: reports not sent, a later process holds the
 # shard and the store would refuse them
 STATS = (
@@ -115,6 +116,7 @@ class ThreadWorker:
         self._listened = 0  # announcements heard on the channel so far (a pull forgets only older ones)
         self._unreachable_since: float | None = None  # when the store stopped answering (None: it answers)
         self._run_limits: Limits | None = None  # the run's limits, read at the first registration
+        self._window_check_at: float | None = None  # when an announcement window heard open closes
         self._lost_said_at = -math.inf
         self._subscribed = False
         self._shard_channel = True  # the listener follows the run's shard channel (False: its role may not)
@@ -252,6 +254,9 @@ class ThreadWorker:
                 timeout = max(0.0, last_pull + s.settings.min_pull_interval_s - time.monotonic())
             if self._registered:
                 timeout = min(timeout, max(0.0, self._lease_due - time.monotonic()))
+            check_at = self._window_check_at
+            if check_at is not None:
+                timeout = min(timeout, max(0.0, check_at - time.monotonic()))
             self._wake.wait(timeout)
             self._wake.clear()
             if self._stop.is_set():
@@ -264,6 +269,9 @@ class ThreadWorker:
             published = self._attempt("publish", self._publish_pending)
             wanted = wanted or bool(published) or self._announced_newer()
             wanted = wanted or self._pulled_after != self._subscriptions
+            check_at = self._window_check_at
+            if check_at is not None and time.monotonic() >= check_at:  # a window heard open has closed
+                self._window_check_at, wanted = None, True
             since = time.monotonic() - last_pull
             # polled only while the subscription is down: a live one announces every new version
             due = (since >= s.settings.poll_every_s and not self._subscribed) or (
@@ -438,6 +446,16 @@ class ThreadWorker:
             else:
                 self._announced = max(self._announced, version)
 
+    def _window_opened(self) -> None:
+        """An announcement heard on a run with an announcement window: versions folded in the next
+        window may be announced late, or never, if the process whose fold owes it dies; one look when
+        the window closes finds them (a plain read of the version when nothing moved)."""
+        limits = self._run_limits
+        if limits is None or limits.announce_every_s <= 0 or self._window_check_at is not None:
+            return
+        self._window_check_at = time.monotonic() + limits.announce_every_s + WINDOW_MARGIN_S
+        self._wake.set()
+
     def _announced_newer(self) -> bool:
         """Whether what the worker heard (the channel, its own folds) is newer than the state it holds:
         a higher version, or another epoch (a run lost and registered again starts its versions over)."""
@@ -511,6 +529,7 @@ class ThreadWorker:
                         with self._announcing:
                             self._listened += 1
                         self._hear(int(version), epoch)
+                        self._window_opened()
                         if self._announced_newer():
                             self._wake.set()
             except Exception as e:  # a dropped subscription must never end the listener

@@ -507,21 +507,38 @@ class Store:
     @_translated
     def announce_owed(self) -> bool:
         """Announce the run's current version if a fold left its announcement owed (a run with
-        ``Limits.announce_every_s``); False when nothing was owed."""
-        return bool(self._call(self.scripts.announce, [self.keys.meta], []))
+        ``Limits.announce_every_s``) and the window since the last announcement has passed; False
+        when nothing was announced (nothing owed, or the window not over: `owed_wait_s` says)."""
+        paid: bool = self.owed_wait_s() == 0.0
+        return paid
+
+    @_translated
+    def owed_wait_s(self) -> float | None:
+        """Pay an owed announcement: 0.0 when it announced now, None when nothing was owed, else the
+        seconds left of the window (the debt stays; any client may pay it then)."""
+        reply = self._call(self.scripts.announce, [self.keys.meta], [])
+        if isinstance(reply, list):  # ['wait', µs]
+            return max(int(_b(reply[1])), 1) / 1e6
+        return 0.0 if int(reply) == 1 else None
 
     def _pay_later(self, delay_us: int) -> None:
-        """Announce what a fold left owed once the run's window has passed, from a timer thread: a
-        follower learns a burst's last version then. A store that cannot be reached by then leaves it
-        to the followers' polls."""
+        """Announce what a fold left owed once the run's window has passed, from a timer thread (again
+        when the server says the window is not over yet): a follower learns a burst's last version then.
+        If this process is gone by then, the debt stays in the run's meta for any client to pay, and
+        each follower that heard the window open looks once when it closes."""
 
         def pay() -> None:
             try:
-                self.announce_owed()
+                wait = self.owed_wait_s()
             except errors.RedisyncError as e:
                 log.info(
                     "run %r: an owed announcement was not made (%s); followers' polls find the version", self.run, e
                 )
+                return
+            if wait:  # (the window not over by the server's clock)
+                later = threading.Timer(wait, pay)
+                later.daemon = True
+                later.start()
 
         timer = threading.Timer(delay_us / 1e6, pay)
         timer.daemon = True
