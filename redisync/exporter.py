@@ -49,7 +49,7 @@ METRICS = {
     "redisync_shard_versions_behind": "fleet versions made before the shard's last report that it had not seen",
     "redisync_shard_unsynced_tv": "total-variation distance of the shard's own distribution from the pooled one (what it would sample without sync)",
     "redisync_shard_sampled_tv": "total-variation distance of what the shard samples from the pooled distribution now",
-    "redisync_key_dropped_lapsed": "slots this key dropped because their shard's lease lapsed",
+    "redisync_key_dropped_lapsed": "slots this key dropped because their shard's lease lapsed or was given up by a clean stop",
     "redisync_key_dropped_stale": "slots this key dropped because they were older than its stale_after_s",
     "redisync_slot_stale": "1 where a shard's slot of a key is older than the key's stale_after_s (it leaves a state key at the next fold)",
 }
