@@ -77,23 +77,25 @@ class WalkerOptions:
     (`LEARNABLE`): how a failure is called and how far a skill segment remaps the motors."""
 
     sustain_s: float = 0.0  # a failure: the error past TOLERANCE for this long (0: the first frame past it)
-    mild: bool = False  # mild skill segments: one leg's hip and knee swapped, or the knees reversed
+    mild: bool = False  # mild skill segments: one leg's hip and knee swapped
+    crouch: bool = True  # kind 2's motion: a deep crouch, or (False) a kick of the left leg
 
 
-LEARNABLE = WalkerOptions(sustain_s=0.2, mild=True)
+# learnability pilots 1 and 2 learnt the kick and never the crouch (docs/ab/fourth-study/pilots.md)
+LEARNABLE = WalkerOptions(sustain_s=0.2, mild=True, crouch=False)
 
 
 def actuation(kind: int, mild: bool = False) -> np.ndarray:
     """``(6, 6)``: the motor commands a policy's action becomes in a segment of ``kind``. Mild
-    segments remap two motors: kind 1 swaps the right leg's hip and knee, kind 2 the left leg's,
-    kind 3 swaps the ankles. (The first learnability pilot's kind 2 reversed both knees in the deep
-    crouch: no pilot learnt it, docs/ab/fourth-study/pilots.md.)"""
+    segments remap two motors: kind 1 swaps the right leg's hip and knee, kind 2 the two hips, kind 3
+    the ankles. (Learnability pilots 1 and 2 tried, in kind 2's crouch, both knees reversed and the
+    left leg's hip and knee swapped: neither was learnt, docs/ab/fourth-study/pilots.md.)"""
     order, sign = list(range(JOINTS)), np.ones(JOINTS)
     if kind == 1:
         order = [1, 0, 2, 3, 4, 5] if mild else [1, 0, 2, 4, 3, 5]
     elif kind == 2:
         if mild:
-            order = [0, 1, 2, 4, 3, 5]
+            order = [3, 1, 2, 0, 4, 5]
         else:
             sign = -sign
     elif kind == 3:
@@ -106,8 +108,9 @@ def _bump(x: np.ndarray) -> np.ndarray:
     return np.sin(np.pi * np.clip(x, 0.0, 1.0)) ** 2
 
 
-def reference_gait(bins: int, kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Joint targets ``(frames, 6)`` and their velocities, for one profile's segment ``kinds`` (bins,)."""
+def reference_gait(bins: int, kinds: np.ndarray, crouch: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Joint targets ``(frames, 6)`` and their velocities, for one profile's segment ``kinds`` (bins,);
+    kind 2 is a deep crouch, or without ``crouch`` a kick of the left leg (the learnable walker's)."""
     frames = bins * FPS + 1
     t = np.arange(frames) / FPS
     seg = np.minimum((t // 1.0).astype(int), bins - 1)
@@ -126,10 +129,14 @@ def reference_gait(bins: int, kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray
     kick = (kind == 1) * _bump(within)  # the right leg kicks forward, straight
     q[:, 0] += kick * (-1.30 - q[:, 0])
     q[:, 1] += kick * (-0.05 - q[:, 1])
-    crouch = (kind == 2) * _bump(within)  # both knees bend deep, the hips follow
-    for side in (0, 3):
-        q[:, side + 0] += crouch * (-1.10 - q[:, side + 0])
-        q[:, side + 1] += crouch * (-1.60 - q[:, side + 1])
+    second = (kind == 2) * _bump(within)
+    if crouch:  # both knees bend deep, the hips follow
+        for side in (0, 3):
+            q[:, side + 0] += second * (-1.10 - q[:, side + 0])
+            q[:, side + 1] += second * (-1.60 - q[:, side + 1])
+    else:  # the left leg kicks forward, straight
+        q[:, 3] += second * (-1.30 - q[:, 3])
+        q[:, 4] += second * (-0.05 - q[:, 4])
     dq = np.gradient(q, 1.0 / FPS, axis=0)
     return q, dq
 
@@ -151,7 +158,7 @@ class WalkerTracking:
         self.num_envs = int(profiles.numel())
         self.profiles = profiles.long().clamp(max=cfg.num_profiles - 1).numpy()
         self.kinds = cfg.layout().numpy()  # (profiles, bins)
-        gaits = [reference_gait(cfg.bins, self.kinds[p]) for p in range(cfg.num_profiles)]
+        gaits = [reference_gait(cfg.bins, self.kinds[p], options.crouch) for p in range(cfg.num_profiles)]
         self.ref_q = np.stack([g[0] for g in gaits])  # (profiles, frames, 6)
         self.ref_dq = np.stack([g[1] for g in gaits])
         self.num_frames = self.ref_q.shape[1]

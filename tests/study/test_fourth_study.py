@@ -90,3 +90,21 @@ def test_the_learnability_pilot_is_judged_as_planned_and_pilot_1_reported_from_i
         assert f"| oracle | {seed} | {final:.2f} | {auc:.3f} |" in page
         assert final < 0.75
         assert run["provenance"]["commit"].startswith("306bc6d")
+
+
+def test_pilot_2_is_reported_from_its_files():
+    """The pilots page quotes pilot 2's committed runs, which fail the learnability criterion."""
+    import json
+    from pathlib import Path
+
+    from redisync.study.fourth_study import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    page = (root / "pilots.md").read_text()
+    assert json.loads((root / "pilot-2.json").read_text())["learnable"] is False
+    for seed in LEARNABILITY_SEEDS:
+        run = json.loads((root / "pilot-2" / f"H-oracle-{seed}.json").read_text())
+        curve = run["run"]["curve"]
+        final, auc = curve[-1]["skill_success"], sum(c["completion"] for c in curve) / len(curve)
+        assert f"| oracle | {seed} | {final:.2f} | {auc:.3f} |" in page
+        assert final < LEARNABLE_SUCCESS
