@@ -185,6 +185,7 @@ def plot(phases: dict[bool, Phase], cfg: Any, path: Path) -> tuple[float, float]
             )
     ax.set_title("TV distance from the pooled distribution")
     ax.set_xlabel("env step")
+    ax.set_ylabel("TV distance (log scale)")
     ax.set_yscale("log")
     ax.legend(fontsize=8, ncol=4)
     fig.tight_layout()

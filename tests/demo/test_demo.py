@@ -48,3 +48,48 @@ def test_a_collectors_warning_reaches_the_demo_as_a_line_of_its_own():
         3,
         "collector 3: warning: redisync shard 3: stopped with the last report not published",
     )
+
+
+def test_every_axis_of_the_plot_is_labelled_and_the_captions_name_its_layout(tmp_path, monkeypatch):
+    """Two distribution panels over one distance panel, each axis labelled (the log axis had none);
+    the README's and the docs home's captions say top left, top right and below (they said left,
+    middle, right)."""
+    from pathlib import Path
+
+    import matplotlib.figure
+
+    from redisync.demo.collector import FleetConfig
+    from redisync.demo.fleet import Phase, plot
+
+    saved = []
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        saved.append([(ax.get_xlabel(), ax.get_ylabel(), ax.get_position().bounds) for ax in self.axes])
+        return real_savefig(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    cfg = FleetConfig(shards=2, bins=5)
+    phases = {}
+    peaked = np.array([0.8, 0.05, 0.05, 0.05, 0.05])
+    for sync in (False, True):
+        ph = Phase(sync)
+        for step in (10, 20):
+            ph.own[step] = {s: (peaked if s else peaked[::-1]) * 10 for s in range(2)}
+            ph.used[step] = {s: (peaked if s else peaked[::-1]) for s in range(2)}
+        phases[sync] = ph
+    plot(phases, cfg, tmp_path / "demo.png")
+    (axes,) = saved
+    assert len(axes) == 3
+    assert all(x and y for x, y, _ in axes), axes
+    (l1, b1, _, _), (l2, b2, _, _), (_, b3, w3, _) = (bounds for _, _, bounds in axes)
+    assert b1 == pytest.approx(b2)  # two panels side by side ...
+    assert l1 < l2
+    assert b3 < b1  # ... over one wide one
+    assert w3 > 0.8
+    root = Path(__file__).resolve().parents[2]
+    for page in (root / "README.md", root / "docs" / "index.md"):
+        text = " ".join(page.read_text().split())
+        for where in ("(top left)", "top right", "below"):
+            assert where in text, (page, where)
+        assert "(middle)" not in text, page
