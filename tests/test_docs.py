@@ -414,3 +414,19 @@ def test_a_capacity_at_1_hz_is_called_an_extrapolation_with_the_rate_reached():
     perf = " ".join((ROOT / "docs" / "performance.md").read_text().split())
     assert "collectors at 1 Hz within half a core (extrapolated)" in perf
     assert "No run reached one report a second per collector" in perf
+
+
+def test_the_semantics_page_shows_the_fold_drawn_by_its_script(tmp_path):
+    """The semantics page's picture of a fold is the committed fold.png, and its script draws it."""
+    import subprocess
+    import sys
+
+    page = (ROOT / "docs" / "concepts" / "semantics.md").read_text()
+    assert "](fold.png)" in page
+    assert (ROOT / "docs" / "concepts" / "fold.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "fold.png"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "fold_diagram.py"), str(out)], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
