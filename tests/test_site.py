@@ -44,3 +44,10 @@ def test_the_documentation_site_builds_with_warnings_as_errors(tmp_path):
         assert f'id="redisync.{name}"' in api, name
     assert "redisync/staleness_versions" in api  # metrics() keys, documented ...
     assert "`redisync/staleness_versions`" not in api  # ... and rendered
+    # long code lines wrap (the deploying page's first blocks ran past the page's edge) and the CLI
+    # reference's option names never break mid-word: the site's stylesheet says so, on every page
+    css = (tmp_path / "site" / "stylesheets" / "extra.css").read_text()
+    assert "white-space: pre-wrap" in css
+    assert "td:first-child code" in css
+    for name in ("reference/cli", "guides/deploying"):
+        assert "stylesheets/extra.css" in (tmp_path / "site" / name / "index.html").read_text(), name
