@@ -430,3 +430,20 @@ def test_the_semantics_page_shows_the_fold_drawn_by_its_script(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_monitoring_guides_inspect_frame_is_its_dated_run_and_its_sentence_reads_it():
+    """The guide's inspect frame is the dated run's output line for line, and the sentence under it
+    gives that frame's fold count and number of slots (it said four live slots of an older run)."""
+    guide = (ROOT / "docs" / "guides" / "monitoring.md").read_text()
+    marker = "<!-- output of redisync inspect on 2026-12-04 (docs/demo-run-2026-12-04-inspect.txt)"
+    frame = guide.split(marker, 1)[1].split("```text\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    run = [line.rstrip() for line in (ROOT / "docs" / "demo-run-2026-12-04-inspect.txt").read_text().splitlines()]
+    assert all(line.rstrip() in run for line in frame)
+    version = int(re.search(r"fleet version (\d+)", frame[1]).group(1))
+    slots = [line for line in frame if line.startswith("motion/bin_failed") and "merge" not in line]
+    words = {1: "one", 2: "two", 3: "three", 4: "four"}
+    text = " ".join(guide.split())
+    assert f"folded {version:,} times".replace(",", " ") in text
+    assert f"the slots of the {words[len(slots)]} shards that stopped last are still there" in text
+    assert all(line.split()[-1] == "stopped" for line in slots)
