@@ -447,3 +447,20 @@ def test_the_monitoring_guides_inspect_frame_is_its_dated_run_and_its_sentence_r
     assert f"folded {version:,} times".replace(",", " ") in text
     assert f"the slots of the {words[len(slots)]} shards that stopped last are still there" in text
     assert all(line.split()[-1] == "stopped" for line in slots)
+
+
+def test_the_study_pages_figure_is_drawn_from_the_committed_results(tmp_path):
+    """The study page's figure of the second follow-up's contrasts is drawn by its script from
+    results.json: one row per contrast, red exactly where the interval lies below zero."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("figures", ROOT / "scripts" / "study_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    rows = figures.draw(tmp_path / "answers.png")
+    results = json.loads((ROOT / "docs" / "ab" / "second-follow-up" / "results.json").read_text())
+    assert rows == results["second_follow_up"]
+    assert (tmp_path / "answers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (ROOT / "docs" / "study.md").read_text()
+    assert "](ab/answers.png)" in page
+    assert (ROOT / "docs" / "ab" / "answers.png").is_file()
