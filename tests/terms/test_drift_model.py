@@ -175,3 +175,19 @@ def test_the_readmes_advise_command_runs_as_printed():
     out = CliRunner().invoke(cli, shlex.split(command)[1:])
     assert out.exit_code == 0, out.output
     assert "from one unsharded run's" in out.output
+
+
+def test_the_frozen_warning_threshold_is_the_training_grids_choice():
+    """WARNING_DISTANCE is the T the committed training-grid file chose (sensitivity + specificity at
+    their largest there), as the validation plan fixes it."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    (frozen,) = sorted((root / "docs" / "ab").glob("warning-threshold-*.json"))
+    chosen = json.loads(frozen.read_text())
+    assert dm.WARNING_DISTANCE == chosen["threshold"]
+    spec = importlib.util.spec_from_file_location("training", root / "scripts" / "warning_threshold.py")
+    training = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(training)
+    assert training.choose(chosen["rows"])["threshold"] == chosen["threshold"]
+    assert all(r["drifts"] == (r["truth"] >= training.DRIFT) for r in chosen["rows"])
