@@ -108,3 +108,20 @@ def test_pilot_2_is_reported_from_its_files():
         final, auc = curve[-1]["skill_success"], sum(c["completion"] for c in curve) / len(curve)
         assert f"| oracle | {seed} | {final:.2f} | {auc:.3f} |" in page
         assert final < LEARNABLE_SUCCESS
+
+
+def test_pilot_3s_learnability_is_reported_from_its_files():
+    """Pilot 3's oracle runs pass the learnability criterion, and the pilots page quotes them."""
+    import json
+    from pathlib import Path
+
+    from redisync.study.fourth_study import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    page = (root / "pilots.md").read_text()
+    assert json.loads((root / "pilot-3.json").read_text())["learnable"] is True
+    for seed in LEARNABILITY_SEEDS:
+        curve = json.loads((root / "pilot-3" / f"H-oracle-{seed}.json").read_text())["run"]["curve"]
+        final, auc = curve[-1]["skill_success"], sum(c["completion"] for c in curve) / len(curve)
+        assert f"| oracle | {seed} | {final:.2f} | {auc:.3f} |" in page
+        assert final >= LEARNABLE_SUCCESS
