@@ -223,3 +223,8 @@ def test_the_held_out_judgement_is_the_models_and_fails_todays_rule():
     assert (
         f"| {old['sensitivity']:.2f} ({round(old['sensitivity'] * old['positives'])} of {old['positives']})" in report
     )
+    guide = " ".join((root / "docs" / "guides" / "collector.md").read_text().split())
+    found = round(old["sensitivity"] * old["positives"])
+    assert f"the rule above found {found} of {old['positives']} drifting configurations" in guide
+    assert f"found all {new['positives']} and called none of the {new['negatives']} others" in guide
+    assert f"at a shard distance of {dm.WARNING_DISTANCE:.3f}" in guide
