@@ -149,6 +149,7 @@ class Aggregator:
                 schema, limits = self.sub.schema, self.sub.limits()
             except errors.RunNotFound:
                 schema, limits = self.root.schema, self.root.limits()  # a sub-run lost by its store: the root says
+            self.root.split(self.names)  # (a root the store lost: split again before it is registered)
             self.root.register(schema, limits)
             self.schema, self.limits = schema, limits
         return self.schema
@@ -170,6 +171,7 @@ class Aggregator:
         shards = self._shard_count()
         if self._epoch is not None and sub.epoch != self._epoch:
             self._held, self._held_until = self._last_contribution(), now + self.reseed_s
+            self._forget_sent(self.sub)  # the rest of the fleet is written into the new sub-run at once
             log.warning("sub-run %r lost by its store: its last contribution is kept while it re-seeds", self.sub.run)
         self._epoch = sub.epoch
         if self._held is not None:
