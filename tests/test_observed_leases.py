@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from redisync import inspection
 from redisync.store.schema import Limits, Schema, merge
 
@@ -67,21 +65,3 @@ def test_a_stalled_server_lapses_nobody_for_the_observer(make_store):
     time.sleep(1.0)  # no look for twice the stall cap: not evidence of service
     assert inspection.shard_leases(store, watch) == {0: "live"}
     assert watch.since_us == watch.last_us  # a new streak began at this look
-
-
-@pytest.fixture
-def make_store(backend):
-    """Fresh runs on the embedded store or the shared Redis (their clock fields are the run's own)."""
-    from .conftest import new_store
-
-    made = []
-
-    def make():
-        store = new_store(backend)
-        made.append(store)
-        return store
-
-    yield make
-    for store in made:
-        store.delete()
-        store.close()

@@ -20,6 +20,26 @@ from ..support import wait_for
 SCHEMA = Schema.of({"obs/n": merge(1, lifecycle="history")})
 
 
+class Count:
+    """A follower's term: it reports nothing and keeps the fleet's count as last applied."""
+
+    key = "obs/n"
+
+    def __init__(self):
+        self.fleet = None
+
+    def schema_entries(self):
+        return SCHEMA.keys
+
+    def report_shard_state(self):
+        return {}
+
+    def apply_shard_state(self, fleet):
+        view = fleet.keys.get(self.key)
+        if view is not None and view.value is not None:
+            self.fleet = float(view.parts()["count"])
+
+
 @pytest.fixture
 def run_named(real_url):
     made = []
@@ -78,23 +98,6 @@ def test_a_follower_learns_a_bursts_last_version_without_polling(real_url, run_n
     """A collector that polls once a minute applies the last version of a coalesced burst (spread
     over half a second, longer than its pulls' spacing, inside one window) within a few seconds:
     the owed announcement reached it."""
-
-    class Count:
-        key = "obs/n"
-
-        def __init__(self):
-            self.fleet = None
-
-        def schema_entries(self):
-            return SCHEMA.keys
-
-        def report_shard_state(self):
-            return {}
-
-        def apply_shard_state(self, fleet):
-            view = fleet.keys.get(self.key)
-            if view is not None and view.value is not None:
-                self.fleet = float(view.parts()["count"])
 
     store = run_named(Limits(announce_every_s=1.0))
     term = Count()
@@ -176,23 +179,6 @@ def test_a_debt_whose_debtor_died_is_found_by_a_follower_when_the_window_closes(
     SIGKILL): a subscribed follower that polls once a minute still applies the burst's last version,
     by its one look when the window it heard open closes (it waited for the next fold, for ever on a
     quiet fleet)."""
-
-    class Count:
-        key = "obs/n"
-
-        def __init__(self):
-            self.fleet = None
-
-        def schema_entries(self):
-            return SCHEMA.keys
-
-        def report_shard_state(self):
-            return {}
-
-        def apply_shard_state(self, fleet):
-            view = fleet.keys.get(self.key)
-            if view is not None and view.value is not None:
-                self.fleet = float(view.parts()["count"])
 
     store = run_named(Limits(announce_every_s=1.0))
     term = Count()
