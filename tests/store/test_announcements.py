@@ -4,7 +4,6 @@ left it owed has its caller pay it once the window has passed)."""
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 
@@ -130,9 +129,10 @@ def test_paying_a_debt_is_bound_by_the_window_too(real_url, run_named):
 
 
 def test_the_announcements_of_concurrent_folds_stay_within_the_window(real_url, run_named):
-    """Four clients folding as fast as they can for 2 s at a 0.2 s window: every announcement heard
-    is at least a window after the one before it (up to the server's own clock's rounding), and
-    the burst's last version is announced."""
+    """Four clients folding as fast as they can for 2 s at a 0.2 s window: the announcements heard
+    are at most one per window of the server's own clock over the whole burst and its debt's payment
+    (counted, not timed on the client: a loaded machine delays what the listener reads, not what the
+    server sent), and the burst's last version is announced."""
     import threading
 
     store = run_named(Limits(announce_every_s=0.2))
@@ -156,6 +156,7 @@ def test_the_announcements_of_concurrent_folds_stay_within_the_window(real_url, 
             shard.publish({"obs/n": {"count": float(n), "sum": [1.0]}})
 
     listener = threading.Thread(target=listen)
+    started_us = store.leases().now_us  # (the server's clock)
     listener.start()
     folders = [threading.Thread(target=fold, args=(k,)) for k in range(4)]
     for t in folders:
@@ -168,9 +169,8 @@ def test_the_announcements_of_concurrent_folds_stay_within_the_window(real_url, 
     sub.close()
     for s in stores:
         s.close()
-    gaps = [b[0] - a[0] for a, b in itertools.pairwise(heard_at)]
-    assert len(heard_at) <= 2.6 / 0.2 + 1, len(heard_at)  # at most one per window (was: about 1.5 times that)
-    assert min(gaps) >= 0.2 * 0.5, gaps  # (client-side arrival times jitter; the server spaces them by 0.2 s)
+    served_s = (store.leases().now_us - started_us) / 1e6
+    assert len(heard_at) <= served_s / 0.2 + 1, (len(heard_at), served_s)  # one per window (was: about 1.5 times)
     assert heard_at[-1][1] == store.fleet().fleet_version  # the last version announced
 
 
