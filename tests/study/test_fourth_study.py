@@ -125,3 +125,20 @@ def test_pilot_3s_learnability_is_reported_from_its_files():
         final, auc = curve[-1]["skill_success"], sum(c["completion"] for c in curve) / len(curve)
         assert f"| oracle | {seed} | {final:.2f} | {auc:.3f} |" in page
         assert final >= LEARNABLE_SUCCESS
+
+
+def test_pilot_3s_table_is_its_run_files():
+    """Every row of pilot 3's table on the pilots page is its run file's figures."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    page = (root / "pilots.md").read_text().split("**Single and uniform", 1)[1]
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
+    assert len(rows) >= 5
+    for arm, seed, auc, final, completion in rows:
+        curve = json.loads((root / "pilot-3" / f"H-{arm}-{seed}.json").read_text())["run"]["curve"]
+        assert auc == f"{sum(c['skill_success'] for c in curve) / len(curve):.3f}"
+        assert final == f"{curve[-1]['skill_success']:.2f}"
+        assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
