@@ -57,7 +57,9 @@ def advise(
 ) -> None:
     """Predict, from a model of the adaptive sampler, how differently SHARDS unsynced samplers of
     ENVS-PER-SHARD envs each sample start frames from one unsharded run of all the envs (the pooled sampler)."""
-    from ..terms.drift_model import FleetModel, predict, profile
+    from dataclasses import replace
+
+    from ..terms.drift_model import WARNING_DISTANCE, FleetModel, predict, profile
 
     episode_steps = max(1, round(episode_s / step_dt))
     start_rate = min(1.0, 1.0 / episode_steps + failure_rate)  # episodes end by a time-out or a failure
@@ -72,8 +74,15 @@ def advise(
         episode_bins=episode_bins, hard=hard,
     )  # fmt: skip
     p = predict(model)
+    # the validated warning: the model told only what a shard measures (its failure rate, every bin
+    # alike), firing at WARNING_DISTANCE (docs/ab/warning-validation.md)
+    blind = p if not hard_bins else predict(replace(model, hazard=profile(
+        bins, failure_rate, start_rate=start_rate, episode_bins=episode_bins)[0], hard=None))  # fmt: skip
+    warns = blind.local.shard_distance >= WARNING_DISTANCE
     if as_json:
         out = p.to_dict()
+        out["warning"] = {"fires": warns, "predicted_shard_distance": blind.local.shard_distance,
+                          "threshold": WARNING_DISTANCE}  # fmt: skip
         for arm in ("local", "pooled"):
             out[arm].pop("distribution")
         out.pop("oracle")
@@ -106,5 +115,10 @@ def advise(
     click.echo(
         f"The fleet's start distribution unsynced is {num(p.distance_from_pooled, 3)} (TV) from one unsharded "
         f"run's; each shard's own is {num(local.shard_distance, 3)} from it."
+    )
+    click.echo(
+        f"The drift warning (validated against this model: docs/ab/warning-validation.md) "
+        f"{'fires' if warns else 'stays quiet'}: from the failure rate alone it predicts a shard "
+        f"{num(blind.local.shard_distance, 3)} from pooled, against its threshold {num(WARNING_DISTANCE, 3)}."
     )
     click.echo(LIMITS)

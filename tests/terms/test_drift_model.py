@@ -88,6 +88,13 @@ def test_advise_prints_the_models_figures_and_its_limits():
     assert "not what that does to training" in out.output
     figures = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
     assert figures["distance_from_pooled"] == pytest.approx(p.distance_from_pooled)
+    # the validated warning: the model from the failure rate alone (every bin alike), at WARNING_DISTANCE
+    blind_hazard, _ = dm.profile(30, 0.004, start_rate=start, episode_bins=10)
+    blind = dm.predict(dm.FleetModel(16, 64, blind_hazard, alpha=0.01, start_rate=start, episode_bins=10))
+    assert figures["warning"]["predicted_shard_distance"] == pytest.approx(blind.local.shard_distance)
+    assert figures["warning"]["fires"] == (blind.local.shard_distance >= dm.WARNING_DISTANCE)
+    verdict = "fires" if figures["warning"]["fires"] else "stays quiet"
+    assert f"The drift warning (validated against this model: docs/ab/warning-validation.md) {verdict}" in out.output
     bad = CliRunner().invoke(cli, ["advise", "--shards", "4", "--envs-per-shard", "8", "--bins", "30",
                                    "--failure-rate", "0.01", "--hard-bins", "30"])  # fmt: skip
     assert bad.exit_code != 0
@@ -228,3 +235,5 @@ def test_the_held_out_judgement_is_the_models_and_fails_todays_rule():
     assert f"the rule above found {found} of {old['positives']} drifting configurations" in guide
     assert f"found all {new['positives']} and called none of the {new['negatives']} others" in guide
     assert f"at a shard distance of {dm.WARNING_DISTANCE:.3f}" in guide
+    model_page = " ".join((root / "docs" / "concepts" / "drift-model.md").read_text().split())
+    assert f"predicts a shard at least {dm.WARNING_DISTANCE:.3f} from pooled" in model_page
