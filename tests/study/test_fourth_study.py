@@ -142,3 +142,22 @@ def test_pilot_3s_table_is_its_run_files():
         assert auc == f"{sum(c['skill_success'] for c in curve) / len(curve):.3f}"
         assert final == f"{curve[-1]['skill_success']:.2f}"
         assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
+
+
+def test_pilot_4s_table_is_its_run_files():
+    """Every row of pilot 4's table on the pilots page is its run file's figures, skill share included."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    page = (root / "pilots.md").read_text().split("**Pilot 4, single against uniform", 1)[1]
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
+    assert len(rows) == 4
+    for arm, seed, auc, final, completion, share in rows:
+        run = json.loads((root / "pilot-4" / f"H-{arm}-{seed}.json").read_text())["run"]
+        curve = run["curve"]
+        assert auc == f"{sum(c['skill_success'] for c in curve) / len(curve):.3f}"
+        assert final == f"{curve[-1]['skill_success']:.2f}"
+        assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
+        assert share == f"{run['skill_share']:.3f}"
