@@ -82,6 +82,14 @@ def collectors(root, ids=range(8)) -> dict[int, redisync.store.client.ShardClien
     return out
 
 
+def publish_round(shards: dict, round_: int) -> dict[int, dict]:
+    """Every collector publishes its cumulative report of ``round_``; the reports, by collector."""
+    reports = {k: report(k, round_) for k in shards}
+    for k, shard in shards.items():
+        shard.publish(reports[k])
+    return reports
+
+
 def rounds(aggregators, n: int = 2) -> None:
     for _ in range(n):
         for a in aggregators:
@@ -324,9 +332,7 @@ def test_a_root_lost_by_its_store_comes_back_exact_at_the_next_round(root):
     the next round registers and splits it again before anything is published up, and the root holds
     the exact fleet again (was: every later round raised RunNotFound at the up-publish, for good)."""
     shards = collectors(root)
-    reports = {k: report(k, 1) for k in shards}
-    for k, shard in shards.items():
-        shard.publish(reports[k])
+    reports = publish_round(shards, 1)
     aggregators = [Aggregator(root, j) for j in range(SUBRUNS)]
     rounds(aggregators)
     assert_same(state(root), exact(reports))
@@ -334,9 +340,7 @@ def test_a_root_lost_by_its_store_comes_back_exact_at_the_next_round(root):
     rounds(aggregators)
     assert root.subruns() == aggregators[0].names
     assert_same(state(root), exact(reports))
-    later = {k: report(k, 2) for k in shards}
-    for k, shard in shards.items():
-        shard.publish(later[k])
+    later = publish_round(shards, 2)
     rounds(aggregators)
     assert_same(state(root), exact(later, (reports,)))
 
@@ -346,17 +350,13 @@ def test_a_second_aggregator_of_a_sub_run_is_refused_and_the_first_goes_on(root)
     its first round and takes nothing over; the first goes on and the root stays exact (was: the
     second silently took the shards, and once it stopped the first was fenced out for good)."""
     shards = collectors(root)
-    reports = {k: report(k, 1) for k in shards}
-    for k, shard in shards.items():
-        shard.publish(reports[k])
+    reports = publish_round(shards, 1)
     aggregators = [Aggregator(root, j) for j in range(SUBRUNS)]
     rounds(aggregators)
     second = Aggregator(root, 0)
     with pytest.raises(errors.ShardInUse):
         second.step()
-    later = {k: report(k, 2) for k in shards}
-    for k, shard in shards.items():
-        shard.publish(later[k])
+    later = publish_round(shards, 2)
     rounds(aggregators)
     assert_same(state(root), exact(later, (reports,)))
 
