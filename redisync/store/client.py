@@ -131,13 +131,16 @@ def _cluster_client(url: str, **kwargs: Any) -> Any:
     keep = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout", "retry") if k in kwargs}
     # require_full_coverage=False: a slot no node serves fails only the runs in it (redis-py's default
     # refuses every new client, for every run, while one slot is uncovered)
-    return RedisCluster(
-        startup_nodes=nodes,
-        username=unquote(user) or None,
-        password=unquote(password) or None,
-        require_full_coverage=False,
-        **keep,
-    )
+    try:  # (a RedisCluster reads the topology as it is made: a Cluster down fails here, untyped)
+        return RedisCluster(
+            startup_nodes=nodes,
+            username=unquote(user) or None,
+            password=unquote(password) or None,
+            require_full_coverage=False,
+            **keep,
+        )
+    except redis.exceptions.RedisClusterException as e:
+        raise errors.ConnectionUnavailable(f"{masked_url(url)}: no node of the Cluster answers ({e})") from e
 
 
 def server_time_us(client: Any) -> int:

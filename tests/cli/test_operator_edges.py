@@ -54,3 +54,15 @@ def test_an_address_that_never_answers_is_said_to_be_silent():
         with pytest.raises(errors.ConnectionUnavailable, match=r"no answer in time.*wrong address"):
             store.ping()
         store.close()
+
+
+def test_a_cluster_with_no_reachable_node_is_a_typed_error_naming_its_url():
+    """A Cluster URL none of whose nodes answers: ConnectionUnavailable with the URL, password masked
+    (it was redis-py's untyped RedisClusterUnreachableError, raised by connect() itself)."""
+    from redisync.redis_server import free_port
+
+    url = f"redis+cluster://operator:s3cret@127.0.0.1:{free_port()}"
+    with pytest.raises(errors.ConnectionUnavailable, match=r"no node of the Cluster answers") as caught:
+        redisync.connect(url, run="x")
+    assert "s3cret" not in str(caught.value)
+    assert "127.0.0.1" in str(caught.value)
