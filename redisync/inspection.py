@@ -108,7 +108,7 @@ def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str
     return out
 
 
-LEASE_STATES = ("live", "lapsed", "stopped")
+LEASE_STATES = ("live", "lapsed", "stopped", "aborted")
 
 
 class ServiceWatch:
@@ -141,7 +141,9 @@ class ServiceWatch:
 
 def shard_leases(store: Store, watch: ServiceWatch | None = None) -> dict[int, str]:
     """Per shard that holds or held a lease: ``live`` (its lease runs in the run's served clock),
-    ``lapsed`` (it ran out: a dead, or paused, collector) or ``stopped`` (given up by a clean stop).
+    ``lapsed`` (it ran out: a dead, or paused, collector), ``stopped`` (given up by a clean stop) or
+    ``aborted`` (given up as its process was ended: the trainer that started it died, or a SIGTERM;
+    a crash or a cancel, not a finish).
     The served clock is the fold's own, read by ``leases.lua`` with clock.lua's rule (the server's
     time less what it did not serve the run); with ``watch``, an observer's continuous view of the
     server serving also counts (`ServiceWatch`), so a whole fleet that died lapses."""
@@ -151,9 +153,15 @@ def shard_leases(store: Store, watch: ServiceWatch | None = None) -> dict[int, s
         watch.saw(reading)
         served = watch.served_us(reading)
     return {
-        shard: "stopped" if until < 0 else "live" if until >= served else "lapsed"
+        shard: _lease_state(until, served, reading.stopped.get(shard))
         for shard, until in reading.alive_until_us.items()
     }
+
+
+def _lease_state(until_us: int, served_us: int, stop_cause: str | None) -> str:
+    if until_us < 0:
+        return "stopped" if stop_cause in (None, "clean") else "aborted"
+    return "live" if until_us >= served_us else "lapsed"
 
 
 def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, dict[int, dict[str, np.ndarray]]]:

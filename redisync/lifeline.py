@@ -39,8 +39,23 @@ GRACE_S = 8.0
 """How long a child whose parent died may take to stop cleanly (a Syncer's stop timeout, 5 s, and
 some) before it exits regardless."""
 
+CAUSE_S = 0.5
+"""How long a SIGTERM waits for the parent's process to be gone before it is called ``terminated``."""
+
 _PR_SET_PDEATHSIG = 1
 _held = threading.Event()  # hold_to_parent ran in this process
+_cause = "clean"  # why this process is stopping: see stop_cause
+
+STOP_CAUSES = ("clean", "parent_exited", "terminated")
+"""Why a process stops: ``clean`` (the program chose to), ``parent_exited`` (the process that started
+it died) or ``terminated`` (a SIGTERM from someone else: a scheduler's cancel, an operator's kill)."""
+
+
+def stop_cause() -> str:
+    """Why this process is stopping, for the lease it gives up (``lease.lua`` records it, so that an
+    observer tells a crashed trainer's collectors from a finished run's): ``clean`` unless the lifeline
+    raised `ParentExited` in this process."""
+    return _cause
 
 
 class ParentExited(SystemExit):
@@ -71,16 +86,6 @@ def hold_to_parent(parent_pid: int, pdeathsig: bool = True, grace_s: float = GRA
         return
     _held.set()
     raised = threading.Event()
-
-    def on_term(signum: int, frame: Any) -> None:
-        if not raised.is_set():  # once: a second SIGTERM must not cut the clean stop short
-            raised.set()
-            raise ParentExited()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_term)
-    if pdeathsig:
-        _set_pdeathsig(signal.SIGTERM)
     parent = mp.parent_process()
     sentinel = parent.sentinel if parent is not None and parent.pid == parent_pid else None
 
@@ -92,6 +97,23 @@ def hold_to_parent(parent_pid: int, pdeathsig: bool = True, grace_s: float = GRA
         with contextlib.suppress(OSError, ValueError):
             return bool(multiprocessing.connection.wait([sentinel], timeout=0))
         return True
+
+    def on_term(signum: int, frame: Any) -> None:
+        global _cause
+        if not raised.is_set():  # once: a second SIGTERM must not cut the clean stop short
+            raised.set()
+            # PDEATHSIG comes when the parent's starting *thread* exits, which can be a moment before
+            # its process is gone: a SIGTERM is the parent's death if the parent goes within CAUSE_S
+            deadline = time.monotonic() + CAUSE_S
+            while not gone() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            _cause = "parent_exited" if gone() else "terminated"
+            raise ParentExited()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
+    if pdeathsig:
+        _set_pdeathsig(signal.SIGTERM)
 
     def watch() -> None:
         while not gone():

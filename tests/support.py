@@ -39,7 +39,8 @@ def lua_state(store: Store) -> dict:
             out["leases"][int(sid)] = int(v)
         elif what == "alive_until_us":
             out["alive"][int(sid)] = int(v)
-        elif what not in ("at_us", "claimed", "seen", "made"):  # (when, and what it had seen: for the operator)
+        elif what not in ("at_us", "claimed", "seen", "made", "stopped"):  # (for the operator: when, what it
+            # had seen, why it gave its lease up)
             out["shards"].setdefault(int(sid), {})[what] = int(v)
     for name, spec in store.schema.keys.items():
         meta = {_s(k): _s(v) for k, v in r.hgetall(store.keys.key_meta(name)).items()}

@@ -57,8 +57,9 @@ def _exporter(url: str, port: int) -> subprocess.Popen:
 
 
 def _fleet(url: str):
-    """Three shards: 0 live, 1 lapsed (a 1 ms lease the others' calls outlived), 2 stopped (gave its
-    lease up); a failure distribution each, a normaliser's moments."""
+    """Four shards: 0 live, 1 lapsed (a 1 ms lease the others' calls outlived), 2 stopped (gave its
+    lease up), 3 aborted (gave it up as its trainer died); a failure distribution each, a normaliser's
+    moments."""
     learner = redisync.connect(url.format("learner"), run=RUN)
     learner.load_functions()
     learner.register(
@@ -72,7 +73,7 @@ def _fleet(url: str):
     )
     store = redisync.connect(url.format("collector"), run=RUN)
     rng = np.random.default_rng(0)
-    shards = [store.shard(i) for i in range(3)]
+    shards = [store.shard(i) for i in range(4)]
     for shard in shards:
         shard.publish(
             {
@@ -83,6 +84,7 @@ def _fleet(url: str):
     shards[1].publish({"curriculum/rate": {"count": 1.0, "sum": [0.5]}})  # once: stale 0.2 s later, for good
     store.lease(1, shards[1].incarnation, 1)
     store.lease(2, shards[2].incarnation, 0)
+    store.lease(3, shards[3].incarnation, 0, "parent_exited")
     time.sleep(0.3)  # past shard 1's 1 ms lease and curriculum/rate's stale_after_s
     store.lease(0, shards[0].incarnation, 600_000)  # (the run's clock moves past shard 1's lease)
     shards[0].publish({"motion/bin_failed": {"count": 1.0, "sum": rng.random(8)}})
@@ -110,14 +112,14 @@ def test_a_scrape_of_a_live_fleet_says_what_the_store_holds(tmp_path):
         assert value("redisync_run_dead_letters", run=RUN) == inspector.redis.xlen(inspector.keys.dead_letters)
         assert 0 <= value("redisync_run_updated_age_seconds", run=RUN) < 600
         leases = inspection.shard_leases(inspector)
-        assert leases == {0: "live", 1: "lapsed", 2: "stopped"}
+        assert leases == {0: "live", 1: "lapsed", 2: "stopped", 3: "aborted"}
         for state in inspection.LEASE_STATES:
             assert value("redisync_run_shards", run=RUN, state=state) == 1.0
             for shard, held in leases.items():
                 assert value("redisync_shard_lease_state", run=RUN, shard=str(shard), state=state) == (held == state)
         reports = inspection.shard_reports(inspector)
         drifts = inspection.drift(inspector)["motion/bin_failed"]["shards"]
-        for shard in (0, 1, 2):
+        for shard in (0, 1, 2, 3):
             age = value("redisync_shard_report_age_seconds", run=RUN, shard=str(shard))
             assert reports[shard]["age_s"] - 1 <= age <= reports[shard]["age_s"] + 600
             assert value("redisync_shard_versions_behind", run=RUN, shard=str(shard)) == reports[shard]["behind"]
@@ -214,6 +216,7 @@ def test_every_alert_rule_names_exported_metrics():
         "RedisyncStoreUnreadable",
         "RedisyncRunUnreadable",
         "RedisyncShardLapsed",
+        "RedisyncShardAborted",
         "RedisyncRunStale",
         "RedisyncDeadLettersGrowing",
         "RedisyncCollectorBehind",

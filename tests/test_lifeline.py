@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from redisync.inspection import shard_leases
+from redisync.store.client import connect
 from tests.conftest import real_redis_or_skip
 from tests.support import wait_for
 
@@ -82,7 +84,8 @@ def kill_parent_and_wait_for_children(parent: subprocess.Popen, children: set[in
 @pytest.mark.extras("torch", "tqdm")
 def test_the_demos_collectors_stop_with_their_parent_and_give_their_leases_up(tmp_path):
     """The demo's fleet, SIGKILLed while its synced phase runs: every collector (and its sidecar)
-    is gone within seconds, each having stopped its syncer: no lease is renewed after, none is held."""
+    is gone within seconds, each having stopped its syncer: no lease is renewed after, none is held;
+    and each was given up as its parent died, so observers read the run as aborted, not finished."""
     url, run = real_redis_or_skip(), f"t-lifeline-{uuid.uuid4().hex[:8]}"
     parent = start_parent(
         f"""
@@ -111,6 +114,9 @@ def test_the_demos_collectors_stop_with_their_parent_and_give_their_leases_up(tm
         time.sleep(1.5)
         again = {k.decode(): int(v) for k, v in r.hgetall(shards).items() if k.endswith(b":lease_until_us")}
         assert again == leases  # nobody renews them
+        with connect(url, run) as store:
+            assert store.leases().stopped == {0: "parent_exited", 1: "parent_exited"}
+            assert shard_leases(store) == {0: "aborted", 1: "aborted"}  # a crash does not read as a finish
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -202,10 +208,36 @@ def test_a_child_whose_parent_dies_runs_its_cleanup_and_a_server_started_from_a_
         time.sleep(1)
         assert alive(sleeper[0])  # its starting thread is gone, the process is not
         assert kill_parent_and_wait_for_children(parent, children) == set()
-        assert marker.read_text() == "ParentExited"
+        assert marker.read_text() == "ParentExited parent_exited"
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_child_sent_sigterm_while_its_parent_lives_stops_as_terminated(tmp_path):
+    """A SIGTERM from someone else (a scheduler's cancel) runs the same cleanup, and the stop's cause
+    says it was not the parent's death: the lease a collector gives up then records ``terminated``."""
+    marker = tmp_path / "cleaned"
+    parent = start_parent(
+        f"""
+        import time
+        from redisync import lifeline
+        from tests.test_lifeline import child_with_cleanup
+        lifeline.spawn(child_with_cleanup, {str(marker)!r})
+        time.sleep(600)
+        """,
+        tmp_path,
+    )
+    try:
+        assert wait_for(lambda: (tmp_path / "cleaned.started").exists(), timeout=60)
+        (child,) = [p for p in descendants(parent.pid) if b"multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes()
+                    and b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+        os.kill(child, signal.SIGTERM)
+        assert wait_for(lambda: marker.exists() and marker.read_text().endswith("d"), timeout=30)
+        assert marker.read_text() == "ParentExited terminated"
+    finally:
+        parent.kill()
+        parent.wait(10)
 
 
 def child_with_cleanup(marker: str) -> None:
@@ -215,7 +247,9 @@ def child_with_cleanup(marker: str) -> None:
         while True:
             time.sleep(0.1)
     except BaseException as e:
-        Path(marker).write_text(type(e).__name__)
+        from redisync import lifeline
+
+        Path(marker).write_text(f"{type(e).__name__} {lifeline.stop_cause()}")
         raise
 
 

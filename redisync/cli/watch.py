@@ -107,7 +107,7 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
             shard,
             age(reports[shard]["age_s"]),
             Text("-" if behind is None else str(behind), style="yellow" if (behind or 0) >= BEHIND_WARN else ""),
-            Text(lease, style="yellow" if lease == "lapsed" else "dim" if lease == "stopped" else ""),
+            Text(lease, style="yellow" if lease in ("lapsed", "aborted") else "dim" if lease == "stopped" else ""),
         ]
         for name, d in drifts.items():
             s = d["shards"].get(shard)
@@ -139,6 +139,15 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
     ]
     if finished:
         parts.append(Text("finished: every collector stopped and gave its lease up", style="bold"))
+    elif bool(leases) and all(held in ("stopped", "aborted") for held in leases.values()):
+        parts.append(
+            Text(
+                "ended without finishing: every collector has stopped, "
+                f"{sum(held == 'aborted' for held in leases.values())} of them because the trainer that started "
+                "it died or it was sent SIGTERM",
+                style="bold red",
+            )
+        )
     parts += ["", rich_table(headers, rows) if rows else Text("no shard has reported yet", style="dim")]
     if compact and drifts:
         parts.append(Text("   ".join(f"{tags[name]}: {name}" for name in drifts), style="dim"))
@@ -158,7 +167,8 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
                     "state it had seen at its last report, judged from the states this view recorded: '-' until one "
                     "is, and for ever in a view started after the run finished: it never saw the states they had seen). TV without sync: its own slot alone, what it would sample "
                     "unsynced. behind: the fleet versions made before its last report that it had not seen. "
-                    "lease: live, lapsed (it stopped renewing without a clean stop) or stopped.",
+                    "lease: live, lapsed (it stopped renewing without a clean stop), stopped, or aborted (given up as "
+                    "its trainer died or it was sent SIGTERM).",
                     style="dim",
                 )
             )

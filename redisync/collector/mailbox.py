@@ -36,6 +36,7 @@ from ..store.codec import epoch_tag
 HEADER = 32  # int64 fields
 # header fields
 STOP = 8  # 1: the collector asks the sidecar to publish what it holds and exit
+STOP_CAUSE = 9  # why (an index into lifeline.STOP_CAUSES): the lease is given up for it
 DONE = 10  # the outbox sequence number of the last report the store answered for (applied, duplicate or refused)
 HEARTBEAT_MS = 11  # the sidecar's monotonic clock in ms, written every loop: a hung sidecar stops it
 SIDECAR_PID = 12

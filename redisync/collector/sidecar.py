@@ -59,6 +59,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import errors
+from ..lifeline import STOP_CAUSES
 from ..store.client import ShardClient, Store, connect
 from ..store.codec import KeyView, PullResult
 from ..store.schema import Encoded, Limits, Schema, encode_reports
@@ -76,6 +77,7 @@ from .mailbox import (
     STATUS,
     STEPS,
     STOP,
+    STOP_CAUSE,
     Mailbox,
     MailboxFull,
     pack_handed,
@@ -495,7 +497,7 @@ class SidecarWorker:
             self._await_serving()
             started = time.monotonic()
 
-    def stop(self, flush: bool, deadline: float) -> bool:
+    def stop(self, flush: bool, deadline: float, cause: str) -> bool:
         """Ask the sidecar to publish the current reports (when ``flush``) and exit; kill it if it has
         not by ``deadline``. A sidecar that died just before is replaced first, so the last
         report is published whenever the last sidecar died; one that cannot publish in time (starved
@@ -503,6 +505,7 @@ class SidecarWorker:
         last report itself. Frees the shared memory. True when the last reports reached the store."""
         if self.mailbox is None:
             return self._stopped_published
+        self.mailbox.header[STOP_CAUSE] = STOP_CAUSES.index(cause)  # before STOP: the sidecar gives the lease up for it
         timeout = max(0.0, deadline - time.monotonic())
         self.syncer.closing.set()  # a start still waiting for the store does not spawn a sidecar any more
         self.syncer.join_start(deadline)
@@ -560,6 +563,7 @@ class SidecarWorker:
         if handed is not None:  # the report says what the shard had seen: the newest state handed to it
             self.shard.continue_from(*handed)
         outcome: list[BaseException | None] = []
+        cause = STOP_CAUSES[int(self.mailbox.header[STOP_CAUSE])]
 
         def publish() -> None:
             try:
@@ -571,7 +575,7 @@ class SidecarWorker:
             # the collector stops: its lease given up, as its sidecar's stop would have (a state key
             # leaves the shard at the next fold instead of waiting out a lease and its grace)
             with contextlib.suppress(Exception):
-                self.store.lease(self.shard.shard_id, self.shard.incarnation, 0)
+                self.store.lease(self.shard.shard_id, self.shard.incarnation, 0, cause)
 
         sender = threading.Thread(target=publish, name=f"redisync-last-report-{self.shard.shard_id}", daemon=True)
         sender.start()
@@ -838,7 +842,7 @@ def serve(config: dict[str, Any]) -> None:
             while stop == 1 and syncer.has_pending() and time.monotonic() < deadline:
                 time.sleep(LOOP_S)
             answered = not syncer.has_pending()
-            syncer.stop(flush=False, timeout=1.0)
+            syncer.stop(flush=False, timeout=1.0, cause=STOP_CAUSES[int(header[STOP_CAUSE])])
             if answered:
                 header[DONE] = taken
                 if cadence is not None:

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import errors
+from ..lifeline import stop_cause
 from ..store.client import Store
 from .seam import SyncedTerm, schema_of
 from .settings import SyncSettings
@@ -238,14 +239,16 @@ class Syncer:
         self.closing.set()
         self.worker.after_fork()
 
-    def stop(self, flush: bool = True, timeout: float = 5.0) -> bool:
+    def stop(self, flush: bool = True, timeout: float = 5.0, cause: str | None = None) -> bool:
         """Stop the worker, after a last publish of the current reports when ``flush``. Returns within
         ``timeout`` even against an unresponsive server: True when every report handed over reached
-        the store, False when one did not (said in the log)."""
+        the store, False when one did not (said in the log). The lease is given up for ``cause``
+        (default: `lifeline.stop_cause`, ``parent_exited`` when the trainer that started this
+        process died), which observers show: a crashed trainer's collectors are not a finished run."""
         if self.forked:
             return False  # the parent's sync: not ours to stop
         _live.discard(self)
-        return self.worker.stop(flush, time.monotonic() + timeout)
+        return self.worker.stop(flush, time.monotonic() + timeout, cause or stop_cause())
 
     def health(self) -> dict[str, Any]:
         """Whether the worker is getting through: ``ok``, the current ``error`` (None when ok) and

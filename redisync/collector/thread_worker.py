@@ -99,6 +99,7 @@ class ThreadWorker:
         self._lease_due = 0.0
         self._wake = Wake()
         self._stop = threading.Event()
+        self._stop_cause = "clean"  # why the lease is given up at the stop (lifeline.STOP_CAUSES)
         # The hand-over takes no lock (a signal handler's flush() may interrupt one in this thread): the
         # collector writes _latest, then counts it in _reports_handed; the worker, alone, moves _reports_sent up to the
         # hand-overs it has published. A report is pending while _reports_handed > _reports_sent (latest wins).
@@ -204,7 +205,7 @@ class ThreadWorker:
         self._announcing = threading.Lock()  # (a worker thread of the parent may have held it)
         self._stop.set()
 
-    def stop(self, flush: bool, deadline: float) -> bool:
+    def stop(self, flush: bool, deadline: float, cause: str) -> bool:
         """A last publish of the current reports (when ``flush``), then the threads stop (daemon
         threads stuck on an unresponsive server end on their own)."""
         self.syncer.join_start(deadline)
@@ -212,6 +213,7 @@ class ThreadWorker:
             self._take_reports(settle=True)
             while self.pending() and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):
                 time.sleep(0.01)
+        self._stop_cause = cause
         self.syncer.closing.set()
         self._stop.set()
         self._wake.set()
@@ -272,6 +274,7 @@ class ThreadWorker:
             check_at = self._window_check_at
             if check_at is not None and time.monotonic() >= check_at:  # a window heard open has closed
                 self._window_check_at, wanted = None, True
+                self._attempt("announce", self._pay_owed)
             since = time.monotonic() - last_pull
             # polled only while the subscription is down: a live one announces every new version
             due = (since >= s.settings.poll_every_s and not self._subscribed) or (
@@ -283,7 +286,9 @@ class ThreadWorker:
                 self._stop.wait(s.settings.retry_every_s)
                 self._wake.set()  # try again: the pending report is still there
         if self._registered and self._zombie is None and not s.forked:  # stopped: the shard id is free at once
-            self._attempt("lease", lambda: self.store.lease(self.shard.shard_id, self.shard.incarnation, 0))
+            self._attempt(
+                "lease", lambda: self.store.lease(self.shard.shard_id, self.shard.incarnation, 0, self._stop_cause)
+            )
 
     def _register(self) -> bool:
         self._run_limits = claim(self.syncer, self._run_limits)
@@ -446,13 +451,23 @@ class ThreadWorker:
             else:
                 self._announced = max(self._announced, version)
 
+    def _pay_owed(self) -> None:
+        """Pay what the window left owed, if its debtor has not (it died, or stopped): every follower
+        then hears the burst's last version, and the run's meta owes nothing. The server keeps the
+        window: too early (a later announcement opened another), this looks again when that closes."""
+        wait = self.store.owed_wait_s()
+        if wait:
+            self._window_check_at = time.monotonic() + wait + WINDOW_MARGIN_S
+
     def _window_opened(self) -> None:
         """An announcement heard on a run with an announcement window: versions folded in the next
         window may be announced late, or never, if the process whose fold owes it dies; one look when
         the window closes finds them (a plain read of the version when nothing moved)."""
         limits = self._run_limits
-        if limits is None or limits.announce_every_s <= 0 or self._window_check_at is not None:
+        if limits is None or limits.announce_every_s <= 0:
             return
+        # (a look still pending is for an earlier window: this announcement carries every version
+        # folded before it, so only the window it opens needs the look)
         self._window_check_at = time.monotonic() + limits.announce_every_s + WINDOW_MARGIN_S
         self._wake.set()
 

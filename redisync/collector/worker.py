@@ -88,8 +88,9 @@ class Worker(Protocol):
     def pending(self) -> bool:
         """Whether a report handed over waits for the store's answer."""
 
-    def stop(self, flush: bool, deadline: float) -> bool:
-        """Stop by ``deadline`` (after a last publish when ``flush``); whether the last reports reached the store."""
+    def stop(self, flush: bool, deadline: float, cause: str) -> bool:
+        """Stop by ``deadline`` (after a last publish when ``flush``), the lease given up for ``cause``
+        (one of `lifeline.STOP_CAUSES`); whether the last reports reached the store."""
 
     def status(self) -> dict[str, Any]:
         """``announced``, ``subscribed``, ``problem``, ``schema_mismatch``, ``latency``, ``stats``."""

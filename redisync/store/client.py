@@ -274,13 +274,15 @@ def _denied(store: Store, error: Exception) -> errors.PermissionDenied:
 class LeaseReading:
     """A run's leases as an observer reads them (``leases.lua``): the server's time, the run's served
     clock (clock.lua's, not advanced by the read), the server's time at the run's last call, the
-    stall cap, and each shard's lease end in the served clock (-1: given up by a clean stop)."""
+    stall cap, each shard's lease end in the served clock (-1: given up) and, for a shard that gave
+    its lease up, why (`lifeline.stop_cause`: ``clean``, ``parent_exited``, ``terminated``)."""
 
     now_us: int
     served_us: int
     last_call_us: int | None
     stall_cap_us: int
     alive_until_us: dict[int, int]
+    stopped: dict[int, str]
 
 
 def _translated(method: Any) -> Any:
@@ -713,10 +715,11 @@ class Store:
         return int(_b(reply[1]))
 
     @_translated
-    def lease(self, shard_id: int, incarnation: int, lease_ms: int) -> bool:
-        """Renew ``incarnation``'s lease on ``shard_id`` (0 ms: give it up); False when a later
-        process has claimed the shard."""
-        reply = self._call(self.scripts.lease, [self.keys.shards, self.keys.meta], [shard_id, incarnation, lease_ms])
+    def lease(self, shard_id: int, incarnation: int, lease_ms: int, stop_cause: str = "clean") -> bool:
+        """Renew ``incarnation``'s lease on ``shard_id`` (0 ms: give it up, recording ``stop_cause``:
+        `lifeline.stop_cause`); False when a later process has claimed the shard."""
+        args = [shard_id, incarnation, lease_ms] + ([stop_cause] if lease_ms == 0 else [])
+        reply = self._call(self.scripts.lease, [self.keys.shards, self.keys.meta], args)
         return _b(reply[0]) == "leased"
 
     @_translated
@@ -727,13 +730,15 @@ class Store:
         if _b(reply[0]) == "no_run":
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
         now, served, wall, cap = (_b(v) for v in reply[1:5])
-        pairs = [_b(v) for v in reply[5:]]
+        rows = [_b(v) for v in reply[5:]]
+        triples = [rows[i : i + 3] for i in range(0, len(rows), 3)]
         return LeaseReading(
             now_us=int(now),
             served_us=int(served),
             last_call_us=int(wall) if wall else None,
             stall_cap_us=int(cap),
-            alive_until_us={int(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)},
+            alive_until_us={int(shard): int(until) for shard, until, _ in triples},
+            stopped={int(shard): why for shard, until, why in triples if int(until) < 0 and why},
         )
 
     def pull(

@@ -287,6 +287,26 @@ def test_watch_says_a_run_finished_labels_its_sparklines_and_prints_its_legend_o
         store.delete()
 
 
+def test_watch_tells_a_run_whose_trainer_died_from_a_finished_one(cli_url):
+    """Every collector gave its lease up, one because the trainer that started it died: the view says
+    the run ended without finishing, and that shard's lease reads 'aborted'."""
+    store = redisync_api.connect(cli_url, run=f"cli-aborted-{uuid.uuid4().hex[:8]}")
+    store.register(Schema.of({"motion/bin_failed": merge(4, lifecycle="history")}))
+    try:
+        for i, cause in enumerate(("clean", "parent_exited")):
+            shard = store.shard(i)
+            shard.publish({"motion/bin_failed": {"count": 1, "sum": np.eye(4)[i] + 0.1}})
+            store.lease(i, shard.incarnation, 5_000)
+            store.lease(i, shard.incarnation, 0, cause)
+        out = cli("watch", "--url", cli_url, "--run", store.run, "--count", "1", "--interval", "0.1")
+        assert out.returncode == 0, out.stderr
+        assert "finished: every" not in out.stdout
+        assert "ended without finishing: every collector has stopped, 1 of them because" in " ".join(out.stdout.split())
+        assert {k: r["lease"] for k, r in watch_rows(out.stdout).items()} == {"0": "stopped", "1": "aborted"}
+    finally:
+        store.delete()
+
+
 def test_the_live_view_fits_80_columns(cli_url):
     """In a terminal of 80 columns: short column headers, the keys named below, nothing cut."""
     from rich.console import Console

@@ -4,10 +4,13 @@
 --
 -- KEYS[1]   the run's shards hash;   KEYS[2] the run's meta hash (its served clock, see clock.lua)
 -- ARGV[1]   the shard id;   ARGV[2] the caller's incarnation;   ARGV[3] the lease in ms (0: give it up)
+-- ARGV[4]   when giving up: why the process stops (lifeline.stop_cause: 'clean', 'parent_exited',
+--           'terminated'; absent: 'clean')
 -- returns {'leased'} | {'stale', current incarnation}   (a later process claimed the shard)
 --
 -- shards fields: <id>:lease_until_us (server time: claims), <id>:alive_until_us (the served clock:
--- folds; -1 once given up, so a stopped collector leaves a state key at the next fold)
+-- folds; -1 once given up, so a stopped collector leaves a state key at the next fold), <id>:stopped
+-- (why it gave its lease up, while it is given up: an observer tells a crashed trainer from a finish)
 -- (the library's function redisync_lease_<version>, see library.py: KEYS and ARGV are the FCALL's keys and arguments)
 
 local function lease(KEYS, ARGV)
@@ -34,6 +37,11 @@ local function lease(KEYS, ARGV)
   end
   redis.call('HSET', KEYS[1], shard .. ':lease_until_us', string.format('%.0f', until_us))
   if alive then redis.call('HSET', KEYS[1], shard .. ':alive_until_us', alive) end
+  if ms > 0 then
+    redis.call('HDEL', KEYS[1], shard .. ':stopped')
+  else
+    redis.call('HSET', KEYS[1], shard .. ':stopped', ARGV[4] or 'clean')
+  end
   return {'leased'}
 end
 
