@@ -151,11 +151,30 @@ def test_pilot_4s_table_is_its_run_files():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text().split("**Pilot 4, single against uniform", 1)[1]
+    page = (root / "pilots.md").read_text().split("**Pilot 4, single against uniform", 1)[1].split("## Pilot 5", 1)[0]
     rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
     assert len(rows) == 4
     for arm, seed, auc, final, completion, share in rows:
         run = json.loads((root / "pilot-4" / f"H-{arm}-{seed}.json").read_text())["run"]
+        curve = run["curve"]
+        assert auc == f"{sum(c['skill_success'] for c in curve) / len(curve):.3f}"
+        assert final == f"{curve[-1]['skill_success']:.2f}"
+        assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
+        assert share == f"{run['skill_share']:.3f}"
+
+
+def test_pilot_5s_table_is_its_run_files():
+    """Every row of pilot 5's single-against-uniform table is its run file's figures."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    page = (root / "pilots.md").read_text().split("**Pilot 5, single against uniform", 1)[1]
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
+    assert len(rows) == 4
+    for arm, seed, auc, final, completion, share in rows:
+        run = json.loads((root / "pilot-5" / f"H-{arm}-{seed}.json").read_text())["run"]
         curve = run["curve"]
         assert auc == f"{sum(c['skill_success'] for c in curve) / len(curve):.3f}"
         assert final == f"{curve[-1]['skill_success']:.2f}"
