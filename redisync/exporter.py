@@ -60,12 +60,20 @@ class FleetCollector(Collector):
 
     def __init__(self, url: str, runs: tuple[str, ...] = ()):
         self.url, self.runs = url, runs
-        self._client = connect(url, run="_exporter").redis
+        self._connected: Any = None  # the server's client, made at the first scrape the store answers
         self._stores: dict[str, tuple[Any, Store]] = {}  # per run: (its epoch, its store), kept across scrapes
         self._sampled: dict[str, tuple[str, SampledDistance]] = {}  # per run: its epoch's fleet states seen
         self._said = ""  # the last failure logged (each new one is logged once)
         self._run_errors: set[str] = set()  # the runs' failures logged
         self._service: dict[str, ServiceWatch] = {}  # per run: the server seen serving (a dead fleet lapses)
+
+    @property
+    def _client(self) -> Any:
+        """The server's client, connected on first use: a Cluster client reads the slot map when it is
+        made, and an exporter started while every node is down must serve ``redisync_store_up 0``."""
+        if self._connected is None:
+            self._connected = connect(self.url, run="_exporter").redis
+        return self._connected
 
     def describe(self) -> Iterator[Any]:
         """Nothing: the registry would otherwise call collect() at registration, when the store may not answer yet."""
@@ -115,7 +123,7 @@ class FleetCollector(Collector):
         """Whether the store answers a PING now (a run's failure is then the run's, not the store's)."""
         try:
             return bool(self._client.ping())
-        except (redis.RedisError, OSError):
+        except (RedisyncError, redis.RedisError, OSError):
             return False
 
     def _said_of(self, run: str, e: BaseException) -> None:

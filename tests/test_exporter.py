@@ -347,6 +347,21 @@ def test_the_exporter_starts_while_the_store_is_down_and_says_so_by_store_up(tmp
         server.stop()
 
 
+def test_the_exporter_starts_with_a_cluster_url_whose_nodes_are_all_down():
+    """A Cluster URL none of whose nodes answers at start (a deploy's order, a Cluster being
+    restarted): it serves redisync_store_up 0 (was: exit 1 at start, the Cluster client reading the
+    slot map when it is made)."""
+    port = free_port()
+    proc = _exporter(f"redis+cluster://127.0.0.1:{free_port()}", port)
+    try:
+        assert _scrape(port)[("redisync_store_up", frozenset())] == 0.0
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        proc.stderr.close()
+
+
 def test_a_port_in_use_is_said_with_the_port():
     """The exporter's port taken by another process: one line naming the address and port, exit 1."""
     import socket
