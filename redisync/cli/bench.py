@@ -17,7 +17,11 @@ from .common import URL, connected, needs, table
 @click.option("--calls", default=1000, show_default=True, type=click.IntRange(10, 10**6), help="calls per median")
 @click.option("--procs", default=8, show_default=True, type=click.IntRange(1, 64), help="concurrent publishers")
 @click.option(
-    "--seconds", default=3.0, show_default=True, type=click.FloatRange(0.1, 600), help="concurrency phase length"
+    "--seconds",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 600),
+    help="concurrency phase length (--load, --tree: each measurement's)",
 )
 @click.option(
     "--peers", is_flag=True, help="instead: collector processes syncing through redisync vs torch.distributed (gloo)"
@@ -30,6 +34,12 @@ from .common import URL, connected, needs, table
     "--instructions",
     is_flag=True,
     help="instead: the server's instructions per fold (a redis-server of its own under valgrind's callgrind)",
+)
+@click.option(
+    "--load",
+    is_flag=True,
+    help="instead: a redis-server of its own driven by pre-encoded, pipelined reports of 64, 256 and 1 024 "
+    "collectors for --seconds each, redisync beside a plain HSET / pool / GET design; the rate each reached",
 )
 @click.option(
     "--tree",
@@ -78,6 +88,7 @@ def bench(
     steps: int,
     scale: bool,
     instructions: bool,
+    load: bool,
     tree: bool,
     collectors: int,
     loopback_cluster: bool,
@@ -91,7 +102,14 @@ def bench(
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
     With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves.
-    With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact."""
+    With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact.
+    With --load: one primary at the report rate a capacity figure claims, beside a plain design."""
+    if load:
+        from ..bench.load import format_load, run_load
+
+        result = run_load(seconds)
+        click.echo(json.dumps(result, indent=2) if as_json else format_load(result))
+        return
     if tree:
         _bench_tree(
             url,
