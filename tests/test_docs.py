@@ -416,6 +416,34 @@ def test_a_capacity_at_1_hz_is_called_an_extrapolation_with_the_rate_reached():
     assert "No run reached one report a second per collector" in perf
 
 
+def test_the_performance_pages_load_table_and_figures_are_its_dated_run():
+    """The load table on the performance page is the dated run's, row for row, and the costs the
+    text gives are that run's (rounded as written)."""
+    import json
+
+    from redisync.bench.load import format_load
+
+    data = json.loads((ROOT / "docs" / "bench" / "load-2026-12-05.json").read_text())
+    assert format_load(data) == (ROOT / "docs" / "bench" / "load-2026-12-05.txt").read_text().strip()
+    table = format_load(data).split("\n\n", 1)[1]
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert table in page
+    ours = {r["slots"]: r for r in data["rows"] if r["design"] == "redisync"}
+    plain = [r for r in data["rows"] if r["design"] != "redisync"]
+    text = " ".join(page.split())
+    assert (
+        f"cost {ours[64]['server_ms_per_report']:.1f} ms at 64 collectors, {ours[256]['server_ms_per_report']:.1f} ms "
+        f"at 256 and {ours[1024]['server_ms_per_report']:.1f} ms at 1 024"
+    ) in text
+    assert f"about {256 * ours[256]['server_ms_per_report'] / 1e3:.1f} of a core" in text
+    low, high = min(r["server_ms_per_report"] for r in plain), max(r["server_ms_per_report"] for r in plain)
+    assert f"cost {low:.2f}–{high:.2f} ms" in text
+    ratios = [ours[r["slots"]]["server_ms_per_report"] / r["server_ms_per_report"] for r in plain]
+    assert (round(min(ratios), -1), round(max(ratios), -1)) == (70, 210), ratios  # "about 70 to 210 times less"
+    assert not any(r["reached_1hz"] and r["collectors_within_budget"] <= r["slots"] for r in data["rows"])
+    assert f"(load average {data['load_average'][0]:.1f})" in text
+
+
 def test_the_semantics_page_shows_the_fold_drawn_by_its_script(tmp_path):
     """The semantics page's picture of a fold is the committed fold.png, and its script draws it."""
     import subprocess
