@@ -437,7 +437,7 @@ def test_the_performance_pages_load_table_and_figures_are_its_dated_run():
     ) in text
     assert f"about {256 * ours[256]['server_ms_per_report'] / 1e3:.1f} of a core" in text
     low, high = min(r["server_ms_per_report"] for r in plain), max(r["server_ms_per_report"] for r in plain)
-    assert f"cost {low:.2f}–{high:.2f} ms" in text
+    assert f"cost {low:.2f}\N{EN DASH}{high:.2f} ms" in text
     ratios = [ours[r["slots"]]["server_ms_per_report"] / r["server_ms_per_report"] for r in plain]
     assert (round(min(ratios), -1), round(max(ratios), -1)) == (70, 210), ratios  # "about 70 to 210 times less"
     assert not any(r["reached_1hz"] and r["collectors_within_budget"] <= r["slots"] for r in data["rows"])
