@@ -65,6 +65,12 @@ from .common import URL, needs, table
     "OUT/pilot-N as it finishes (N: the pilot's round), the same command again resumes",
 )
 @click.option(
+    "--fourth-study-gate",
+    is_flag=True,
+    help="the fourth study's gate (single against uniform on its fresh seeds, docs/ab/fourth-study-plan.md); every "
+    "run kept in OUT/gate as it finishes, the same command again resumes",
+)
+@click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
 )
 @click.option(
@@ -93,6 +99,7 @@ def ab(
     second_follow_up: bool,
     third_study: bool,
     fourth_study_pilots: bool,
+    fourth_study_gate: bool,
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
@@ -106,11 +113,18 @@ def ab(
     from ..study.study import load_env_factory, run_study
 
     out = Path(out_dir)
-    if (third_study or second_follow_up or fourth_study_pilots) and not report_only and not allow_dirty:
+    kept = third_study or second_follow_up or fourth_study_pilots or fourth_study_gate
+    if kept and not report_only and not allow_dirty:
         from ..study.provenance import require_clean
 
         require_clean("redisync ab")  # its run files are the record: each must name the code that made it
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
+    if fourth_study_gate:
+        from ..study.fourth_study import run_gate
+
+        gate = run_gate(out, workers=workers, show_progress=not no_progress, on_stage=click.echo)
+        click.echo(json.dumps(gate, indent=1, default=float))
+        return
     if fourth_study_pilots:
         from ..study.fourth_study import run_pilots
 

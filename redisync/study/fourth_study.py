@@ -60,6 +60,11 @@ PRIMARY_METRIC = "skill_success_auc"
 PILOT = 5
 LEARNABILITY_SEEDS = (600, 601)
 SD_SEEDS = (610, 611, 612)
+GATE_SEEDS = (620, 621, 622)  # fresh: never a pilot's
+GATE = (
+    0.2  # single − uniform in skill success AUC, the mean over GATE_SEEDS, at least this (docs/ab/fourth-study-plan.md)
+)
+CONTRAST_SEEDS = tuple(range(630, 640))
 LEARNABILITY_ARMS = ("single", "uniform", "oracle")  # whether the curriculum can matter, first
 SD_ARMS = ("local", "pooled")
 
@@ -127,4 +132,44 @@ def run_pilots(
             say(f"the oracle did not learn the skill segments (final skill success below {LEARNABLE_SUCCESS}): the task "
                 "changes before anything else runs")  # fmt: skip
             break
+    return summary
+
+
+def gate_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The gate's paired differences single − uniform in the primary endpoint, their mean, and
+    whether it passed (None until every gate seed ran both arms)."""
+    table = {(run["arm"], run["seed"]): run["summary"][PRIMARY_METRIC] for run in runs}
+    seeds = [s for s in GATE_SEEDS if ("single", s) in table and ("uniform", s) in table]
+    differences = {s: table[("single", s)] - table[("uniform", s)] for s in seeds}
+    mean = float(np.mean(list(differences.values()))) if differences else None
+    done = len(seeds) == len(GATE_SEEDS)
+    return {
+        "gate": GATE,
+        "seeds": list(GATE_SEEDS),
+        "single": {s: table.get(("single", s)) for s in GATE_SEEDS},
+        "uniform": {s: table.get(("uniform", s)) for s in GATE_SEEDS},
+        "differences": differences,
+        "mean": mean,
+        "passed": (mean is not None and mean >= GATE) if done else None,
+    }
+
+
+def run_gate(
+    out: Path, *, workers: int, show_progress: bool = False, on_stage: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The gate on its fresh seeds, each run kept in ``out/gate`` as it finishes (the same call again
+    resumes), and ``out/gate.json`` written from the runs so far."""
+    from .study import run_cells
+
+    say = on_stage or (lambda _: None)
+    runs: list[dict[str, Any]] = []
+    for arm in ("single", "uniform"):
+        say(f"gate: {arm}, seeds {list(GATE_SEEDS)}")
+        runs += run_cells(
+            CONFIG, [("H", arm, list(GATE_SEEDS))], url=None, env_spec=ENV, workers=workers,
+            show_progress=show_progress, desc=f"gate {arm}", saved=out / "gate",
+        )  # fmt: skip
+        summary = gate_summary(runs)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gate.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary

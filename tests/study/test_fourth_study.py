@@ -180,3 +180,23 @@ def test_pilot_5s_table_is_its_run_files():
         assert final == f"{curve[-1]['skill_success']:.2f}"
         assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
         assert share == f"{run['skill_share']:.3f}"
+
+
+def test_the_gate_passes_on_the_mean_paired_difference_of_its_fresh_seeds_only_once_all_ran():
+    """The gate's arithmetic: single − uniform per gate seed, their mean against GATE; undecided
+    until every gate seed ran both arms; its seeds are none of the pilots'."""
+    from redisync.study.fourth_study import GATE, GATE_SEEDS, LEARNABILITY_SEEDS, SD_SEEDS, gate_summary
+
+    assert not set(GATE_SEEDS) & (set(LEARNABILITY_SEEDS) | set(SD_SEEDS))
+
+    def run(arm: str, seed: int, auc: float) -> dict:
+        return {"arm": arm, "seed": seed, "summary": {"skill_success_auc": auc}}
+
+    singles = [run("single", s, 0.5) for s in GATE_SEEDS]
+    uniforms = [run("uniform", s, 0.5 - GATE - d) for s, d in zip(GATE_SEEDS, (0.1, 0.0, -0.05), strict=True)]
+    assert gate_summary(singles + uniforms[:2])["passed"] is None
+    passed = gate_summary(singles + uniforms)
+    assert passed["passed"] is True
+    assert abs(passed["mean"] - (GATE + 0.05 / 3)) < 1e-12
+    short = [run("uniform", s, 0.5 - GATE + 0.01) for s in GATE_SEEDS]
+    assert gate_summary(singles + short)["passed"] is False
