@@ -492,3 +492,31 @@ def test_the_study_pages_figure_is_drawn_from_the_committed_results(tmp_path):
     page = (ROOT / "docs" / "study.md").read_text()
     assert "](ab/answers.png)" in page
     assert (ROOT / "docs" / "ab" / "answers.png").is_file()
+
+
+def test_the_sites_overflow_check_found_the_cli_and_deploying_pages_clean_at_1280_px():
+    """The dated run of scripts/docs_overflow_check.py: every page of the nav checked at 1280 px, the
+    command-line and deploying pages without a finding, their screenshots 1280 px wide; the
+    development page says what the run found elsewhere."""
+    import json
+    import re
+    import struct
+
+    run = json.loads((ROOT / "docs" / "site-check" / "overflow-2026-12-05.json").read_text())
+    assert run["width_px"] == 1280
+    nav = re.findall(r":\s+([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert len(run["pages"]) == len(nav)
+    assert run["pages"]["reference/cli/"] == []
+    assert run["pages"]["guides/deploying/"] == []
+    for shot in ("reference-cli", "guides-deploying"):
+        png = (ROOT / "docs" / "site-check" / f"{shot}-2026-12-05.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">I", png[16:20])[0] == 1280
+    found = [f for page in run["pages"].values() for f in page]
+    paragraphs = [f["over"] for f in found if f["what"] == "p"]
+    assert len(paragraphs) == 3
+    assert set(paragraphs) <= {2, 3}
+    assert {f["what"] for f in found} == {"p", "table", "wrapped code"}
+    dev = " ".join((ROOT / "docs" / "development.md").read_text().split())
+    assert "found both of those pages clean" in dev
+    assert "three paragraphs 2\N{EN DASH}3 px too wide" in dev
