@@ -200,3 +200,40 @@ def test_the_gate_passes_on_the_mean_paired_difference_of_its_fresh_seeds_only_o
     assert abs(passed["mean"] - (GATE + 0.05 / 3)) < 1e-12
     short = [run("uniform", s, 0.5 - GATE + 0.01) for s in GATE_SEEDS]
     assert gate_summary(singles + short)["passed"] is False
+
+
+def test_the_plan_names_the_pilots_figures_the_gate_and_the_models_prediction_as_recorded():
+    """The fourth plan's figures are the pilot runs', the model's committed prediction's and the
+    gate's constants in the code that runs it."""
+    import json
+    from pathlib import Path
+
+    from redisync.study.fourth_study import GATE, GATE_SEEDS
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab"
+    plan = " ".join((root / "fourth-study-plan.md").read_text().split())
+    runs = root / "fourth-study" / "pilot-5"
+
+    def auc(arm: str, seed: int) -> float:
+        return json.loads((runs / f"H-{arm}-{seed}.json").read_text())["run"]["summary"]["skill_success_auc"]
+
+    d600, d601 = auc("single", 600) - auc("uniform", 600), auc("single", 601) - auc("uniform", 601)
+    assert f"+{d600:.3f} on seed 600, \N{MINUS SIGN}{-d601:.3f} on seed 601 (mean +{(d600 + d601) / 2:.3f})" in plan
+    assert f"{auc('oracle', 600):.3f} on seeds 600 and 601" in plan
+    assert auc("oracle", 601) == auc("oracle", 600)
+    assert f"local on 610 and 611: {auc('local', 610)} and {auc('local', 611)}" in plan
+    assert f"the fresh seeds **{GATE_SEEDS[0]}, {GATE_SEEDS[1]}, {GATE_SEEDS[2]}**" in plan
+    assert f"**at least {GATE}**" in plan
+    model = json.loads((root / "fourth-study" / "model-prediction.json").read_text())
+    local, pooled = model["local"], model["pooled"]
+    assert f"uniform share of {local['uniform_share']:.3f} against pooled's {pooled['uniform_share']:.3f}" in plan
+    assert f"each shard {local['shard_distance']:.3f} (TV)" in plan
+    assert f"{100 * local['skill_share']:.1f} % of their starts in the two hard bins against pooled's " in plan
+    assert f"{100 * pooled['skill_share']:.1f} %" in plan
+    assert f"about {pooled['failures_per_bin_window']:.2f} failures per bin" in plan
+    warning = model["warning"]
+    assert warning["fires"] is True
+    assert (
+        f"(a predicted {warning['predicted_shard_distance']:.3f} against its threshold {warning['threshold']:.3f})"
+        in plan
+    )
