@@ -237,3 +237,19 @@ def test_the_plan_names_the_pilots_figures_the_gate_and_the_models_prediction_as
         f"(a predicted {warning['predicted_shard_distance']:.3f} against its threshold {warning['threshold']:.3f})"
         in plan
     )
+
+
+def test_the_study_page_counts_the_pilot_rounds_the_pilots_page_reports():
+    """'five rounds, every one reported there': one section per round on the pilots page, and a run
+    folder per round that ran."""
+    import re
+    from pathlib import Path
+
+    from redisync.study.fourth_study import PILOT
+
+    root = Path(__file__).resolve().parents[2] / "docs"
+    rounds = re.findall(r"^## Pilot (\d+)", (root / "ab" / "fourth-study" / "pilots.md").read_text(), re.M)
+    assert [int(r) for r in rounds] == list(range(1, PILOT + 1))
+    words = {5: "five", 6: "six", 7: "seven"}
+    assert f", {words[PILOT]} rounds, every one reported there" in " ".join((root / "study.md").read_text().split())
+    assert all((root / "ab" / "fourth-study" / f"pilot-{r}").is_dir() for r in range(1, PILOT + 1))
