@@ -14,7 +14,7 @@ import redis
 
 from .errors import RedisyncError
 from .store.client import LeaseReading, Store, server_time_us
-from .store.codec import decode
+from .store.codec import as_text, decode
 from .store.keys import ROOT, run_of
 from .store.schema import KeySpec
 from .store.semantics.base import age_s
@@ -41,10 +41,6 @@ def describe_runs(
         except (RedisyncError, redis.RedisError, ValueError) as e:
             skipped.append((f"{ROOT}:{{{name}}}:meta", f"{type(e).__name__}: {e}"))
     return runs, skipped
-
-
-def _text(v: Any) -> str:
-    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
 
 
 def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
@@ -94,7 +90,7 @@ def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str
     the highest fleet version it had seen when it made that report, and ``behind``, how many versions
     before the one its report made it had not seen (None where the fold did not record them)."""
     now = now_us if now_us is not None else server_time_us(store.redis)
-    raw = {_text(k): _text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
+    raw = {as_text(k): as_text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
     out: dict[int, dict[str, Any]] = {}
     for field, value in raw.items():
         shard, what = field.split(":", 1)
@@ -167,7 +163,7 @@ def _lease_state(until_us: int, served_us: int, stop_cause: str | None) -> str:
 def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, dict[int, dict[str, np.ndarray]]]:
     """A merge key's aggregate and every live slot, in parts (``count``, ``sum``, ``sumsq``), by shard."""
     spec = store.schema.keys[name]
-    data = {_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items() if isinstance(v, bytes)}
+    data = {as_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items() if isinstance(v, bytes)}
     agg = data.get("agg")
     slots = {
         int(f.split(":")[1]): spec.parts_of(decode(raw, spec.width)) for f, raw in data.items() if f.startswith("slot:")

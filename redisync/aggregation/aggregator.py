@@ -36,7 +36,7 @@ import numpy as np
 from .. import errors
 from ..store.client import ShardClient, Store
 from ..store.codec import PullResult
-from ..store.schema import Limits, Schema
+from ..store.schema import DEFAULT_LEASE_S, Limits, Schema
 from ..store.semantics.base import Vector
 
 OUTSIDE_SHARD = 999_999_999  # in a sub-run: the rest of the root run, written back by the aggregator
@@ -71,7 +71,7 @@ class Aggregator:
         index: int,
         *,
         period_s: float = 0.5,
-        lease_s: float = 5.0,
+        lease_s: float = DEFAULT_LEASE_S,
         heartbeat_s: float = 1.0,
         reseed_s: float = 10.0,
     ):

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
-
-LEASE_S = 5.0  # the default lease: a live process renews it every fifth of it (a dead one's runs out)
+from ..store.schema import DEFAULT_LEASE_S
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class SyncSettings:
     min_pull_interval_s: float = 0.1
     retry_every_s: float = 0.5
     start_timeout_s: float = 5.0
-    lease_s: float = LEASE_S
+    lease_s: float = DEFAULT_LEASE_S
 
     def __post_init__(self) -> None:
         if isinstance(self.publish_every_steps, bool) or not isinstance(self.publish_every_steps, int):

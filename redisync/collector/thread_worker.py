@@ -28,7 +28,7 @@ import redis
 
 from .. import errors
 from ..store.client import ShardClient, Store
-from ..store.codec import PullResult
+from ..store.codec import PullResult, as_text
 from ..store.schema import Limits
 from .worker import Host, claim, log
 
@@ -49,10 +49,6 @@ STATS = (
     "worker_errors",
     "zombie_dropped",
 )
-
-
-def _text(data: Any) -> str:
-    return data.decode() if isinstance(data, bytes) else str(data)
 
 
 class Wake:
@@ -537,7 +533,7 @@ class ThreadWorker:
                         self._wake.set()
                     elif kind in ("message", "smessage"):
                         assert msg is not None
-                        version, _, epoch = _text(msg["data"]).partition(" ")  # '<fleet_version> <epoch>'
+                        version, _, epoch = as_text(msg["data"]).partition(" ")  # '<fleet_version> <epoch>'
                         if not (version.isdigit() and epoch and " " not in epoch):
                             log.debug("shard %d: a garbled announcement ignored: %r", self.shard.shard_id, msg["data"])
                             continue

@@ -28,13 +28,14 @@ the exact one by a little per update — ``local`` mode is holosoma's update, as
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from holosoma.agents.fast_sac.fast_sac_utils import EmpiricalNormalization as FastSacNormalization
 from holosoma.managers.command.terms.wbt import AdaptiveTimestepsSampler
 
 from ..errors import ConfigurationError
+from ..terms.sampler_options import DropInMode
 from ..terms.torch.normalization import Mode as NormMode
 from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, fleet_shards_from_env, process_fleet
@@ -42,7 +43,6 @@ from .holosoma import log_value
 from .normalizers import FleetNormalization
 from .sampler_attribute import SamplerAttribute
 
-SyncMode = Literal["local", "pooled", "broadcast"]
 KEY_PREFIX = "holosoma"
 
 
@@ -59,7 +59,7 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
         device: str,
         env_fps: int,
         *,
-        mode: SyncMode = "pooled",
+        mode: DropInMode = "pooled",
         key: str = f"{KEY_PREFIX}/motion.bin_failed",
         owner: int = 0,
         stale_after_s: float | None = None,
@@ -147,7 +147,7 @@ def motion_commands(target: Any) -> list[Any]:
 
 def sync_motion_command(
     target: Any,
-    mode: SyncMode = "pooled",
+    mode: DropInMode = "pooled",
     *,
     key: str = f"{KEY_PREFIX}/motion.bin_failed",
     owner: int = 0,

@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,11 +33,10 @@ from mjlab.tasks.tracking.mdp import MotionCommand, MotionCommandCfg
 
 from ..errors import ConfigurationError
 from ..store.schema import Lifecycle
+from ..terms.sampler_options import SAMPLER_KEY, DropInMode
 from ..terms.torch.sampler import AdaptiveMotionSampler
 from . import ProcessFleet, fleet_shards_from_env, process_fleet
 from .sampler_attribute import SamplerAttribute
-
-SyncMode = Literal["local", "pooled", "broadcast"]
 
 
 @dataclass(kw_only=True)
@@ -45,8 +44,8 @@ class SyncedMotionCommandCfg(MotionCommandCfg):
     """mjlab's ``MotionCommandCfg`` plus how its failure EMA is synced (``sync_mode``, the store key,
     for ``broadcast`` the owner shard, and the merge key's ``stale_after_s`` and ``lifecycle``)."""
 
-    sync_mode: SyncMode = "pooled"
-    sync_key: str = "motion/bin_failed"
+    sync_mode: DropInMode = "pooled"
+    sync_key: str = SAMPLER_KEY
     sync_owner: int = 0
     sync_stale_after_s: float | None = None  # a shard silent this long (dead, never restarted) leaves the pool
     sync_lifecycle: Lifecycle = "state"  # what a new process of a shard means for its previous life's slot
@@ -56,7 +55,9 @@ class SyncedMotionCommandCfg(MotionCommandCfg):
         return SyncedMotionCommand(self, env)
 
 
-def synced_motion_command(cfg: MotionCommandCfg, sync_mode: SyncMode = "pooled", **sync: Any) -> SyncedMotionCommandCfg:
+def synced_motion_command(
+    cfg: MotionCommandCfg, sync_mode: DropInMode = "pooled", **sync: Any
+) -> SyncedMotionCommandCfg:
     """A task's motion command config, synced: every field kept, ``sync_mode`` added and ``sync``'s
     keywords (``key``, ``owner``, ``stale_after_s``, ``lifecycle``, with or without the ``sync_``
     prefix)."""

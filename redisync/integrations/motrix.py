@@ -42,7 +42,7 @@ import multiprocessing
 import os
 import re
 from importlib import import_module
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from motrix_env_core.manager import ManagerEnv
@@ -50,9 +50,9 @@ from motrix_env_core.manager import ManagerEnv
 from ..errors import ConfigurationError
 from ..store.schema import DEFAULT_LEASE_GRACE_S
 from ..terms.numpy import FailureEma
+from ..terms.sampler_options import SAMPLER_KEY, DropInMode
 from . import ProcessFleet, process_fleet
 
-SyncMode = Literal["local", "pooled", "broadcast"]
 MODES = ("pooled", "broadcast", "local")
 COLLECTOR = re.compile(r"^fastsac-async-collector-(\d+)$")
 ENV_OFFSET, ENV_MODE, ENV_KEY, ENV_COMMAND = (
@@ -75,8 +75,8 @@ def collector_index(name: str | None = None) -> int | None:
 class SyncedCommands:
     """The sync hooks over a ``ManagerEnv`` (list it before the env class, or use `synced`)."""
 
-    redisync_mode: SyncMode = "pooled"
-    redisync_key: str = "motion/bin_failed"
+    redisync_mode: DropInMode = "pooled"
+    redisync_key: str = SAMPLER_KEY
     redisync_command: str | None = None  # None: the one command term that holds an adaptive_bin_failed_count
     redisync_owner: int = 0
     redisync_stale_after_s: float | None = None

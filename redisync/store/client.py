@@ -28,6 +28,7 @@ from redis.retry import Retry
 
 from .. import errors
 from . import codec, library
+from .codec import as_text
 from .keys import RunKeys
 from .library import Function, Library
 from .schema import Limits, Schema, encode_reports
@@ -327,10 +328,6 @@ def _translated(method: Any) -> Any:
     return call
 
 
-def _b(v: Any) -> str:
-    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
-
-
 def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], Schema]:
     """The snapshot's hashes decoded, and its schema, after checking every hash and vector."""
     if snap.format != "redisync.snapshot" or snap.format_version != 1:
@@ -352,15 +349,15 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
         schema = Schema.model_validate_json(meta["schema"])
     except ValueError as e:
         raise bad("the schema", str(e).splitlines()[0]) from None
-    if _b(meta["digest"]) != schema.digest:
+    if as_text(meta["digest"]) != schema.digest:
         raise bad("hash 'meta'", "the digest does not match the schema")
     for field in ("fleet_version", "max_report_bytes", "stream_maxlen", "dead_letter_maxlen"):
-        if not _b(meta.get(field, b"")).isdigit():
+        if not as_text(meta.get(field, b"")).isdigit():
             raise bad("hash 'meta'", f"{field} is missing or not a whole number")
     # the limits as the fold reads them, made from the fields beside it (a snapshot taken before the
     # field existed has none)
-    dead_bytes = _b(meta.get("dead_letter_max_bytes", b""))
-    packed = _b(meta.get("limits", b""))
+    dead_bytes = as_text(meta.get("dead_letter_max_bytes", b""))
+    packed = as_text(meta.get("limits", b""))
     stall = Limits.unpacked(packed).stall_after_s if re.fullmatch(r"(\d+\|){5}\d+", packed) else None
     try:
         meta["limits"] = (
@@ -368,7 +365,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
                 max_report_bytes=int(meta["max_report_bytes"]),
                 stream_maxlen=int(meta["stream_maxlen"]),
                 dead_letter_maxlen=int(meta["dead_letter_maxlen"]),
-                stream_payloads=_b(meta.get("stream_payloads", b"0")) == "1",
+                stream_payloads=as_text(meta.get("stream_payloads", b"0")) == "1",
                 **({"dead_letter_max_bytes": int(dead_bytes)} if dead_bytes.isdigit() else {}),
                 **({"stall_after_s": stall} if stall is not None else {}),
             )
@@ -381,7 +378,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
     if set(hashes) - expected:
         raise bad("the hashes", f"unknown hashes {sorted(set(hashes) - expected)}")
     for name, spec in schema.keys.items():
-        info = {k: _b(v) for k, v in hashes.get(f"key:{name}", {}).items()}
+        info = {k: as_text(v) for k, v in hashes.get(f"key:{name}", {}).items()}
         data = hashes.setdefault(f"data:{name}", {})
         if (
             info.get("semantics") != spec.semantics
@@ -472,7 +469,7 @@ class Store:
         """The sub-runs of this run when it is split over several primaries (`split`), in order;
         empty for a run that is not split (one HGET, which every role may run)."""
         names = self.redis.hget(self.keys.meta, "subruns")
-        return list(_b(names).split(",")) if names else []
+        return list(as_text(names).split(",")) if names else []
 
     @_translated
     def split(self, names: Sequence[str]) -> list[str]:
@@ -501,7 +498,7 @@ class Store:
     @_translated
     def shard_ids(self) -> set[int]:
         """Every shard id that has claimed or folded in the run's current life."""
-        fields = (_b(f) for f in self.redis.hkeys(self.keys.shards))
+        fields = (as_text(f) for f in self.redis.hkeys(self.keys.shards))
         return {int(f[: -len(":incarnation")]) for f in fields if f.endswith(":incarnation")}
 
     def home(self, shard_id: int) -> Store:
@@ -523,7 +520,7 @@ class Store:
         seconds left of the window (the debt stays; any client may pay it then)."""
         reply = self._call(self.scripts.announce, [self.keys.meta], [])
         if isinstance(reply, list):  # ['wait', µs]
-            return max(int(_b(reply[1])), 1) / 1e6
+            return max(int(as_text(reply[1])), 1) / 1e6
         return 0.0 if int(reply) == 1 else None
 
     def _pay_later(self, delay_us: int) -> None:
@@ -647,21 +644,23 @@ class Store:
             args += [name, spec.semantics, len(meta), len(data)]
             args += [x for pair in meta.items() for x in pair] + [x for pair in data.items() for x in pair]
         reply = self._call(self.scripts.register, self._key_hashes(schema), args)
-        if _b(reply[0]) == "unknown_semantics":
-            raise errors.InvalidSchema(f"key {_b(reply[1])!r}: {_b(reply[2])} (a newer redisync registered it?)")
-        if _b(reply[0]) == "no_info":
+        if as_text(reply[0]) == "unknown_semantics":
+            raise errors.InvalidSchema(
+                f"key {as_text(reply[1])!r}: {as_text(reply[2])} (a newer redisync registered it?)"
+            )
+        if as_text(reply[0]) == "no_info":
             raise errors.PermissionDenied(
-                f"{self.url}, run {self.run!r}: this role may not run INFO ({_b(reply[1])}); redisync needs it to tell a "
+                f"{self.url}, run {self.run!r}: this role may not run INFO ({as_text(reply[1])}); redisync needs it to tell a "
                 "restarted server from the same one (a restart that lost writes opens a new epoch): grant +info "
                 "(deploy/users.acl does)"
             )
         status, epoch, registered = reply
-        if _b(status) == "mismatch":
+        if as_text(status) == "mismatch":
             theirs = Schema.model_validate_json(registered)
             key, difference = schema.difference(theirs) or (None, "schema digest differs")
             raise errors.SchemaMismatch(key, difference)
         self._adopt(schema)
-        return Registration(created=_b(status) == "created", epoch=_b(epoch))
+        return Registration(created=as_text(status) == "created", epoch=as_text(epoch))
 
     def _adopt(self, schema: Schema) -> None:
         self._schema = schema
@@ -684,7 +683,7 @@ class Store:
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
         window = {"announce_every_s": int(raw[6]) / 1e6} if raw[6] is not None else {}
         with contextlib.suppress(ValueError):  # (a run registered before the field: its fields one by one)
-            return Limits.unpacked(_b(raw[5] or b"")).model_copy(update=window)
+            return Limits.unpacked(as_text(raw[5] or b"")).model_copy(update=window)
         return Limits(
             **window,
             max_report_bytes=int(raw[0]),
@@ -708,11 +707,11 @@ class Store:
         Without ``take_over`` a shard whose holder's lease is fresh (a live process) is refused
         with `ShardInUse`."""
         reply = self._call(self.scripts.claim, [self.keys.meta, self.keys.shards], [shard_id, int(take_over)])
-        if _b(reply[0]) == "no_run":
+        if as_text(reply[0]) == "no_run":
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
-        if _b(reply[0]) == "in_use":
-            raise errors.ShardInUse(shard_id, _b(reply[1]), int(_b(reply[2])))
-        return int(_b(reply[1]))
+        if as_text(reply[0]) == "in_use":
+            raise errors.ShardInUse(shard_id, as_text(reply[1]), int(as_text(reply[2])))
+        return int(as_text(reply[1]))
 
     @_translated
     def lease(self, shard_id: int, incarnation: int, lease_ms: int, stop_cause: str = "clean") -> bool:
@@ -720,17 +719,17 @@ class Store:
         `lifeline.stop_cause`); False when a later process has claimed the shard."""
         args = [shard_id, incarnation, lease_ms] + ([stop_cause] if lease_ms == 0 else [])
         reply = self._call(self.scripts.lease, [self.keys.shards, self.keys.meta], args)
-        return _b(reply[0]) == "leased"
+        return as_text(reply[0]) == "leased"
 
     @_translated
     def leases(self) -> LeaseReading:
         """The run's leases as the fold judges them, read without advancing its served clock (an
         observer's read: the inspector role may make it)."""
         reply = self._call_read_only(self.scripts.leases, [self.keys.shards, self.keys.meta], [])
-        if _b(reply[0]) == "no_run":
+        if as_text(reply[0]) == "no_run":
             raise errors.RunNotFound(f"run {self.run!r} is not registered")
-        now, served, wall, cap = (_b(v) for v in reply[1:5])
-        rows = [_b(v) for v in reply[5:]]
+        now, served, wall, cap = (as_text(v) for v in reply[1:5])
+        rows = [as_text(v) for v in reply[5:]]
         triples = [rows[i : i + 3] for i in range(0, len(rows), 3)]
         return LeaseReading(
             now_us=int(now),
@@ -784,22 +783,22 @@ class Store:
     @_translated
     def key_info(self, name: str) -> dict[str, str]:
         """The readable metadata of one key (what ``redis-cli HGETALL`` shows)."""
-        return {_b(k): _b(v) for k, v in self.redis.hgetall(self.keys.key_meta(name)).items()}
+        return {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.keys.key_meta(name)).items()}
 
     @_translated
     def run_info(self) -> dict[str, str]:
         """The run's metadata hash: epoch, fleet version, times."""
-        return {_b(k): _b(v) for k, v in self.redis.hgetall(self.keys.meta).items()}
+        return {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.keys.meta).items()}
 
     @_translated
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """The newest rejected reports, newest first, with reason, key and detail as text."""
         out = []
         for entry_id, fields in self.redis.xrevrange(self.keys.dead_letters, count=count) or []:
-            row: dict[str, Any] = {"id": _b(entry_id)}
+            row: dict[str, Any] = {"id": as_text(entry_id)}
             for k, v in (fields or {}).items():
-                k = _b(k)
-                row[k] = v if k.startswith("report:") else _b(v)
+                k = as_text(k)
+                row[k] = v if k.startswith("report:") else as_text(v)
             out.append(row)
         return out
 
@@ -822,7 +821,7 @@ class Store:
             run=self.run,
             taken_at_us=server_time_us(self.redis),
             hashes={
-                n: {_b(k): base64.b64encode(v).decode() for k, v in h.items()}
+                n: {as_text(k): base64.b64encode(v).decode() for k, v in h.items()}
                 for n, h in zip(names, hashes, strict=False)
             },
         )
@@ -849,7 +848,7 @@ class Store:
             for k, v in fields.items():
                 args += [k, v]
         self._call(self.scripts.restore, [self.keys.prefix + n for n in names], args)
-        return _b(args[0])
+        return as_text(args[0])
 
     @_translated
     def last_folded_seq(self, shard_id: int, incarnation: int) -> int:

@@ -32,15 +32,17 @@ def encode(vectors: Sequence[Vector]) -> bytes:
     return b"".join(np.ascontiguousarray(v, dtype=LE_F64).tobytes() for v in vectors)
 
 
+def as_text(v: Any) -> str:
+    """A reply's bytes as text (invalid UTF-8 shown as backslash escapes, never an error): the one
+    helper every module that reads Redis replies uses."""
+    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+
+
 def decode(raw: bytes, width: int | None = None) -> Vector:
     """A writable float64 vector from payload bytes; checks the length when ``width`` is given."""
     if width is not None and len(raw) != 8 * width:
         raise errors.ShapeMismatch(None, f"expected {8 * width} bytes, got {len(raw)}")
     return np.frombuffer(raw, dtype=LE_F64).astype(np.float64)
-
-
-def _text(v: Any) -> str:
-    return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,11 @@ def parse_publish(reply: Sequence[Any], names: Sequence[str]) -> PublishResult:
             epoch.decode() if type(epoch) is bytes else str(epoch),
             int(owed) if owed else None,
         )
-    status = _text(status)
+    status = as_text(status)
     if status == "duplicate":
         return PublishResult("duplicate", int(reply[1]))
     if status == "rejected":
-        reason, key, detail = (_text(x) for x in reply[1:4])
+        reason, key, detail = (as_text(x) for x in reply[1:4])
         if reason == "no_run":
             raise errors.RunNotFound(detail)
         raise errors.rejection(reason, key, detail)
@@ -159,14 +161,14 @@ def parse_pull(
     """
     if reply is None:
         return None
-    status = _text(reply[0])
+    status = as_text(reply[0])
     if status == "no_run":
         raise errors.RunNotFound("the run is not registered (or the store lost it); register it again")
     if status == "corrupt_state":
-        raise errors.rejection("corrupt_state", _text(reply[1]), _text(reply[2]))
+        raise errors.rejection("corrupt_state", as_text(reply[1]), as_text(reply[2]))
     if status != "changed":
         raise errors.RedisyncError(f"unexpected reply from the pull script: {reply!r}")
-    epoch, fleet_version, now = _text(reply[1]), int(reply[2]), int(_text(reply[3]))
+    epoch, fleet_version, now = as_text(reply[1]), int(reply[2]), int(as_text(reply[3]))
     names = list(schema.keys)
     keys: dict[str, KeyView] = {}
     rest = reply[4:]

@@ -30,6 +30,7 @@ from typing import Any
 import redis
 
 from .. import errors
+from .codec import as_text
 from .semantics import SEMANTICS
 
 _LUA = importlib.resources.files("redisync.store") / "lua"
@@ -266,11 +267,11 @@ def loaded(client: redis.Redis) -> list[LoadedLibrary]:
     out = []
     for entry in client.function_list(library=f"{NAME}*") or []:
         fields = dict(zip(entry[::2], entry[1::2], strict=True))
-        name = _text(fields[b"library_name"] if b"library_name" in fields else fields["library_name"])
+        name = as_text(fields[b"library_name"] if b"library_name" in fields else fields["library_name"])
         if name != NAME and not name.startswith(NAME + "_"):
             continue
         functions = fields.get(b"functions") or fields.get("functions") or []
-        names = [_text(dict(zip(f[::2], f[1::2], strict=True)).get(b"name", b"")) for f in functions]
+        names = [as_text(dict(zip(f[::2], f[1::2], strict=True)).get(b"name", b"")) for f in functions]
         versions = {n.rsplit("_", 1)[-1] for n in names if n.startswith(NAME + "_")}
         version = versions.pop() if len(versions) == 1 else name.removeprefix(NAME + "_")
         out.append(LoadedLibrary(name, version, len(names)))
@@ -289,7 +290,3 @@ def prune(client: redis.Redis, keep: set[str]) -> list[str]:
                     raise
             gone.append(lib.name)
     return gone
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .. import errors
 from .semantics import (
     DEFAULT_LEASE_GRACE_S,
+    DEFAULT_LEASE_S,
     BroadcastReport,
     BroadcastSpec,
     KeySpec,
@@ -46,6 +47,7 @@ KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}$")
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
+    "DEFAULT_LEASE_S",
     "BroadcastReport",
     "BroadcastSpec",
     "Encoded",

@@ -20,6 +20,10 @@ from .formulas import MIXES, UniformMix
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES = ("local", "pooled", "weighted", "broadcast")
+SAMPLER_KEY = "motion/bin_failed"
+"""The adaptive sampler's failure EMA's key unless told another (every sampler and drop-in)."""
+DropInMode = Literal["local", "pooled", "broadcast"]
+"""The modes a framework's drop-in offers (``weighted`` needs per-shard weights a framework does not give)."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class SamplerOptions:
     """
 
     mode: Mode = "pooled"
-    key: str = "motion/bin_failed"
+    key: str = SAMPLER_KEY
     shard_id: int = 0
     owner: int = 0
     alpha: float = 0.001

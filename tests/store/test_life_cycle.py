@@ -177,8 +177,8 @@ def test_a_shard_whose_lease_lapsed_leaves_a_state_key_whichever_shard_folds(mak
 def test_a_syncer_keeps_its_shard_alive_and_the_default_grace_is_a_few_leases(make_store):
     """A live Syncer renews its lease, so its state slots outlive a grace shorter than the time they run; the
     default grace is at least two leases."""
-    from redisync.collector.settings import LEASE_S
     from redisync.store.schema import DEFAULT_LEASE_GRACE_S
+    from redisync.store.schema import DEFAULT_LEASE_S as LEASE_S
     from redisync.terms.numpy import FailureEma
 
     assert merge(2, lifecycle="state").lease_grace_s == DEFAULT_LEASE_GRACE_S >= 2 * LEASE_S

@@ -26,7 +26,7 @@ from pydantic import Field
 from .base import ReportBase, SpecBase
 from .broadcast import BroadcastReport, BroadcastSpec
 from .maximum import MaximumReport, MaximumSpec
-from .merge import DEFAULT_LEASE_GRACE_S, Lifecycle, MergeReport, MergeSpec
+from .merge import DEFAULT_LEASE_GRACE_S, DEFAULT_LEASE_S, Lifecycle, MergeReport, MergeSpec
 from .minimum import MinimumReport, MinimumSpec
 
 # the registry: one name per semantics
@@ -42,6 +42,7 @@ else:
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
+    "DEFAULT_LEASE_S",
     "NAMES",
     "SEMANTICS",
     "BroadcastReport",

@@ -108,6 +108,7 @@ class MergeReport(ReportBase):
 
 
 Lifecycle = Literal["history", "state"]
+DEFAULT_LEASE_S = 5.0  # a process's lease on its shard id (a Syncer's, an aggregator's): renewed every fifth of it
 # a few lease periods (a Syncer leases its shard id for 5 s and renews every second): a collector
 # stalled by a long checkpoint write or a swap storm is not dropped, a dead one leaves within ~20 s
 DEFAULT_LEASE_GRACE_S = 15.0

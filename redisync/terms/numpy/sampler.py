@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 from ...errors import InvalidSchema
 from ...store.codec import PullResult
-from ...store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle
+from ...store.schema import KeySpec, Lifecycle
 from .. import ema_seam, formulas
 from ..sampler_options import MODES, Mode, SamplerOptions
 
@@ -47,13 +47,13 @@ class FailureEma:
         self,
         own: NDArray[Any],
         *,
-        mode: Mode = "pooled",
-        key: str = "motion/bin_failed",
-        shard_id: int = 0,
-        owner: int = 0,
-        stale_after_s: float | None = None,
-        lifecycle: Lifecycle = "state",
-        lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
+        mode: Mode = DEFAULTS.mode,
+        key: str = DEFAULTS.key,
+        shard_id: int = DEFAULTS.shard_id,
+        owner: int = DEFAULTS.owner,
+        stale_after_s: float | None = DEFAULTS.stale_after_s,
+        lifecycle: Lifecycle = DEFAULTS.lifecycle,
+        lease_grace_s: float | None = DEFAULTS.lease_grace_s,
     ):
         if mode not in MODES:
             raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
