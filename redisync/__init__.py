@@ -6,8 +6,18 @@ from .collector.workers import new_syncer
 from .errors import RedisyncError
 from .store.client import RunSnapshot, ShardClient, Store, connect
 from .store.codec import KeyView, PublishResult, PullResult
-from .store.schema import BroadcastReport, Limits, MaximumReport, MergeReport, Schema, broadcast, maximum, merge
-from .store.semantics.minimum import MinimumReport, minimum
+from .store.schema import (
+    BroadcastReport,
+    Limits,
+    MaximumReport,
+    MergeReport,
+    MinimumReport,
+    Schema,
+    broadcast,
+    maximum,
+    merge,
+    minimum,
+)
 
 __all__ = [
     "BroadcastReport",
