@@ -144,42 +144,36 @@ def test_pilot_3s_table_is_its_run_files():
         assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
 
 
-def test_pilot_4s_table_is_its_run_files():
-    """Every row of pilot 4's table on the pilots page is its run file's figures, skill share included."""
+def pilot_rows(pilot: int, section: str, until: str | None = None) -> list[tuple[str, ...]]:
+    """The rows of a pilot's table on the pilots page (arm, seed, skill AUC, final skill success,
+    completion AUC, skill share), each checked against its run file."""
     import json
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text().split("**Pilot 4, single against uniform", 1)[1].split("## Pilot 5", 1)[0]
+    page = (root / "pilots.md").read_text().split(section, 1)[1]
+    page = page.split(until, 1)[0] if until else page
     rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
-    assert len(rows) == 4
     for arm, seed, auc, final, completion, share in rows:
-        run = json.loads((root / "pilot-4" / f"H-{arm}-{seed}.json").read_text())["run"]
+        run = json.loads((root / f"pilot-{pilot}" / f"H-{arm}-{seed}.json").read_text())["run"]
         curve = run["curve"]
         assert auc == f"{sum(c['skill_success'] for c in curve) / len(curve):.3f}"
         assert final == f"{curve[-1]['skill_success']:.2f}"
         assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
         assert share == f"{run['skill_share']:.3f}"
+    return rows
+
+
+def test_pilot_4s_table_is_its_run_files():
+    """Every row of pilot 4's table on the pilots page is its run file's figures, skill share included."""
+    assert len(pilot_rows(4, "**Pilot 4, single against uniform", "## Pilot 5")) == 4
 
 
 def test_pilot_5s_table_is_its_run_files():
-    """Every row of pilot 5's single-against-uniform table is its run file's figures."""
-    import json
-    import re
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text().split("**Pilot 5, single against uniform", 1)[1]
-    rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
+    """Every row of pilot 5's single-against-uniform and learnability tables is its run file's figures."""
+    rows = pilot_rows(5, "**Pilot 5, single against uniform")
     assert [r[0] for r in rows] == ["single"] * 2 + ["uniform"] * 2 + ["oracle"] * 2  # the oracle's: learnability
-    for arm, seed, auc, final, completion, share in rows:
-        run = json.loads((root / "pilot-5" / f"H-{arm}-{seed}.json").read_text())["run"]
-        curve = run["curve"]
-        assert auc == f"{sum(c['skill_success'] for c in curve) / len(curve):.3f}"
-        assert final == f"{curve[-1]['skill_success']:.2f}"
-        assert completion == f"{sum(c['completion'] for c in curve) / len(curve):.3f}"
-        assert share == f"{run['skill_share']:.3f}"
 
 
 def test_the_gate_passes_on_the_mean_paired_difference_of_its_fresh_seeds_only_once_all_ran():
