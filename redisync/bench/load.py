@@ -46,6 +46,8 @@ from .scale import CORE_BUDGET, FLEET_SCHEMA
 from .tree import report
 
 SLOTS = (64, 256, 1024)
+FANOUT = (60, 150, 300)  # collectors, each subscribed, for the announcements' fan-out
+WINDOW_S = 0.05  # the announcement window the fan-out runs with (and without: every fold announced)
 DEPTH = 64  # folds per pipeline
 POOL_EVERY_S = 0.5  # the plain design's learner pools this often
 
@@ -69,16 +71,47 @@ def _cpu_s(client: Any) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def fold_load(url: str, slots: int, seconds: float, depth: int = DEPTH) -> dict[str, Any]:
-    """``slots`` shards' folds of the stated report, pre-encoded and pipelined, for ``seconds``."""
+def _fold_of(store: Store, publish: Any) -> tuple[list[str], list[Any]]:
+    """The keys and arguments ``publish`` sends to the fold (not to the announcement it may owe)."""
+    sent: dict[str, Any] = {}
+    original = store._call
+
+    def spy(script: Any, keys: list[str], args: list[Any]) -> Any:
+        if script is store.scripts.fold:
+            sent.update(keys=keys, args=list(args))
+        return original(script, keys, args)
+
+    store._call = spy
+    try:
+        publish()
+    finally:
+        del store._call
+    return sent["keys"], sent["args"]
+
+
+def fold_load(
+    url: str, slots: int, seconds: float, depth: int = DEPTH, *, window_s: float = 0.0, subscribed: bool = False
+) -> dict[str, Any]:
+    """``slots`` shards' folds of the stated report, pre-encoded and pipelined, for ``seconds``; with
+    ``subscribed``, every collector holds a subscription to the run's announcements (a connection that
+    ``SSUBSCRIBE``s, as a collector's listener does), and the announcements are counted."""
     store: Store = connect(url, run=f"bench-load-{uuid.uuid4().hex[:8]}")
-    store.register(Schema.of(FLEET_SCHEMA), Limits(stream_maxlen=100))
+    store.register(Schema.of(FLEET_SCHEMA), Limits(stream_maxlen=100, announce_every_s=window_s))
+    listeners: list[Any] = []
     try:
         encoded, pulls = [], []
         for k in range(slots):
             shard = store.shard(k)
-            encoded.append(_captured(store, lambda s=shard, k=k: s.publish(report(k, 1))))  # type: ignore[misc]
+            encoded.append(_fold_of(store, lambda s=shard, k=k: s.publish(report(k, 1))))
             pulls.append(_captured(store, lambda k=k: store.pull(k)))  # type: ignore[misc]
+        if subscribed:  # (after the first folds: only the measured ones are heard)
+            for _ in range(slots):
+                listener = redis.Redis.from_url(url).pubsub()
+                listener.ssubscribe(store.keys.channel)
+                listeners.append(listener)
+            heard = listeners[0]
+            while heard.get_message(timeout=1.0) is not None:  # its confirmation
+                pass
         seqs = [int(args[3]) for _, args in encoded]
         name, pull, names = store.scripts.fold.name, store.scripts.pull.name, list(FLEET_SCHEMA)
         client = store.redis
@@ -96,6 +129,11 @@ def fold_load(url: str, slots: int, seconds: float, depth: int = DEPTH) -> dict[
                     raise AssertionError(f"a generated fold was not applied: {reply!r}")
             folds += depth
         wall, cpu = time.perf_counter() - t0, _cpu_s(client) - cpu0
+        announcements = None
+        if subscribed:  # (a window's debt is paid by a timer: counted within the run's seconds or not at all)
+            announcements = 0
+            while (message := listeners[0].get_message(timeout=0.2)) is not None:
+                announcements += message["type"] == "smessage"
         fleet = store.fleet().keys
         exact = True  # the fleet against an independent sum of every shard's last report
         for n in names:
@@ -117,8 +155,18 @@ def fold_load(url: str, slots: int, seconds: float, depth: int = DEPTH) -> dict[
             "server_ms_per_report": per_fold * 1e3,
             "collectors_within_budget": CORE_BUDGET / per_fold,
             "exact": exact,
-        }
+        } | (
+            {}
+            if announcements is None
+            else {
+                "window_s": window_s,
+                "announcements_per_s": announcements / wall,
+                "deliveries_per_s": announcements * slots / wall,
+            }
+        )
     finally:
+        for listener in listeners:
+            listener.close()
         store.delete()
 
 
@@ -172,13 +220,17 @@ def plain_load(url: str, collectors: int, seconds: float, depth: int = DEPTH) ->
         client.close()
 
 
-def run_load(seconds: float = 10.0, slots: tuple[int, ...] = SLOTS) -> dict[str, Any]:
-    """Both designs at each fleet size, side by side on one private server, one after the other."""
-    rows = []
+def run_load(seconds: float = 10.0, slots: tuple[int, ...] = SLOTS, fanout: tuple[int, ...] = FANOUT) -> dict[str, Any]:
+    """Both designs at each fleet size, side by side on one private server, one after the other; then
+    redisync with every collector subscribed, with and without an announcement window."""
+    rows, fan = [], []
     with private_server() as url:
         for n in slots:
             rows.append(fold_load(url, n, seconds))
             rows.append(plain_load(url, n, seconds))
+        for n in fanout:
+            for window in (0.0, WINDOW_S):
+                fan.append(fold_load(url, n, seconds, window_s=window, subscribed=True))
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "load_average": os.getloadavg(),
@@ -186,6 +238,7 @@ def run_load(seconds: float = 10.0, slots: tuple[int, ...] = SLOTS) -> dict[str,
         "seconds": seconds,
         "core_budget": CORE_BUDGET,
         "rows": rows,
+        "fanout": fan,
     }
 
 
@@ -217,4 +270,19 @@ def format_load(r: dict[str, Any]) -> str:
             f"| {row['slots'] * row['server_ms_per_report'] / 1e3:.2f} | {capacity} | "
             f"{'yes' if row['exact'] else 'NO'} |"
         )
+    if r.get("fanout"):
+        lines += [
+            "",
+            "every collector subscribed to the run's announcements:",
+            "",
+            "| collectors | announcement window | reports/s reached | announcements/s | deliveries/s "
+            "| deliveries per collector per second | server ms per report |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in r["fanout"]:
+            window = "every fold" if row["window_s"] == 0 else f"{row['window_s'] * 1e3:.0f} ms"
+            lines.append(
+                f"| {row['slots']} | {window} | {row['reports_per_s']:.0f} | {row['announcements_per_s']:.1f} "
+                f"| {row['deliveries_per_s']:.0f} | {row['announcements_per_s']:.1f} | {row['server_ms_per_report']:.3f} |"
+            )
     return head + "\n".join(lines)

@@ -33,3 +33,19 @@ def test_the_generator_folds_exactly_and_the_table_says_what_was_reached():
     assert "400 (extrapolated from 64 collectors at 7.00 Hz)" in format_load(table | {"rows": [few]})
     enough = dict(ours, slots=256, per_collector_hz=1.2, reached_1hz=True, collectors_within_budget=250.0)
     assert "| 250 |" in format_load(table | {"rows": [enough]})
+
+
+def test_subscribed_collectors_hear_every_fold_without_a_window_and_one_per_window_with_one():
+    """With every collector subscribed: without a window each fold is announced to each of them (the
+    deliveries grow with folds × collectors); with one, at most one announcement per window of the run
+    reached it, whatever the folds."""
+    with private_server() as url:
+        every = fold_load(url, 8, 0.5, depth=8, subscribed=True)
+        windowed = fold_load(url, 8, 0.5, depth=8, window_s=0.05, subscribed=True)
+    assert every["announcements_per_s"] * every["seconds"] == pytest.approx(every["reports"])
+    assert every["deliveries_per_s"] == pytest.approx(8 * every["announcements_per_s"])
+    assert windowed["reports"] > windowed["seconds"] / 0.05 + 1  # more folds than windows ...
+    assert windowed["announcements_per_s"] * windowed["seconds"] <= windowed["seconds"] / 0.05 + 1  # ... one each
+    text = format_load({"date": "d", "cpus": 2, "load_average": (0.0,), "rows": [], "fanout": [every, windowed]})
+    assert "| 8 | every fold |" in text
+    assert "| 8 | 50 ms |" in text
