@@ -364,8 +364,8 @@ class SidecarWorker:
         """Spawn the sidecar, wait for it to serve, and watch it."""
         assert self.mailbox is not None
         self._limits_read = self._read_limits()
-        if self.shard._incarnation is not None:
-            self.mailbox.header[INCARNATION] = self.shard._incarnation + 1
+        if self.shard.claimed_incarnation is not None:
+            self.mailbox.header[INCARNATION] = self.shard.claimed_incarnation + 1
         self._spawn()
         # start() returns with the sidecar serving (it takes about a second to start a Python process):
         # a collector that trains and stops at once still has its reports published

@@ -219,7 +219,7 @@ class Syncer:
             log.info("store unavailable at start (the start keeps trying): %s", e)
             return False
         if home is not self.store:
-            shard = home.shard(self.shard.shard_id, self.shard._incarnation, resume=self.shard.resume)
+            shard = home.shard(self.shard.shard_id, self.shard.claimed_incarnation, resume=self.shard.resume)
             shard.take_over = self.shard.take_over
             self.store, self.shard = home, shard
             self.worker.rehome(home, shard)

@@ -915,6 +915,11 @@ class ShardClient:
         """Whether this process has claimed its incarnation yet (reading `incarnation` claims one)."""
         return self._incarnation is not None
 
+    @property
+    def claimed_incarnation(self) -> int | None:
+        """The incarnation if claimed, else None (reading it never claims one)."""
+        return self._incarnation
+
     def continue_from(self, epoch_tag: int, version: int) -> None:
         """Carry on from another process serving this shard (a restarted sidecar): the newest fleet
         state it handed over was ``version`` of the epoch with ``epoch_tag``
