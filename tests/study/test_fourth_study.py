@@ -246,4 +246,6 @@ def test_the_study_page_counts_the_pilot_rounds_the_pilots_page_reports():
     assert [int(r) for r in rounds] == list(range(1, PILOT + 1))
     words = {5: "five", 6: "six", 7: "seven"}
     assert f", {words[PILOT]} rounds, every one reported there" in " ".join((root / "study.md").read_text().split())
+    changelog = " ".join((root.parent / "CHANGELOG.md").read_text().split())
+    assert f"{words[PILOT]} pilot rounds (`docs/ab/fourth-study/pilots.md`)" in changelog
     assert all((root / "ab" / "fourth-study" / f"pilot-{r}").is_dir() for r in range(1, PILOT + 1))
