@@ -173,7 +173,8 @@ def test_pilot_4s_table_is_its_run_files():
 def test_pilot_5s_table_is_its_run_files():
     """Every row of pilot 5's single-against-uniform and learnability tables is its run file's figures."""
     rows = pilot_rows(5, "**Pilot 5, single against uniform")
-    assert [r[0] for r in rows] == ["single"] * 2 + ["uniform"] * 2 + ["oracle"] * 2  # the oracle's: learnability
+    arms = ["single"] * 2 + ["uniform"] * 2 + ["oracle"] * 2 + ["local", "pooled"] * 3  # learnability, paired sd
+    assert [r[0] for r in rows] == arms
 
 
 def test_the_gate_passes_on_the_mean_paired_difference_of_its_fresh_seeds_only_once_all_ran():
@@ -249,3 +250,29 @@ def test_the_study_page_counts_the_pilot_rounds_the_pilots_page_reports():
     changelog = " ".join((root.parent / "CHANGELOG.md").read_text().split())
     assert f"{words[PILOT]} pilot rounds (`docs/ab/fourth-study/pilots.md`)" in changelog
     assert all((root / "ab" / "fourth-study" / f"pilot-{r}").is_dir() for r in range(1, PILOT + 1))
+
+
+def test_the_paired_sd_and_the_plans_amendment_are_the_pilot_runs():
+    """The pilots page's paired differences and sd, and the plan's minimum detectable effect, are
+    computed from the paired-sd pilot's run files (pilot-5.json's summary agrees)."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from scipy import stats
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "ab"
+    runs = root / "fourth-study" / "pilot-5"
+
+    def auc(arm: str, seed: int) -> float:
+        return json.loads((runs / f"H-{arm}-{seed}.json").read_text())["run"]["summary"]["skill_success_auc"]
+
+    d = [auc("local", s) - auc("pooled", s) for s in (610, 611, 612)]
+    sd = statistics.stdev(d)
+    assert json.loads((root / "fourth-study" / "pilot-5.json").read_text())["paired_sd"]["sd"] == sd
+    pilots = " ".join((root / "fourth-study" / "pilots.md").read_text().split())
+    listed = ", ".join(f"\N{MINUS SIGN}{-x:.3f}" for x in d)
+    assert f"{listed} (mean \N{MINUS SIGN}{-sum(d) / 3:.3f}, sd {sd:.3f})" in pilots
+    factor = stats.t.ppf(0.95, 9) + stats.t.ppf(0.80, 9)
+    plan = " ".join((root / "fourth-study-plan.md").read_text().split())
+    assert f"{factor / 10**0.5:.3f} · {sd:.3f} = **{factor / 10**0.5 * sd:.3f}**" in plan
