@@ -276,3 +276,28 @@ def test_the_paired_sd_and_the_plans_amendment_are_the_pilot_runs():
     factor = stats.t.ppf(0.95, 9) + stats.t.ppf(0.80, 9)
     plan = " ".join((root / "fourth-study-plan.md").read_text().split())
     assert f"{factor / 10**0.5:.3f} · {sd:.3f} = **{factor / 10**0.5 * sd:.3f}**" in plan
+
+
+def test_the_gates_result_on_the_pages_is_its_run_files():
+    """gate.json is the gate runs' (each paired difference, their mean, the verdict), and the pilots
+    page and the study page say that verdict with those numbers."""
+    import json
+    from pathlib import Path
+
+    from redisync.study.fourth_study import GATE, GATE_SEEDS, gate_summary
+
+    root = Path(__file__).resolve().parents[2] / "docs"
+    gate_dir = root / "ab" / "fourth-study" / "gate"
+    runs = [json.loads(p.read_text())["run"] for p in sorted(gate_dir.glob("H-*.json"))]
+    summary = gate_summary(runs)
+    recorded = json.loads((root / "ab" / "fourth-study" / "gate.json").read_text())
+    assert recorded["passed"] == summary["passed"] is not None
+    assert abs(recorded["mean"] - summary["mean"]) < 1e-12
+    diffs = ", ".join(f"{summary['differences'][s]:+.3f}".replace("-", "\N{MINUS SIGN}") for s in GATE_SEEDS)
+    verdict = "passed" if summary["passed"] else "failed"
+    sentence = f"single \N{MINUS SIGN} uniform {diffs} (mean {summary['mean']:+.3f}".replace("-", "\N{MINUS SIGN}")
+    for page in (root / "ab" / "fourth-study" / "pilots.md", root / "study.md"):
+        text = " ".join(page.read_text().split())
+        assert f"gate {verdict}" in text, page
+        assert sentence.replace("\N{MINUS SIGN}", "-") in text.replace("\N{MINUS SIGN}", "-"), page
+        assert f"the plan asked for {GATE}" in text, page
