@@ -135,13 +135,15 @@ FLOOR = (
 )
 
 
-def _captured(store: Store, call: Callable[[], Any]) -> tuple[list[str], list[Any]]:
-    """The keys and arguments ``call`` sends to its function (publish: the fold; pull: the pull)."""
+def _captured(store: Store, call: Callable[[], Any], only: Any = None) -> tuple[list[str], list[Any]]:
+    """The keys and arguments ``call`` sends to its function (publish: the fold; pull: the pull);
+    with ``only``, those it sends to that function alone (a publish may pay an announcement after)."""
     sent: dict[str, Any] = {}
 
     def spy(original: Callable[..., Any]) -> Callable[..., Any]:
         def call(script: Any, keys: list[str], args: list[Any]) -> Any:
-            sent.update(keys=keys, args=list(args))
+            if only is None or script is only:
+                sent.update(keys=keys, args=list(args))
             return original(script, keys, args)
 
         return call

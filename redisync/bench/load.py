@@ -71,24 +71,6 @@ def _cpu_s(client: Any) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def _fold_of(store: Store, publish: Any) -> tuple[list[str], list[Any]]:
-    """The keys and arguments ``publish`` sends to the fold (not to the announcement it may owe)."""
-    sent: dict[str, Any] = {}
-    original = store._call
-
-    def spy(script: Any, keys: list[str], args: list[Any]) -> Any:
-        if script is store.scripts.fold:
-            sent.update(keys=keys, args=list(args))
-        return original(script, keys, args)
-
-    store._call = spy
-    try:
-        publish()
-    finally:
-        del store._call
-    return sent["keys"], sent["args"]
-
-
 def fold_load(
     url: str, slots: int, seconds: float, depth: int = DEPTH, *, window_s: float = 0.0, subscribed: bool = False
 ) -> dict[str, Any]:
@@ -102,7 +84,7 @@ def fold_load(
         encoded, pulls = [], []
         for k in range(slots):
             shard = store.shard(k)
-            encoded.append(_fold_of(store, lambda s=shard, k=k: s.publish(report(k, 1))))
+            encoded.append(_captured(store, lambda s=shard, k=k: s.publish(report(k, 1)), store.scripts.fold))  # type: ignore[misc]
             pulls.append(_captured(store, lambda k=k: store.pull(k)))  # type: ignore[misc]
         if subscribed:  # (after the first folds: only the measured ones are heard)
             for _ in range(slots):
