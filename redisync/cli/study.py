@@ -71,6 +71,12 @@ from .common import URL, needs, table
     "run kept in OUT/gate as it finishes, the same command again resumes",
 )
 @click.option(
+    "--fourth-study-contrast",
+    is_flag=True,
+    help="the fourth study's primary contrast (local against pooled on its ten seeds), refused unless the gate's "
+    "run files in OUT/gate passed; every run kept in OUT/contrast as it finishes, the same command again resumes",
+)
+@click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
 )
 @click.option(
@@ -100,6 +106,7 @@ def ab(
     third_study: bool,
     fourth_study_pilots: bool,
     fourth_study_gate: bool,
+    fourth_study_contrast: bool,
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
@@ -113,12 +120,21 @@ def ab(
     from ..study.study import load_env_factory, run_study
 
     out = Path(out_dir)
-    kept = third_study or second_follow_up or fourth_study_pilots or fourth_study_gate
+    kept = third_study or second_follow_up or fourth_study_pilots or fourth_study_gate or fourth_study_contrast
     if kept and not report_only and not allow_dirty:
         from ..study.provenance import require_clean
 
         require_clean("redisync ab")  # its run files are the record: each must name the code that made it
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
+    if fourth_study_contrast:
+        from ..study.fourth_study import run_contrast
+
+        try:
+            result = run_contrast(out, workers=workers, show_progress=not no_progress, on_stage=click.echo)
+        except errors.ConfigurationError as e:
+            raise click.UsageError(str(e)) from None
+        click.echo(json.dumps(result, indent=1, default=float))
+        return
     if fourth_study_gate:
         from ..study.fourth_study import run_gate
 

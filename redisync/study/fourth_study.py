@@ -173,3 +173,83 @@ def run_gate(
         out.mkdir(parents=True, exist_ok=True)
         (out / "gate.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
+
+
+CONTRAST_ALPHA = 0.05  # the one-sided paired t-test's level (docs/ab/fourth-study-plan.md)
+CONTRAST_MARGIN = 0.1  # the equivalence test's margin, in skill success AUC
+
+
+def contrast_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The primary contrast local − pooled in skill success AUC on the contrast seeds: the paired
+    differences so far and, once every seed ran both arms, the plan's tests (a one-sided paired t-test
+    of "local lower" at `CONTRAST_ALPHA`; TOST with margin `CONTRAST_MARGIN`) and its verdict."""
+    from scipy import stats as scipy_stats
+
+    from .stats import contrast
+
+    table = {(run["arm"], run["seed"]): run["summary"][PRIMARY_METRIC] for run in runs}
+    shares = {(run["arm"], run["seed"]): run["summary"]["skill_share"] for run in runs}
+    seeds = [s for s in CONTRAST_SEEDS if ("local", s) in table and ("pooled", s) in table]
+    out: dict[str, Any] = {
+        "seeds": list(CONTRAST_SEEDS),
+        "local": {s: table.get(("local", s)) for s in CONTRAST_SEEDS},
+        "pooled": {s: table.get(("pooled", s)) for s in CONTRAST_SEEDS},
+        "skill_share": {arm: {s: shares.get((arm, s)) for s in CONTRAST_SEEDS} for arm in SD_ARMS},
+        "differences": {s: table[("local", s)] - table[("pooled", s)] for s in seeds},
+        "done": len(seeds) == len(CONTRAST_SEEDS),
+    }
+    if not out["done"]:
+        return out
+    a, b = [table[("local", s)] for s in seeds], [table[("pooled", s)] for s in seeds]
+    c = contrast("local - pooled", a, b, CONTRAST_MARGIN)
+    d = np.asarray(a) - np.asarray(b)
+    p_lower = float(scipy_stats.ttest_1samp(d, 0.0, alternative="less").pvalue)
+    harm, same = p_lower < CONTRAST_ALPHA, c.p_equivalence < CONTRAST_ALPHA
+    out |= {
+        "mean": c.mean,
+        "ci95": [c.lo, c.hi],
+        "p_one_sided_t": p_lower,
+        "p_equivalence": c.p_equivalence,
+        "ci90": [c.lo90, c.hi90],
+        "p_sign_flip_two_sided": c.p_sign_flip,
+        "verdict": "local lower" if harm else ("equivalent" if same else "inconclusive"),
+    }
+    return out
+
+
+def gate_passed(out: Path) -> bool:
+    """Whether the gate's run files in ``out/gate`` (not a summary that could be edited) say it passed."""
+    from .study import condition_config, load_run
+
+    cfg = condition_config(CONFIG, "H")
+    runs = [load_run(out / "gate", cfg, arm, seed) for arm in ("single", "uniform") for seed in GATE_SEEDS]
+    return gate_summary([r for r in runs if r is not None])["passed"] is True
+
+
+def run_contrast(
+    out: Path, *, workers: int, show_progress: bool = False, on_stage: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The primary contrast, seed by seed (local and pooled side by side, so that pairs finish
+    together), each run kept in ``out/contrast`` as it finishes (the same call again resumes) and
+    ``out/contrast.json`` written from the runs so far. Refused unless the gate passed."""
+    from .. import errors
+    from .study import run_cells
+
+    if not gate_passed(out):
+        raise errors.ConfigurationError(
+            f"{out / 'gate'}: the fourth study's gate has not passed on its run files; the plan runs the "
+            "contrast only after it has (redisync ab --fourth-study-gate)"
+        )
+    say = on_stage or (lambda _: None)
+    runs: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    for seed in CONTRAST_SEEDS:
+        say(f"contrast: local and pooled, seed {seed}")
+        runs += run_cells(
+            CONFIG, [("H", arm, [seed]) for arm in SD_ARMS], url=None, env_spec=ENV, workers=workers,
+            show_progress=show_progress, desc=f"contrast seed {seed}", saved=out / "contrast",
+        )  # fmt: skip
+        summary = contrast_summary(runs)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "contrast.json").write_text(json.dumps(summary, indent=1, default=float))
+    return summary

@@ -301,3 +301,49 @@ def test_the_gates_result_on_the_pages_is_its_run_files():
         assert f"gate {verdict}" in text, page
         assert sentence.replace("\N{MINUS SIGN}", "-") in text.replace("\N{MINUS SIGN}", "-"), page
         assert f"the plan asked for {GATE}" in text, page
+
+
+def test_the_contrast_is_judged_as_planned_only_once_every_seed_ran_both_arms():
+    """local − pooled per contrast seed; the one-sided t-test and TOST only with all ten pairs; a
+    consistent loss of 0.3 is "local lower", differences within ±0.02 are "equivalent"."""
+    from redisync.study.fourth_study import CONTRAST_SEEDS, contrast_summary
+
+    def run(arm, seed, v):
+        return {"arm": arm, "seed": seed, "summary": {"skill_success_auc": v, "skill_share": 0.02}}
+
+    loss = [0.3 + 0.01 * (i % 3) for i in range(len(CONTRAST_SEEDS))]
+    runs = [run("pooled", s, 0.6) for s in CONTRAST_SEEDS] + [run("local", s, 0.6 - x) for s, x in
+                                                             zip(CONTRAST_SEEDS, loss, strict=True)]  # fmt: skip
+    partial = contrast_summary(runs[:-1])
+    assert not partial["done"]
+    assert "verdict" not in partial
+    assert len(partial["differences"]) == 9
+    full = contrast_summary(runs)
+    assert full["done"]
+    assert full["verdict"] == "local lower"
+    assert full["p_one_sided_t"] < 1e-6
+    assert math.isclose(full["mean"], -sum(loss) / len(loss))
+    tiny = [run("pooled", s, 0.6) for s in CONTRAST_SEEDS] + [
+        run("local", s, 0.6 + (0.02 if i % 2 else -0.02)) for i, s in enumerate(CONTRAST_SEEDS)
+    ]
+    assert contrast_summary(tiny)["verdict"] == "equivalent"
+
+
+def test_the_contrast_is_refused_unless_the_gates_run_files_passed(tmp_path):
+    """The committed gate's files pass; a folder without them (or with one arm's run missing) is refused
+    before anything trains."""
+    import shutil
+    from pathlib import Path
+
+    from redisync import errors
+    from redisync.study.fourth_study import gate_passed, run_contrast
+
+    committed = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    assert gate_passed(committed)
+    with pytest.raises(errors.ConfigurationError, match="gate has not passed"):
+        run_contrast(tmp_path, workers=1)
+    shutil.copytree(committed / "gate", tmp_path / "gate")
+    (tmp_path / "gate" / "H-uniform-622.json").unlink()
+    with pytest.raises(errors.ConfigurationError, match="gate has not passed"):
+        run_contrast(tmp_path, workers=1)
+    assert not (tmp_path / "contrast").exists()
