@@ -14,11 +14,12 @@ function, and ``fold_values`` holds five blocks of them at once (p, c, r, a, b: 
 own). A block of 36 (180 + 26 others) no longer compiles ("too many local variables").
 """
 
+import math
 import re
 import sys
 from pathlib import Path
 
-from redisync.store.semantics.merge import LAYOUT, SUB, SUBS
+from redisync.store.semantics.merge import LAYOUT, LIMIT
 
 B = 32
 
@@ -74,132 +75,88 @@ def assign(lhs, rhs, ind, local=False):
 
 out = []
 w = out.append
-w("""local function fold_values(name, payload, width, cs, size, sumsq, tree)
-  local nterms = #tree
-  local single = nterms == 1 and tree[1].parts ~= nil -- its sum is the aggregate
-  for ti = 1, nterms do
-    local parts = tree[ti].parts
-    if parts then
-      tree[ti].lone = #parts == 1 and parts[1].members ~= nil
-      if tree[ti].lone then tree[ti].out = parts[1].out end -- the same blocks, made into one string once
-    end
-  end
-  local aggs = single and tree[1].out or {}
-  local counts = {}
-  local head = width % BLOCK
-  local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true, head = head}
-  if head == 1 then
-    local why, of_agg = fold_head1(st, payload, tree, single)
-    if why then return nil, why, of_agg end
-  elseif head > 0 then
-    local why, of_agg = fold_head(st, payload, tree, single, head)
-    if why then return nil, why, of_agg end
-  end
-  local pos, base, blk = head * 8 + 1, head, head > 0 and 1 or 0
+w("""local function exact_blocks(st, payload, hi, lo, sub, pos, base, blk, his, los)
+  local width, cs, size, name = st.width, st.cs, st.size, st.name
+  local s, bv, e, t, f, d, dd
+  local look, scanned, sumsq = true, false, st.sumsq
   while base < width do
     blk = blk + 1""")
 IND = "    "
 w(assign(names("p"), "sunpack(FB, payload, pos)", IND, True))
-w(assign(names("c"), zeros(), IND, True))
-w(IND + "for ti = 1, nterms do")
-w(IND + "  local term = tree[ti]")
-w(IND + "  local parts = term.parts")
-w(IND + "  if parts then")
-J = IND + "    "
-w(assign(names("r"), zeros(), J, True))
-w(J + "local packed")
-w(J + "for pi = 1, #parts do")
-w(J + "  local part = parts[pi]")
-w(J + "  local members = part.members")
-w(J + "  if members then")
-K = J + "    "
-w(assign(names("a"), zeros(), K, True))
-w(K + "for mi = 1, #members do")
-w(K + "  local s = members[mi]")
-w(K + "  if s == true then")
-w(each("a", "a{i} + p{i}", K + "    "))
-w(K + "  else")
-w(assign(names("b"), "sunpack(FB, s, pos)", K + "    ", True))
-w(each("a", "a{i} + b{i}", K + "    "))
-w(K + "  end")
-w(K + "end")
-w(assign("packed", f"spack(FB, {names('a')})", K))
-w(K + "part.out[blk] = packed")
-w(K + "if term.lone then")
-w(each("r", "a{i}", K + "  "))
-w(K + "else")
-w(each("r", "r{i} + a{i}", K + "  "))
-w(K + "end")
-w(J + "  else")
-w(assign(names("b"), "sunpack(FB, part.stored, pos)", K, True))
-w(each("r", "r{i} + b{i}", K))
-w(J + "  end")
-w(J + "end")
-w(J + "if not term.lone then")
-w(assign("packed", f"spack(FB, {names('r')})", J + "  "))
-w(J + "end")
-w(J + "term.out[blk] = packed")
-w(J + "if single then")
-w(each("c", "r{i}", J + "  "))
-w(J + "  aggs[blk] = packed")
-w(J + "else")
-w(each("c", "c{i} + r{i}", J + "  "))
-w(J + "end")
-w(IND + "  else")
-w(assign(names("b"), "sunpack(FB, term.stored, pos)", J, True))
-w(each("c", "c{i} + b{i}", J))
+w(assign("sq", sq("p"), IND, True))
+w(IND + "-- a value past 2^511 in magnitude, a block of counts, a negative value in a sumsq block: the payload")
+w(IND + "-- checked element by element, in order (once)")
+w(
+    wrap(
+        f"if not scanned and (sq - sq ~= 0 or base < cs or base + BLOCK > cs + size and mmin({names('p')}) < 0) then",
+        IND,
+    )
+)
+w(IND + "  local why = payload_problem(name, payload, width, cs, size)")
+w(IND + "  if why then return nil, why end")
+w(IND + "  scanned = true")
+w(IND + "end")
+w(assign(names("h"), "sunpack(FB, hi, pos)", IND, True))
+w(assign(names("l"), "sunpack(FB, lo, pos)", IND, True))
+w(IND + "-- each element's planes canonical: the first is the rounded sum of both")
+w(wrap("if " + " or ".join(f"h{i} + l{i} ~= h{i}" for i in range(1, B + 1)) + " then", IND))
+w(IND + "  return nil, {'corrupt_state', name, 'stored agg and agg_lo are not an exact sum\\'s planes'}")
+w(IND + "end")
+
+
+def update(i, v, minus, ind):
+    """(h_i, l_i) - v or + v exactly: a two-sum (or two-difference) into the first plane, its error
+    two-summed into the second, whose own error must be 0 (else the sum needs a third plane), then
+    the two planes made canonical."""
+    first = (
+        f"s = h{i} - {v} bv = h{i} - s e = (h{i} - (s + bv)) + (bv - {v})"
+        if minus
+        else f"s = h{i} + {v} bv = s - h{i} e = (h{i} - (s - bv)) + ({v} - bv)"
+    )
+    return "\n".join(
+        [
+            ind + first,
+            ind + f"t = l{i} + e bv = t - l{i} f = (l{i} - (t - bv)) + (e - bv)",
+            ind + "if f ~= 0 then return nil, 'general' end",
+            ind + f"h{i} = s + t bv = h{i} - s l{i} = (s - (h{i} - bv)) + (t - bv)",
+        ]
+    )
+
+
+w(IND + "if sub then")
+w(IND + "  -- the payload in and the slot it replaces out: their difference, when it is one float (a")
+w(IND + "  -- cumulative statistic moves by less than half: always), else the slot out, then the payload in")
+w(assign(names("o"), "sunpack(FB, sub, pos)", IND + "  ", True))
+for i in range(1, B + 1):
+    w(IND + f"  d = p{i} - o{i} bv = p{i} - d dd = (p{i} - (d + bv)) + (bv - o{i})")
+    w(IND + "  if dd == 0 then")
+    w(update(i, "d", False, IND + "    "))
+    w(IND + "  else")
+    w(update(i, f"o{i}", True, IND + "    "))
+    w(update(i, f"p{i}", False, IND + "    "))
+    w(IND + "  end")
+w(IND + "else -- a shard's first slot: the payload in")
+for i in range(1, B + 1):
+    w(update(i, f"p{i}", False, IND + "  "))
+w(IND + "end")
+w(assign("his[blk]", f"spack(FB, {names('h')})", IND))
+w(assign("los[blk]", f"spack(FB, {names('l')})", IND))
+w(IND + "-- the moments' cheap look: with counts of 0 or >= 1 a mean is finite, and its square (with sums of")
+w(IND + "-- squares) too when the sums are below 2^511")
+w(IND + "if sumsq and base + BLOCK > cs and base < cs + size then")
+w(assign("sq", sq("h"), IND + "  "))
+w(IND + "  if sq - sq ~= 0 then look = false end")
+w(IND + "end")
+w(wrap(f"if base < cs and mmin({names('h')}) < 1 then", IND))
+w(wrap(f"  for _, n in ipairs({{{names('h')}}}) do", IND))
+w(IND + "    if n > 0 and n < 1 then look = false end")
 w(IND + "  end")
-w(IND + "end")
-w(IND + "if not single then")
-w(assign("aggs[blk]", f"spack(FB, {names('c')})", IND + "  "))
-w(IND + "end")
-w(IND + "-- the cheap look: finite squares mean finite values and, with counts of 0 or >= 1, finite moments")
-w(assign("sq", sq("c"), IND, True))
-w("""    local slow = sq - sq ~= 0
-    if not slow then
-      if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound""")
-w(IND + "    if base + BLOCK > cs then -- counts, then sums: the counts alone element by element")
-w(IND + "      if cs == 1 then -- one count, the first value (its problem: the checks element by element name it)")
-w(IND + "        slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0")
-w(IND + "        if not slow then")
-w(IND + "          counts[1] = c1")
-w(IND + "          if c1 > 0 and c1 < 1 then st.ok = false end")
-w(IND + "        end")
-w(IND + "      else")
-w(wrap(f"local why, of_agg = check(st, base, cs - base, {{{names('p')}}}, {{{names('c')}}})", IND + "        "))
-w(IND + "        if why then return nil, why, of_agg end")
-w(IND + "      end")
-w(wrap(f"slow = slow or not st.ok or base + BLOCK > cs + size and mmin({names('p')}) < 0", IND + "      "))
-w(wrap(f"elseif mmin({names('p')}) < 0 then", IND + "    "))
-w(IND + "      slow = true")
-w(wrap(f"elseif mmin({names('c')}) < 1 then", IND + "    "))
-w(wrap(f"for _, n in ipairs({{{names('c')}}}) do", IND + "      "))
-w(IND + "        if n > 0 and n < 1 then st.ok = false end")
-w(IND + "      end")
-w(IND + "    end")
-w(IND + "  elseif not st.ok then")
-w(IND + "    slow = true -- counts that are fractions")
-w(wrap(f"elseif base + BLOCK > cs + size and mmin({names('p')}) < 0 then", IND + "  "))
-w(IND + "    slow = true -- sumsq values that may be negative")
-w(IND + "  end")
-w(IND + "end")
-w(IND + "if slow then")
-w(wrap(f"local why, of_agg = check(st, base, BLOCK, {{{names('p')}}}, {{{names('c')}}})", IND + "  "))
-w(IND + "  if why then return nil, why, of_agg end")
 w(IND + "end")
 w(IND + "base, pos = base + BLOCK, pos + BLOCK * 8")
 w("  end")
-w("""  local made = {}
-  for ti = 1, nterms do
-    local term = tree[ti]
-    local parts = term.parts
-    if parts then
-      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = once(made, parts[pi].out, join) end end
-      term.sum = once(made, term.out, join) -- (a sum's string made once, however many share its blocks)
-    end
-  end
-  return once(made, aggs, join)
-end""")
+w("  return look")
+w("end")
+
 ops = " ..\n".join(
     "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
 ).replace("(t[i + 0] or '')", "(t[i] or '')")
@@ -208,12 +165,12 @@ ops = " ..\n".join(
     "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
 ).replace("(t[i + 0] or '')", "(t[i] or '')")
 SECTIONS = {
-    "constants": f"local SUB, SUBS = {SUB}, {SUBS}\nlocal LAYOUT = '{LAYOUT}'",
+    "constants": f"local LIMIT = 2 ^ {int(math.log2(LIMIT))}\nlocal LAYOUT = '{LAYOUT}'",
     "join64": "local function join64(t, i)\n  return\n" + ops + "\nend",
-    "fold_values": "\n".join(out),
+    "exact_blocks": "\n".join(out),
 }
 LUA = Path(__file__).resolve().parents[1] / "redisync/store/lua"
-FILES = {"constants": "semantics/merge.lua", "join64": "shared.lua", "fold_values": "semantics/merge.lua"}
+FILES = {"constants": "semantics/merge.lua", "join64": "shared.lua", "exact_blocks": "semantics/merge.lua"}
 MARK = "-- {} GENERATED {}"
 NOTE = "-- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)"
 

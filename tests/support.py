@@ -15,7 +15,7 @@ from redisync.store.client import Store
 from redisync.store.codec import decode
 from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec
-from redisync.store.semantics.merge import LAYOUT, stored_sums
+from redisync.store.semantics.merge import LAYOUT, exact_planes, planes_of
 
 
 def _s(v) -> str:
@@ -48,27 +48,25 @@ def lua_state(store: Store) -> dict:
         key = {"version": int(meta["version"])}
         if isinstance(spec, MergeSpec):  # the slots, the retired history and the stored sums
             key["value"] = decode(data["agg"], spec.width)
-            key["retired"] = decode(data["retired"], spec.width) if "retired" in data else None
+            key["retired"] = planes_of(data["retired"], data["retired_lo"], spec.width) if "retired" in data else None
             key["slots"] = {
                 int(f.split(":")[1]): (int(meta[f + ":incarnation"]), int(meta[f + ":seq"]), decode(v, spec.width))
                 for f, v in data.items()
                 if f.startswith("slot:")
             }
-            # every stored sub-group and group sum is the sum of its live parts (a fold re-reads only its own),
-            # and a lone one is not stored
-            sums = stored_sums({i: slot[2] for i, slot in key["slots"].items()}, spec.width, "retired" in data)
-            parts = {**sums, **{f"slot:{i}": slot[2] for i, slot in key["slots"].items()}}
-            # ... and every count record the count part of its vector
-            expected = {**sums, **{f"counts:{f}": v[: spec.count_size] for f, v in parts.items()}}
-            stored = {
-                f: decode(v, spec.count_size if f.startswith("counts:") else spec.width)
-                for f, v in data.items()
-                if f.startswith(("sub:", "group:", "counts:"))
-            }
-            assert meta.get("sums_layout") == LAYOUT or not key["slots"], (name, meta.get("sums_layout"))
-            assert stored.keys() == expected.keys(), (name, sorted(stored), sorted(expected))
-            for f, v in expected.items():
-                np.testing.assert_array_equal(stored[f], v, err_msg=f"{name} {f}")
+            # the stored exact sum is the canonical planes of the retired history and the live slots
+            assert set(data) <= {"agg", "agg_lo", "retired", "retired_lo"} | {f"slot:{i}" for i in key["slots"]}, (
+                name,
+                sorted(data),
+            )
+            if key["slots"]:
+                assert meta.get("sums_layout") == LAYOUT, (name, meta.get("sums_layout"))
+                vectors = ([] if key["retired"] is None else list(key["retired"])) + [
+                    s[2] for s in key["slots"].values()
+                ]
+                planes = planes_of(data["agg"], data["agg_lo"], spec.width)
+                np.testing.assert_array_equal(planes, exact_planes(vectors, spec.width), err_msg=name)
+                assert planes.tobytes() == exact_planes(vectors, spec.width).tobytes(), name  # (+0.0, not −0.0)
             writers = meta.get("writers", "")
             assert sorted(map(int, filter(None, writers.split(",")))) == sorted(key["slots"]), "writers list drifted"
         else:  # a register: its value, and its last writer where the semantics records one

@@ -25,7 +25,7 @@ def test_the_generated_stretches_of_fold_lua_are_what_the_generator_writes(tmp_p
     assert subprocess.run(check, capture_output=True, text=True).returncode == 0
     lua = ROOT / "redisync/store/lua"
     texts = {path: (lua / path).read_text() for path in ("shared.lua", "semantics/merge.lua")}
-    for path, name in (("shared.lua", "join64"), ("semantics/merge.lua", "fold_values")):
+    for path, name in (("shared.lua", "join64"), ("semantics/merge.lua", "constants")):
         assert texts[path].count(f"-- BEGIN GENERATED {name}\n") == 1
         assert texts[path].count(f"-- END GENERATED {name}\n") == 1
     copy = tmp_path / "repo"
@@ -34,16 +34,16 @@ def test_the_generated_stretches_of_fold_lua_are_what_the_generator_writes(tmp_p
     (copy / "scripts/generate_fold_pass.py").write_text((ROOT / "scripts/generate_fold_pass.py").read_text())
     for path, text in texts.items():
         (copy / "redisync/store/lua" / path).write_text(text)
-    edited = copy / "redisync/store/lua/semantics/merge.lua"
-    edited.write_text(texts["semantics/merge.lua"].replace("a17 + b17", "a17 - b17", 1))
+    edited = copy / "redisync/store/lua/shared.lua"
+    edited.write_text(texts["shared.lua"].replace("(t[i + 17] or '')", "(t[i + 18] or '')", 1))
     check[1] = str(copy / "scripts/generate_fold_pass.py")
     failed = subprocess.run(check, capture_output=True, text=True)
     assert failed.returncode != 0
-    assert "generated fold_values differ" in failed.stderr
+    assert "generated join64 differ" in failed.stderr
     # --write puts the generator's text back in place, and only there
     subprocess.run([*check[:2], "--write"], check=True)
-    assert edited.read_text() == texts["semantics/merge.lua"]
-    assert (copy / "redisync/store/lua/shared.lua").read_text() == texts["shared.lua"]
+    assert edited.read_text() == texts["shared.lua"]
+    assert (copy / "redisync/store/lua/semantics/merge.lua").read_text() == texts["semantics/merge.lua"]
 
 
 def test_every_landmark_of_the_stage_profiler_stands_once_in_fold_lua_and_is_reached_by_a_fold():

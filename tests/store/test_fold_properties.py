@@ -124,7 +124,7 @@ def run_sequence(store, ops) -> None:
     # the reference itself: the aggregate is the sum of the live slots and the retired history
     for name, key in ref.keys.items():
         if ref.specs[name].semantics == "merge":
-            parts = [s.payload for s in key.slots.values()] + ([key.retired] if key.retired is not None else [])
+            parts = [s.payload for s in key.slots.values()] + (list(key.retired) if key.retired is not None else [])
             exact = np.sum(parts, axis=0) if parts else np.zeros(ref.specs[name].width)
             scale = max(1e6, max((float(np.abs(p).max()) for p in parts), default=0.0)) * (1 + ref.fleet_version)
             assert np.allclose(key.value, exact, rtol=0, atol=1e-12 * scale), name

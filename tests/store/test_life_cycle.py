@@ -294,17 +294,20 @@ def test_claims_outrank_incarnations_beyond_float_precision(make_store):
 
 
 def test_a_fold_that_would_overflow_is_refused_and_changes_nothing(make_store):
-    """A fold whose aggregate or moments would overflow float64 is refused whole (dead-lettered as non_finite)
-    and writes nothing; a later finite fold is exact."""
+    """A value beyond 2¹⁰⁰⁰ (where a sum of them could overflow float64), or a fold whose fleet moments
+    would overflow, is refused whole (dead-lettered as non_finite) and writes nothing; values at the
+    bound sum without overflow, exactly; a later finite fold is exact."""
     store = make_store()
     store.register({"motion/ema": merge(2, lifecycle="history"), "obs/norm": merge(1, sumsq=True, lifecycle="history")})
     a, b = store.shard(0), store.shard(1, incarnation=7)
-    a.publish({"motion/ema": {"count": 1, "sum": [1e308, 0.0]}})
+    a.publish({"motion/ema": {"count": 1, "sum": [2.0**1000, 0.0]}})
     before = state_bytes(store)
-    with pytest.raises(errors.NonFiniteValue, match="overflow"):
+    with pytest.raises(errors.NonFiniteValue, match="beyond 2\\^1000"):
         b.publish({"motion/ema": {"count": 1, "sum": [1e308, 0.0]}})
     assert state_bytes(store) == before
     assert store.dead_letters(1)[0]["reason"] == "non_finite"
+    b.publish({"motion/ema": {"count": 1, "sum": [2.0**1000, 0.0]}})
+    assert store.fleet().keys["motion/ema"].parts()["sum"][0] == 2.0**1001
     with pytest.raises(errors.NonFiniteValue, match="moments"):  # sumsq / count beyond float64
         b.publish({"obs/norm": {"count": 1e-10, "sum": 0.0, "sumsq": 1e300}})
     a.publish({"motion/ema": {"count": 1, "sum": [1.0, 0.0]}})  # small again: everything finite and exact
@@ -367,8 +370,11 @@ def test_a_float32_normaliser_survives_fleet_moments_beyond_its_range(make_store
     ],
 )
 def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
-    """A fold that finds a key's stored state damaged (a slot, the data hash, the retired sum, the writers)
-    is refused and dead-lettered, and writes nothing else, not even the key before it."""
+    """A fold that finds what it reads of a key's stored state damaged (the slot it replaces, the
+    retired history it adds to, the data hash, the writers) is refused and dead-lettered, and writes
+    nothing else, not even the key before it. (A fold reads its own slot and the history, not the
+    other shards' slots: a slot it does not read is checked where it is read, by its shard's next
+    fold, a restore, or inspect.)"""
     store = make_store()
     store.register({"a/first": merge(2, lifecycle="history"), "b/second": merge(2, lifecycle="history")})
     other = store.shard(1)
@@ -389,7 +395,10 @@ def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
     else:
         store.redis.delete(data)
         store.redis.set(data, "not a hash")
-    shard = store.shard(0, incarnation=7)
+    # (a new life of shard 1 reads its previous slot and retires it into the history)
+    shard = store.shard(
+        1 if damage in ("slot of the wrong length", "retired of the wrong length") else 0, incarnation=2**62
+    )
     before = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
     with pytest.raises(errors.CorruptState, match="b/second") as refused:
         shard.publish({"a/first": {"count": 1, "sum": [2.0, 2.0]}, "b/second": {"count": 1, "sum": [2.0, 2.0]}})

@@ -366,7 +366,9 @@ class FleetLife(RuleBasedStateMachine):
             if not isinstance(spec, MergeSpec):
                 assert key["value"] is None or np.isfinite(key["value"]).all()
                 continue
-            vectors = ([key["retired"]] if key["retired"] is not None else []) + [s[2] for s in key["slots"].values()]
+            vectors = (list(key["retired"]) if key["retired"] is not None else []) + [
+                s[2] for s in key["slots"].values()
+            ]
             assert all(np.isfinite(v).all() for v in vectors)
             assert np.isfinite(key["value"]).all()
             assert exact_within_bound(spec, key["value"], vectors), name

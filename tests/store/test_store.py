@@ -231,55 +231,51 @@ def test_the_reports_stream_keeps_payloads_only_when_the_run_asks(make_store):
     assert not plain.limits().stream_payloads
 
 
-@pytest.mark.parametrize("field", ["sub:0", "group:0", "agg", "counts:slot:1"])
+@pytest.mark.parametrize("field", ["agg", "agg_lo"])
 def test_restore_refuses_a_snapshot_whose_sums_disagree_with_its_slots(make_store, field):
-    """The folds trust stored sums (each re-sums its own sub-group and group only): a snapshot whose
-    sub-group or group sum or aggregate is not what its slots sum to would poison every later fold."""
+    """The folds trust the stored exact sum (each adds what changed): a snapshot whose sum is not
+    what its slots sum to would poison every later fold; one left out is re-made from the slots."""
     import base64
 
     store = make_store()
     store.register(SCHEMA)
-    shards = {shard: store.shard(shard) for shard in (0, 1, 5, 17)}  # sub-groups 0, 1 of group 0; group 1
+    shards = {shard: store.shard(shard) for shard in (0, 1, 5, 17)}
     for client in shards.values():
         client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
     snap = store.snapshot()
-    assert "sub:4" not in snap.hashes["data:obs/norm"]  # group 1's lone sub-group: its sum is the group's
     data = dict(snap.hashes["data:obs/norm"])
     tampered = codec.decode(base64.b64decode(data[field]))
     tampered[0] += 1000.0
     data[field] = base64.b64encode(codec.encode([tampered])).decode()
     bad = snap.model_copy(update={"hashes": {**snap.hashes, "data:obs/norm": data}})
     before = store.fleet().keys["obs/norm"].value.copy()
-    with pytest.raises(errors.CorruptSnapshot, match=f"{field} disagrees"):
+    with pytest.raises(errors.CorruptSnapshot, match="not the exact sum"):
         store.restore(bad)
     np.testing.assert_array_equal(store.fleet().keys["obs/norm"].value, before)  # nothing written
     missing = snap.model_copy(
         update={
             "hashes": {
                 **snap.hashes,
-                "data:obs/norm": {k: v for k, v in snap.hashes["data:obs/norm"].items() if k != "group:1"},
+                "data:obs/norm": {k: v for k, v in snap.hashes["data:obs/norm"].items() if k != field},
             }
         }
     )
-    store.restore(missing)  # a group sum left out is recomputed from the slots
-    shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})  # re-sums group 0 only
+    store.restore(missing)  # re-made from the slots
+    shards[0].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})
     assert float(store.fleet().keys["obs/norm"].parts()["count"]) == 4 + 3 + 3 + 3
     assert_matches_reference(store, {0: [4, 1, 2, 1, 4], 1: [3, 1, 2, 1, 4], 5: [3, 1, 2, 1, 4], 17: [3, 1, 2, 1, 4]})
 
 
 def assert_matches_reference(store, slots: dict[int, list[float]]) -> None:
-    """The stored sums and aggregate of obs/norm are, bit for bit, the reference fold's for ``slots``."""
+    """The stored exact sum of obs/norm is, bit for bit, the reference's for ``slots`` (its canonical
+    planes), and no other field is left beside the slots."""
     from redisync.store.semantics import merge as semantics
 
     data = {k.decode(): v for k, v in store.redis.hgetall(store.keys.key_data("obs/norm")).items()}
-    payloads = {shard: np.array(v, dtype=np.float64) for shard, v in slots.items()}
-    groups = semantics.layered_sums(payloads, 5)[1]
-    expected = semantics.stored_sums(payloads, 5, retired=False)
-    expected |= {f"counts:{f}": v[:1] for f, v in (expected | {f"slot:{i}": v for i, v in payloads.items()}).items()}
-    expected["agg"] = semantics.summed(list(groups.values()), 5)
-    assert sorted(f for f in data if not f.startswith("slot:")) == sorted(expected)  # every stale field gone
-    for field, value in expected.items():
-        np.testing.assert_array_equal(codec.decode(data[field]), value, err_msg=field)
+    payloads = [np.array(v, dtype=np.float64) for v in slots.values()]
+    assert sorted(f for f in data if not f.startswith("slot:")) == ["agg", "agg_lo"]  # every stale field gone
+    planes = semantics.exact_planes(payloads, 5)
+    assert semantics.planes_of(data["agg"], data["agg_lo"], 5).tobytes() == planes.tobytes()
     assert store.redis.hget(store.keys.key_meta("obs/norm"), "sums_layout") == semantics.LAYOUT.encode()
 
 

@@ -2,22 +2,23 @@
 
 For what every shard observes part of (a failure EMA, normaliser moments, a histogram of env
 levels): each shard's last report is its slot, the fleet value the sum of the retired history and
-the live slots, recomputed at every fold in a fixed order (two levels of stored sums: the slots
-summed per sub-group of SUB consecutive shard ids, the sub-group sums per group of SUBS sub-groups,
-then the history and the groups, all ascending). Its error is therefore bounded by the live values
-alone: each live value passes through at most 3 + 3 + G additions for G groups (and the history),
-so ``|agg − Σ live| ≤ (6 + G)·2⁻⁵³·Σ|live|`` to first order, however large the values that once
-passed through a slot. A fold that would make an aggregate or its moments non-finite is refused.
-A collector sees everybody else's slots plus its own state of now (own substitution).
+the live slots, **correctly rounded**: the exact sum rounded once to float64, so a function of the
+last reports and not of the order in which they arrived. The fold keeps that exact sum as canonical
+planes (`exact_planes`: the rounded sum, then the rest rounded, …; two planes almost always) and
+updates it by what changed — the folding shard's new slot in, its previous one out, a lapsed slot
+out — so its cost does not grow with the number of live slots. A merge value's magnitude is at most
+`LIMIT` (2¹⁰⁰⁰), so no sum of them overflows; a fold whose fleet moments would (a mean's square, a
+count below one) is refused. A collector sees everybody else's slots plus its own state of now (own
+substitution).
 
-Its Lua: ``lua/semantics/merge.lua`` (its check in four steps, ``merge_live``, ``merge_read``,
-``merge_prove``, ``merge_sums``, with the generated ``fold_values``); SUB, SUBS and LAYOUT are written
-into it from here by ``scripts/generate_fold_pass.py``.
+Its Lua: ``lua/semantics/merge.lua`` (its check in three steps, ``merge_live``, ``merge_read``,
+``merge_sums``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -26,45 +27,42 @@ from pydantic import Field
 from ... import errors
 from .base import Bad, Fold, KeyState, Part, ReportBase, Slot, SpecBase, Vector, age_s, build, vector
 
-SUB = 4  # shard ids per sub-group (stored as ``sub:<id // SUB>``)
-SUBS = 4  # sub-groups per group (stored as ``group:<id // (SUB * SUBS)>``)
-# the fold's ``sums_layout`` (sub-groups of 4 ids, groups of 16, a lone sum not stored): a key whose
-# sums were laid out otherwise has them all re-made
-LAYOUT = "4/16/lone"
+# a merge value's magnitude is at most LIMIT (2¹⁰⁰⁰, about 1.07e301): the exact sum of fewer than 2²³
+# such values (live slots and retired lives) is then finite, and no partial sum of them overflows,
+# whatever their order
+LIMIT = 2.0**1000
+# the fold's ``sums_layout``: the aggregate kept as the canonical planes of its exact sum (``agg``,
+# ``agg_lo``; ``retired``, ``retired_lo``); a key whose sums were kept otherwise has them re-made
+LAYOUT = "exact/1"
 
 
-def layered_sums(payloads: Mapping[int, Vector], width: int) -> tuple[dict[int, Vector], dict[int, Vector]]:
-    """``({q: sum}, {g: sum})``: each sub-group's sum of its slots' payloads in ascending shard order,
-    each group's sum of its sub-groups' sums in ascending order, both in ascending order: what the
-    fold stores as ``sub:<q>`` and ``group:<g>``."""
-    members: dict[int, list[Vector]] = {}
-    for shard in sorted(payloads):
-        members.setdefault(shard // SUB, []).append(payloads[shard])
-    subs = {q: summed(members[q], width) for q in sorted(members)}
-    parts: dict[int, list[Vector]] = {}
-    for q, sub in subs.items():
-        parts.setdefault(q // SUBS, []).append(sub)
-    return subs, {g: summed(parts[g], width) for g in sorted(parts)}
+def exact_planes(vectors: Sequence[Vector], width: int) -> Vector:
+    """The exact element-wise sum of ``vectors`` in its canonical planes, K ≥ 2 rows: row 1 is the sum
+    correctly rounded to float64, each next row the rest correctly rounded (``c₁ = fl(Σ)``,
+    ``c₂ = fl(Σ − c₁)``, …) until nothing is left, zeros beyond. A function of the multiset of
+    vectors, not of their order: what the fold stores as ``agg`` (row 1) and ``agg_lo`` (the rest).
+    (Every value below `LIMIT` in magnitude, so no partial sum overflows.)"""
+    columns: list[list[float]] = []
+    for j in range(width):
+        xs = [float(v[j]) for v in vectors]
+        comps: list[float] = []
+        while True:
+            c = math.fsum(xs + [-x for x in comps])  # correctly rounded (math.fsum is exact until it rounds)
+            if c == 0.0:
+                break
+            comps.append(c)
+        columns.append(comps)
+    k = max(2, max((len(c) for c in columns), default=0))
+    out = np.zeros((k, width))
+    for j, comps in enumerate(columns):
+        out[: len(comps), j] = comps
+    return out + 0.0  # (no −0.0: an exact sum of zero is +0.0)
 
 
-def stored_sums(payloads: Mapping[int, Vector], width: int, retired: bool) -> dict[str, Vector]:
-    """The sums the fold stores, by field: ``sub:<q>`` of a group of two sub-groups or more, and
-    ``group:<g>`` of an aggregate of two terms or more (groups, and the retired history). A lone sum
-    equals the sum it is the only part of (0 + x is x), so it is not stored; a fold that finds one
-    missing re-makes it from its parts."""
-    subs, groups = layered_sums(payloads, width)
-    per_group: dict[int, int] = {}
-    for q in subs:
-        per_group[q // SUBS] = per_group.get(q // SUBS, 0) + 1
-    out = {f"sub:{q}": v for q, v in subs.items() if per_group[q // SUBS] > 1}
-    if len(groups) + int(retired) > 1:
-        out |= {f"group:{g}": v for g, v in groups.items()}
-    return out
-
-
-def group_sums(slots: Mapping[int, Slot], width: int) -> list[Vector]:
-    """The group sums of live slots, in ascending group order, as the fold sums them into the aggregate."""
-    return list(layered_sums({shard: slot.payload for shard, slot in slots.items()}, width)[1].values())
+def planes_of(raw_hi: bytes, raw_lo: bytes | None, width: int) -> Vector:
+    """An exact vector's planes from its stored row 1 and the rows after it (none: zeros)."""
+    lo = vector(raw_lo).reshape(-1, width) if raw_lo else np.zeros((1, width))
+    return np.vstack([vector(raw_hi).reshape(1, width), lo])
 
 
 def finite_moments(spec: MergeSpec, flat: Vector) -> bool:
@@ -80,14 +78,6 @@ def finite_moments(spec: MergeSpec, flat: Vector) -> bool:
         if spec.sumsq:
             ok &= np.isfinite(mean * mean) & np.isfinite(np.where(count > 0, parts["sumsq"] / safe, 0.0))
     return bool(ok.all())
-
-
-def summed(vectors: list[Vector], width: int) -> Vector:
-    """``0 + v₁ + v₂ + …`` in the given order: the fold script's summation, bit for bit."""
-    out: Vector = np.zeros(width)
-    for v in vectors:
-        out = out + v
-    return out
 
 
 class MergeReport(ReportBase):
@@ -187,10 +177,10 @@ class MergeSpec(SpecBase):
         return {"agg": bytes(8 * self.width)}
 
     def check_payload(self, payload: Vector) -> str | None:
-        """Check a decoded payload's length and its counts."""
+        """Check a decoded payload: finite and within ±`LIMIT`, counts (and sums of squares) not negative."""
         signed = range(self.count_size, self.count_size + self.size)  # the sum part
         for i, v in enumerate(payload):
-            if not np.isfinite(v):
+            if not np.isfinite(v) or abs(v) > LIMIT:
                 return "non_finite"
             if v < 0 and i not in signed:
                 return "negative"
@@ -201,7 +191,8 @@ class MergeSpec(SpecBase):
         return KeyState(value=np.zeros(self.width))
 
     def fold(self, state: KeyState, report: Fold) -> KeyState | str:
-        """The reference fold of one report: the slot replaced, the aggregate re-made from the live slots."""
+        """The reference fold of one report: the slot replaced, the aggregate the exact sum of the
+        retired history and the live slots, correctly rounded."""
         bad = self.check_payload(report.payload)
         if bad:
             return bad
@@ -214,13 +205,9 @@ class MergeSpec(SpecBase):
             and self.lifecycle == "history"
         ):
             # a fresh restart of a history key: the previous life's counts are kept as retired history
-            # (a slot alone is a payload checked when it was folded; a sum of two may overflow)
-            if retired is None:
-                retired = old.payload.copy()
-            else:
-                retired = summed([retired, old.payload], self.width)  # 0 + r + o, as the fold sums (−0.0 included)
-                if not finite_moments(self, retired):
-                    return "non_finite"
+            retired = exact_planes(([] if retired is None else list(retired)) + [old.payload], self.width)
+            if not finite_moments(self, retired[0]):
+                return "non_finite"
         slots = {}
         now_us, alive, served = report.now_us, report.alive, report.served_us
         for other, slot in state.slots.items():
@@ -237,24 +224,26 @@ class MergeSpec(SpecBase):
             if other != report.shard_id and not (stale or lapsed):
                 slots[other] = slot
         slots[report.shard_id] = Slot(report.incarnation, report.seq, now_us, report.payload.copy())
-        vectors = ([] if retired is None else [retired]) + group_sums(slots, self.width)
-        agg = summed(vectors, self.width)
+        vectors = ([] if retired is None else list(retired)) + [slot.payload for slot in slots.values()]
+        agg = exact_planes(vectors, self.width)[0]
         if not finite_moments(self, agg):
             return "non_finite"
         return KeyState(version=state.version + 1, value=agg, slots=slots, retired=retired)
 
     def check_stored(self, name: str, meta: dict[str, bytes], data: dict[str, bytes], bad: Bad) -> None:
         """Every field one a merge key writes, of its size, finite; the writers those of the stored
-        slots; the stored sums checked and re-made (`check_sums`)."""
+        slots; the exact sum checked, or re-made (`check_sums`)."""
         for fld, raw in data.items():
-            record = fld.startswith("counts:")  # the count part of a stored vector
-            if fld not in ("agg", "retired") and not fld.removeprefix("counts:").startswith(
+            record = fld.startswith("counts:")  # (an earlier layout's count records: re-made, see check_sums)
+            if fld not in ("agg", "retired", "agg_lo", "retired_lo") and not fld.removeprefix("counts:").startswith(
                 ("slot:", "sub:", "group:")
             ):
                 raise bad(f"key {name!r}", f"unexpected data field {fld!r}")
             need = 8 * (self.count_size if record else self.width)
-            if len(raw) != need:
-                raise bad(f"key {name!r}", f"{fld} is {len(raw)} bytes, the key needs {need}")
+            planes = fld in ("agg_lo", "retired_lo")  # one row or more
+            if (len(raw) % need or not raw) if planes else len(raw) != need:
+                what = f"a whole number of rows of {need}" if planes else str(need)
+                raise bad(f"key {name!r}", f"{fld} is {len(raw)} bytes, the key needs {what}")
             if not np.isfinite(vector(raw)).all():
                 raise bad(f"key {name!r}", f"{fld} holds a non-finite value")
         text = {k: v.decode() for k, v in meta.items()}
@@ -404,40 +393,34 @@ def own_substituted(aggregate: Vector, own_as_folded: Vector | None, own_current
 def check_sums(
     name: str, spec: MergeSpec, info: dict[str, bytes], data: dict[str, bytes], writers: list[str], bad: Bad
 ) -> None:
-    """The folds trust stored sums (each re-makes its own sub-group and group only, checking their
-    count records): every stored sub-group and group sum must be its parts' sum (a lone one is not
-    stored: `stored_sums`), the aggregate the sum of the history and the groups, and every
-    count record (``counts:<field>``) the count part of its field, as the fold computes them; a
-    missing one is filled in. A snapshot whose sums were laid out otherwise (by an older redisync) has
-    them all re-made from its slots: they are derived data."""
+    """The folds trust the stored exact sum (each adds what changed): with this layout it must be the
+    canonical planes of the retired history plus the slots (`exact_planes`), else it is refused;
+    a snapshot whose sums were kept otherwise (by an older redisync) has them re-made from its slots
+    and its retired history (taken as exact), and the earlier layout's fields dropped."""
     if not all(w.isdigit() for w in writers):
         raise bad(f"key {name!r}", f"writers {writers} are not shard ids")
-    width, cut = spec.width, spec.count_size
-    slots = {int(w): vector(data[f"slot:{w}"]) for w in writers}
-    groups = layered_sums(slots, width)[1]
-    retired = data.get("retired")
-    agg = summed(([] if retired is None else [vector(retired)]) + list(groups.values()), width)
-    sums = stored_sums(slots, width, retired is not None)
-    counts = {f"counts:{f}": v[:cut] for f, v in (sums | {f"slot:{w}": v for w, v in slots.items()}).items()}
-    derived = sums | {"agg": agg} | counts
-    parts = {"sub": "its slots", "group": "its sub-groups", "agg": "the retired history and the slots"}
-    if info.get("sums_layout", b"") == LAYOUT.encode():
-        for fld in [f for f in data if f.startswith(("sub:", "group:", "counts:"))]:
-            if fld not in derived:
-                raise bad(f"key {name!r}", f"{fld} belongs to no stored slot")
-        for fld, expected in derived.items():
-            raw = data.get(fld)
-            if raw is not None and not np.array_equal(vector(raw), expected):
-                what = (
-                    "the count part of " + fld[len("counts:") :]
-                    if fld.startswith("counts:")
-                    else ("the sum of " + parts[fld.split(":")[0]])
-                )
-                raise bad(f"key {name!r}", f"{fld} disagrees with {what}")
+    width = spec.width
+    current = info.get("sums_layout", b"") == LAYOUT.encode()
+    retired = None
+    if "retired" in data:
+        retired = planes_of(data["retired"], data.get("retired_lo") if current else None, width)
+    slots = [vector(data[f"slot:{w}"]) for w in writers]
+    agg = exact_planes(([] if retired is None else list(retired)) + slots, width)
+    if current and "agg" in data and "agg_lo" in data:  # (one left out is re-made)
+        stored = planes_of(data["agg"], data["agg_lo"], width)
+        if stored.shape != agg.shape or not np.array_equal(stored, agg):
+            raise bad(f"key {name!r}", "agg and agg_lo are not the exact sum of the retired history and the slots")
     for fld in [f for f in data if f.startswith(("sub:", "group:", "counts:"))]:
         del data[fld]
-    data.update({fld: np.ascontiguousarray(v, dtype="<f8").tobytes() for fld, v in derived.items()})
+    data["agg"], data["agg_lo"] = _bytes(agg[0]), _bytes(agg[1:])
+    if retired is not None:
+        retired = exact_planes(list(retired), width)  # (canonical: an earlier layout's is one plane)
+        data["retired"], data["retired_lo"] = _bytes(retired[0]), _bytes(retired[1:])
     info["sums_layout"] = LAYOUT.encode()
+
+
+def _bytes(v: Vector) -> bytes:
+    return np.ascontiguousarray(v, dtype="<f8").tobytes()
 
 
 SPEC = MergeSpec  # the registry's entry (see __init__)

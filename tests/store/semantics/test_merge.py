@@ -61,13 +61,11 @@ def test_publish_then_pull_gives_the_pooled_state_and_own_slot(make_store):
     assert set(a.known.keys) == set(SCHEMA.keys)  # the client keeps the whole state
 
 
-def test_a_run_folded_before_two_level_sums_has_them_remade_at_its_next_fold(make_store):
-    """A run whose sums an older redisync laid out as one level (group = its slots' sum, no
-    sums_layout) is not trusted: the next fold re-makes every sub-group and group sum from the
-    slots, so the state is the reference's bit for bit, and a snapshot of the older layout restores
-    with its sums re-made (they are derived data), whatever they held."""
-    from redisync.store.semantics import merge as semantics
-
+def test_a_run_folded_by_an_earlier_layout_has_its_exact_sum_remade_at_its_next_fold(make_store):
+    """A run whose sums an older redisync laid out as sub-group and group sums (sums_layout
+    ``4/16/lone``, no ``agg_lo``) is not trusted: the next fold re-makes the exact sum from the slots
+    (and drops the earlier layout's fields), so the state is the reference's bit for bit; a snapshot
+    of the older layout restores with its sum re-made (it is derived data), whatever it held."""
     store = make_store()
     store.register(SCHEMA)
     values = {shard: [3.0, 0.1 * shard, 0.3, 0.7 * shard, 0.2] for shard in (0, 1, 5, 6, 9, 17)}
@@ -76,45 +74,43 @@ def test_a_run_folded_before_two_level_sums_has_them_remade_at_its_next_fold(mak
         clients[shard].publish({"obs/norm": {"count": v[0], "sum": v[1:3], "sumsq": v[3:]}})
     meta, data = store.keys.key_meta("obs/norm"), store.keys.key_data("obs/norm")
 
-    def as_one_level() -> None:
-        store.redis.hdel(meta, "sums_layout")
-        store.redis.hdel(data, *[f for f in store.redis.hkeys(data) if f.startswith((b"sub:", b"group:", b"counts:"))])
-        for g, ids in {0: (0, 1, 5, 6, 9), 1: (17,)}.items():
-            flat = semantics.summed([np.array(values[i]) for i in ids], 5)
-            store.redis.hset(data, f"group:{g}", codec.encode([flat]))
+    def as_earlier_layout() -> None:
+        store.redis.hset(meta, "sums_layout", "4/16/lone")
+        store.redis.hdel(data, "agg_lo")
+        garbage = codec.encode([np.full(5, 7.0)])
+        store.redis.hset(data, mapping={"agg": garbage, "sub:0": garbage, "counts:sub:0": garbage[:8],
+                                        "group:1": garbage, "counts:slot:17": garbage[:8]})  # fmt: skip
 
-    as_one_level()
+    as_earlier_layout()
     values[17] = [4.0, 1.0, 1.0, 1.0, 1.0]
     clients[17].publish({"obs/norm": {"count": 4.0, "sum": [1.0, 1.0], "sumsq": [1.0, 1.0]}})
-    assert_matches_reference(store, values)
+    assert_matches_reference(store, values)  # (lua_state: no field of the earlier layout is left)
 
-    as_one_level()
+    as_earlier_layout()
     snap = store.snapshot()
-    hashes = dict(snap.hashes)
-    garbage = codec.encode([np.full(5, 7.0)])
-    import base64
-
-    hashes["data:obs/norm"] = {**hashes["data:obs/norm"], "agg": base64.b64encode(garbage).decode()}
-    store.restore(snap.model_copy(update={"hashes": hashes}))
+    store.restore(snap)
     assert_matches_reference(store, values)
 
 
-@pytest.mark.parametrize(("field", "parts"), [("sub:0", "slots"), ("group:0", "sub-groups")])
-def test_a_fold_refuses_a_stored_sum_it_can_prove_wrong(make_store, field, parts):
-    """A fold that re-makes a sub-group or group sum checks that the stored one was its parts' sum,
-    on its count record (``counts:<field>``, count_size values, so the fold reads no whole vector for
-    it): a damaged one is refused, and nothing is written."""
+@pytest.mark.parametrize("damage", ["agg_lo of the wrong length", "agg_lo missing", "planes not canonical"])
+def test_a_fold_refuses_a_stored_exact_sum_that_is_damaged(make_store, damage):
+    """A fold adds to the stored exact sum, so it checks what it can see of it: ``agg_lo`` a whole
+    number of rows, present, and each element's planes canonical (the first plane the rounded sum
+    of the planes); a damaged one is refused, and nothing is written."""
     store = make_store()
     store.register(SCHEMA)
-    shards = {shard: store.shard(shard) for shard in (0, 1, 2, 5, 17)}  # (17: group 0 is not the only group)
+    shards = {shard: store.shard(shard) for shard in (0, 1, 2, 5, 17)}
     for client in shards.values():
         client.publish({"obs/norm": {"count": 3, "sum": [1, 2], "sumsq": [1, 4]}})
     data = store.keys.key_data("obs/norm")
-    damaged = codec.decode(store.redis.hget(data, f"counts:{field}"))
-    damaged[0] += 1000.0
-    store.redis.hset(data, f"counts:{field}", codec.encode([damaged]))
+    if damage == "agg_lo of the wrong length":
+        store.redis.hset(data, "agg_lo", b"\0" * 12)
+    elif damage == "agg_lo missing":
+        store.redis.hdel(data, "agg_lo")
+    else:
+        store.redis.hset(data, "agg_lo", codec.encode([np.full(5, 1.0)]))  # (the sum's first plane is 15)
     before = store.fleet()
-    with pytest.raises(errors.CorruptState, match=f"{field} disagrees with the sum of its {parts}"):
+    with pytest.raises(errors.CorruptState, match=r"agg_lo|planes"):
         shards[1].publish({"obs/norm": {"count": 4, "sum": [1, 2], "sumsq": [1, 4]}})
     after = store.fleet()
     assert after.fleet_version == before.fleet_version
@@ -123,11 +119,48 @@ def test_a_fold_refuses_a_stored_sum_it_can_prove_wrong(make_store, field, parts
 
 
 def test_the_aggregate_is_exact_after_a_huge_value_left_the_slot(make_store):
-    """The aggregate is the sum of the live slots, re-made, not updated incrementally: a huge value that left
-    a slot leaves no rounding behind."""
+    """The aggregate is the exact sum of the live slots, updated exactly: a huge value that left a slot
+    leaves no rounding behind (a float update (agg − old) + new would end at −0.5)."""
     store = make_store()
     store.register({"motion/ema": merge(1, lifecycle="history")})
     a, b = store.shard(0), store.shard(1)
     for shard, v in ((a, 1e16), (b, 1.0), (a, 0.0), (b, 0.5)):  # an incremental (agg - old) + new ends at -0.5
         shard.publish({"motion/ema": {"count": 1, "sum": v}})
     assert scalar(store.fleet().keys["motion/ema"].parts()["sum"]) == 0.5
+
+
+def test_the_fleet_value_is_the_correctly_rounded_sum_whatever_the_order_of_the_reports(make_store):
+    """1 + 2⁻⁵³ + 2⁻⁵³ is 1 + 2⁻⁵² exactly: a float sum in any fixed order that meets 1 first loses
+    both halves (1.0), the correctly rounded sum does not; the fleet value is the same whichever
+    shard reported first and whichever folded last."""
+    import math
+
+    values = (1.0, 2.0**-53, 2.0**-53)
+    for order in ((0, 1, 2), (2, 1, 0), (1, 0, 2)):
+        store = make_store()
+        store.register({"motion/ema": merge(1, lifecycle="state")})
+        for shard in order:
+            store.shard(shard).publish({"motion/ema": {"count": 1, "sum": values[shard]}})
+        total = scalar(store.fleet().keys["motion/ema"].parts()["sum"])
+        assert total == math.fsum(values) == 1.0 + 2.0**-52, (order, total)
+        store.delete()
+
+
+def test_a_sum_that_needs_more_than_two_planes_is_kept_exactly_and_shrinks_back(make_store):
+    """1 + 2⁻⁶⁰ + 2⁻¹³⁰ needs three floats: the fold takes the general path, keeps three planes, and
+    the state is the reference's bit for bit; when the small values leave, two planes again."""
+    store = make_store()
+    store.register(SCHEMA)
+    shards = {shard: store.shard(shard) for shard in (0, 1, 2)}
+    values = {0: [1.0, 1.0, 0.0, 1.0, 0.0], 1: [1.0, 2.0**-60, 0.0, 0.0, 0.0], 2: [1.0, 2.0**-130, 0.0, 0.0, 0.0]}
+    for shard, v in values.items():
+        shards[shard].publish({"obs/norm": {"count": v[0], "sum": v[1:3], "sumsq": v[3:]}})
+    data = store.keys.key_data("obs/norm")
+    assert len(store.redis.hget(data, "agg_lo")) == 2 * 5 * 8  # planes 2 and 3
+    assert_matches_reference(store, values)
+    for shard in (1, 2):
+        values[shard] = [1.0, 0.5, 0.0, 0.0, 0.0]
+        shards[shard].publish({"obs/norm": {"count": 1.0, "sum": [0.5, 0.0], "sumsq": [0.0, 0.0]}})
+    assert len(store.redis.hget(data, "agg_lo")) == 5 * 8
+    assert_matches_reference(store, values)
+    assert float(store.fleet().keys["obs/norm"].parts()["sum"][0]) == 2.0

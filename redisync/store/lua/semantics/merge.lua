@@ -1,25 +1,25 @@
 -- merge.lua: the fleet aggregate is the exact sum of every shard's live slot plus the retired history
--- (pooled statistics: count || sum [|| sum of squares]), re-made at every fold in a fixed order.
--- Data hash: 'agg', 'slot:<id>', 'retired', the stored sums ('sub:<q>', 'group:<g>', and their
--- 'counts:' twins). Key meta: 'writers', 'slot:<id>:incarnation|seq|at_us', 'sums_layout',
--- 'dropped_stale', 'dropped_lapsed'.
--- (the Python twin: redisync/store/semantics/merge.py, which sums in the same order; shared.lua
--- says what each function does)
+-- (pooled statistics: count || sum [|| sum of squares]), correctly rounded: a function of the last
+-- reports, not of the order in which they came.
+-- Data hash: 'agg' (the exact sum rounded), 'agg_lo' (the rest of it: one plane or more), 'slot:<id>',
+-- 'retired' and 'retired_lo' (the history, the same way). Key meta: 'writers',
+-- 'slot:<id>:incarnation|seq|at_us', 'sums_layout', 'dropped_stale', 'dropped_lapsed'.
+-- (the Python twin: redisync/store/semantics/merge.py, whose exact_planes says what the planes are)
 
--- Live slots are summed in two levels of stored sums: a sub-group of SUB consecutive shard ids
--- ('sub:<q>', q = id // SUB) and a group of SUBS sub-groups ('group:<g>', g = q // SUBS). A fold
--- re-reads its own sub-group's slots, the other sub-groups' sums of its group and the other groups'
--- sums: at 64 live slots 3 slots, 3 sub-group and 3 group sums, not 15 slots. A lone sum (the only
--- sub-group of its group, the only term of the aggregate) equals the sum it is part of and is not
--- stored; one found missing is re-made from its parts. A key whose sums were laid out otherwise
--- (sums_layout, written by the fold) has every sum re-made from its slots.
+-- A fold adds what changed to the stored exact sum: its shard's new slot in, its previous slot out
+-- (unless a history key retires it: it stays counted), a slot that leaves out. Each element of the
+-- sum is kept as canonical planes c1 = fl(S), c2 = fl(S - c1), ...: c1 is the fleet value a pull
+-- reads, and two planes hold almost every sum (a value's 53 bits and its rest); a sum that needs more
+-- takes the general path (expansions of any length, Shewchuk's), whose cost grows with the planes,
+-- never with the slots. A key whose sums were kept otherwise (sums_layout) has them re-made from its
+-- slots once. Every value is at most LIMIT in magnitude, so no partial sum overflows.
 -- BEGIN GENERATED constants
 -- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)
-local SUB, SUBS = 4, 4
-local LAYOUT = '4/16/lone'
+local LIMIT = 2 ^ 1000
+local LAYOUT = 'exact/1'
 -- END GENERATED constants
-local mfloor = math.floor
 local NONE = {} -- an empty table read where nothing was read into one (never written)
+local mabs = math.abs
 
 -- HMGET of any number of fields (unpack fails past ~8000 values): fields[1 .. n], n = #fields unless
 -- given; nil if the key is not a hash
@@ -38,34 +38,62 @@ local function hmget(key, fields, n)
   return out
 end
 
--- A refusal of a merge key before its fused pass: the payload's own problem, if it has one, first.
--- (key: the key's item, with its name, payload, width, count_size and size. The fold's helpers take
--- what they use as arguments, made once here: a closure costs ~500 instructions per variable it
--- captures, each time it is made.)
+-- The first problem of a payload, in element order: a value not finite or beyond LIMIT, a negative
+-- count or sum of squares. nil, or {reason, key name, detail}.
+local function payload_problem(name, payload, width, cs, size)
+  local pos, base = 1, 0
+  while base < width do
+    local len = math.min(CHUNK, width - base)
+    local p = {sunpack(fmt_of(len), payload, pos)}
+    for j = 1, len do
+      local g, v = base + j, p[j]
+      if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
+      if v > LIMIT or v < -LIMIT then
+        return {'non_finite', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) .. ', beyond 2^1000 in magnitude ' ..
+          '(the bound that keeps the fleet\'s exact sum finite)'}
+      end
+      if v < 0 and (g <= cs or g > cs + size) then
+        return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
+          ' in a count or sumsq part (must be >= 0)'}
+      end
+    end
+    base, pos = base + len, pos + len * 8
+  end
+  return nil
+end
+
+-- A refusal of a merge key: the payload's own problem, if it has one, first.
 local function refuse(key, reason, detail)
-  local why = check_payload(key.name, key.payload, key.width, key.count_size, key.count_size + key.size)
+  local why = payload_problem(key.name, key.payload, key.width, key.count_size, key.size)
   if why then return reject(why[1], why[2], why[3]) end
   return reject(reason, key.name, detail)
 end
 
--- The decimal name of a small whole number (a sub-group's, a group's), made once per Lua VM: Lua
--- makes a string of a number with a float printf, a library's upvalues outlive the call.
-local DECIMAL = {}
-local function decimal(n)
-  local s = DECIMAL[n]
-  if not s then
-    s = string.format('%d', n)
-    if n < 65536 then DECIMAL[n] = s end
+-- The first element (in order) whose fleet moments a reader could not take: mean = sum / count,
+-- its square (with sums of squares), sumsq / count. nil, or the detail.
+local function moments_problem(agg, width, cs, size, sumsq)
+  local counts, pos, base = {}, 1, 0
+  while base < width do
+    local len = math.min(CHUNK, width - base)
+    local c = {sunpack(fmt_of(len), agg, pos)}
+    for j = 1, len do
+      local g, a = base + j, c[j]
+      if g <= cs then
+        counts[g] = a
+      else
+        local e = (g - cs - 1) % size
+        local n = counts[cs == 1 and 1 or e + 1]
+        if n > 0 then
+          local m = a / n
+          if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
+            return 'the fleet moments would overflow at element ' .. e
+          end
+        end
+      end
+    end
+    base, pos = base + len, pos + len * 8
   end
-  return s
-end
-
--- cache[key], made by make(key) the first time: the decimal names of numbers (Lua makes a string of
--- a number with a printf), the joined string of blocks that several sums share
-local function once(cache, key, make)
-  local s = cache[key]
-  if not s then s = make(key); cache[key] = s end
-  return s
+  return nil
 end
 
 -- What a fold reads of a data hash: plan.n fields, with the length each must have and the writer
@@ -90,7 +118,7 @@ local function fetch(plan, key, idname) -- nil, or the rejection
   for k = 1, plan.n do
     local v, field = values[k], fields[k]
     got[field] = v
-    if v and #v ~= sizes[k] then
+    if v and sizes[k] and #v ~= sizes[k] then
       return refuse(key, 'corrupt_state', 'stored ' .. field .. ' is ' .. #v .. ' bytes, the key needs ' .. sizes[k])
     end
     local id = owners[k]
@@ -102,416 +130,875 @@ local function fetch(plan, key, idname) -- nil, or the rejection
   plan.n = 0 -- (the next read's fields overwrite these: the tables are made once per fold)
 end
 
--- ``0 + v1 + v2 + ...`` of payload strings, in order; ``check(a, base, len)``, if given, sees each
--- chunk of sums and may return a rejection, which ends the sum: returns (sum) or (nil, rejection).
-local function summed(vectors, width, check)
-  local out, pos, base = {}, 1, 0
+-- Exact sums of any length ------------------------------------------------------------------------
+-- An expansion: a table of non-overlapping floats in increasing magnitude whose exact sum is the
+-- value (Shewchuk, "Adaptive precision floating-point arithmetic", 1997).
+
+-- ps + x, exactly, in place (each step an exact two-sum; zeros dropped)
+local function grow(ps, x)
+  local i, n = 0, #ps
+  for k = 1, n do
+    local y = ps[k]
+    if mabs(x) < mabs(y) then x, y = y, x end
+    local hi = x + y
+    local lo = y - (hi - x)
+    if lo ~= 0 then i = i + 1; ps[i] = lo end
+    x = hi
+  end
+  for k = n, i + 2, -1 do ps[k] = nil end
+  ps[i + 1] = x
+end
+
+-- the expansion's value correctly rounded (to nearest, ties to even)
+local function rounded(ps)
+  local n = #ps
+  if n == 0 then return 0.0 end
+  local hi, lo = ps[n], 0.0
+  n = n - 1
+  while n > 0 do
+    local x, y = hi, ps[n]
+    n = n - 1
+    hi = x + y
+    lo = y - (hi - x)
+    if lo ~= 0 then break end
+  end
+  -- half-way: the rest below lo pushes the rounding the way of its sign
+  if n > 0 and ((lo < 0 and ps[n] < 0) or (lo > 0 and ps[n] > 0)) then
+    local y = lo * 2
+    local x = hi + y
+    if y == x - hi then hi = x end
+  end
+  return hi
+end
+
+-- The exact element-wise sum of `planes` (strings of canonical planes, the first the rounded sum),
+-- plus each of `adds`, minus each of `subs` (vectors), in canonical planes: a table of K >= 2 strings.
+local function exact_general(planes, adds, subs, width)
+  local rows, k = {}, 2
+  local pos, base, blocks = 1, 0, 0
   while base < width do
     local len = math.min(CHUNK, width - base)
     local fmt = fmt_of(len)
-    local a = {}
-    for k = 1, len do a[k] = 0.0 end
-    for _, vec in ipairs(vectors) do
-      local y = {sunpack(fmt, vec, pos)}
-      for k = 1, len do a[k] = a[k] + y[k] end
-    end
-    if check then
-      local why = check(a, base, len)
-      if why then return nil, why end
-    end
-    out[#out + 1] = spack(fmt, unpack(a, 1, len))
-    base = base + len
-    pos = pos + len * 8
-  end
-  return join(out)
-end
-
--- ``0 + v1 + v2 + ...`` over the first count_size values of each vector, packed (the count parts)
-local function count_sum(vectors, count_size)
-  if count_size ~= 1 then return summed(vectors, count_size) end
-  local s = 0.0
-  for k = 1, #vectors do s = s + sunpack('<d', vectors[k]) end
-  return spack('<d', s)
-end
-
--- The sum of ``vectors`` (in order), and the rejection if it or the moments it implies are not finite.
--- count_size values of count, then size values of sum, then (sumsq) size values of sum of squares.
--- (A group's sum needs no check: a non-finite one makes the aggregate non-finite, which this refuses.)
-local function sum_checked(name, vectors, width, count_size, size, sumsq)
-  local counts = {}
-  return summed(vectors, width, function(a, base, len)
-    for k = 1, len do
-      local v, g = a[k], base + k
-      if v - v ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)} end
-      if g <= count_size then
-        counts[g] = v
-      else
-        -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = v / count
-        local e = (g - count_size - 1) % size
-        local n = counts[count_size == 1 and 1 or e + 1]
-        if n > 0 then
-          local m = v / n
-          if m - m ~= 0 or (g <= count_size + size and sumsq and (m * m) - (m * m) ~= 0) then
-            return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}
-          end
-        end
+    blocks = blocks + 1
+    local ins, outs, out = {}, {}, {}
+    for i = 1, #planes do ins[i] = {sunpack(fmt, planes[i], pos)} end
+    local ad, sb = {}, {}
+    for i = 1, #adds do ad[i] = {sunpack(fmt, adds[i], pos)} end
+    for i = 1, #subs do sb[i] = {sunpack(fmt, subs[i], pos)} end
+    for j = 1, len do
+      local ps = {}
+      for i = #ins, 1, -1 do local v = ins[i][j] if v ~= 0 then ps[#ps + 1] = v end end
+      for i = 1, #sb do grow(ps, -sb[i][j]) end
+      for i = 1, #ad do grow(ps, ad[i][j]) end
+      local comps = {}
+      while true do
+        local c = rounded(ps)
+        if c == 0 then break end
+        comps[#comps + 1] = c
+        grow(ps, -c)
       end
+      if #comps > k then k = #comps end
+      out[j] = comps
     end
-    return nil
-  end)
-end
-
--- The fused pass over one merge key's values ---------------------------------------------------------
--- The re-made sums and the aggregate in one pass, BLOCK values at a time held in local variables:
--- each input decoded once per block (the payload serves both its checks and its slot), the sums
--- added in the order merge.py adds them (a sub-group: 0 + its slots in ascending shard order; a
--- group: 0 + its sub-groups' sums in ascending order; the aggregate: 0 + retired + the group sums in
--- ascending order), every check made on the same block. A block whose cheap look (the sum of its
--- squares finite; the signs of its count and sumsq values) is not clean is checked element by
--- element, in payload order, so replies stay bit for bit.
-local BLOCK = CHUNK
-local FB = FMT
-local mmin = math.min
-
-
--- The checks of the elements of one stretch of values, for a block whose cheap look is not clean:
--- st holds the key (name, cs, size, sumsq), the aggregate's blocks made so far (aggs), the counts seen
--- (counts) and whether every count is 0 or >= 1 (ok: the moments then cannot overflow). (Functions
--- made once, at the top: a closure costs about 500 instructions per variable it captures.)
-local function agg_count(st, idx) -- the aggregate's count idx, from the blocks made so far
-  local n = st.counts[idx]
-  if n == nil then -- (the head's counts are all in st.counts: it is checked element by element)
-    local k = idx - st.head - 1
-    n = sunpack('<d', st.aggs[mfloor(k / BLOCK) + (st.head > 0 and 2 or 1)], (k % BLOCK) * 8 + 1)
-    st.counts[idx] = n
+    rows[blocks] = {len = len, out = out}
+    base, pos = base + len, pos + len * 8
   end
-  return n
+  local result = {}
+  for r = 1, k do
+    local pieces = {}
+    for b = 1, blocks do
+      local row, vals = rows[b], {}
+      for j = 1, row.len do vals[j] = (row.out[j][r] or 0.0) + 0.0 end
+      pieces[b] = spack(fmt_of(row.len), unpack(vals, 1, row.len))
+    end
+    result[r] = join(pieces)
+  end
+  return result
 end
 
--- the first problem among elements base+1 .. base+len: a payload value's, else the aggregate's (true)
-local function check(st, base, len, p, c)
-  local name, cs, size, sumsq, counts = st.name, st.cs, st.size, st.sumsq, st.counts
+-- The usual fold: a stored sum of two planes (hi, lo) minus the slot it replaces (sub, or nil) plus
+-- the payload, each step three exact two-sums per element; the payload's checks on the way and, for
+-- the moments, a cheap look (sums below 2^511 and counts 0 or >= 1: moments cannot overflow).
+-- (agg, agg_lo) strings; or nil, 'general' when a sum needs a third plane; or nil, the rejection.
+local BLOCK, FB, mmin = CHUNK, FMT, math.min
+local SAFE = 2 ^ 511
+
+-- The head: the first len values (fewer than a block: a merge key's count, usually), in tables.
+-- Returns the head's planes and its cheap look, or nil, the problem.
+local function exact_head(st, payload, hi, lo, sub, len)
+  local cs, size = st.cs, st.size
+  local fmt = fmt_of(len)
+  local p, h, l = {sunpack(fmt, payload, 1)}, {sunpack(fmt, hi, 1)}, {sunpack(fmt, lo, 1)}
+  local o = sub and {sunpack(fmt, sub, 1)}
+  local look = true
   for j = 1, len do
-    local g, v, a = base + j, p[j], c[j]
-    if v - v ~= 0 then return {'non_finite', name, 'element ' .. (g - 1) .. ' is not finite'} end
-    if v < 0 and (g <= cs or g > cs + size) then
-      return {'negative', name, 'element ' .. (g - 1) .. ' is ' .. g17(v) ..
-        ' in a count or sumsq part (must be >= 0)'}
+    local v, x, y = p[j], h[j], l[j]
+    if v - v ~= 0 or v > LIMIT or v < -LIMIT or (v < 0 and (j <= cs or j > cs + size)) then
+      return nil, payload_problem(st.name, payload, st.width, cs, size)
     end
-    if a - a ~= 0 then return {'non_finite', name, 'the fleet aggregate would overflow at element ' .. (g - 1)},
-      true end
-    if g <= cs then
-      counts[g] = a
-      if a > 0 and a < 1 then st.ok = false end
-    else
-      -- element e of the sum (or sumsq) part: its count, and mean (or mean of squares) = a / count
-      local e = (g - cs - 1) % size
-      local n = agg_count(st, cs == 1 and 1 or e + 1)
-      if n > 0 then
-        local m = a / n
-        if m - m ~= 0 or (g <= cs + size and sumsq and (m * m) - (m * m) ~= 0) then
-          return {'non_finite', name, 'the fleet moments would overflow at element ' .. e}, true
-        end
-      end
+    if x + y ~= x then return nil, {'corrupt_state', st.name, 'stored agg and agg_lo are not an exact sum\'s planes'} end
+    for pass = o and 1 or 2, 2 do
+      local w = pass == 1 and -o[j] or v
+      local s = x + w
+      local bv = s - x
+      local e = (x - (s - bv)) + (w - bv)
+      local t = y + e
+      bv = t - y
+      local f = (y - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      x = s + t
+      bv = x - s
+      y = (s - (x - bv)) + (t - bv)
+    end
+    h[j], l[j] = x, y
+    if j <= cs then
+      if x > 0 and x < 1 then look = false end
+    elseif x >= SAFE or x <= -SAFE then
+      look = false
     end
   end
-  return nil
+  return spack(fmt, unpack(h, 1, len)), spack(fmt, unpack(l, 1, len)), look
 end
 
--- The head: the first len values (fewer than a block) in tables, made piece 1 of every sum; nil or
--- the rejection. (The stretch that is not a whole number of blocks comes first, where a merge key's
--- single count sits: a width of 1 + 32k then makes k whole blocks.)
-local function zeros(len) local z = {} for k = 1, len do z[k] = 0.0 end return z end
-local function add_to(x, y, len) for k = 1, len do x[k] = x[k] + y[k] end end
-local function fold_head(st, payload, tree, single, len)
-  local fmt = '<' .. string.rep('d', len)
-  local p, c = {sunpack(fmt, payload, 1)}, zeros(len)
-  for ti = 1, #tree do
-    local term = tree[ti]
-    if term.parts then
-      local g, packed = zeros(len), nil
-      for _, part in ipairs(term.parts) do
-        if part.members then
-          local a = zeros(len)
-          for _, s in ipairs(part.members) do add_to(a, s == true and p or {sunpack(fmt, s, 1)}, len) end
-          packed = spack(fmt, unpack(a, 1, len))
-          part.out[1] = packed
-          if term.lone then g = a else add_to(g, a, len) end
-        else
-          add_to(g, {sunpack(fmt, part.stored, 1)}, len)
-        end
-      end
-      if not term.lone then packed = spack(fmt, unpack(g, 1, len)) end
-      term.out[1] = packed
-      if single then c = g else add_to(c, g, len) end
-    else
-      add_to(c, {sunpack(fmt, term.stored, 1)}, len)
-    end
-  end
-  st.aggs[1] = single and tree[1].out[1] or spack(fmt, unpack(c, 1, len))
-  return check(st, 0, len, p, c)
-end
-
--- The head of one value (a merge key with one count and a size that is a whole number of blocks:
--- the usual layout), as fold_head makes it, in scalars: the same additions in the same order, no
--- table per sum.
-local function fold_head1(st, payload, tree, single)
-  local p, c = sunpack('<d', payload, 1), 0.0
-  for ti = 1, #tree do
-    local term = tree[ti]
-    local parts = term.parts
-    if parts then
-      local g, packed = 0.0, nil
-      for pi = 1, #parts do
-        local part = parts[pi]
-        local members = part.members
-        if members then
-          local a = 0.0
-          for mi = 1, #members do
-            local s = members[mi]
-            if s == true then a = a + p else a = a + sunpack('<d', s, 1) end
-          end
-          packed = spack('<d', a)
-          part.out[1] = packed
-          if term.lone then g = a else g = g + a end
-        else
-          g = g + sunpack('<d', part.stored, 1)
-        end
-      end
-      if not term.lone then packed = spack('<d', g) end
-      term.out[1] = packed
-      if single then c = g else c = c + g end
-    else
-      c = c + sunpack('<d', term.stored, 1)
-    end
-  end
-  st.aggs[1] = single and tree[1].out[1] or spack('<d', c)
-  if st.cs == 1 and not (p - p ~= 0 or p < 0 or c - c ~= 0) then -- the count, clean: what check would record
-    st.counts[1] = c
-    if c > 0 and c < 1 then st.ok = false end
-    return nil
-  end
-  return check(st, 0, 1, {p}, {c})
-end
-
--- tree: the aggregate's terms in order, each {stored = a vector} or a group re-made from its parts
--- {parts = {...}, out = {}}, each part {stored = a vector} or a sub-group re-made from its slots
--- {members = {slot string, or true for the payload}, out = {}}; a re-made sum's blocks go to its out,
--- and the sum itself to its field sum. Returns the aggregate, or (nil, rejection, whether it is the
--- aggregate's).
--- (0 + x is x for every sum made here, which starts at +0: a lone part is its group's sum, a lone
--- group the aggregate.)
--- BEGIN GENERATED fold_values
+-- the whole blocks after the head, BLOCK values at a time held in local variables: the look, or nil
+-- and the problem ('general': a sum needs a third plane)
+-- BEGIN GENERATED exact_blocks
 -- (written by scripts/generate_fold_pass.py --write: edit the generator, not these lines)
-local function fold_values(name, payload, width, cs, size, sumsq, tree)
-  local nterms = #tree
-  local single = nterms == 1 and tree[1].parts ~= nil -- its sum is the aggregate
-  for ti = 1, nterms do
-    local parts = tree[ti].parts
-    if parts then
-      tree[ti].lone = #parts == 1 and parts[1].members ~= nil
-      if tree[ti].lone then tree[ti].out = parts[1].out end -- the same blocks, made into one string once
-    end
-  end
-  local aggs = single and tree[1].out or {}
-  local counts = {}
-  local head = width % BLOCK
-  local st = {name = name, cs = cs, size = size, sumsq = sumsq, counts = counts, aggs = aggs, ok = true, head = head}
-  if head == 1 then
-    local why, of_agg = fold_head1(st, payload, tree, single)
-    if why then return nil, why, of_agg end
-  elseif head > 0 then
-    local why, of_agg = fold_head(st, payload, tree, single, head)
-    if why then return nil, why, of_agg end
-  end
-  local pos, base, blk = head * 8 + 1, head, head > 0 and 1 or 0
+local function exact_blocks(st, payload, hi, lo, sub, pos, base, blk, his, los)
+  local width, cs, size, name = st.width, st.cs, st.size, st.name
+  local s, bv, e, t, f, d, dd
+  local look, scanned, sumsq = true, false, st.sumsq
   while base < width do
     blk = blk + 1
     local p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23,
       p24, p25, p26, p27, p28, p29, p30, p31, p32 =
       sunpack(FB, payload, pos)
-    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
-      c24, c25, c26, c27, c28, c29, c30, c31, c32 =
-      0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    for ti = 1, nterms do
-      local term = tree[ti]
-      local parts = term.parts
-      if parts then
-        local r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20, r21, r22,
-          r23, r24, r25, r26, r27, r28, r29, r30, r31, r32 =
-          0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        local packed
-        for pi = 1, #parts do
-          local part = parts[pi]
-          local members = part.members
-          if members then
-            local a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21,
-              a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32 =
-              0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-                0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-            for mi = 1, #members do
-              local s = members[mi]
-              if s == true then
-                a1 = a1 + p1 a2 = a2 + p2 a3 = a3 + p3 a4 = a4 + p4 a5 = a5 + p5 a6 = a6 + p6 a7 = a7 + p7
-                a8 = a8 + p8 a9 = a9 + p9 a10 = a10 + p10 a11 = a11 + p11 a12 = a12 + p12 a13 = a13 + p13
-                a14 = a14 + p14 a15 = a15 + p15 a16 = a16 + p16 a17 = a17 + p17 a18 = a18 + p18 a19 = a19 + p19
-                a20 = a20 + p20 a21 = a21 + p21 a22 = a22 + p22 a23 = a23 + p23 a24 = a24 + p24 a25 = a25 + p25
-                a26 = a26 + p26 a27 = a27 + p27 a28 = a28 + p28 a29 = a29 + p29 a30 = a30 + p30 a31 = a31 + p31
-                a32 = a32 + p32
-              else
-                local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20,
-                  b21, b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
-                  sunpack(FB, s, pos)
-                a1 = a1 + b1 a2 = a2 + b2 a3 = a3 + b3 a4 = a4 + b4 a5 = a5 + b5 a6 = a6 + b6 a7 = a7 + b7
-                a8 = a8 + b8 a9 = a9 + b9 a10 = a10 + b10 a11 = a11 + b11 a12 = a12 + b12 a13 = a13 + b13
-                a14 = a14 + b14 a15 = a15 + b15 a16 = a16 + b16 a17 = a17 + b17 a18 = a18 + b18 a19 = a19 + b19
-                a20 = a20 + b20 a21 = a21 + b21 a22 = a22 + b22 a23 = a23 + b23 a24 = a24 + b24 a25 = a25 + b25
-                a26 = a26 + b26 a27 = a27 + b27 a28 = a28 + b28 a29 = a29 + b29 a30 = a30 + b30 a31 = a31 + b31
-                a32 = a32 + b32
-              end
-            end
-            packed =
-              spack(FB, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20,
-                a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31, a32)
-            part.out[blk] = packed
-            if term.lone then
-              r1 = a1 r2 = a2 r3 = a3 r4 = a4 r5 = a5 r6 = a6 r7 = a7 r8 = a8 r9 = a9 r10 = a10 r11 = a11 r12 = a12
-              r13 = a13 r14 = a14 r15 = a15 r16 = a16 r17 = a17 r18 = a18 r19 = a19 r20 = a20 r21 = a21 r22 = a22
-              r23 = a23 r24 = a24 r25 = a25 r26 = a26 r27 = a27 r28 = a28 r29 = a29 r30 = a30 r31 = a31 r32 = a32
-            else
-              r1 = r1 + a1 r2 = r2 + a2 r3 = r3 + a3 r4 = r4 + a4 r5 = r5 + a5 r6 = r6 + a6 r7 = r7 + a7
-              r8 = r8 + a8 r9 = r9 + a9 r10 = r10 + a10 r11 = r11 + a11 r12 = r12 + a12 r13 = r13 + a13
-              r14 = r14 + a14 r15 = r15 + a15 r16 = r16 + a16 r17 = r17 + a17 r18 = r18 + a18 r19 = r19 + a19
-              r20 = r20 + a20 r21 = r21 + a21 r22 = r22 + a22 r23 = r23 + a23 r24 = r24 + a24 r25 = r25 + a25
-              r26 = r26 + a26 r27 = r27 + a27 r28 = r28 + a28 r29 = r29 + a29 r30 = r30 + a30 r31 = r31 + a31
-              r32 = r32 + a32
-            end
-          else
-            local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21,
-              b22, b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
-              sunpack(FB, part.stored, pos)
-            r1 = r1 + b1 r2 = r2 + b2 r3 = r3 + b3 r4 = r4 + b4 r5 = r5 + b5 r6 = r6 + b6 r7 = r7 + b7 r8 = r8 + b8
-            r9 = r9 + b9 r10 = r10 + b10 r11 = r11 + b11 r12 = r12 + b12 r13 = r13 + b13 r14 = r14 + b14
-            r15 = r15 + b15 r16 = r16 + b16 r17 = r17 + b17 r18 = r18 + b18 r19 = r19 + b19 r20 = r20 + b20
-            r21 = r21 + b21 r22 = r22 + b22 r23 = r23 + b23 r24 = r24 + b24 r25 = r25 + b25 r26 = r26 + b26
-            r27 = r27 + b27 r28 = r28 + b28 r29 = r29 + b29 r30 = r30 + b30 r31 = r31 + b31 r32 = r32 + b32
-          end
-        end
-        if not term.lone then
-          packed =
-            spack(FB, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15, r16, r17, r18, r19, r20,
-              r21, r22, r23, r24, r25, r26, r27, r28, r29, r30, r31, r32)
-        end
-        term.out[blk] = packed
-        if single then
-          c1 = r1 c2 = r2 c3 = r3 c4 = r4 c5 = r5 c6 = r6 c7 = r7 c8 = r8 c9 = r9 c10 = r10 c11 = r11 c12 = r12
-          c13 = r13 c14 = r14 c15 = r15 c16 = r16 c17 = r17 c18 = r18 c19 = r19 c20 = r20 c21 = r21 c22 = r22
-          c23 = r23 c24 = r24 c25 = r25 c26 = r26 c27 = r27 c28 = r28 c29 = r29 c30 = r30 c31 = r31 c32 = r32
-          aggs[blk] = packed
-        else
-          c1 = c1 + r1 c2 = c2 + r2 c3 = c3 + r3 c4 = c4 + r4 c5 = c5 + r5 c6 = c6 + r6 c7 = c7 + r7 c8 = c8 + r8
-          c9 = c9 + r9 c10 = c10 + r10 c11 = c11 + r11 c12 = c12 + r12 c13 = c13 + r13 c14 = c14 + r14
-          c15 = c15 + r15 c16 = c16 + r16 c17 = c17 + r17 c18 = c18 + r18 c19 = c19 + r19 c20 = c20 + r20
-          c21 = c21 + r21 c22 = c22 + r22 c23 = c23 + r23 c24 = c24 + r24 c25 = c25 + r25 c26 = c26 + r26
-          c27 = c27 + r27 c28 = c28 + r28 c29 = c29 + r29 c30 = c30 + r30 c31 = c31 + r31 c32 = c32 + r32
-        end
-      else
-        local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16, b17, b18, b19, b20, b21, b22,
-          b23, b24, b25, b26, b27, b28, b29, b30, b31, b32 =
-          sunpack(FB, term.stored, pos)
-        c1 = c1 + b1 c2 = c2 + b2 c3 = c3 + b3 c4 = c4 + b4 c5 = c5 + b5 c6 = c6 + b6 c7 = c7 + b7 c8 = c8 + b8
-        c9 = c9 + b9 c10 = c10 + b10 c11 = c11 + b11 c12 = c12 + b12 c13 = c13 + b13 c14 = c14 + b14
-        c15 = c15 + b15 c16 = c16 + b16 c17 = c17 + b17 c18 = c18 + b18 c19 = c19 + b19 c20 = c20 + b20
-        c21 = c21 + b21 c22 = c22 + b22 c23 = c23 + b23 c24 = c24 + b24 c25 = c25 + b25 c26 = c26 + b26
-        c27 = c27 + b27 c28 = c28 + b28 c29 = c29 + b29 c30 = c30 + b30 c31 = c31 + b31 c32 = c32 + b32
-      end
-    end
-    if not single then
-      aggs[blk] =
-        spack(FB, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
-          c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32)
-    end
-    -- the cheap look: finite squares mean finite values and, with counts of 0 or >= 1, finite moments
     local sq =
-      c1 * c1 + c2 * c2 + c3 * c3 + c4 * c4 + c5 * c5 + c6 * c6 + c7 * c7 + c8 * c8 + c9 * c9 + c10 * c10
-        + c11 * c11 + c12 * c12 + c13 * c13 + c14 * c14 + c15 * c15 + c16 * c16 + c17 * c17 + c18 * c18 + c19 * c19
-        + c20 * c20 + c21 * c21 + c22 * c22 + c23 * c23 + c24 * c24 + c25 * c25 + c26 * c26 + c27 * c27 + c28 * c28
-        + c29 * c29 + c30 * c30 + c31 * c31 + c32 * c32
-    local slow = sq - sq ~= 0
-    if not slow then
-      if base < cs then -- count values: never negative; a fraction makes the moments' cheap look unsound
-        if base + BLOCK > cs then -- counts, then sums: the counts alone element by element
-          if cs == 1 then -- one count, the first value (its problem: the checks element by element name it)
-            slow = p1 - p1 ~= 0 or p1 < 0 or c1 - c1 ~= 0
-            if not slow then
-              counts[1] = c1
-              if c1 > 0 and c1 < 1 then st.ok = false end
-            end
-          else
-            local why, of_agg = check(st, base, cs - base, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13,
-              p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1,
-              c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23,
-              c24, c25, c26, c27, c28, c29, c30, c31, c32})
-            if why then return nil, why, of_agg end
-          end
-          slow = slow or not st.ok or base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10,
-            p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31,
-            p32) < 0
-        elseif mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21,
-          p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
-          slow = true
-        elseif mmin(c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21,
-          c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32) < 1 then
-          for _, n in ipairs({c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19,
-            c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32}) do
-            if n > 0 and n < 1 then st.ok = false end
-          end
-        end
-      elseif not st.ok then
-        slow = true -- counts that are fractions
-      elseif base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
-        p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32) < 0 then
-        slow = true -- sumsq values that may be negative
-      end
+      p1 * p1 + p2 * p2 + p3 * p3 + p4 * p4 + p5 * p5 + p6 * p6 + p7 * p7 + p8 * p8 + p9 * p9 + p10 * p10
+        + p11 * p11 + p12 * p12 + p13 * p13 + p14 * p14 + p15 * p15 + p16 * p16 + p17 * p17 + p18 * p18 + p19 * p19
+        + p20 * p20 + p21 * p21 + p22 * p22 + p23 * p23 + p24 * p24 + p25 * p25 + p26 * p26 + p27 * p27 + p28 * p28
+        + p29 * p29 + p30 * p30 + p31 * p31 + p32 * p32
+    -- a value past 2^511 in magnitude, a block of counts, a negative value in a sumsq block: the payload
+    -- checked element by element, in order (once)
+    if not scanned and (sq - sq ~= 0 or base < cs or base + BLOCK > cs + size and mmin(p1, p2, p3, p4, p5, p6, p7,
+      p8, p9, p10, p11, p12, p13, p14, p15, p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29,
+      p30, p31, p32) < 0) then
+      local why = payload_problem(name, payload, width, cs, size)
+      if why then return nil, why end
+      scanned = true
     end
-    if slow then
-      local why, of_agg = check(st, base, BLOCK, {p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15,
-        p16, p17, p18, p19, p20, p21, p22, p23, p24, p25, p26, p27, p28, p29, p30, p31, p32}, {c1, c2, c3, c4, c5,
-        c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17, c18, c19, c20, c21, c22, c23, c24, c25, c26, c27,
-        c28, c29, c30, c31, c32})
-      if why then return nil, why, of_agg end
+    local h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15, h16, h17, h18, h19, h20, h21, h22, h23,
+      h24, h25, h26, h27, h28, h29, h30, h31, h32 =
+      sunpack(FB, hi, pos)
+    local l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17, l18, l19, l20, l21, l22, l23,
+      l24, l25, l26, l27, l28, l29, l30, l31, l32 =
+      sunpack(FB, lo, pos)
+    -- each element's planes canonical: the first is the rounded sum of both
+    if h1 + l1 ~= h1 or h2 + l2 ~= h2 or h3 + l3 ~= h3 or h4 + l4 ~= h4 or h5 + l5 ~= h5 or h6 + l6 ~= h6 or h7
+      + l7 ~= h7 or h8 + l8 ~= h8 or h9 + l9 ~= h9 or h10 + l10 ~= h10 or h11 + l11 ~= h11 or h12
+      + l12 ~= h12 or h13 + l13 ~= h13 or h14 + l14 ~= h14 or h15 + l15 ~= h15 or h16 + l16 ~= h16 or h17
+      + l17 ~= h17 or h18 + l18 ~= h18 or h19 + l19 ~= h19 or h20 + l20 ~= h20 or h21 + l21 ~= h21 or h22
+      + l22 ~= h22 or h23 + l23 ~= h23 or h24 + l24 ~= h24 or h25 + l25 ~= h25 or h26 + l26 ~= h26 or h27
+      + l27 ~= h27 or h28 + l28 ~= h28 or h29 + l29 ~= h29 or h30 + l30 ~= h30 or h31 + l31 ~= h31 or h32
+      + l32 ~= h32 then
+      return nil, {'corrupt_state', name, 'stored agg and agg_lo are not an exact sum\'s planes'}
+    end
+    if sub then
+      -- the payload in and the slot it replaces out: their difference, when it is one float (a
+      -- cumulative statistic moves by less than half: always), else the slot out, then the payload in
+      local o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, o12, o13, o14, o15, o16, o17, o18, o19, o20, o21, o22,
+        o23, o24, o25, o26, o27, o28, o29, o30, o31, o32 =
+        sunpack(FB, sub, pos)
+      d = p1 - o1 bv = p1 - d dd = (p1 - (d + bv)) + (bv - o1)
+      if dd == 0 then
+        s = h1 + d bv = s - h1 e = (h1 - (s - bv)) + (d - bv)
+        t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+      else
+        s = h1 - o1 bv = h1 - s e = (h1 - (s + bv)) + (bv - o1)
+        t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+        s = h1 + p1 bv = s - h1 e = (h1 - (s - bv)) + (p1 - bv)
+        t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+      end
+      d = p2 - o2 bv = p2 - d dd = (p2 - (d + bv)) + (bv - o2)
+      if dd == 0 then
+        s = h2 + d bv = s - h2 e = (h2 - (s - bv)) + (d - bv)
+        t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+      else
+        s = h2 - o2 bv = h2 - s e = (h2 - (s + bv)) + (bv - o2)
+        t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+        s = h2 + p2 bv = s - h2 e = (h2 - (s - bv)) + (p2 - bv)
+        t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+      end
+      d = p3 - o3 bv = p3 - d dd = (p3 - (d + bv)) + (bv - o3)
+      if dd == 0 then
+        s = h3 + d bv = s - h3 e = (h3 - (s - bv)) + (d - bv)
+        t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+      else
+        s = h3 - o3 bv = h3 - s e = (h3 - (s + bv)) + (bv - o3)
+        t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+        s = h3 + p3 bv = s - h3 e = (h3 - (s - bv)) + (p3 - bv)
+        t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+      end
+      d = p4 - o4 bv = p4 - d dd = (p4 - (d + bv)) + (bv - o4)
+      if dd == 0 then
+        s = h4 + d bv = s - h4 e = (h4 - (s - bv)) + (d - bv)
+        t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+      else
+        s = h4 - o4 bv = h4 - s e = (h4 - (s + bv)) + (bv - o4)
+        t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+        s = h4 + p4 bv = s - h4 e = (h4 - (s - bv)) + (p4 - bv)
+        t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+      end
+      d = p5 - o5 bv = p5 - d dd = (p5 - (d + bv)) + (bv - o5)
+      if dd == 0 then
+        s = h5 + d bv = s - h5 e = (h5 - (s - bv)) + (d - bv)
+        t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+      else
+        s = h5 - o5 bv = h5 - s e = (h5 - (s + bv)) + (bv - o5)
+        t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+        s = h5 + p5 bv = s - h5 e = (h5 - (s - bv)) + (p5 - bv)
+        t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+      end
+      d = p6 - o6 bv = p6 - d dd = (p6 - (d + bv)) + (bv - o6)
+      if dd == 0 then
+        s = h6 + d bv = s - h6 e = (h6 - (s - bv)) + (d - bv)
+        t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+      else
+        s = h6 - o6 bv = h6 - s e = (h6 - (s + bv)) + (bv - o6)
+        t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+        s = h6 + p6 bv = s - h6 e = (h6 - (s - bv)) + (p6 - bv)
+        t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+      end
+      d = p7 - o7 bv = p7 - d dd = (p7 - (d + bv)) + (bv - o7)
+      if dd == 0 then
+        s = h7 + d bv = s - h7 e = (h7 - (s - bv)) + (d - bv)
+        t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+      else
+        s = h7 - o7 bv = h7 - s e = (h7 - (s + bv)) + (bv - o7)
+        t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+        s = h7 + p7 bv = s - h7 e = (h7 - (s - bv)) + (p7 - bv)
+        t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+      end
+      d = p8 - o8 bv = p8 - d dd = (p8 - (d + bv)) + (bv - o8)
+      if dd == 0 then
+        s = h8 + d bv = s - h8 e = (h8 - (s - bv)) + (d - bv)
+        t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+      else
+        s = h8 - o8 bv = h8 - s e = (h8 - (s + bv)) + (bv - o8)
+        t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+        s = h8 + p8 bv = s - h8 e = (h8 - (s - bv)) + (p8 - bv)
+        t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+      end
+      d = p9 - o9 bv = p9 - d dd = (p9 - (d + bv)) + (bv - o9)
+      if dd == 0 then
+        s = h9 + d bv = s - h9 e = (h9 - (s - bv)) + (d - bv)
+        t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+      else
+        s = h9 - o9 bv = h9 - s e = (h9 - (s + bv)) + (bv - o9)
+        t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+        s = h9 + p9 bv = s - h9 e = (h9 - (s - bv)) + (p9 - bv)
+        t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+      end
+      d = p10 - o10 bv = p10 - d dd = (p10 - (d + bv)) + (bv - o10)
+      if dd == 0 then
+        s = h10 + d bv = s - h10 e = (h10 - (s - bv)) + (d - bv)
+        t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+      else
+        s = h10 - o10 bv = h10 - s e = (h10 - (s + bv)) + (bv - o10)
+        t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+        s = h10 + p10 bv = s - h10 e = (h10 - (s - bv)) + (p10 - bv)
+        t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+      end
+      d = p11 - o11 bv = p11 - d dd = (p11 - (d + bv)) + (bv - o11)
+      if dd == 0 then
+        s = h11 + d bv = s - h11 e = (h11 - (s - bv)) + (d - bv)
+        t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+      else
+        s = h11 - o11 bv = h11 - s e = (h11 - (s + bv)) + (bv - o11)
+        t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+        s = h11 + p11 bv = s - h11 e = (h11 - (s - bv)) + (p11 - bv)
+        t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+      end
+      d = p12 - o12 bv = p12 - d dd = (p12 - (d + bv)) + (bv - o12)
+      if dd == 0 then
+        s = h12 + d bv = s - h12 e = (h12 - (s - bv)) + (d - bv)
+        t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+      else
+        s = h12 - o12 bv = h12 - s e = (h12 - (s + bv)) + (bv - o12)
+        t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+        s = h12 + p12 bv = s - h12 e = (h12 - (s - bv)) + (p12 - bv)
+        t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+      end
+      d = p13 - o13 bv = p13 - d dd = (p13 - (d + bv)) + (bv - o13)
+      if dd == 0 then
+        s = h13 + d bv = s - h13 e = (h13 - (s - bv)) + (d - bv)
+        t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+      else
+        s = h13 - o13 bv = h13 - s e = (h13 - (s + bv)) + (bv - o13)
+        t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+        s = h13 + p13 bv = s - h13 e = (h13 - (s - bv)) + (p13 - bv)
+        t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+      end
+      d = p14 - o14 bv = p14 - d dd = (p14 - (d + bv)) + (bv - o14)
+      if dd == 0 then
+        s = h14 + d bv = s - h14 e = (h14 - (s - bv)) + (d - bv)
+        t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+      else
+        s = h14 - o14 bv = h14 - s e = (h14 - (s + bv)) + (bv - o14)
+        t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+        s = h14 + p14 bv = s - h14 e = (h14 - (s - bv)) + (p14 - bv)
+        t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+      end
+      d = p15 - o15 bv = p15 - d dd = (p15 - (d + bv)) + (bv - o15)
+      if dd == 0 then
+        s = h15 + d bv = s - h15 e = (h15 - (s - bv)) + (d - bv)
+        t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+      else
+        s = h15 - o15 bv = h15 - s e = (h15 - (s + bv)) + (bv - o15)
+        t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+        s = h15 + p15 bv = s - h15 e = (h15 - (s - bv)) + (p15 - bv)
+        t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+      end
+      d = p16 - o16 bv = p16 - d dd = (p16 - (d + bv)) + (bv - o16)
+      if dd == 0 then
+        s = h16 + d bv = s - h16 e = (h16 - (s - bv)) + (d - bv)
+        t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+      else
+        s = h16 - o16 bv = h16 - s e = (h16 - (s + bv)) + (bv - o16)
+        t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+        s = h16 + p16 bv = s - h16 e = (h16 - (s - bv)) + (p16 - bv)
+        t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+      end
+      d = p17 - o17 bv = p17 - d dd = (p17 - (d + bv)) + (bv - o17)
+      if dd == 0 then
+        s = h17 + d bv = s - h17 e = (h17 - (s - bv)) + (d - bv)
+        t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+      else
+        s = h17 - o17 bv = h17 - s e = (h17 - (s + bv)) + (bv - o17)
+        t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+        s = h17 + p17 bv = s - h17 e = (h17 - (s - bv)) + (p17 - bv)
+        t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+      end
+      d = p18 - o18 bv = p18 - d dd = (p18 - (d + bv)) + (bv - o18)
+      if dd == 0 then
+        s = h18 + d bv = s - h18 e = (h18 - (s - bv)) + (d - bv)
+        t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+      else
+        s = h18 - o18 bv = h18 - s e = (h18 - (s + bv)) + (bv - o18)
+        t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+        s = h18 + p18 bv = s - h18 e = (h18 - (s - bv)) + (p18 - bv)
+        t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+      end
+      d = p19 - o19 bv = p19 - d dd = (p19 - (d + bv)) + (bv - o19)
+      if dd == 0 then
+        s = h19 + d bv = s - h19 e = (h19 - (s - bv)) + (d - bv)
+        t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+      else
+        s = h19 - o19 bv = h19 - s e = (h19 - (s + bv)) + (bv - o19)
+        t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+        s = h19 + p19 bv = s - h19 e = (h19 - (s - bv)) + (p19 - bv)
+        t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+      end
+      d = p20 - o20 bv = p20 - d dd = (p20 - (d + bv)) + (bv - o20)
+      if dd == 0 then
+        s = h20 + d bv = s - h20 e = (h20 - (s - bv)) + (d - bv)
+        t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+      else
+        s = h20 - o20 bv = h20 - s e = (h20 - (s + bv)) + (bv - o20)
+        t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+        s = h20 + p20 bv = s - h20 e = (h20 - (s - bv)) + (p20 - bv)
+        t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+      end
+      d = p21 - o21 bv = p21 - d dd = (p21 - (d + bv)) + (bv - o21)
+      if dd == 0 then
+        s = h21 + d bv = s - h21 e = (h21 - (s - bv)) + (d - bv)
+        t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+      else
+        s = h21 - o21 bv = h21 - s e = (h21 - (s + bv)) + (bv - o21)
+        t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+        s = h21 + p21 bv = s - h21 e = (h21 - (s - bv)) + (p21 - bv)
+        t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+      end
+      d = p22 - o22 bv = p22 - d dd = (p22 - (d + bv)) + (bv - o22)
+      if dd == 0 then
+        s = h22 + d bv = s - h22 e = (h22 - (s - bv)) + (d - bv)
+        t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+      else
+        s = h22 - o22 bv = h22 - s e = (h22 - (s + bv)) + (bv - o22)
+        t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+        s = h22 + p22 bv = s - h22 e = (h22 - (s - bv)) + (p22 - bv)
+        t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+      end
+      d = p23 - o23 bv = p23 - d dd = (p23 - (d + bv)) + (bv - o23)
+      if dd == 0 then
+        s = h23 + d bv = s - h23 e = (h23 - (s - bv)) + (d - bv)
+        t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+      else
+        s = h23 - o23 bv = h23 - s e = (h23 - (s + bv)) + (bv - o23)
+        t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+        s = h23 + p23 bv = s - h23 e = (h23 - (s - bv)) + (p23 - bv)
+        t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+      end
+      d = p24 - o24 bv = p24 - d dd = (p24 - (d + bv)) + (bv - o24)
+      if dd == 0 then
+        s = h24 + d bv = s - h24 e = (h24 - (s - bv)) + (d - bv)
+        t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+      else
+        s = h24 - o24 bv = h24 - s e = (h24 - (s + bv)) + (bv - o24)
+        t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+        s = h24 + p24 bv = s - h24 e = (h24 - (s - bv)) + (p24 - bv)
+        t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+      end
+      d = p25 - o25 bv = p25 - d dd = (p25 - (d + bv)) + (bv - o25)
+      if dd == 0 then
+        s = h25 + d bv = s - h25 e = (h25 - (s - bv)) + (d - bv)
+        t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+      else
+        s = h25 - o25 bv = h25 - s e = (h25 - (s + bv)) + (bv - o25)
+        t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+        s = h25 + p25 bv = s - h25 e = (h25 - (s - bv)) + (p25 - bv)
+        t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+      end
+      d = p26 - o26 bv = p26 - d dd = (p26 - (d + bv)) + (bv - o26)
+      if dd == 0 then
+        s = h26 + d bv = s - h26 e = (h26 - (s - bv)) + (d - bv)
+        t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+      else
+        s = h26 - o26 bv = h26 - s e = (h26 - (s + bv)) + (bv - o26)
+        t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+        s = h26 + p26 bv = s - h26 e = (h26 - (s - bv)) + (p26 - bv)
+        t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+      end
+      d = p27 - o27 bv = p27 - d dd = (p27 - (d + bv)) + (bv - o27)
+      if dd == 0 then
+        s = h27 + d bv = s - h27 e = (h27 - (s - bv)) + (d - bv)
+        t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+      else
+        s = h27 - o27 bv = h27 - s e = (h27 - (s + bv)) + (bv - o27)
+        t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+        s = h27 + p27 bv = s - h27 e = (h27 - (s - bv)) + (p27 - bv)
+        t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+      end
+      d = p28 - o28 bv = p28 - d dd = (p28 - (d + bv)) + (bv - o28)
+      if dd == 0 then
+        s = h28 + d bv = s - h28 e = (h28 - (s - bv)) + (d - bv)
+        t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+      else
+        s = h28 - o28 bv = h28 - s e = (h28 - (s + bv)) + (bv - o28)
+        t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+        s = h28 + p28 bv = s - h28 e = (h28 - (s - bv)) + (p28 - bv)
+        t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+      end
+      d = p29 - o29 bv = p29 - d dd = (p29 - (d + bv)) + (bv - o29)
+      if dd == 0 then
+        s = h29 + d bv = s - h29 e = (h29 - (s - bv)) + (d - bv)
+        t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+      else
+        s = h29 - o29 bv = h29 - s e = (h29 - (s + bv)) + (bv - o29)
+        t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+        s = h29 + p29 bv = s - h29 e = (h29 - (s - bv)) + (p29 - bv)
+        t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+      end
+      d = p30 - o30 bv = p30 - d dd = (p30 - (d + bv)) + (bv - o30)
+      if dd == 0 then
+        s = h30 + d bv = s - h30 e = (h30 - (s - bv)) + (d - bv)
+        t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+      else
+        s = h30 - o30 bv = h30 - s e = (h30 - (s + bv)) + (bv - o30)
+        t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+        s = h30 + p30 bv = s - h30 e = (h30 - (s - bv)) + (p30 - bv)
+        t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+      end
+      d = p31 - o31 bv = p31 - d dd = (p31 - (d + bv)) + (bv - o31)
+      if dd == 0 then
+        s = h31 + d bv = s - h31 e = (h31 - (s - bv)) + (d - bv)
+        t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+      else
+        s = h31 - o31 bv = h31 - s e = (h31 - (s + bv)) + (bv - o31)
+        t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+        s = h31 + p31 bv = s - h31 e = (h31 - (s - bv)) + (p31 - bv)
+        t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+      end
+      d = p32 - o32 bv = p32 - d dd = (p32 - (d + bv)) + (bv - o32)
+      if dd == 0 then
+        s = h32 + d bv = s - h32 e = (h32 - (s - bv)) + (d - bv)
+        t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+      else
+        s = h32 - o32 bv = h32 - s e = (h32 - (s + bv)) + (bv - o32)
+        t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+        s = h32 + p32 bv = s - h32 e = (h32 - (s - bv)) + (p32 - bv)
+        t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
+        if f ~= 0 then return nil, 'general' end
+        h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+      end
+    else -- a shard's first slot: the payload in
+      s = h1 + p1 bv = s - h1 e = (h1 - (s - bv)) + (p1 - bv)
+      t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+      s = h2 + p2 bv = s - h2 e = (h2 - (s - bv)) + (p2 - bv)
+      t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+      s = h3 + p3 bv = s - h3 e = (h3 - (s - bv)) + (p3 - bv)
+      t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+      s = h4 + p4 bv = s - h4 e = (h4 - (s - bv)) + (p4 - bv)
+      t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+      s = h5 + p5 bv = s - h5 e = (h5 - (s - bv)) + (p5 - bv)
+      t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+      s = h6 + p6 bv = s - h6 e = (h6 - (s - bv)) + (p6 - bv)
+      t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+      s = h7 + p7 bv = s - h7 e = (h7 - (s - bv)) + (p7 - bv)
+      t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+      s = h8 + p8 bv = s - h8 e = (h8 - (s - bv)) + (p8 - bv)
+      t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+      s = h9 + p9 bv = s - h9 e = (h9 - (s - bv)) + (p9 - bv)
+      t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+      s = h10 + p10 bv = s - h10 e = (h10 - (s - bv)) + (p10 - bv)
+      t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+      s = h11 + p11 bv = s - h11 e = (h11 - (s - bv)) + (p11 - bv)
+      t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+      s = h12 + p12 bv = s - h12 e = (h12 - (s - bv)) + (p12 - bv)
+      t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+      s = h13 + p13 bv = s - h13 e = (h13 - (s - bv)) + (p13 - bv)
+      t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+      s = h14 + p14 bv = s - h14 e = (h14 - (s - bv)) + (p14 - bv)
+      t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+      s = h15 + p15 bv = s - h15 e = (h15 - (s - bv)) + (p15 - bv)
+      t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+      s = h16 + p16 bv = s - h16 e = (h16 - (s - bv)) + (p16 - bv)
+      t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+      s = h17 + p17 bv = s - h17 e = (h17 - (s - bv)) + (p17 - bv)
+      t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+      s = h18 + p18 bv = s - h18 e = (h18 - (s - bv)) + (p18 - bv)
+      t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+      s = h19 + p19 bv = s - h19 e = (h19 - (s - bv)) + (p19 - bv)
+      t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+      s = h20 + p20 bv = s - h20 e = (h20 - (s - bv)) + (p20 - bv)
+      t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+      s = h21 + p21 bv = s - h21 e = (h21 - (s - bv)) + (p21 - bv)
+      t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+      s = h22 + p22 bv = s - h22 e = (h22 - (s - bv)) + (p22 - bv)
+      t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+      s = h23 + p23 bv = s - h23 e = (h23 - (s - bv)) + (p23 - bv)
+      t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+      s = h24 + p24 bv = s - h24 e = (h24 - (s - bv)) + (p24 - bv)
+      t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+      s = h25 + p25 bv = s - h25 e = (h25 - (s - bv)) + (p25 - bv)
+      t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+      s = h26 + p26 bv = s - h26 e = (h26 - (s - bv)) + (p26 - bv)
+      t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+      s = h27 + p27 bv = s - h27 e = (h27 - (s - bv)) + (p27 - bv)
+      t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+      s = h28 + p28 bv = s - h28 e = (h28 - (s - bv)) + (p28 - bv)
+      t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+      s = h29 + p29 bv = s - h29 e = (h29 - (s - bv)) + (p29 - bv)
+      t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+      s = h30 + p30 bv = s - h30 e = (h30 - (s - bv)) + (p30 - bv)
+      t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+      s = h31 + p31 bv = s - h31 e = (h31 - (s - bv)) + (p31 - bv)
+      t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+      s = h32 + p32 bv = s - h32 e = (h32 - (s - bv)) + (p32 - bv)
+      t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
+      if f ~= 0 then return nil, 'general' end
+      h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+    end
+    his[blk] =
+      spack(FB, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15, h16, h17, h18, h19, h20, h21, h22,
+        h23, h24, h25, h26, h27, h28, h29, h30, h31, h32)
+    los[blk] =
+      spack(FB, l1, l2, l3, l4, l5, l6, l7, l8, l9, l10, l11, l12, l13, l14, l15, l16, l17, l18, l19, l20, l21, l22,
+        l23, l24, l25, l26, l27, l28, l29, l30, l31, l32)
+    -- the moments' cheap look: with counts of 0 or >= 1 a mean is finite, and its square (with sums of
+    -- squares) too when the sums are below 2^511
+    if sumsq and base + BLOCK > cs and base < cs + size then
+      sq =
+        h1 * h1 + h2 * h2 + h3 * h3 + h4 * h4 + h5 * h5 + h6 * h6 + h7 * h7 + h8 * h8 + h9 * h9 + h10 * h10
+          + h11 * h11 + h12 * h12 + h13 * h13 + h14 * h14 + h15 * h15 + h16 * h16 + h17 * h17 + h18 * h18
+          + h19 * h19 + h20 * h20 + h21 * h21 + h22 * h22 + h23 * h23 + h24 * h24 + h25 * h25 + h26 * h26
+          + h27 * h27 + h28 * h28 + h29 * h29 + h30 * h30 + h31 * h31 + h32 * h32
+      if sq - sq ~= 0 then look = false end
+    end
+    if base < cs and mmin(h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15, h16, h17, h18, h19, h20,
+      h21, h22, h23, h24, h25, h26, h27, h28, h29, h30, h31, h32) < 1 then
+      for _, n in ipairs({h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15, h16, h17, h18, h19, h20,
+      h21, h22, h23, h24, h25, h26, h27, h28, h29, h30, h31, h32}) do
+        if n > 0 and n < 1 then look = false end
+      end
     end
     base, pos = base + BLOCK, pos + BLOCK * 8
   end
-  local made = {}
-  for ti = 1, nterms do
-    local term = tree[ti]
-    local parts = term.parts
-    if parts then
-      for pi = 1, #parts do if parts[pi].members then parts[pi].sum = once(made, parts[pi].out, join) end end
-      term.sum = once(made, term.out, join) -- (a sum's string made once, however many share its blocks)
-    end
-  end
-  return once(made, aggs, join)
+  return look
 end
--- END GENERATED fold_values
+-- END GENERATED exact_blocks
 
--- The check
--- The fleet aggregate is the retired history plus every live slot, summed in a fixed order.
--- Its check runs in four steps over one table of the key's working state (k): the writers and live
--- slots, the reads of the stored sums, the proof that the sums about to be re-made were right, and
--- the sums themselves (the fused pass).
+local function exact_fast(st, payload, hi, lo, sub)
+  local width = st.width
+  local head = width % BLOCK
+  local his, los, look = {}, {}, true
+  if head > 0 then
+    local h, l, flag = exact_head(st, payload, hi, lo, sub, head)
+    if not h then return nil, l end
+    his[1], los[1], look = h, l, flag
+  end
+  local rest, why = exact_blocks(st, payload, hi, lo, sub, head * 8 + 1, head, head > 0 and 1 or 0, his, los)
+  if rest == nil then return nil, why end
+  local agg = join(his)
+  if not (look and rest) then
+    local problem = moments_problem(agg, width, st.cs, st.size, st.sumsq)
+    if problem then return nil, {'non_finite', st.name, problem} end
+  end
+  return agg, join(los)
+end
 
--- The merge key's working state, one table for every fold of the VM (its four steps run one key at a
--- time, and merge_live sets every field the others read before they run: a table made per fold
--- costs its size each time, and a collection step later)
-local WORK = {count_size = false, size = false, width = false, name = false, payload = false, me = false,
-  sumsq = false, idname = false, was_writer = false, prior = false, rebuild = false, myq = false,
-  live = false, tsub = false, subs = false, ends = false, groups = false, gorder = false, tgroup = false,
-  qstored = false, own_counts = false, slots = false, got = false, gread = false, redo = false, resum = false,
-  retired = false, lifecycle = false}
 -- A key's writers (its key-meta field 'writers': shard ids, ascending, comma-separated, each without
 -- a leading zero), parsed once per Lua VM and remembered by their own text: the ids as numbers, the
 -- decimal name of each in NAMES. nil and the first id that is not one (a text changes only when
@@ -538,7 +1025,7 @@ local function writers_of(text)
   return ids
 end
 
--- the writers and the live slots after this fold, by sub-group and group
+-- the writers and the live slots after this fold
 local function merge_live(item, spec, decl) -- nil and the key's working state, or the rejection
   local name, payload, km = item.name, item.payload, item.meta
   local width, count_size, size = decl.width, decl.count_size, decl.size
@@ -594,12 +1081,10 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
   -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
   -- lapsed, stops weighting the fleet); the sub-groups whose members change are re-made, and so
   -- are their groups
-  local rebuild = spec[6] ~= LAYOUT
-  item.rebuild = rebuild
+  item.rebuild = spec[6] ~= LAYOUT
+  item.prior = prior
   item.forget = {}
-  -- (sub-groups and groups by integer arithmetic: math.floor is a C call)
-  local myq = (me - me % SUB) / SUB
-  local live, nlive, tsub = {}, 0, {[myq] = true}
+  local live, nlive = {}, 0
   local mine_added = false
   for k = 1, nids do
     local id = ids[k]
@@ -611,7 +1096,6 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
     end
     if gone then
       item.forget[#item.forget + 1] = id
-      tsub[(id - id % SUB) / SUB] = true
     else
       nlive = nlive + 1
       live[nlive] = id
@@ -625,252 +1109,92 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
     for k = 1, nlive do names[k] = idname[live[k]] end
     item.writers = table.concat(names, ',')
   end
-  -- live[subs[q] .. ends[q]]: the live ids of sub-group q; groups[g]: its live sub-groups; gorder:
-  -- the live groups (live is ascending: a sub-group's members and a group's sub-groups come one after
-  -- another, so a sub-group is a stretch of live, not a table of its own)
-  local subs, ends, groups, gorder = {}, {}, {}, {}
-  local q0, gs, ng = -1, nil, 0
-  for k = 1, nlive do
-    local id = live[k]
-    local q = (id - id % SUB) / SUB
-    if q ~= q0 then
-      q0 = q
-      subs[q] = k
-      local g = (q - q % SUBS) / SUBS
-      if ng == 0 or gorder[ng] ~= g then gs = {}; groups[g] = gs; ng = ng + 1; gorder[ng] = g end
-      gs[#gs + 1] = q
-      if rebuild then tsub[q] = true end
-    end
-    ends[q] = k
-  end
-  local tgroup = {}
-  for q in pairs(tsub) do tgroup[(q - q % SUBS) / SUBS] = true end
-
-  local k = WORK
-  k.lifecycle = decl.lifecycle
-  k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.was_writer, k.prior,
-    k.rebuild, k.myq, k.live, k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup =
-    count_size, size, width, name, payload, me, sumsq, idname, was_writer, prior,
-    rebuild, myq, live, tsub, subs, ends, groups, gorder, tgroup
-  return nil, k
+  return nil, {sumsq = sumsq, idname = idname, was_writer = was_writer, live = live, me = me,
+    lifecycle = decl.lifecycle}
 end
 
--- what the fold reads of the data hash, and the history this fold retires
-local function merge_read(item, spec, resumed, k)
-  local count_size, size, width, name, payload, me, sumsq, idname, rebuild, live, tsub, subs, ends,
-    groups, gorder, tgroup =
-    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.rebuild, k.live,
-      k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup
-  -- What the fold reads of the data hash, in as few HMGETs as the stored sums allow (one, unless a
-  -- sum is missing): the history; this shard's count record (and its previous slot, when a new
-  -- incarnation retires it); every live group's sum, or of a touched group (re-made) its count
-  -- record; of a group re-made, its sub-groups' sums, or of a touched one (re-made) its count
-  -- record; the slots of every sub-group re-made, and the stale ones dropped. A group or sub-group
-  -- whose sum is missing (a run restored from a snapshot without it) is re-made from its parts.
-  local whole, part = width * 8, count_size * 8
-  local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {[me] = payload}}
+-- The stored planes of an exact sum: {hi, lo planes...}, or nil and the problem
+local function planes(hi, lo, whole, name)
+  if not lo then return nil, 'stored ' .. name .. '_lo is missing' end
+  if #lo == 0 or #lo % whole ~= 0 then
+    return nil, 'stored ' .. name .. '_lo is ' .. #lo .. ' bytes, the key needs a whole number of rows of ' .. whole
+  end
+  local out = {hi}
+  for first = 1, #lo, whole do out[#out + 1] = string.sub(lo, first, first + whole - 1) end
+  return out
+end
+
+-- What the fold reads, the history it retires, and the new exact sum
+local function merge_sums(item, spec, resumed, k)
+  local width, cs, size, name, payload, me, idname = item.width, item.count_size, item.size, item.name,
+    item.payload, k.me, k.idname
+  local whole = width * 8
+  local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {}}
   local got, slots = plan.got, plan.slots
   local retiring = spec[5] and spec[5] ~= inc and not resumed and k.lifecycle ~= 'state'
-  local own_field = own.slot
-  ask(plan, 'retired', whole)
-  ask(plan, own.counts, part)
-  if retiring then ask(plan, own_field, whole) end
-  local gread = {}
-  for k = 1, #gorder do
-    local g = gorder[k]
-    if tgroup[g] then
-      gread[k] = 'counts:group:' .. decimal(g)
-      if not rebuild then ask(plan, gread[k], part) end
-      local qs = groups[g]
-      for j = 1, #qs do
-        local q = qs[j]
-        if not rebuild then
-          local qs_name = decimal(q)
-          if tsub[q] then ask(plan, 'counts:sub:' .. qs_name, part) else ask(plan, 'sub:' .. qs_name, whole) end
-        end
-        if tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
-      end
-    else
-      gread[k] = 'group:' .. decimal(g)
-      if not rebuild then ask(plan, gread[k], whole) end
-    end
+  local rebuild = item.rebuild
+  ask(plan, 'agg', whole)
+  ask(plan, 'agg_lo', false)
+  if k.was_writer then ask(plan, own.slot, whole, me) end
+  if retiring or rebuild then ask(plan, 'retired', whole); ask(plan, 'retired_lo', false) end
+  for j = 1, #item.forget do local id = item.forget[j] ask(plan, 'slot:' .. idname[id], whole, id) end
+  if rebuild then
+    for j = 1, #k.live do local id = k.live[j] if id ~= me then ask(plan, 'slot:' .. idname[id], whole, id) end end
   end
-  for q in pairs(tsub) do
-    if not subs[q] and not rebuild then ask(plan, 'counts:sub:' .. decimal(q), part) end
-  end
-  for k = 1, #item.forget do local id = item.forget[k] ask(plan, 'slot:' .. idname[id], whole, id) end
   local bad = fetch(plan, item, idname)
   if bad then return bad end
-  local redo, resum = {}, {}
-  for k = 1, #gorder do
-    local g = gorder[k]
-    redo[g] = tgroup[g] or not got[gread[k]]
-    if redo[g] and not tgroup[g] then
-      local qs = groups[g]
-      for j = 1, #qs do ask(plan, 'sub:' .. decimal(qs[j]), whole) end
+  -- the history: a new life of a history key that did not resume retires its previous slot
+  local retired_planes
+  if got['retired'] then
+    local why
+    retired_planes, why = planes(got['retired'], got['retired_lo'], whole, 'retired')
+    if not retired_planes then
+      if not rebuild then return refuse(item, 'corrupt_state', why) end
+      retired_planes = {got['retired']} -- (an earlier layout's history: one plane, taken as exact)
     end
   end
-  if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
-  local qstored = {} -- per sub-group: its stored sum, or (touched) its count record
-  for k = 1, #gorder do
-    local g = gorder[k]
-    if redo[g] then
-      local qs = groups[g]
-      for j = 1, #qs do
-        local q = qs[j]
-        qstored[q] = got[(tsub[q] and 'counts:sub:' or 'sub:') .. decimal(q)]
-        resum[q] = tsub[q] or not qstored[q]
-        if resum[q] and not tsub[q] then ask_slots(plan, live, subs[q], ends[q], me, idname, whole) end
-      end
-    end
-  end
-  for q in pairs(tsub) do if not subs[q] then qstored[q] = got['counts:sub:' .. decimal(q)] end end
-  if plan.n > 0 then bad = fetch(plan, item, idname); if bad then return bad end end
-  local retired, own_counts = got['retired'], got[own.counts]
-  local old = retiring and got[own_field]
+  local old = retiring and slots[me]
   if old then
-    -- a new incarnation that did not resume: the previous life is history (retired) or a state (dropped)
-    if retired then
-      local sum, e = sum_checked(name, {retired, old}, width, count_size, size, sumsq)
-      if not sum then return refuse(item, e[1], e[3]) end
-      retired = sum
+    retired_planes = exact_general(retired_planes or {}, {old}, {}, width)
+    local why = moments_problem(retired_planes[1], width, cs, size, k.sumsq)
+    if why then return refuse(item, 'non_finite', why) end
+    item.retired = retired_planes
+  end
+  local subs = {}
+  if slots[me] and not retiring then subs[1] = slots[me] end
+  for j = 1, #item.forget do subs[#subs + 1] = slots[item.forget[j]] end
+  local result
+  if rebuild then
+    local why = payload_problem(name, payload, width, cs, size)
+    if why then return reject(why[1], why[2], why[3]) end
+    local adds = {payload}
+    for j = 1, #k.live do local id = k.live[j] if id ~= me then adds[#adds + 1] = slots[id] end end
+    result = exact_general(retired_planes or {}, adds, {}, width)
+  else
+    local stored, why = planes(got['agg'], got['agg_lo'], whole, 'agg')
+    if not stored then return refuse(item, 'corrupt_state', why) end
+    local agg, lo
+    if #stored == 2 and #subs <= 1 then
+      agg, lo = exact_fast({name = name, width = width, cs = cs, size = size, sumsq = k.sumsq}, payload,
+        stored[1], stored[2], subs[1])
+      if not agg and lo ~= 'general' then return reject(lo[1], lo[2], lo[3]) end
+    end
+    if agg then
+      result = {agg, lo}
     else
-      retired = old
-    end
-    item.retired = retired
-  end
-  k.qstored, k.own_counts, k.slots, k.got, k.gread, k.redo, k.resum, k.retired =
-    qstored, own_counts, slots, got, gread, redo, resum, retired
-end
-
--- the stored sums this fold re-makes were the sums of their parts before it
-local function merge_prove(item, k)
-  local count_size, me, was_writer, prior, rebuild, myq, tsub, gorder, tgroup, qstored, own_counts, slots, got,
-    gread =
-    k.count_size, k.me, k.was_writer, k.prior, k.rebuild, k.myq, k.tsub, k.gorder, k.tgroup, k.qstored,
-      k.own_counts, k.slots, k.got, k.gread
-  -- A stored sum about to be re-made must have been the sum of its parts before this fold: checked
-  -- on the count records (count_size values per part; the same operations, so the same bits).
-  if not rebuild then
-    for q in pairs(tsub) do
-      local sum = qstored[q]
-      -- (without this shard's own count record, its part is unknown: nothing to prove)
-      if sum and (own_counts or not was_writer or myq ~= q) then
-        local parts = {}
-        for k = 1, #prior do -- (ascending: past the sub-group's ids, nothing more of it)
-          local id = prior[k]
-          if id >= (q + 1) * SUB then break end
-          if id >= q * SUB then parts[#parts + 1] = id == me and own_counts or slots[id] end
-        end
-        if count_sum(parts, count_size) ~= sum then
-          return refuse(item, 'corrupt_state', 'stored sub:' .. q .. ' disagrees with the sum of its slots')
-        end
-      end
-    end
-    for k = 1, #gorder do
-      local g, sum = gorder[k], got[gread[k]]
-      if tgroup[g] and sum then
-        local parts, whole, prev = {}, true, nil
-        for j = 1, #prior do
-          local id = prior[j]
-          if id >= (g + 1) * SUB * SUBS then break end
-          local q = (id - id % SUB) / SUB
-          if (q - q % SUBS) / SUBS == g and q ~= prev then
-            parts[#parts + 1] = qstored[q]
-            whole, prev = whole and qstored[q] and true, q -- (HMGET gives false for a missing field)
-          end
-        end
-        if whole and count_sum(parts, count_size) ~= sum then
-          return refuse(item, 'corrupt_state', 'stored group:' .. g .. ' disagrees with the sum of its sub-groups')
-        end
-      end
+      local why = payload_problem(name, payload, width, cs, size)
+      if why then return reject(why[1], why[2], why[3]) end
+      result = exact_general(stored, {payload}, subs, width)
     end
   end
-end
-
--- the aggregate's sums, re-made in one fused pass, and what the apply writes
-local function merge_sums(item, k)
-  local count_size, size, width, name, payload, me, sumsq, idname, rebuild, live, tsub, subs, ends,
-    groups, gorder, tgroup, qstored, slots, got, gread, redo, resum, retired =
-    k.count_size, k.size, k.width, k.name, k.payload, k.me, k.sumsq, k.idname, k.rebuild, k.live,
-      k.tsub, k.subs, k.ends, k.groups, k.gorder, k.tgroup, k.qstored, k.slots, k.got, k.gread, k.redo, k.resum,
-      k.retired
-  -- the aggregate's terms in order: the retired history, then the groups in ascending order, each
-  -- re-made (from its sub-groups in ascending order, each stored or re-made from its slots in
-  -- ascending order) or stored (merge.py sums in the same order)
-  local tree, made = {}, {}
-  item.emptied = {}
-  if retired then tree[1] = {stored = retired} end
-  for k = 1, #gorder do
-    local g = gorder[k]
-    if redo[g] then
-      local parts, qs = {}, groups[g]
-      for j = 1, #qs do
-        local q = qs[j]
-        if resum[q] then
-          local vs, field = {}, 'sub:' .. decimal(q)
-          for x = subs[q], ends[q] do local id = live[x] vs[#vs + 1] = id == me or slots[id] end
-          parts[j] = {members = vs, out = {}}
-          made[#made + 1] = {field, parts[j], #qs == 1, rebuild or got['counts:' .. field] or got[field]}
-        else
-          parts[j] = {stored = qstored[q]}
-          if #qs == 1 then -- the sub-group left alone in its group (the others emptied): its sum is the group's
-            item.emptied[#item.emptied + 1] = 'sub:' .. decimal(q)
-            item.emptied[#item.emptied + 1] = 'counts:sub:' .. decimal(q)
-          end
-        end
-      end
-      tree[#tree + 1] = {parts = parts, out = {}}
-      local field = 'group:' .. decimal(g)
-      made[#made + 1] = {field, tree[#tree], false, rebuild or got['counts:' .. field] or got[field]}
-    else
-      tree[#tree + 1] = {stored = got[gread[k]]}
-    end
+  if #result ~= 2 or rebuild then -- (the usual path checked the moments on its way)
+    local why = moments_problem(result[1], width, cs, size, k.sumsq)
+    if why then return refuse(item, 'non_finite', why) end
   end
-  local agg, why, of_agg = fold_values(name, payload, width, count_size, size, sumsq, tree)
-  if not agg then
-    if of_agg then return refuse(item, why[1], why[3]) end
-    return reject(why[1], why[2], why[3])
-  end
-  local cut = 8 * count_size
-  item.sums = {own.counts, string.sub(payload, 1, cut)}
-  -- (made: {field, its node, whether it is lone, whether it may be stored}; a group is lone when
-  -- the aggregate has it alone, which is known once the tree is complete)
-  local sums, emptied = item.sums, item.emptied
-  for k = 1, #made do
-    local field, node, lone, stored = made[k][1], made[k][2], made[k][3], made[k][4]
-    if node.parts then lone = #tree == 1 end
-    if not lone then
-      local n = #sums
-      sums[n + 1], sums[n + 2], sums[n + 3], sums[n + 4] =
-        field, node.sum, 'counts:' .. field, string.sub(node.sum, 1, cut)
-    elseif stored then -- stored when it was not lone: gone, or it would go out of date
-      emptied[#emptied + 1] = field
-      emptied[#emptied + 1] = 'counts:' .. field
-    end
-  end
-  if rebuild then -- every live slot's count record
-    for k = 1, #live do
-      local id = live[k]
-      if id ~= me then
-        item.sums[#item.sums + 1] = 'counts:slot:' .. idname[id]
-        item.sums[#item.sums + 1] = string.sub(slots[id], 1, cut)
-      end
-    end
-  end
-  for q in pairs(tsub) do
-    if not subs[q] then
-      item.emptied[#item.emptied + 1] = 'sub:' .. decimal(q)
-      item.emptied[#item.emptied + 1] = 'counts:sub:' .. decimal(q)
-    end
-  end
-  for g in pairs(tgroup) do
-    if not groups[g] then
-      item.emptied[#item.emptied + 1] = 'group:' .. decimal(g)
-      item.emptied[#item.emptied + 1] = 'counts:group:' .. decimal(g)
-    end
-  end
-  item.agg = agg
+  item.agg = result[1]
+  local rest = {}
+  for r = 2, #result do rest[r - 1] = result[r] end
+  item.agg_lo = join(rest)
 end
 
 -- the key-meta fields the check reads beside the envelope's: spec[4], spec[5], spec[6]
@@ -881,33 +1205,45 @@ end
 local function check(item, spec, decl, resumed)
   -- (every field the apply reads is set by this check, or false: the item is the VM's, see ITEMS)
   item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
-    item.writers, item.retired, item.emptied, item.sums, item.agg =
+    item.writers, item.retired, item.agg, item.agg_lo, item.prior =
     false, false, false, false, false, false, false, false, false, false, false, false, false
   local bad, k = merge_live(item, spec, decl)
   if bad then return bad end
-  return merge_read(item, spec, resumed, k) or merge_prove(item, k) or merge_sums(item, k)
+  return merge_sums(item, spec, resumed, k)
 end
 
 local function apply(item)
   for _, id in ipairs(item.forget) do
     redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
       'slot:' .. id .. ':at_us')
-    redis.call('HDEL', item.data, 'slot:' .. id, 'counts:slot:' .. id)
+    redis.call('HDEL', item.data, 'slot:' .. id)
   end
   local lapsed = item.lapsed or 0
   if #item.forget > lapsed then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget - lapsed) end
   if lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
-  if item.retired then redis.call('HSET', item.data, 'retired', item.retired) end
-  if #item.emptied > 0 then redis.call('HDEL', item.data, unpack(item.emptied)) end
-  redis.call('HSET', item.data, 'agg', item.agg, own.slot, item.payload, unpack(item.sums))
-  if item.rebuild then redis.call('HSET', item.meta, 'sums_layout', LAYOUT) end
+  if item.retired then
+    local rest = {}
+    for r = 2, #item.retired do rest[r - 1] = item.retired[r] end
+    redis.call('HSET', item.data, 'retired', item.retired[1], 'retired_lo', join(rest))
+  end
+  if item.rebuild then -- an earlier layout's sums (sub-groups of 4 ids, groups of 16): gone, this fold re-made the sum
+    local gone = {}
+    for _, id in ipairs(item.prior) do
+      local q, g = string.format('%d', (id - id % 4) / 4), string.format('%d', (id - id % 16) / 16)
+      gone[#gone + 1] = 'counts:slot:' .. id
+      gone[#gone + 1], gone[#gone + 2], gone[#gone + 3], gone[#gone + 4] = 'sub:' .. q, 'counts:sub:' .. q,
+        'group:' .. g, 'counts:group:' .. g
+    end
+    for first = 1, #gone, 4096 do redis.call('HDEL', item.data, unpack(gone, first, math.min(first + 4095, #gone))) end
+    redis.call('HSET', item.meta, 'sums_layout', LAYOUT)
+  end
+  redis.call('HSET', item.data, 'agg', item.agg, 'agg_lo', item.agg_lo, own.slot, item.payload)
   if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
   if item.incarnation ~= inc then redis.call('HSET', item.meta, own.slot_incarnation, inc) end
   redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s,
     own.slot_seq, seq, own.slot_at, now_s)
-  -- (the VM keeps the item and the working state: let go of the vectors)
-  item.retired, item.sums, item.agg = false, false, false
-  WORK.payload, WORK.slots, WORK.got, WORK.qstored, WORK.retired = false, false, false, false, false
+  -- (the VM keeps the item: let go of the vectors)
+  item.retired, item.agg, item.agg_lo = false, false, false
 end
 
 -- the aggregate, and the caller's own slot as folded with its incarnation (a reader without a
@@ -922,4 +1258,3 @@ local function pull(km, kd, caller)
 end
 
 return {reads = reads, check = check, apply = apply, pull = pull}
-
