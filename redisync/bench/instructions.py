@@ -30,7 +30,7 @@ import numpy as np
 from .. import redis_server
 from ..errors import RedisyncError
 from ..lifeline import popen
-from ..store.client import connect
+from ..store.client import Store, connect
 from ..store.schema import Schema, merge
 
 SIZES = (64, 1024, 16384)
@@ -231,5 +231,170 @@ def format_table(result: dict[str, Any]) -> str:
             + (f", decode+encode {f['decode_encode']:,.0f}" if "decode_encode" in f else "")
             for f in result["floors"]
         )
+    )
+    return "\n".join(lines)
+
+
+FLEET_SLOTS = (4, 64, 1024)
+
+
+def _fleet_schema(lifecycle: str) -> Schema:
+    """The stated report (a 1 024-value key and a 256-value key with sums of squares) as history or
+    state keys."""
+    return Schema.of(
+        {
+            "motion/bin_failed": merge(1024, lifecycle=lifecycle),  # type: ignore[arg-type]
+            "obs/norm": merge(256, sumsq=True, lifecycle=lifecycle),  # type: ignore[arg-type]
+        }
+    )
+
+
+def _cumulative(rng: np.random.Generator, previous: dict[str, Any] | None) -> dict[str, Any]:
+    """A collector's next cumulative report: its previous one plus what it saw since (real values,
+    not whole numbers: the sums carry every bit of a float)."""
+    if previous is None:
+        previous = {
+            "motion/bin_failed": {"count": 0.0, "sum": np.zeros(1024)},
+            "obs/norm": {"count": 0.0, "sum": np.zeros(256), "sumsq": np.zeros(256)},
+        }
+    seen = rng.random(256) - 0.5
+    return {
+        "motion/bin_failed": {
+            "count": previous["motion/bin_failed"]["count"] + 64.0,
+            "sum": previous["motion/bin_failed"]["sum"] + rng.random(1024) * 0.02,
+        },
+        "obs/norm": {
+            "count": previous["obs/norm"]["count"] + 64.0,
+            "sum": previous["obs/norm"]["sum"] + seen * 64,
+            "sumsq": previous["obs/norm"]["sumsq"] + seen * seen * 64,
+        },
+    }
+
+
+def _fleet_run(url: str, lifecycle: str, slots: int, seed: int) -> tuple[Store, list[Any], list[dict[str, Any]]]:
+    store = connect(url, run=f"cg-fleet-{uuid.uuid4().hex[:8]}", socket_timeout=600)
+    store.register(_fleet_schema(lifecycle))
+    rng = np.random.default_rng(seed)
+    shards = [store.shard(i) for i in range(slots)]
+    last = []
+    for shard in shards:  # every slot live
+        report = _cumulative(rng, None)
+        shard.publish(report)
+        last.append(report)
+    return store, shards, last
+
+
+def fleet_costs(server: CountingServer, lifecycle: str, slots: int, folds: int) -> dict[str, float]:
+    """Instructions per fold of the stated report by shard 0 with ``slots`` live slots, and per pull
+    by shard 0 of the state another shard's fold changed."""
+    store, shards, last = _fleet_run(server.url, lifecycle, slots, slots)
+    rng = np.random.default_rng(slots + 1)
+    try:
+        reports = []
+        for _ in range(folds):
+            last[0] = _cumulative(rng, last[0])
+            reports.append(last[0])
+        it = iter(reports)
+        fold = server.count(lambda: shards[0].publish(next(it)), folds)
+        shards[0].pull()
+        pulls = []
+        for _ in range(10):
+            last[1] = _cumulative(rng, last[1])
+            shards[1].publish(last[1])
+            pulls.append(server.count(shards[0].pull, 1))
+        return {"fold": fold, "pull": float(np.mean(pulls))}
+    finally:
+        store.delete()
+
+
+def instructions_per_cpu_second(folds: int = 400) -> float:
+    """This machine's instructions per second of a redis-server's CPU on the folds: the stated report
+    folded at 64 live slots on a redis-server of its own, not under valgrind (``INFO cpu`` around the
+    folds), against callgrind's count of the same folds. (On a loaded machine a core shared with
+    other work runs fewer instructions a second: the figure says what this run saw.)"""
+    from .load import _cpu_s, private_server
+
+    rng = np.random.default_rng(64)
+    with private_server() as url:
+        store, shards, last = _fleet_run(url, "history", 64, 64)
+        reports = []
+        for _ in range(folds):
+            last[0] = _cumulative(rng, last[0])
+            reports.append(last[0])
+        before = _cpu_s(store.redis)
+        for report in reports:
+            shards[0].publish(report)
+        cpu = (_cpu_s(store.redis) - before) / folds
+        store.delete()
+    server = CountingServer()
+    try:
+        counted = fleet_costs(server, "history", 64, min(folds, 50))["fold"]
+    finally:
+        server.close()
+    return counted / cpu
+
+
+def run_fleet_instructions(
+    slots: tuple[int, ...] = FLEET_SLOTS, folds: int = 50, rate_folds: int = 400, value_slots: tuple[int, ...] = (4, 64)
+) -> dict[str, Any]:
+    """The stated report's fold and pull at each number of live slots, as history and as state keys;
+    the marginal cost per value at 4 and 64 slots (one key, 64 against 1 024 values); the capacity
+    per primary from the instructions (`CORE_BUDGET` of a core at this machine's rate)."""
+    from .scale import CORE_BUDGET
+
+    server = CountingServer()
+    try:
+        rows: list[dict[str, Any]] = [
+            {"lifecycle": lc, "slots": s, **fleet_costs(server, lc, s, folds)}
+            for lc in ("history", "state")
+            for s in slots
+        ]
+        marginal = []
+        for s in value_slots:
+            a, b = measure(server, 64, s, 2 * folds), measure(server, 1024, s, folds)
+            marginal.append({"slots": s, "per_value": (b - a) / (1024 - 64), "fold_64_values": a})
+    finally:
+        server.close()
+    rate = instructions_per_cpu_second(rate_folds)
+    for row in rows:
+        row["collectors_at_1hz"] = CORE_BUDGET * rate / (row["fold"] + row["pull"])
+    return {"rows": rows, "marginal": marginal, "rate": rate, "core_budget": CORE_BUDGET, "folds": folds}
+
+
+def format_fleet_table(r: dict[str, Any]) -> str:
+    """The fleet table as printed by the CLI."""
+    lines = [
+        "the stated report (1 024 values + 256 with sums of squares, cumulative real values), folded by one shard",
+        "keys      live slots   fold (instructions)   pull   collectors at 1 Hz within "
+        f"{r['core_budget']:.1f} core (from instructions)",
+    ]
+    for row in r["rows"]:
+        lines.append(
+            f"{row['lifecycle']:<9} {row['slots']:>10} {row['fold']:>21,.0f} {row['pull']:>6,.0f} "
+            f"{row['collectors_at_1hz']:>10,.0f}"
+        )
+    for lc in ("history", "state"):
+        cells = {row["slots"]: row["fold"] for row in r["rows"] if row["lifecycle"] == lc}
+        if 64 in cells and 1024 in cells:
+            lines.append(f"{lc}: fold at 1 024 slots / fold at 64 slots = {cells[1024] / cells[64]:.3f}")
+    hist = {row["slots"]: row["fold"] for row in r["rows"] if row["lifecycle"] == "history"}
+    state = {row["slots"]: row["fold"] for row in r["rows"] if row["lifecycle"] == "state"}
+    for s in sorted(set(hist) & set(state)):
+        lines.append(f"state / history at {s} slots: {state[s] / hist[s]:.3f}")
+    m = {x["slots"]: x for x in r["marginal"]}
+    first, last = min(m), max(m)
+    lines.append(
+        "one history key, per value (64 against 1 024 values): "
+        + ", ".join(f"{x['per_value']:,.0f} at {s} slots" for s, x in m.items())
+        + f" ({last} slots / {first} slots = {m[last]['per_value'] / m[first]['per_value']:.3f})"
+    )
+    lines.append(
+        "one history key of 64 values: "
+        + ", ".join(f"{x['fold_64_values']:,.0f} at {s} slots" for s, x in m.items())
+        + " instructions per fold"
+    )
+    lines.append(
+        f"this machine: {r['rate'] / 1e9:.2f} G instructions per second of the server's CPU on these folds "
+        "(a redis-server of its own, INFO cpu, against callgrind's count)"
     )
     return "\n".join(lines)

@@ -36,6 +36,12 @@ from .common import URL, connected, needs, table
     help="instead: the server's instructions per fold (a redis-server of its own under valgrind's callgrind)",
 )
 @click.option(
+    "--fleet",
+    is_flag=True,
+    help="--instructions: the stated report's fold and pull at 4, 64 and 1 024 live slots, history and state keys; "
+    "the cost per value at 4 and 64 slots; the capacity per primary from the instructions",
+)
+@click.option(
     "--load",
     is_flag=True,
     help="instead: a redis-server of its own driven by pre-encoded, pipelined reports of 64, 256 and 1 024 "
@@ -88,6 +94,7 @@ def bench(
     steps: int,
     scale: bool,
     instructions: bool,
+    fleet: bool,
     load: bool,
     tree: bool,
     collectors: int,
@@ -122,6 +129,12 @@ def bench(
             one_primary,
             as_json,
         )
+        return
+    if instructions and fleet:
+        from ..bench.instructions import format_fleet_table, run_fleet_instructions
+
+        result = run_fleet_instructions()
+        click.echo(json.dumps(result, indent=2) if as_json else format_fleet_table(result))
         return
     if instructions:
         from ..bench.instructions import format_table, run_instructions

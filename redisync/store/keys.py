@@ -25,6 +25,10 @@ class RunKeys:
     - ``shards``: hash, per shard ``<id>:incarnation``, ``<id>:seq``, ``<id>:at``.
     - ``key_meta(name)``: hash, readable metadata of one synced key (spec, version, writers, slots).
     - ``key_data(name)``: hash, the key's float64 vectors (``agg``, ``slot:<id>``, ``retired``, ``value``).
+    - ``lease_ends``: sorted set, each leased shard id scored by when its lease ends (the served clock);
+      ``gave_up``: sorted set, each shard id that gave its lease up, scored by the run's count of
+      give-ups (``gave_up_seq`` in the meta): the indexes by which a fold finds the shards that left.
+    - ``written(name)``: sorted set, a state key's writers scored by when each last wrote it.
     - ``reports`` / ``dead_letters``: streams of accepted and rejected reports.
     - ``channel``: pub/sub channel on which every applied fold announces the new fleet version.
     """
@@ -51,6 +55,20 @@ class RunKeys:
     def shards(self) -> str:
         """The hash of each shard's incarnation, sequence, lease and report times."""
         return self.prefix + "shards"
+
+    @property
+    def lease_ends(self) -> str:
+        """The index of the shards' lease ends (a sorted set)."""
+        return self.prefix + "lease_ends"
+
+    @property
+    def gave_up(self) -> str:
+        """The index of the shards that gave their lease up, in order (a sorted set)."""
+        return self.prefix + "gave_up"
+
+    def written(self, name: str) -> str:
+        """The index of a state key's writers by when each last wrote it (a sorted set)."""
+        return self.prefix + "written:" + name
 
     @property
     def reports(self) -> str:

@@ -64,6 +64,51 @@ def test_a_shard_that_gave_its_lease_up_leaves_a_state_key_at_the_next_fold(make
     assert store.fleet().keys["obs/norm"].parts()["count"] == 4
 
 
+def test_a_fold_judges_liveness_by_the_index_of_lease_ends_not_by_reading_every_writer(make_store):
+    """After a key's first look, a fold reads only the shards whose lease ended (or was given up)
+    since its last look, by score in the run's index (``lease_ends``, ``gave_up``): a writer's lease
+    field changed behind the index's back (a lease marked given up by hand) is not seen; a key looked
+    at afresh (its last look forgotten, as a restore forgets it) reads every writer and drops it. The
+    same, by the writers' write times, for ``stale_after_s``."""
+    store, a, b = _two_live_shards(make_store)
+    c = store.shard(2)
+    assert store.lease(2, c.incarnation, 60_000)
+    _publish(c, 3.0)
+    meta = store.keys.key_meta("motion/ema")
+    assert store.redis.zscore(store.keys.lease_ends, "2") is not None
+    store.redis.hset(store.keys.shards, "2:alive_until_us", "-1")  # given up, but not through lease.lua
+    _publish(a, 1.0)
+    assert _writers(store) == b"0,1,2"  # not in the index's window: not read
+    store.redis.hdel(meta, "lapse_seen")  # the key's last look forgotten
+    _publish(a, 1.0)
+    assert _writers(store) == b"0,1"
+    assert store.lease(1, b.incarnation, 0)  # a give-up through lease.lua: in the index
+    _publish(a, 1.0)
+    assert _writers(store) == b"0"
+    assert int(store.redis.hget(store.keys.meta, "gave_up_seq")) == 1
+
+
+def test_a_restore_makes_each_state_keys_next_fold_look_at_every_writer(make_store):
+    """A restore brings back the snapshot's slots, not the run's liveness indexes: each key's last
+    look is forgotten and its index of write times dropped, so its next fold looks at every writer."""
+    store = make_store()
+    store.register({"motion/ema": merge(2, lifecycle="state", stale_after_s=60.0)})
+    a, b = store.shard(0), store.shard(1)
+    for i, c in enumerate((a, b)):
+        c.publish({"motion/ema": {"count": 1, "sum": [float(i), 1.0]}})
+    meta, written = store.keys.key_meta("motion/ema"), store.keys.written("motion/ema")
+    assert store.redis.hget(meta, "stale_seen") is not None
+    assert store.redis.zcard(written) == 2
+    store.restore(store.snapshot())
+    assert store.redis.hget(meta, "stale_seen") is None
+    assert store.redis.hget(meta, "lapse_seen") is None
+    assert store.redis.zcard(written) == 0
+    store.redis.hset(meta, "slot:1:at_us", "1")  # written long ago: stale
+    a.publish({"motion/ema": {"count": 2, "sum": [0.0, 1.0]}})
+    assert store.redis.hget(meta, "writers") == b"0"
+    assert store.redis.zcard(written) == 1
+
+
 @pytest.mark.integration
 def test_a_server_stall_longer_than_every_lease_drops_no_shard_that_renews(tmp_path):
     """A server paused for 6 s (a paused VM; a fold of the largest key, a fork, a clock step do the

@@ -69,7 +69,8 @@ local function run_keys(meta_key)
   if not id or #id > 128 then return nil end
   local p = 'redisync:{' .. id .. '}:'
   names = {shards = p .. 'shards', reports = p .. 'reports', dead = p .. 'dead', versions = p .. 'versions',
-    key = p .. 'key:', data = p .. 'data:'}
+    key = p .. 'key:', data = p .. 'data:', lease_ends = p .. 'lease_ends', gave_up = p .. 'gave_up',
+    written = p .. 'written:'}
   if nruns >= 256 then RUNS, nruns = {}, 0 end -- (a bound on what the VM keeps)
   RUNS[meta_key], nruns = names, nruns + 1
   return names
@@ -320,7 +321,13 @@ local function fold(keys, args)
   if graced then
     run_clock()
     local alive = tonumber(redis.call('HGET', KEYS[2], own.alive))
-    if alive and alive < served then redis.call('HSET', KEYS[2], own.alive, string.format('%.0f', served)) end
+    if alive and alive < served then
+      local text = string.format('%.0f', served)
+      redis.call('HSET', KEYS[2], own.alive, text)
+      redis.call('ZADD', run.lease_ends, text, shard) -- (the index of lease ends, see lease.lua)
+    elseif alive then -- (indexed where it stands: a lease renewed by an earlier redisync is not)
+      redis.call('ZADD', run.lease_ends, string.format('%.0f', alive), shard)
+    end
   end
   if clock_read then
     redis.call('HSET', KEYS[1], 'fleet_version', fv, 'updated_at_us', now_s, 'clock_wall_us', now_s)

@@ -8,6 +8,7 @@
 --           'terminated'; absent: 'clean')
 -- returns {'leased'} | {'stale', current incarnation}   (a later process claimed the shard)
 --
+-- lease_ends, gave_up: sorted sets beside the shards hash (keys.py)
 -- shards fields: <id>:lease_until_us (server time: claims), <id>:alive_until_us (the served clock:
 -- folds; -1 once given up, so a stopped collector leaves a state key at the next fold), <id>:stopped
 -- (why it gave its lease up, while it is given up: an observer tells a crashed trainer from a finish)
@@ -37,6 +38,17 @@ local function lease(KEYS, ARGV)
   end
   redis.call('HSET', KEYS[1], shard .. ':lease_until_us', string.format('%.0f', until_us))
   if alive then redis.call('HSET', KEYS[1], shard .. ':alive_until_us', alive) end
+  -- the indexes by which a state key's fold finds the shards that left without reading every writer:
+  -- each lease's end, and each give-up in the order they came (the run's gave_up_seq)
+  if registered then
+    local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #'shards')
+    if ms > 0 then
+      redis.call('ZADD', prefix .. 'lease_ends', alive, shard)
+    else
+      redis.call('ZREM', prefix .. 'lease_ends', shard)
+      redis.call('ZADD', prefix .. 'gave_up', redis.call('HINCRBY', KEYS[2], 'gave_up_seq', 1), shard)
+    end
+  end
   if ms > 0 then
     redis.call('HDEL', KEYS[1], shard .. ':stopped')
   else

@@ -24,7 +24,7 @@ local function restore(KEYS, ARGV)
   for h = 3, #KEYS, 2 do current_versions[h] = num(redis.call('HGET', KEYS[h], 'version')) end
   local current_shards = redis.call('HGETALL', KEYS[2])
   -- the run's served clock stays the run's (its shards' leases are kept in it, see clock.lua)
-  local clock = redis.call('HMGET', KEYS[1], 'clock_wall_us', 'clock_stalled_us')
+  local clock = redis.call('HMGET', KEYS[1], 'clock_wall_us', 'clock_stalled_us', 'gave_up_seq')
   local known = {}
   for i = 1, #current_shards, 2 do known[string.match(current_shards[i], '^([^:]+):')] = true end
 
@@ -57,8 +57,15 @@ local function restore(KEYS, ARGV)
   redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version)
   if server then redis.call('HSET', KEYS[1], 'server', server) end
   if clock[1] then redis.call('HSET', KEYS[1], 'clock_wall_us', clock[1], 'clock_stalled_us', clock[2] or '0') end
+  -- the liveness indexes (the run's give-ups, in order; each state key's writers by write time) are
+  -- the run's, not the snapshot's: the count of give-ups goes on, and each key's next fold looks at
+  -- every writer once and indexes them again
+  if clock[3] then redis.call('HSET', KEYS[1], 'gave_up_seq', clock[3]) end
+  local prefix = string.sub(KEYS[1], 1, -5)
   for h = 3, #KEYS, 2 do
     redis.call('HSET', KEYS[h], 'version', math.max(current_versions[h], snap_versions[h] or 0) + 1)
+    redis.call('HDEL', KEYS[h], 'stale_seen', 'lapse_seen')
+    redis.call('DEL', prefix .. 'written:' .. string.sub(KEYS[h], #prefix + #'key:' + 1))
   end
   -- announced like a fold: a collector that follows the channel polls nothing while it is quiet
   announce(string.sub(KEYS[1], 1, -5) .. 'versions', fleet_version .. ' ' .. ARGV[1])

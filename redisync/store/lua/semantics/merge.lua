@@ -1003,25 +1003,27 @@ end
 -- a leading zero), parsed once per Lua VM and remembered by their own text: the ids as numbers, the
 -- decimal name of each in NAMES. nil and the first id that is not one (a text changes only when
 -- the writers do: a pattern match, a number made and a table grown per writer otherwise).
-local WRITERS, nwriters, NAMES = {}, 0, {}
+local WRITERS, nwriters, NAMES, WRITER_SETS = {}, 0, {}, {}
 local function writers_of(text)
   local ids = WRITERS[text]
   if ids then return ids end
   ids = {}
+  local set = {}
   local last = -1
   for w in string.gmatch(text, '[^,]+') do
     local id = not string.find(w, '^0%d') and not string.find(w, '%D') and tonumber(w)
     if not id or id <= last or #w > 9 then return nil, w end
     last = id
     ids[#ids + 1] = id
+    set[id] = true
     NAMES[id] = w
   end
   if nwriters >= 256 then -- (a bound on what the VM keeps; NAMES then holds only the ids of texts kept)
-    WRITERS, nwriters = {}, 0
+    WRITERS, WRITER_SETS, nwriters = {}, {}, 0
     for id in pairs(NAMES) do NAMES[id] = nil end
     for k = 1, #ids do NAMES[ids[k]] = string.format('%d', ids[k]) end
   end
-  WRITERS[text], nwriters = ids, nwriters + 1
+  WRITERS[text], WRITER_SETS[text], nwriters = ids, set, nwriters + 1
   return ids
 end
 
@@ -1049,65 +1051,132 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
   end
   NAMES[me] = shard
   local idname = NAMES -- (every id's decimal name)
-  local ids, nids, was_writer = {}, 0, false
-  for k = 1, #prior do
-    local id = prior[k]
-    if id ~= me then nids = nids + 1; ids[nids] = id else was_writer = true end
-  end
-  local at = NONE -- (tables made only where something is read into them)
-  if stale and nids > 0 then
-    local atf = {}
-    for k = 1, nids do atf[k] = 'slot:' .. idname[ids[k]] .. ':at_us' end
-    at = hmget(km, atf) or {}
-  end
-  -- (state keys) when each other writer's lease on its shard id runs out, in the run's served clock
-  -- (clock.lua: a stall of the server runs out nobody's lease): a shard whose lease has lapsed for
-  -- longer than lease_grace_s, or was given up (-1: a clean stop), has left the fleet. A fold of the
-  -- shard after its lease ran out moved the lease's end to that fold (it lived on), so whichever fold
-  -- comes first, the slot's fate is the same. A shard that never leased is not judged.
-  local grace, lapsed = decl.grace, NONE
-  if grace and nids > 0 then
-    local served = run_clock()
-    lapsed = {}
-    local lf = {}
-    for k = 1, nids do lf[k] = idname[ids[k]] .. ':alive_until_us' end
-    local leased = hmget(KEYS[2], lf) or {}
-    local span = grace * 1e6
-    for k = 1, nids do
-      local u = leased[k] and tonumber(leased[k])
-      if u and (u < 0 or served - u > span) then lapsed[k] = true end
-    end
-  end
-  -- the live slots after this fold (a slot not refreshed for stale_after_s, or whose shard's lease
-  -- lapsed, stops weighting the fleet); the sub-groups whose members change are re-made, and so
-  -- are their groups
+  local was_writer = WRITER_SETS[spec[4] or ''][me] == true
   item.rebuild = spec[6] ~= LAYOUT
   item.prior = prior
-  item.forget = {}
-  local live, nlive = {}, 0
-  local mine_added = false
-  for k = 1, nids do
-    local id = ids[k]
-    if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
-    local gone = stale and now - (tonumber(at[k]) or 0) > stale * 1e6
-    if not gone and lapsed[k] then
-      gone = true
-      item.lapsed = (item.lapsed or 0) + 1
+  item.forget, item.seed_leases, item.seed_written, item.rescore_leases, item.rescore_written = {}, false, false, false,
+    false
+  -- (state keys) the slots that leave at this fold: a slot not refreshed for stale_after_s, or whose
+  -- shard's lease on its id has lapsed for longer than lease_grace_s (in the run's served clock,
+  -- clock.lua: a stall of the server runs out nobody's lease) or was given up (-1: a clean stop). A
+  -- fold of the shard after its lease ran out moved the lease's end to that fold (it lived on), so
+  -- whichever fold comes first, the slot's fate is the same. A shard that never leased is not judged.
+  local gone = {} -- id -> 'stale' | 'lapsed'
+  if stale then
+    local limit = stale * 1e6
+    local function judge(id, at) -- the rule, on the writer's stored write time
+      if not gone[id] and now - (tonumber(at) or 0) > limit then gone[id] = 'stale' end
     end
-    if gone then
-      item.forget[#item.forget + 1] = id
-    else
-      nlive = nlive + 1
-      live[nlive] = id
+    local seen = tonumber(spec[7])
+    if seen then -- the writers whose last write fell out of the window since the last look, by the index
+      local cands = redis.call('ZRANGEBYSCORE', run.written .. name, string.format('%.0f', seen - limit - 1),
+        string.format('%.0f', now - limit + 1))
+      local ask_ids, fields = {}, {}
+      for _, text in ipairs(cands) do
+        local id = tonumber(text)
+        if id and id ~= me and WRITER_SETS[spec[4] or ''][id] then
+          ask_ids[#ask_ids + 1] = id
+          fields[#fields + 1] = 'slot:' .. idname[id] .. ':at_us'
+        end
+      end
+      local at = #fields > 0 and hmget(km, fields) or NONE
+      for j = 1, #ask_ids do
+        judge(ask_ids[j], at[j])
+        if not gone[ask_ids[j]] and at[j] then -- (an index entry behind its writer's last write: moved)
+          item.rescore_written = item.rescore_written or {}
+          item.rescore_written[#item.rescore_written + 1] = at[j]
+          item.rescore_written[#item.rescore_written + 1] = idname[ask_ids[j]]
+        end
+      end
+    else -- no look yet (a new key, a restore, an earlier redisync): every writer, and the index seeded
+      local fields, others = {}, {}
+      for k = 1, #prior do
+        if prior[k] ~= me then others[#others + 1] = prior[k]; fields[#fields + 1] = 'slot:' .. idname[prior[k]] .. ':at_us' end
+      end
+      local at = #fields > 0 and hmget(km, fields) or NONE
+      item.seed_written = {}
+      for j = 1, #others do
+        judge(others[j], at[j])
+        if at[j] then
+          item.seed_written[#item.seed_written + 1] = at[j]
+          item.seed_written[#item.seed_written + 1] = idname[others[j]]
+        end
+      end
     end
+    item.stale_seen = string.format('%.0f', now)
   end
-  if not mine_added then nlive = nlive + 1; live[nlive] = me end
-  -- (the writers as stored when they did not change: this shard among them, none dropped)
+  local grace = decl.grace
+  if grace then
+    local served = run_clock()
+    local span = grace * 1e6
+    local seq = redis.call('HGET', KEYS[1], 'gave_up_seq') or '0'
+    local seen_served, seen_seq = string.match(spec[8] or '', '^(%-?%d+),(%d+)$')
+    local function judge(id, text) -- the rule, on the shard's lease as it stands
+      local u = tonumber(text)
+      if u and (u < 0 or served - u > span) then
+        if not gone[id] then gone[id] = 'lapsed' end
+        return true
+      end
+    end
+    local others, from_index = {}, {}
+    if seen_served then -- the shards whose lease ended, or that gave it up, since the last look
+      local ended = redis.call('ZRANGEBYSCORE', run.lease_ends, string.format('%.0f', tonumber(seen_served) - span - 1),
+        string.format('%.0f', served - span + 1))
+      local stopped = tonumber(seq) > tonumber(seen_seq) and
+        redis.call('ZRANGEBYSCORE', run.gave_up, '(' .. seen_seq, seq) or NONE
+      local set = WRITER_SETS[spec[4] or '']
+      for _, list in ipairs({ended, stopped}) do
+        for _, text in ipairs(list) do
+          local id = tonumber(text)
+          if id and id ~= me and set[id] and not from_index[id] then
+            others[#others + 1] = id
+            from_index[id] = list == ended
+          end
+        end
+      end
+    else -- no look yet: every writer, and the index seeded
+      for k = 1, #prior do if prior[k] ~= me then others[#others + 1] = prior[k] end end
+      item.seed_leases = {}
+    end
+    if #others > 0 then
+      local fields = {}
+      for j = 1, #others do fields[j] = idname[others[j]] .. ':alive_until_us' end
+      local leased = hmget(KEYS[2], fields) or {}
+      for j = 1, #others do
+        local lapsed = judge(others[j], leased[j])
+        local u = tonumber(leased[j])
+        if not lapsed and u and u >= 0 and (item.seed_leases or from_index[others[j]]) then
+          -- (seeded, or an index entry behind its lease's end, as an earlier redisync's renewal leaves it: moved)
+          local list = item.seed_leases or item.rescore_leases or {}
+          if not item.seed_leases then item.rescore_leases = list end
+          list[#list + 1] = leased[j]
+          list[#list + 1] = idname[others[j]]
+        end
+      end
+    end
+    item.lapse_seen = string.format('%.0f', served) .. ',' .. seq
+  end
+  -- the live slots after this fold; the writers' text made again only when they change
+  for id, why in pairs(gone) do
+    item.forget[#item.forget + 1] = id
+    if why == 'lapsed' then item.lapsed = (item.lapsed or 0) + 1 end
+  end
+  table.sort(item.forget)
+  local live, nlive = {}, 0
   item.was, item.incarnation, item.writers = spec[4], spec[5], spec[4]
-  if not was_writer or #item.forget > 0 then
-    local names = {}
-    for k = 1, nlive do names[k] = idname[live[k]] end
-    item.writers = table.concat(names, ',')
+  if not was_writer or #item.forget > 0 or item.rebuild then
+    local mine_added = false
+    for k = 1, #prior do
+      local id = prior[k]
+      if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
+      if id ~= me and not gone[id] then nlive = nlive + 1; live[nlive] = id end
+    end
+    if not mine_added then nlive = nlive + 1; live[nlive] = me end
+    if not was_writer or #item.forget > 0 then
+      local names = {}
+      for k = 1, nlive do names[k] = idname[live[k]] end
+      item.writers = table.concat(names, ',')
+    end
   end
   return nil, {sumsq = sumsq, idname = idname, was_writer = was_writer, live = live, me = me,
     lifecycle = decl.lifecycle}
@@ -1197,16 +1266,16 @@ local function merge_sums(item, spec, resumed, k)
   item.agg_lo = join(rest)
 end
 
--- the key-meta fields the check reads beside the envelope's: spec[4], spec[5], spec[6]
+-- the key-meta fields the check reads beside the envelope's: spec[4] .. spec[8]
 local function reads(own_fields)
-  return 'writers', own_fields.slot_incarnation, 'sums_layout'
+  return 'writers', own_fields.slot_incarnation, 'sums_layout', 'stale_seen', 'lapse_seen'
 end
 
 local function check(item, spec, decl, resumed)
   -- (every field the apply reads is set by this check, or false: the item is the VM's, see ITEMS)
   item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
-    item.writers, item.retired, item.agg, item.agg_lo, item.prior =
-    false, false, false, false, false, false, false, false, false, false, false, false, false
+    item.writers, item.retired, item.agg, item.agg_lo, item.prior, item.lapse_seen, item.stale_seen =
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
   local bad, k = merge_live(item, spec, decl)
   if bad then return bad end
   return merge_sums(item, spec, resumed, k)
@@ -1239,6 +1308,24 @@ local function apply(item)
   end
   redis.call('HSET', item.data, 'agg', item.agg, 'agg_lo', item.agg_lo, own.slot, item.payload)
   if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
+  -- the liveness indexes: this writer's write time, the writers that left out, entries seeded or moved
+  if item.stale_seen then
+    local zw = run.written .. item.name
+    redis.call('ZADD', zw, now_s, shard)
+    if item.seed_written and #item.seed_written > 0 then redis.call('ZADD', zw, unpack(item.seed_written)) end
+    if item.rescore_written then redis.call('ZADD', zw, unpack(item.rescore_written)) end
+    if #item.forget > 0 then
+      local names = {}
+      for j, id in ipairs(item.forget) do names[j] = string.format('%d', id) end
+      redis.call('ZREM', zw, unpack(names))
+    end
+    redis.call('HSET', item.meta, 'stale_seen', item.stale_seen)
+  end
+  if item.lapse_seen then
+    local seeded = item.seed_leases or item.rescore_leases
+    if seeded and #seeded > 0 then redis.call('ZADD', run.lease_ends, unpack(seeded)) end
+    redis.call('HSET', item.meta, 'lapse_seen', item.lapse_seen)
+  end
   if item.incarnation ~= inc then redis.call('HSET', item.meta, own.slot_incarnation, inc) end
   redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s,
     own.slot_seq, seq, own.slot_at, now_s)
