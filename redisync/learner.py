@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from .store.client import RunSnapshot, Store
 from .store.codec import PullResult
 from .store.schema import Schema
+
+
+@runtime_checkable
+class ViewsFleetMetrics(Protocol):
+    """A learner-side term that adds its own view of the fleet to `FleetMonitor.metrics`."""
+
+    def fleet_metrics(self, fleet: PullResult) -> Mapping[str, float]:
+        """Its figures of the fleet state, by name."""
+
+
+@runtime_checkable
+class ViewsFleetDistribution(Protocol):
+    """A learner-side sampler term whose fleet distribution `FleetMonitor.distributions` shows."""
+
+    key: str
+
+    def fleet_probabilities(self, fleet: PullResult) -> Any:
+        """The distribution the fleet samples from (None when it has none yet)."""
 
 
 class FleetMonitor:
@@ -17,9 +35,8 @@ class FleetMonitor:
         store: the run's store.
         schema: registered first, when given (a learner that may start before any collector).
         terms: the learner's copies of collector terms (the same configuration, no slot): a term
-            with ``fleet_metrics(state)`` adds its own view of the fleet to `metrics`, one
-            with ``fleet_probabilities(state)`` (the adaptive sampler, per group) shows in
-            `distributions`.
+            that `ViewsFleetMetrics` adds its own view of the fleet to `metrics`, one that
+            `ViewsFleetDistribution` (the adaptive sampler, per group) shows in `distributions`.
     """
 
     def __init__(self, store: Store, schema: Schema | None = None, terms: Iterable[Any] = ()):
@@ -53,7 +70,7 @@ class FleetMonitor:
                 continue
             out.update(view.spec.metrics(name, parts))
         for term in self.terms:
-            if hasattr(term, "fleet_metrics"):
+            if isinstance(term, ViewsFleetMetrics):
                 out.update(term.fleet_metrics(state))
         return out
 
@@ -64,7 +81,7 @@ class FleetMonitor:
         state = self.state
         assert state is not None
         found = {
-            term.key: term.fleet_probabilities(state) for term in self.terms if hasattr(term, "fleet_probabilities")
+            term.key: term.fleet_probabilities(state) for term in self.terms if isinstance(term, ViewsFleetDistribution)
         }
         return {key: probs for key, probs in found.items() if probs is not None}
 

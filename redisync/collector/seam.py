@@ -1,8 +1,10 @@
 """The seam between a stateful training term and the store.
 
 A term (the adaptive frame sampler, a normaliser, a curriculum) declares the keys it syncs,
-reports what its shard saw, and applies the fleet state it is handed. The `Syncer`
-calls these three methods and nothing else, so any term of a user's own can join.
+reports what its shard saw, and applies the fleet state it is handed: `SyncedTerm`'s three methods
+are all a term of a user's own needs to join. A term may also have the optional capabilities
+declared below (`CAPABILITIES`), each a protocol of its own that the syncers look for by
+``isinstance``, never by a name spelled in their code.
 
 With the process worker a term may also keep its state in shared memory, which takes the report
 and the fleet state off the collector's hot path (`redisync.collector.shared_state`):
@@ -30,11 +32,14 @@ syncer's ``start()`` calls so that such a term makes its pinned buffers then, no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import InvalidSchema
 from ..store.codec import PullResult
 from ..store.schema import KeySpec, Schema
+
+if TYPE_CHECKING:
+    from .shared_state import SharedState
 
 
 @runtime_checkable
@@ -52,6 +57,74 @@ class SyncedTerm(Protocol):
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state (every key, as last pulled); local work only, no network."""
+
+
+Reports = Mapping[str, Mapping[str, Any]]
+
+
+@runtime_checkable
+class Prepares(Protocol):
+    """Makes what it needs before the hot path (a device term: its pinned buffers); the Syncer's
+    ``start()`` calls it."""
+
+    def prepare(self) -> None:
+        """Make the buffers the hot path will use."""
+
+
+@runtime_checkable
+class Settles(Protocol):
+    """Its hot-path report may lag a publish (its state on a device); ``settle()`` is its current
+    report, which a flush and a stop take instead (never the hot path)."""
+
+    def settle(self) -> Reports:
+        """The current report, waiting for the device."""
+
+
+@runtime_checkable
+class CountsDeviceCopies(Protocol):
+    """What its device copies left undone because the device was behind (``device_reports_skipped``,
+    ``device_fleet_deferred``), summed over the terms by the Syncer's ``metrics()``."""
+
+    def device_copies(self) -> Mapping[str, int]:
+        """The device copies left undone so far, by name."""
+
+
+@runtime_checkable
+class SharesReport(Protocol):
+    """Moves the buffers its reports are made of into shared memory (the process worker's sidecar then
+    reads them itself); False when it cannot (a CUDA buffer)."""
+
+    def share_report(self, shared: SharedState) -> bool:
+        """Move the report's buffers into ``shared``; whether it did."""
+
+
+@runtime_checkable
+class SharesFleet(Protocol):
+    """Reads the fleet's part from shared memory the reset boundary updates in place; False when it cannot."""
+
+    def share_fleet(self, shared: SharedState) -> bool:
+        """Read the fleet's part from ``shared`` from now on; whether it will."""
+
+
+@runtime_checkable
+class HasMetrics(Protocol):
+    """Its own figures, logged by the Syncer's ``metrics()`` under ``redisync/<key>/``."""
+
+    key: str
+
+    def metrics(self) -> Mapping[str, float]:
+        """Its figures by name."""
+
+
+@runtime_checkable
+class Resumes(Protocol):
+    """Whether it was loaded from a checkpoint of this shard (its keys then take the shard's previous
+    slot over instead of retiring it)."""
+
+    resumed: bool
+
+
+CAPABILITIES = (Prepares, Settles, CountsDeviceCopies, SharesReport, SharesFleet, HasMetrics, Resumes)
 
 
 def schema_of(terms: Iterable[SyncedTerm]) -> Schema:

@@ -83,7 +83,7 @@ from .mailbox import (
     pack_handed,
     unpack_handed,
 )
-from .seam import SyncedTerm
+from .seam import SharesFleet, SharesReport, SyncedTerm
 from .settings import SyncSettings
 from .shared_state import SharedState, SidecarState
 from .syncer import Syncer
@@ -412,8 +412,8 @@ class SidecarWorker:
         leave the copy path in that direction."""
         shared = SharedState(self.schema)
         terms = self.syncer.terms
-        self.syncer.reporting = [t for t in terms if not (hasattr(t, "share_report") and t.share_report(shared))]
-        self._handed = [t for t in terms if not (hasattr(t, "share_fleet") and t.share_fleet(shared))]
+        self.syncer.reporting = [t for t in terms if not (isinstance(t, SharesReport) and t.share_report(shared))]
+        self._handed = [t for t in terms if not (isinstance(t, SharesFleet) and t.share_fleet(shared))]
         if shared.parts or shared.received:
             self._shared = shared
         else:

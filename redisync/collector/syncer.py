@@ -27,7 +27,7 @@ from typing import Any
 from .. import errors
 from ..lifeline import stop_cause
 from ..store.client import Store
-from .seam import SyncedTerm, schema_of
+from .seam import CountsDeviceCopies, HasMetrics, Prepares, Resumes, SyncedTerm, schema_of
 from .settings import SyncSettings
 from .thread_worker import ThreadWorker
 from .worker import Problems, Worker, log, report_of
@@ -154,16 +154,15 @@ class Syncer:
         """
         resumed = self.resume
         if resumed is None:
-            resumed_keys = {k for t in self.terms if getattr(t, "resumed", False) for k in t.schema_entries()}
+            resumed_keys = {k for t in self.terms if isinstance(t, Resumes) and t.resumed for k in t.schema_entries()}
             self.shard.resume = frozenset(resumed_keys)
         else:
             self.shard.resume = resumed
         # a second live process with this shard id is refused, unless asked to, or resuming its checkpoint
         self.shard.take_over = self.take_over or bool(self.shard.resume)
         for term in self.terms:  # what a term makes before the hot path (on a device: its pinned buffers)
-            prepare = getattr(term, "prepare", None)
-            if callable(prepare):
-                prepare()
+            if isinstance(term, Prepares):
+                term.prepare()
         self.worker.prepare()
         registered, returned = threading.Event(), threading.Event()
         failure: list[BaseException] = []
@@ -309,14 +308,12 @@ class Syncer:
         out.update({f"redisync/{k}": float(v) for k, v in status["latency"].items()})
         out.update({f"redisync/{k}": float(v) for k, v in status["stats"].items()})
         for term in self.terms:
-            term_metrics = getattr(term, "metrics", None)
-            key = getattr(term, "key", None)
-            if callable(term_metrics) and key:
-                out.update({f"redisync/{key}/{k}": float(v) for k, v in term_metrics().items()})
+            if isinstance(term, HasMetrics) and term.key:
+                out.update({f"redisync/{term.key}/{k}": float(v) for k, v in term.metrics().items()})
         # terms on a device: the reports not started and the fleet states deferred because the device
         # was behind (each is caught up at a later publish or boundary; a count that keeps growing
         # says the device cannot keep up with the publish rate)
-        copies = [counts() for term in self.terms if callable(counts := getattr(term, "device_copies", None))]
+        copies = [term.device_copies() for term in self.terms if isinstance(term, CountsDeviceCopies)]
         for name in ("device_reports_skipped", "device_fleet_deferred"):
             if copies:
                 out[f"redisync/{name}"] = float(sum(c.get(name, 0) for c in copies))

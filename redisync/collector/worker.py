@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from .. import errors
 from ..store.client import ShardClient, Store
 from ..store.schema import Limits, Schema
-from .seam import SyncedTerm
+from .seam import Settles, SyncedTerm
 from .settings import SyncSettings
 
 log = logging.getLogger("redisync.collector.syncer")  # (one logger for the collector's sync, either worker)
@@ -122,8 +122,7 @@ class Problems:
 def report_of(term: SyncedTerm, settle: bool = False) -> Mapping[str, Mapping[str, Any]]:
     """A term's report; with ``settle`` (a flush, a stop: never the hot path) its current one, from
     a term whose state lives on a device and whose hot-path reports lag by a publish (``settle()``)."""
-    settled = getattr(term, "settle", None) if settle else None
-    return settled() if settled is not None else term.report_shard_state()
+    return term.settle() if settle and isinstance(term, Settles) else term.report_shard_state()
 
 
 def claim(syncer: Host, limits: Limits | None) -> Limits | None:
