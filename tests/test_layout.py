@@ -4,6 +4,7 @@ the terms) hold, a violation is caught, and ruff's lint and format pass."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,11 +117,15 @@ def test_a_hung_test_ends_the_run_instead_of_waiting_out_ci(tmp_path):
 
 def test_a_semantics_lives_in_its_modules_and_the_sidecar_is_a_worker_not_a_syncer():
     """The envelope stays the envelope (fold.lua at most 600 lines: each semantics' Lua is its own
-    module), and no class of the sidecar's module subclasses Syncer (the Syncer holds its worker)."""
+    module, itself at most 650 lines written by hand), and no class of the sidecar's module subclasses Syncer (the Syncer holds its worker)."""
     import ast
 
     fold = ROOT / "redisync/store/lua/fold.lua"
     assert len(fold.read_text().splitlines()) <= 600
+    # each semantics' Lua module at most 650 lines written by hand (the generated stretches aside)
+    for module in (ROOT / "redisync/store/lua/semantics").glob("*.lua"):
+        text = re.sub(r"-- BEGIN GENERATED (\w+)\n.*?-- END GENERATED \1\n", "", module.read_text(), flags=re.S)
+        assert len(text.splitlines()) <= 650, module.name
     tree = ast.parse((ROOT / "redisync/collector/sidecar.py").read_text())
     bases = {
         node.name: [ast.unparse(b) for b in node.bases] for node in ast.walk(tree) if isinstance(node, ast.ClassDef)

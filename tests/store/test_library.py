@@ -150,7 +150,8 @@ def test_the_server_reads_its_identity_once_per_vm_not_once_per_fold(counted_url
 
 def test_the_library_holds_one_lua_module_per_semantics_of_the_registry():
     """The Lua registry is made from the Python one: every semantics has its module in the library,
-    under its name, and nothing else does."""
+    under its name, and nothing else does; the one other Lua file of the folder is what maximum and
+    minimum share (``extremum.lua``), the twin of the Python package's ``extremum.py``."""
     import re
     from importlib.resources import files
 
@@ -160,7 +161,10 @@ def test_the_library_holds_one_lua_module_per_semantics_of_the_registry():
     text, _ = library.source()
     assert sorted(re.findall(r"SEMANTICS\['(\w+)'\] = \(function\(\)", text)) == sorted(SEMANTICS)
     lua = files("redisync.store").joinpath("lua/semantics")
-    assert sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua")) == sorted(f"{s}.lua" for s in SEMANTICS)
+    assert sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua")) == sorted(
+        [f"{s}.lua" for s in SEMANTICS] + ["extremum.lua"]
+    )
+    assert files("redisync.store").joinpath("semantics/extremum.py").is_file()
     for name, spec in SEMANTICS.items():
         assert spec.model_fields["semantics"].default == name
 

@@ -1,6 +1,6 @@
 -- minimum.lua: a shrink-only register, the element-wise minimum of the stored value and every payload
 -- (a value that is not smaller keeps the stored one, bit for bit); the key's version moves only when
--- the value shrinks. Data hash: 'value'. Its check and apply are shared.lua's extreme with grows = false.
+-- the value shrinks. Data hash: 'value'. Its check and apply are extremum.lua's with grows = false.
 -- (the Python twin: redisync/store/semantics/minimum.py; shared.lua says what each function does)
 
 local function check(item, spec, decl)
