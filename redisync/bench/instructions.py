@@ -239,34 +239,32 @@ FLEET_SLOTS = (4, 64, 1024)
 
 
 def _fleet_schema(lifecycle: str) -> Schema:
-    """The stated report (a 1 024-value key and a 256-value key with sums of squares) as history or
-    state keys."""
-    return Schema.of(
-        {
-            "motion/bin_failed": merge(1024, lifecycle=lifecycle),  # type: ignore[arg-type]
-            "obs/norm": merge(256, sumsq=True, lifecycle=lifecycle),  # type: ignore[arg-type]
-        }
-    )
+    """The stated report (`FLEET_SCHEMA`: a 1 024-value key and a 256-value key with sums of squares)
+    as history or state keys."""
+    from .scale import FLEET_SCHEMA
+
+    return Schema.of({name: spec.model_copy(update={"lifecycle": lifecycle}) for name, spec in FLEET_SCHEMA.items()})
 
 
 def _cumulative(rng: np.random.Generator, previous: dict[str, Any] | None) -> dict[str, Any]:
-    """A collector's next cumulative report: its previous one plus what it saw since (real values,
-    not whole numbers: the sums carry every bit of a float)."""
+    """A collector's next cumulative report of `FLEET_SCHEMA`: its previous one plus what it saw since
+    (real values, not whole numbers: the sums carry every bit of a float)."""
+    from .scale import FLEET_SCHEMA
+
+    sampler, norm = FLEET_SCHEMA  # (the 1 024-value key, the 256-value key with sums of squares)
+    n, m = FLEET_SCHEMA[sampler].size, FLEET_SCHEMA[norm].size
     if previous is None:
         previous = {
-            "motion/bin_failed": {"count": 0.0, "sum": np.zeros(1024)},
-            "obs/norm": {"count": 0.0, "sum": np.zeros(256), "sumsq": np.zeros(256)},
+            sampler: {"count": 0.0, "sum": np.zeros(n)},
+            norm: {"count": 0.0, "sum": np.zeros(m), "sumsq": np.zeros(m)},
         }
-    seen = rng.random(256) - 0.5
+    seen = rng.random(m) - 0.5
     return {
-        "motion/bin_failed": {
-            "count": previous["motion/bin_failed"]["count"] + 64.0,
-            "sum": previous["motion/bin_failed"]["sum"] + rng.random(1024) * 0.02,
-        },
-        "obs/norm": {
-            "count": previous["obs/norm"]["count"] + 64.0,
-            "sum": previous["obs/norm"]["sum"] + seen * 64,
-            "sumsq": previous["obs/norm"]["sumsq"] + seen * seen * 64,
+        sampler: {"count": previous[sampler]["count"] + 64.0, "sum": previous[sampler]["sum"] + rng.random(n) * 0.02},
+        norm: {
+            "count": previous[norm]["count"] + 64.0,
+            "sum": previous[norm]["sum"] + seen * 64,
+            "sumsq": previous[norm]["sumsq"] + seen * seen * 64,
         },
     }
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..errors import InvalidSchema
 from ..store.schema import DEFAULT_LEASE_GRACE_S, Lifecycle
 from .formulas import MIXES, UniformMix
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
-MODES = ("local", "pooled", "weighted", "broadcast")
+MODES: tuple[str, ...] = get_args(Mode)
 SAMPLER_KEY = "motion/bin_failed"
 """The adaptive sampler's failure EMA's key unless told another (every sampler and drop-in)."""
 DropInMode = Literal["local", "pooled", "broadcast"]
