@@ -1,17 +1,17 @@
 """Writes the generated stretches of the fold's Lua: in ``redisync/store/lua/semantics/merge.lua`` the
-constants it shares with ``redisync/store/semantics/merge.py`` (SUB, SUBS, LAYOUT: Python is their one
-source) and the unrolled ``fold_values``, in ``redisync/store/lua/shared.lua`` the unrolled ``join64``.
+constants it shares with ``redisync/store/semantics/merge.py`` (LIMIT, LAYOUT: Python is their one
+source) and the unrolled ``exact_blocks``, in ``redisync/store/lua/shared.lua`` the unrolled ``join64``.
 
-The fused pass holds BLOCK (32) values of every input in local variables, so its Lua is written out
+The exact pass holds BLOCK (32) values of every input in local variables, so its Lua is written out
 in full rather than looped; this script is where that text comes from. In its file each stretch
 stands between ``-- BEGIN GENERATED <name>`` and ``-- END GENERATED <name>`` markers.
 
     python scripts/generate_fold_pass.py --write   # rewrite the stretches in place
     python scripts/generate_fold_pass.py --check   # fail when a stretch differs (run by the tests)
 
-Why the block is 32 values wide and not wider: Lua 5.1 allows at most 200 local variables in one
-function, and ``fold_values`` holds five blocks of them at once (p, c, r, a, b: 5 × 32 = 160, plus its
-own). A block of 36 (180 + 26 others) no longer compiles ("too many local variables").
+Why the block is 32 values wide: Lua 5.1 allows at most 200 local variables in one function, and
+``exact_blocks`` holds four blocks of them at once (the payload, the sum's two planes, the slot it
+replaces: 4 × 32 = 128, plus its own).
 """
 
 import math
@@ -28,14 +28,6 @@ def names(p):
     return ", ".join(f"{p}{i}" for i in range(1, B + 1))
 
 
-def zeros():
-    return ", ".join("0.0" for _ in range(B))
-
-
-def add(a, b):
-    return ", ".join(f"{a}{i} + {b}{i}" for i in range(1, B + 1))
-
-
 def sq(c):
     return " + ".join(f"{c}{i} * {c}{i}" for i in range(1, B + 1))
 
@@ -50,20 +42,6 @@ def wrap(s, indent, width=116):
             cur = indent + "  " + t.lstrip()
         else:
             cur += t
-    lines.append(cur.rstrip())
-    return "\n".join(lines)
-
-
-def each(target, source, ind):
-    """``target_i = source_i`` for every i, one statement each: Lua compiles a statement into one
-    instruction, where a multiple assignment goes through temporaries (two)."""
-    stmts = [f"{target}{i} = {source.format(i=i)}" for i in range(1, B + 1)]
-    lines, cur = [], ind
-    for st in stmts:
-        if len(cur) + len(st) + 1 > 116 and cur.strip():
-            lines.append(cur.rstrip())
-            cur = ind
-        cur += st + " "
     lines.append(cur.rstrip())
     return "\n".join(lines)
 
@@ -157,9 +135,6 @@ w("  end")
 w("  return look")
 w("end")
 
-ops = " ..\n".join(
-    "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
-).replace("(t[i + 0] or '')", "(t[i] or '')")
 
 ops = " ..\n".join(
     "    " + " .. ".join(f"(t[i + {k}] or '')" for k in range(j, min(j + 5, 64))) for j in range(0, 64, 5)
