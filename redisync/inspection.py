@@ -14,9 +14,9 @@ import redis
 
 from .errors import RedisyncError
 from .store.client import LeaseReading, Store, server_time_us
-from .store.codec import as_text, decode
+from .store.codec import as_text
 from .store.keys import ROOT, run_of
-from .store.schema import KeySpec
+from .store.schema import KeySpec, MergeSpec
 from .store.semantics.base import age_s
 
 
@@ -163,12 +163,8 @@ def _lease_state(until_us: int, served_us: int, stop_cause: str | None) -> str:
 def slot_parts(store: Store, name: str) -> tuple[dict[str, np.ndarray] | None, dict[int, dict[str, np.ndarray]]]:
     """A merge key's aggregate and every live slot, in parts (``count``, ``sum``, ``sumsq``), by shard."""
     spec = store.schema.keys[name]
-    data = {as_text(k): v for k, v in store.redis.hgetall(store.keys.key_data(name)).items() if isinstance(v, bytes)}
-    agg = data.get("agg")
-    slots = {
-        int(f.split(":")[1]): spec.parts_of(decode(raw, spec.width)) for f, raw in data.items() if f.startswith("slot:")
-    }
-    return (None if agg is None else spec.parts_of(decode(agg, spec.width))), slots
+    assert isinstance(spec, MergeSpec), name
+    return spec.stored_parts(store.key_vectors(name))
 
 
 def drift(store: Store) -> dict[str, dict[str, Any]]:

@@ -786,6 +786,12 @@ class Store:
         return {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.keys.key_meta(name)).items()}
 
     @_translated
+    def key_vectors(self, name: str) -> dict[str, bytes]:
+        """The stored vectors of one key (its data hash: what its semantics' module reads)."""
+        data = self.redis.hgetall(self.keys.key_data(name))
+        return {as_text(k): v for k, v in data.items() if isinstance(v, bytes)}
+
+    @_translated
     def run_info(self) -> dict[str, str]:
         """The run's metadata hash: epoch, fleet version, times."""
         return {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.keys.meta).items()}

@@ -300,6 +300,13 @@ class MergeSpec(SpecBase):
             "slots": slots,
         }
 
+    def stored_parts(self, data: Mapping[str, bytes]) -> tuple[dict[str, Vector] | None, dict[int, dict[str, Vector]]]:
+        """From a data hash as stored (`Store.key_vectors`): the aggregate and every live slot, in
+        parts (``count``, ``sum``, ``sumsq``), the slots by shard."""
+        agg = data.get("agg")
+        slots = {int(f.split(":")[1]): self.parts_of(vector(raw)) for f, raw in data.items() if f.startswith("slot:")}
+        return (None if agg is None else self.parts_of(vector(agg))), slots
+
     def drift_measure(self) -> str | None:
         """Moments with sums of squares; a distribution over several elements; a scalar sum: none."""
         return "moments" if self.sumsq else "distribution" if self.size >= 2 else None
