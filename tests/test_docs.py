@@ -568,3 +568,17 @@ def test_the_performance_pages_fleet_table_and_targets_are_its_dated_run():
         in page
     )
     assert f"({run['rate'] / 1e9:.1f} G instructions per second of the server's CPU" in page
+
+
+def test_the_performance_pages_stage_table_of_todays_fold_is_its_dated_run():
+    """The stages of today's fold on the performance page add up the dated profile's lines."""
+    lines = (ROOT / "docs" / "bench" / "fold-stages-2026-12-05-exact.txt").read_text().splitlines()[2:]
+    cost = [int(line.split()[0].replace(",", "")) for line in lines]
+    whole, stages = cost[-1], cost[:-1]
+    assert sum(stages) == whole
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    assert f"spends its {whole / 1e6:.2f} M instructions" in page
+    groups = [sum(stages[:6]), sum(stages[6:8]), stages[8], stages[9], sum(stages[10:])]
+    shown = [f"{g / 1e6:.2f} M" if g >= 1e6 else f"{g / 1e3:.0f} k" for g in groups]
+    for value in shown:
+        assert f"| {value} |" in page, value
