@@ -164,3 +164,23 @@ def test_a_sum_that_needs_more_than_two_planes_is_kept_exactly_and_shrinks_back(
     assert len(store.redis.hget(data, "agg_lo")) == 5 * 8
     assert_matches_reference(store, values)
     assert float(store.fleet().keys["obs/norm"].parts()["sum"][0]) == 2.0
+
+
+def test_an_earlier_layouts_history_is_taken_as_one_exact_plane_whatever_rest_was_left_beside_it(make_store):
+    """A key an earlier redisync folded last (its sums_layout) may hold a retired history that fold
+    changed beside a rest this layout wrote before: the next fold takes the history as one exact plane,
+    writes it back in this layout's planes, and the fleet value is the exact sum with it."""
+    from ...support import lua_state
+
+    store = make_store()
+    store.register({"obs/n": merge(1, lifecycle="history")})
+    store.shard(0).publish({"obs/n": {"count": 1, "sum": 1.0}})
+    store.shard(0, incarnation=2**62).publish({"obs/n": {"count": 1, "sum": 2.0}})  # a fresh life: 1.0 retired
+    meta, data = store.keys.key_meta("obs/n"), store.keys.key_data("obs/n")
+    store.redis.hset(meta, "sums_layout", "4/16/lone")
+    store.redis.hset(data, "retired", codec.encode([np.array([1.0, 5.0])]))  # the earlier fold's history
+    store.redis.hset(data, "retired_lo", codec.encode([np.array([2.0**-60, 0.0])]))  # a rest left from before
+    store.shard(1).publish({"obs/n": {"count": 1, "sum": 4.0}})
+    assert codec.decode(store.redis.hget(data, "retired_lo")).tolist() == [0.0, 0.0]
+    state = lua_state(store)  # (asserts the stored planes are the exact sum of the history and the slots)
+    assert state["keys"]["obs/n"]["value"].tolist() == [3.0, 11.0]

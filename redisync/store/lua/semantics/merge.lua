@@ -1214,13 +1214,15 @@ local function merge_sums(item, spec, resumed, k)
   if bad then return bad end
   -- the history: a new life of a history key that did not resume retires its previous slot
   local retired_planes
-  if got['retired'] then
+  if got['retired'] and rebuild then
+    -- an earlier layout's history (whose fold may have changed it and left a rest that is no longer
+    -- its rest): one plane, taken as exact, and written back in this layout's planes
+    retired_planes = exact_general({got['retired']}, {}, {}, width)
+    item.retired = retired_planes
+  elseif got['retired'] then
     local why
     retired_planes, why = planes(got['retired'], got['retired_lo'], whole, 'retired')
-    if not retired_planes then
-      if not rebuild then return refuse(item, 'corrupt_state', why) end
-      retired_planes = {got['retired']} -- (an earlier layout's history: one plane, taken as exact)
-    end
+    if not retired_planes then return refuse(item, 'corrupt_state', why) end
   end
   local old = retiring and slots[me]
   if old then
