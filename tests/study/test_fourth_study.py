@@ -347,3 +347,40 @@ def test_the_contrast_is_refused_unless_the_gates_run_files_passed(tmp_path):
     with pytest.raises(errors.ConfigurationError, match="gate has not passed"):
         run_contrast(tmp_path, workers=1)
     assert not (tmp_path / "contrast").exists()
+
+
+def test_the_contrasts_result_on_the_pages_is_its_run_files():
+    """contrast.json is the contrast's run files' summary, and the study page, the docs home, the
+    README and the changelog give its verdict with its numbers."""
+    import json
+    from pathlib import Path
+
+    from redisync.study.fourth_study import contrast_summary
+
+    root = Path(__file__).resolve().parents[2]
+    runs = [json.loads(p.read_text())["run"] for p in sorted((root / "docs/ab/fourth-study/contrast").glob("H-*.json"))]
+    summary = contrast_summary(runs)
+    recorded = json.loads((root / "docs/ab/fourth-study/contrast.json").read_text())
+    assert summary["done"]
+    assert recorded["verdict"] == summary["verdict"]
+    assert abs(recorded["mean"] - summary["mean"]) < 1e-12
+    short = {
+        "local lower": "unsynced shards learnt its skill segments worse than synced ones",
+        "equivalent": "no difference between unsynced and synced shards larger than 0.1",
+        "inconclusive": "neither a difference nor equivalence within ±0.1 established",
+    }[summary["verdict"]]
+
+    def text(path: str) -> str:
+        return " ".join((root / path).read_text().split()).replace("\N{MINUS SIGN}", "-")
+
+    lo, hi = summary["ci95"]
+    study = text("docs/study.md")
+    assert f"mean {summary['mean']:+.3f}, 95 % t-interval [{lo:+.3f}, {hi:+.3f}]" in study
+    assert (
+        f'"local lower" p {summary["p_one_sided_t"]:.3g}; equivalence within ±0.1 p {summary["p_equivalence"]:.3g}'
+        in study
+    )
+    assert ", ".join(f"{summary['differences'][s]:+.3f}" for s in sorted(summary["differences"])) in study
+    for page in ("docs/index.md", "README.md", "CHANGELOG.md"):
+        assert short in text(page), page
+    assert f"[{lo:+.3f}, {hi:+.3f}]" in text("README.md")
