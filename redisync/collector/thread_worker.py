@@ -308,7 +308,9 @@ class ThreadWorker:
         )
 
     def _attempt(self, what: str, call: Any) -> Any:
-        """Run one step of the worker; a failure is counted and logged once per change, never raised."""
+        """Run one step of the worker; a failure is counted and logged once per change, never raised.
+        A step that returns False did nothing on the network (nothing to publish): it says nothing about
+        the store, so it does not end an outage."""
         try:
             result = call()
         except errors.RunNotFound:
@@ -335,7 +337,7 @@ class ThreadWorker:
             self._schema_mismatch = None
             self.problems.clear("start")
         self.problems.clear(what)
-        if self._unreachable_since is not None:
+        if self._unreachable_since is not None and result is not False:
             log.warning(
                 "redisync shard %d: the store answers again after %.1f s",
                 self.shard.shard_id,
