@@ -112,12 +112,12 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
         sampler.step()
         # only the sync calls are timed; what the step did is worked out after
         if syncer is not None:
-            reported = syncer._last_report
+            reported = syncer.cadence.time_at
             t = perf_ns()
             syncer.on_step()
             took_state = syncer.at_reset_boundary()
             t1 = perf_ns()
-            kinds.append("apply" if took_state else "hand-over" if syncer._last_report != reported else "neither")
+            kinds.append("apply" if took_state else "hand-over" if syncer.cadence.time_at != reported else "neither")
             if took_state and step >= WARMUP:  # how far behind the store the state just applied is, in versions
                 lags.append(int(store.redis.hget(store.keys.meta, "fleet_version") or 0) - syncer._applied_version)
         else:

@@ -12,9 +12,10 @@ interpreter lock of its own, so it can never hold the collector's. The two meet 
   publishes the payloads as they came) into the outbox when a publish is due, ``at_reset_boundary()`` applies a newer fleet state the sidecar
   left decoded in the inbox.
 
-Inside the sidecar a `Syncer` with the thread worker and one `MailboxTerm`
-does the work, so re-seeding after a store restart, the life-cycle rules, retries and the
-subscription are the same code as the thread worker's.
+The sidecar process (`redisync.collector.sidecar_process`) runs the thread worker's network loop
+for a `Relay` of this collector's shard, so re-seeding after a store restart, the life-cycle rules,
+retries and the subscription are the same code as the thread worker's. This module is the
+collector's side: the mailbox, the hot path's two calls, spawning, watching and stopping the sidecar.
 
 **A sidecar holds no state of its own**; a successor (the monitor restarts one that died or hung,
 and ``stop()`` starts one to publish the last report if the last one died) reads from the mailbox
@@ -42,12 +43,9 @@ header what it must continue from. The invariants:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import math
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -56,13 +54,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from .. import errors
 from ..lifeline import STOP_CAUSES
-from ..store.client import ShardClient, Store, connect
+from ..store.client import ShardClient, Store
 from ..store.codec import KeyView, PullResult
-from ..store.schema import Encoded, Limits, Schema, encode_reports
+from ..store.schema import Limits, Schema, encode_reports
 from .mailbox import (
     DONE,
     FLUSH,
@@ -80,25 +77,19 @@ from .mailbox import (
     STOP_CAUSE,
     Mailbox,
     MailboxFull,
-    pack_handed,
     unpack_handed,
 )
+from .report_codec import ReportCodec
 from .seam import SharesFleet, SharesReport, SyncedTerm
-from .settings import SyncSettings
-from .shared_state import SharedState, SidecarState
-from .syncer import Syncer
+from .shared_state import SharedState
 from .thread_worker import STATS
-from .worker import Host, claim, report_of
+from .worker import Host, claim, join_start, report_of
 
 log = logging.getLogger(__name__)
 
-LOOP_S = 0.001  # how often the sidecar looks at the outbox and its worker
-STATUS_EVERY_S = 0.05
-STATUS_LATENCIES = 1000  # the most recent publish latencies the status carries
 CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
 HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
 MAX_BACKOFF_S = 5.0
-NICE = 10  # where SCHED_BATCH is missing (not Linux): background work yields the CPU to its collector
 STARTUP_S = 10.0  # how long start() waits for the sidecar to serve
 
 
@@ -106,33 +97,6 @@ def _slot_bytes(schema: Schema, copies: int) -> int:
     """Room for ``copies`` float64 vectors per key, pickling overhead, and a factor of two to spare."""
     floats = sum(spec.width for spec in schema.keys.values())
     return 2 * (copies * 8 * floats + 512 * len(schema.keys)) + 4096
-
-
-class ReportCodec:
-    """Reports through the outbox: each key's payload, checked and encoded once by the collector
-    (`encode_reports`), as one float64 vector tagged with the key's index in the schema; the
-    sidecar publishes it as it came (`Encoded`). The shared terms' parts get their shapes back here."""
-
-    def __init__(self, schema: Schema):
-        self.schema = schema
-        self.names = list(schema.keys)
-        self.index = {name: i for i, name in enumerate(self.names)}
-
-    def encode(self, payloads: Mapping[str, bytes]) -> list[tuple[int, NDArray[np.float64]]]:
-        """The payloads as tagged vectors for `Mailbox.write_vectors` (no copy: it copies them in)."""
-        return [(self.index[name], np.frombuffer(payload, dtype="<f8")) for name, payload in payloads.items()]
-
-    def decode(self, vectors: list[tuple[int, NDArray[Any]]]) -> dict[str, Encoded]:
-        """The payloads back from the vectors `encode` made, as they were encoded."""
-        return {self.names[tag]: Encoded(flat.astype("<f8", copy=False).tobytes()) for tag, flat in vectors}
-
-    def shaped(self, name: str, part: str, flat: NDArray[Any]) -> Any:
-        """A flat part in its key's shape (a number for a scalar part)."""
-        spec = self.schema.keys[name]
-        shape = next((s for p, s, _, _ in spec.payload_parts() if p == part), spec.shape)
-        if flat.size == max(math.prod(shape), 1):  # another size stays flat: validation names the mismatch
-            return float(flat[0]) if shape == () else flat.reshape(shape)
-        return flat
 
 
 class SidecarWorker:
@@ -205,7 +169,7 @@ class SidecarWorker:
         header = self._header
         if header is not None:
             header[STEPS] += 1
-        if self.syncer.reporting and self.syncer.report_due():
+        if self.syncer.reporting and self.syncer.cadence.step():
             if header is not None and header[DONE] >= self._out_seq:
                 self._take_reports()
             else:
@@ -444,7 +408,7 @@ class SidecarWorker:
         try:
             process = subprocess.Popen(
                 # -c, not -m: the package imports this module, and -m would run a second copy as __main__
-                [sys.executable, "-c", "from redisync.collector.sidecar import main; main()"],
+                [sys.executable, "-c", "from redisync.collector.sidecar_process import main; main()"],
                 stdin=subprocess.PIPE,
                 close_fds=True,
                 pass_fds=(read_end,),
@@ -508,7 +472,7 @@ class SidecarWorker:
         self.mailbox.header[STOP_CAUSE] = STOP_CAUSES.index(cause)  # before STOP: the sidecar gives the lease up for it
         timeout = max(0.0, deadline - time.monotonic())
         self.syncer.closing.set()  # a start still waiting for the store does not spawn a sidecar any more
-        self.syncer.join_start(deadline)
+        join_start(self.syncer, deadline)
         if flush:
             self.flush()
         self._stopping.set()
@@ -641,228 +605,7 @@ class SidecarWorker:
         return self._process.pid if self._process is not None else None
 
 
-# ---------------------------------------------------------------------------------- the sidecar process
-
-
-class MailboxTerm:
-    """The collector's terms as the sidecar's syncer sees them: reports from the outbox (copied
-    terms) and from the shared buffers (shared terms), the fleet state written to the inbox."""
-
-    def __init__(self, schema: Schema, mailbox: Mailbox, shared: SidecarState | None):
-        self.schema, self.mailbox, self.shared_state = schema, mailbox, shared
-        self.codec = ReportCodec(schema)
-        self.copied: dict[str, Any] = {}  # the copied terms' payloads, encoded by the collector
-        self.shared: dict[str, Mapping[str, Any]] = {}
-
-    def schema_entries(self) -> Mapping[str, Any]:
-        """The keys of the terms whose reports travel through the mailbox."""
-        return self.schema.keys
-
-    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """The reports the collector handed over, decoded from the mailbox."""
-        return {**self.copied, **self.shared}
-
-    def apply_shard_state(self, fleet: PullResult) -> None:
-        # first: a successor must know of this state before the collector can have applied it
-        """Stage the fleet state in the mailbox for the collector's next reset boundary."""
-        self.mailbox.header[HANDED] = pack_handed(fleet.epoch, fleet.fleet_version)
-        if self.shared_state is not None:  # staged first: once the inbox shows a version, the staging holds it
-            self.shared_state.stage(fleet)
-        keys = [
-            (
-                name,
-                v.version,
-                None if v.value is None else v.value.tobytes(),
-                None if v.own_slot is None else v.own_slot.tobytes(),
-                v.own_incarnation,
-            )
-            for name, v in fleet.keys.items()
-        ]
-        self.mailbox.write(
-            INBOX,
-            (fleet.epoch, fleet.fleet_version, fleet.epoch_changed, fleet.server_time_us, fleet.lost_writes, keys),
-        )
-
-
-class SharedCadence:
-    """When the sidecar reads the shared terms' buffers: every ``every_steps`` of the collector's
-    steps or ``every_s`` seconds (if it stepped), when the worker is free — and at once for a flush
-    request. A copy whose sequence number was published already is not published again."""
-
-    def __init__(self, reader: SidecarState, header: Any, every_steps: int, every_s: float):
-        self.reader, self.header = reader, header
-        self.every_steps, self.every_s = every_steps, every_s
-        self.steps_at, self.time_at = 0, 0.0  # a restarted sidecar reads at once
-        self.published_seq = -1
-        self.covered = 0  # the last flush request a copy was taken after
-
-    def due(self, now: float, busy: bool) -> bool:
-        """Whether a report is due: enough steps or seconds since the last one."""
-        if self.header[FLUSH] > self.covered:
-            return True
-        steps = self.header[STEPS]
-        return (
-            not busy
-            and steps > self.steps_at
-            and (steps - self.steps_at >= self.every_steps or now - self.time_at >= self.every_s)
-        )
-
-    def take(self, now: float) -> dict[str, Any] | None:
-        """The shared reports if they changed since the last ones taken; None otherwise, or when the
-        collector was writing them each time we looked."""
-        request, steps = self.header[FLUSH], self.header[STEPS]
-        snapshot = self.reader.snapshot()
-        if snapshot is None:
-            return None
-        seq, reports = snapshot
-        self.steps_at, self.time_at, self.covered = steps, now, request
-        if seq == self.published_seq:
-            return None
-        self.published_seq = seq
-        return reports
-
-
 def _import_path() -> list[str]:
     """Where this process finds redisync and what it imports: the sidecar's PYTHONPATH."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return [here] + [p for p in sys.path if p and p != here and os.path.exists(p)]
-
-
-def _exit_with_collector(lifeline: int) -> None:
-    """Exit when the collector's process is gone: the pipe's write end is closed by its death (or
-    its stop()), whichever of its threads started us."""
-
-    def wait() -> None:
-        while True:
-            try:
-                if not os.read(lifeline, 64):
-                    os._exit(0)
-            except InterruptedError:
-                continue
-            except OSError:
-                os._exit(0)
-
-    threading.Thread(target=wait, name="redisync-sidecar-lifeline", daemon=True).start()
-
-
-def _status(syncer: Syncer) -> dict[str, Any]:
-    status = syncer.worker.status()
-    keep = {k: status[k] for k in ("announced", "subscribed", "problem", "schema_mismatch", "latency", "stats")}
-    return keep | {"latencies_ms": list(syncer.latencies_ms)[-STATUS_LATENCIES:]}
-
-
-def _yield_to_the_collector() -> None:
-    """A batch process (Linux's SCHED_BATCH): waking up, it never preempts its collector (a preempted
-    hot path shows at the tail), yet on a saturated CPU it keeps a fair share. A nice-10 sidecar got
-    ~2 % of a core with every core busy and needed ~5.5 s for its last publish and exit, past a 5 s
-    stop(); a nice value cannot be lowered again without privileges, so the stop cannot win it back."""
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    else:
-        os.nice(NICE)
-
-
-def serve(config: dict[str, Any]) -> None:
-    """The sidecar's loop: take new reports from the outbox, hand new fleet states to the inbox."""
-    _exit_with_collector(config["lifeline"])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the collector: it stops us when it is done
-    _yield_to_the_collector()
-    name, sizes = config["mailbox"]
-    box = Mailbox.attach(name, sizes)
-    header = box.header
-    url, run_kwargs = config["connect"]
-    store = connect(url, run=config["run"], **run_kwargs)
-    schema = Schema.model_validate_json(config["schema"])
-    shared = None if config["shared"] is None else SidecarState(config["shared"])
-    term = MailboxTerm(schema, box, shared)
-    settings = SyncSettings(**config["settings"])
-    cadence = (
-        None
-        if shared is None or not shared.parts
-        else SharedCadence(shared, header, settings.publish_every_steps, settings.publish_every_s)
-    )
-    syncer = Syncer(
-        store,
-        config["shard_id"],
-        [term],
-        # the collector counts the steps and hands a report over when one is due: publish what arrives
-        settings=dataclasses.replace(settings, publish_every_steps=2**62),
-        incarnation=config["incarnation"],
-        resume=config["resume"],
-        take_over=config["take_over"],
-    )
-    # continue where an earlier sidecar of this collector left off (nothing of it lives in this process)
-    handed = unpack_handed(header[HANDED])
-    if handed is not None:
-        syncer.shard.continue_from(*handed)
-    syncer.shard.seq = header[SEQ]
-    syncer.shard.reserve = lambda seq: header.__setitem__(SEQ, seq)  # before the fold is sent
-    syncer.start()
-    header[SIDECAR_PID] = os.getpid()  # serving: the collector's start() returns
-    sequenced = False  # continue the shard's sequence numbers above the server's and any reserved
-    taken = 0  # the outbox is read again: a report an earlier sidecar took may never have reached the store
-    next_status = next_retry = 0.0
-    while True:
-        now = time.monotonic()
-        header[HEARTBEAT_MS] = int(now * 1e3)
-        stop = header[STOP]
-        if not sequenced and now >= next_retry:
-            try:
-                syncer.shard.seq = max(syncer.shard.seq, syncer.shard.last_folded_seq())
-                header[INCARNATION] = syncer.shard.incarnation + 1
-                sequenced = True
-            except errors.RedisyncError as e:
-                log.info("sidecar shard %d: the store is not answering yet (%s)", syncer.shard.shard_id, e)
-                next_retry = now + syncer.settings.retry_every_s
-        fresh = False
-        got = box.read_vectors(OUTBOX, taken) if sequenced else None
-        if got is not None:
-            taken, vectors = got
-            term.copied, fresh = term.codec.decode(vectors), True
-        if cadence is not None and sequenced and (stop == 1 or cadence.due(now, syncer.has_pending())):
-            reports = cadence.take(now)
-            if reports is not None:
-                term.shared, fresh = (
-                    {
-                        name: {
-                            part: v if type(v) is float else term.codec.shaped(name, part, v)
-                            for part, v in parts.items()
-                        }
-                        for name, parts in reports.items()
-                    },
-                    True,
-                )
-        if fresh:
-            syncer.flush()
-        if stop:
-            # the last report was handed to the worker just above: wait for it to be published. Not
-            # stop(flush=True), which would hand the same report over again as a new object, and the
-            # worker would publish it twice if the first copy were already on its way
-            deadline = now + 3.0
-            while stop == 1 and syncer.has_pending() and time.monotonic() < deadline:
-                time.sleep(LOOP_S)
-            answered = not syncer.has_pending()
-            syncer.stop(flush=False, timeout=1.0, cause=STOP_CAUSES[int(header[STOP_CAUSE])])
-            if answered:
-                header[DONE] = taken
-                if cadence is not None:
-                    header[FLUSHED] = cadence.covered
-            box.write(STATUS, _status(syncer))
-            break
-        if not syncer.has_pending():  # the store answered for everything taken so far
-            header[DONE] = taken
-            if cadence is not None:
-                header[FLUSHED] = cadence.covered
-        syncer.at_reset_boundary()  # a new fleet state goes to the inbox
-        if now >= next_status:
-            box.write(STATUS, _status(syncer))
-            next_status = now + STATUS_EVERY_S
-        time.sleep(LOOP_S)
-    box.close()
-
-
-def main() -> None:
-    """The sidecar process's entry point: read its configuration from stdin and serve."""
-    config = pickle.load(sys.stdin.buffer)
-    logging.basicConfig(level=logging.WARNING, format=f"redisync sidecar {os.getpid()}: %(levelname)s %(message)s")
-    serve(config)

@@ -16,7 +16,6 @@ to them; ``resume=True``/``False`` overrides that for every key.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -24,13 +23,13 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import errors
 from ..lifeline import stop_cause
 from ..store.client import Store
+from .cadence import Cadence
 from .seam import CountsDeviceCopies, HasMetrics, Prepares, Resumes, SyncedTerm, schema_of
 from .settings import SyncSettings
 from .thread_worker import ThreadWorker
-from .worker import Problems, Worker, log, report_of
+from .worker import Problems, Worker, launch, report_of
 
 _live: weakref.WeakSet[Syncer] = weakref.WeakSet()  # started and not stopped: a forked child detaches them
 
@@ -72,11 +71,10 @@ class Syncer:
         self.problems = Problems(shard_id)
         self.forked = False  # this object was inherited by a forked child: it must not touch the parent's sync
         self.closing = threading.Event()  # stop() has begun: a start still waiting for the store starts no worker
-        self._steps = 0
-        self._last_report = time.monotonic()
+        self.cadence = Cadence(self.settings.publish_every_steps, self.settings.publish_every_s)
         self._applied_version = 0
         self._applied_at = time.monotonic()
-        self._starter: threading.Thread | None = None
+        self.starter: threading.Thread | None = None  # the start's thread: it may still be registering
         self.start_failed: str | None = None  # why the worker could not start (then nothing is published)
         self.worker: Worker = ThreadWorker(self)
 
@@ -115,20 +113,12 @@ class Syncer:
             time.sleep(0.01)
         return False
 
-    def report_due(self) -> bool:
-        """Counts a step of the reporting terms: whether a report is due (enough steps or seconds)."""
-        self._steps += 1
-        return (
-            self._steps >= self.settings.publish_every_steps
-            or time.monotonic() - self._last_report >= self.settings.publish_every_s
-        )
-
     def take_reports(self, settle: bool = False) -> dict[str, Mapping[str, Any]]:
         """The reporting terms' reports, now (the next one falls due a whole period later)."""
         reports: dict[str, Mapping[str, Any]] = {}
         for term in self.reporting:
             reports.update(report_of(term, settle))
-        self._steps, self._last_report = 0, time.monotonic()
+        self.cadence.taken()
         return reports
 
     @property
@@ -164,77 +154,20 @@ class Syncer:
             if isinstance(term, Prepares):
                 term.prepare()
         self.worker.prepare()
-        registered, returned = threading.Event(), threading.Event()
-        failure: list[BaseException] = []
-
-        def register_then_start() -> None:
-            try:
-                while not self._found_home():  # nothing is published before the shard knows its run
-                    if self.closing.wait(self.settings.retry_every_s):
-                        return
-                self.worker.register()  # the incarnation is claimed now, before this process publishes anything
-                self.problems.clear("start")
-            except errors.ConnectionUnavailable as e:
-                log.info("store unavailable at start (the worker keeps trying): %s", e)
-            except BaseException as e:  # raised by start() while it waits; shown by health() once it has returned
-                failure.append(e)
-                registered.set()
-                if returned.is_set():
-                    self.problems.report(f"start: {type(e).__name__}: {e}", logging.ERROR)
-                return
-            registered.set()
-            if not self.closing.is_set():
-                try:
-                    self.worker.start()
-                except BaseException as e:  # nothing would reach the store: said at once, never silent
-                    self.start_failed = f"start: the worker could not start: {type(e).__name__}: {e}"
-                    self.problems.report(self.start_failed, logging.ERROR, exc=True)
-
-        self._starter = threading.Thread(
-            target=register_then_start, name=f"redisync-start-{self.shard.shard_id}", daemon=True
-        )
-        self._starter.start()
         _live.add(self)
-        if not registered.wait(self.settings.start_timeout_s):
-            returned.set()
-            self.problems.report(
-                f"start: the store did not answer within {self.settings.start_timeout_s:g} s "
-                "(registering and claiming the shard go on in the background)",
-                logging.WARNING,
-            )
-            return self
-        if failure:
-            self.stop(flush=False, timeout=1.0)  # frees what the worker had prepared
-            raise failure[0]
-        self._starter.join()  # the worker's own start (a sidecar's is bounded by its start-up time)
-        return self
-
-    def _found_home(self) -> bool:
-        """Move the shard to its sub-run if the run is split (`Store.split`); False while the store
-        cannot say (the start's thread tries again)."""
         try:
-            home = self.store.home(self.shard.shard_id)
-        except errors.ConnectionUnavailable as e:
-            log.info("store unavailable at start (the start keeps trying): %s", e)
-            return False
-        if home is not self.store:
-            shard = home.shard(self.shard.shard_id, self.shard.claimed_incarnation, resume=self.shard.resume)
-            shard.take_over = self.shard.take_over
-            self.store, self.shard = home, shard
-            self.worker.rehome(home, shard)
-        return True
-
-    def join_start(self, deadline: float) -> None:
-        """Wait, until ``deadline`` at most, for a start still registering in the background."""
-        if self._starter is not None and self._starter.is_alive():
-            self._starter.join(max(0.0, deadline - time.monotonic()))
+            launch(self, self.worker)
+        except BaseException:
+            self.stop(flush=False, timeout=1.0)  # frees what the worker had prepared
+            raise
+        return self
 
     def _after_fork_in_child(self) -> None:
         """This object was copied into a forked child: its threads did not come along, and it must
         never stop, publish for or write into its parent's sync. A child that wants to sync starts
         a Syncer of its own."""
         self.forked = True
-        self._starter = None
+        self.starter = None
         self.closing.set()
         self.worker.after_fork()
 

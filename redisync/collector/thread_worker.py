@@ -9,7 +9,7 @@ already-decoded state into the terms.
 
 If the store loses the run (a restart without persistence: a new epoch), the worker registers the
 schema again and re-publishes the shard's latest cumulative reports, which re-seeds the merge keys
-exactly. The sidecar process runs this worker too (`redisync.collector.sidecar`).
+exactly. The sidecar process runs this worker too (`redisync.collector.sidecar_process`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .. import errors
 from ..store.client import ShardClient, Store
 from ..store.codec import PullResult, as_text
 from ..store.schema import Limits
-from .worker import Host, claim, log
+from .worker import Host, claim, join_start, log
 
 LOST_SAID_EVERY_S = 60.0  # a lost connection is logged at most once a minute
 WINDOW_MARGIN_S = 0.01  # past an announcement window's end: when a follower that heard it open looks once
@@ -130,7 +130,7 @@ class ThreadWorker:
 
     def on_step(self) -> None:
         """Hand the reports over when a publish is due."""
-        if self.syncer.report_due():
+        if self.syncer.cadence.step():
             self._take_reports()
 
     def at_reset_boundary(self) -> tuple[int, float] | None:
@@ -204,7 +204,7 @@ class ThreadWorker:
     def stop(self, flush: bool, deadline: float, cause: str) -> bool:
         """A last publish of the current reports (when ``flush``), then the threads stop (daemon
         threads stuck on an unresponsive server end on their own)."""
-        self.syncer.join_start(deadline)
+        join_start(self.syncer, deadline)
         if flush:
             self._take_reports(settle=True)
             while self.pending() and time.monotonic() < deadline and any(t.is_alive() for t in self._threads):

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from .. import errors
 from ..store.client import ShardClient, Store
 from ..store.schema import Limits, Schema
+from .cadence import Cadence
 from .seam import Settles, SyncedTerm
 from .settings import SyncSettings
 
@@ -24,27 +25,25 @@ log = logging.getLogger("redisync.collector.syncer")  # (one logger for the coll
 
 
 class Host(Protocol):
-    """What a worker sees of the `Syncer` that holds it: the run, the shard, the terms, the settings
-    and the collector-side cadence (so that the module of each worker depends on this one only)."""
+    """What a worker sees of what holds it — a collector's `Syncer`, or the sidecar process's
+    `redisync.collector.sidecar_process.Relay`: the run, the shard, the terms, the settings and the
+    cadence (so that the module of each worker depends on this one only)."""
 
     store: Store
     shard: ShardClient
     schema: Schema
-    terms: list[SyncedTerm]
+    terms: list[SyncedTerm]  # the terms handed fleet states
     reporting: list[SyncedTerm]  # the terms whose reports this process builds (a sidecar shares some)
     problems: Problems
     settings: SyncSettings
+    cadence: Cadence  # when a report falls due (counted on the hot path)
     forked: bool  # a forked child's copy: never touches the parent's sync
     closing: threading.Event  # stop() has begun: a start still waiting starts no worker
-
-    def report_due(self) -> bool:
-        """Counts a step of the reporting terms: whether a report is due."""
+    starter: threading.Thread | None  # the start's thread (`launch`): it may still be registering
+    start_failed: str | None  # why the worker could not start (then nothing is published)
 
     def take_reports(self, settle: bool = False) -> dict[str, Mapping[str, Any]]:
-        """The reporting terms' reports, now."""
-
-    def join_start(self, deadline: float) -> None:
-        """Wait, until ``deadline`` at most, for a start still registering in the background."""
+        """The reporting terms' reports, now (the next one falls due a whole period later)."""
 
 
 class Worker(Protocol):
@@ -146,3 +145,74 @@ def claim(syncer: Host, limits: Limits | None) -> Limits | None:
                 raise  # renewed meanwhile: a live process holds it
             held_until = until if held_until is None else max(held_until, until)
             time.sleep(min(e.remaining_ms / 1e3 + 0.05, lease_s / 15))  # three looks per renewal
+
+
+def join_start(host: Host, deadline: float) -> None:
+    """Wait, until ``deadline`` at most, for a start still registering in the background."""
+    starter = host.starter
+    if starter is not None and starter.is_alive():
+        starter.join(max(0.0, deadline - time.monotonic()))
+
+
+def launch(host: Host, worker: Worker) -> None:
+    """Register the schema, claim the shard and start ``worker``, from a thread of its own
+    (``host.starter``). Returns once the worker started, or after ``start_timeout_s`` with
+    registering and claiming going on in the background (said by the host's problems); raises what
+    registering raised meanwhile (`SchemaMismatch`, `PermissionDenied`, ...)."""
+    registered, returned = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def register_then_start() -> None:
+        try:
+            while not _found_home(host, worker):  # nothing is published before the shard knows its run
+                if host.closing.wait(host.settings.retry_every_s):
+                    return
+            worker.register()  # the incarnation is claimed now, before this process publishes anything
+            host.problems.clear("start")
+        except errors.ConnectionUnavailable as e:
+            log.info("store unavailable at start (the worker keeps trying): %s", e)
+        except BaseException as e:  # raised by the start while it waits; shown by health() once it has returned
+            failure.append(e)
+            registered.set()
+            if returned.is_set():
+                host.problems.report(f"start: {type(e).__name__}: {e}", logging.ERROR)
+            return
+        registered.set()
+        if not host.closing.is_set():
+            try:
+                worker.start()
+            except BaseException as e:  # nothing would reach the store: said at once, never silent
+                host.start_failed = f"start: the worker could not start: {type(e).__name__}: {e}"
+                host.problems.report(host.start_failed, logging.ERROR, exc=True)
+
+    starter = threading.Thread(target=register_then_start, name=f"redisync-start-{host.shard.shard_id}", daemon=True)
+    host.starter = starter
+    starter.start()
+    if not registered.wait(host.settings.start_timeout_s):
+        returned.set()
+        host.problems.report(
+            f"start: the store did not answer within {host.settings.start_timeout_s:g} s "
+            "(registering and claiming the shard go on in the background)",
+            logging.WARNING,
+        )
+        return
+    if failure:
+        raise failure[0]
+    starter.join()  # the worker's own start (a sidecar's is bounded by its start-up time)
+
+
+def _found_home(host: Host, worker: Worker) -> bool:
+    """Move the shard to its sub-run if the run is split (`Store.split`); False while the store
+    cannot say (the start's thread tries again)."""
+    try:
+        home = host.store.home(host.shard.shard_id)
+    except errors.ConnectionUnavailable as e:
+        log.info("store unavailable at start (the start keeps trying): %s", e)
+        return False
+    if home is not host.store:
+        old = host.shard
+        shard = home.shard(old.shard_id, old.claimed_incarnation, resume=old.resume, reserve=old.reserve)
+        shard.take_over = old.take_over
+        host.store, host.shard = home, shard
+        worker.rehome(home, shard)
+    return True

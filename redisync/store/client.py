@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -694,12 +694,18 @@ class Store:
         )
 
     def shard(
-        self, shard_id: int, incarnation: int | None = None, *, resume: bool | Iterable[str] = False
+        self,
+        shard_id: int,
+        incarnation: int | None = None,
+        *,
+        resume: bool | Iterable[str] = False,
+        reserve: Callable[[int], None] | None = None,
     ) -> ShardClient:
         """The client of collector ``shard_id``. Without ``incarnation`` it claims a new one from the
         server at its first call; ``resume`` names the keys (True: all) this process resumed from a
-        checkpoint holding its own cumulative statistics, whose previous slots it takes over."""
-        return ShardClient(self, shard_id, incarnation, resume=resume)
+        checkpoint holding its own cumulative statistics, whose previous slots it takes over;
+        ``reserve`` is called with each sequence number before its fold is sent."""
+        return ShardClient(self, shard_id, incarnation, resume=resume, reserve=reserve)
 
     @_translated
     def claim(self, shard_id: int, take_over: bool = True) -> int:
@@ -878,7 +884,13 @@ class ShardClient:
     """
 
     def __init__(
-        self, store: Store, shard_id: int, incarnation: int | None = None, *, resume: bool | Iterable[str] = False
+        self,
+        store: Store,
+        shard_id: int,
+        incarnation: int | None = None,
+        *,
+        resume: bool | Iterable[str] = False,
+        reserve: Callable[[int], None] | None = None,
     ):
         if not isinstance(shard_id, (int, np.integer)) or isinstance(shard_id, bool) or not 0 <= shard_id < 10**9:
             raise errors.MalformedReport(None, f"shard_id must be an int in [0, 1e9), got {shard_id!r}")
@@ -893,9 +905,8 @@ class ShardClient:
         self._poll_reply: list[bytes] = []
         self.highest_version = 0  # the highest fleet version this client has seen, in any epoch
         self._continued_epoch: int | None = None  # epoch_tag of highest_version when continued from another process
-        self.reserve: Any = (
-            None  # called with each seq before its fold is sent (a sidecar records it for its successor)
-        )
+        # called with each seq before its fold is sent (a sidecar records it for its successor)
+        self.reserve = reserve
         self.take_over = True  # claim even while another live process holds the shard (a Syncer asks first)
         self._limits: Limits | None = None
         self._fold_keys: dict[tuple[str, ...], list[str]] = {}  # KEYS of the fold, per set of reported keys

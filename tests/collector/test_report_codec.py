@@ -8,7 +8,8 @@ import pytest
 
 from redisync import errors
 from redisync.collector.mailbox import OUTBOX, Mailbox
-from redisync.collector.sidecar import ReportCodec, _slot_bytes
+from redisync.collector.report_codec import ReportCodec
+from redisync.collector.sidecar import _slot_bytes
 from redisync.store import schema as schema_module
 from redisync.store.schema import Encoded, Limits, Schema, broadcast, encode_reports, maximum, merge
 
