@@ -133,6 +133,30 @@ def test_a_semantics_lives_in_its_modules_and_the_sidecar_is_a_worker_not_a_sync
     assert not [name for name, base in bases.items() if any(b.endswith("Syncer") for b in base)], bases
 
 
+def test_a_semantics_reads_only_what_the_fold_passes_it():
+    """A semantics' Lua reads the fold being made from the context it is passed (``fold.shard``,
+    ``fold.now_s``, ...), never from the envelope's own variables (shared.lua's block "One fold's own
+    state"): its check, apply and pull say in their arguments what they depend on."""
+    shared = (ROOT / "redisync/store/lua/shared.lua").read_text()
+    block = shared.split("-- One fold's own state", 1)[1].split("\n\n", 1)[0]
+    state = {
+        name.strip()
+        for line in block.splitlines()
+        if line.startswith("local ")
+        for name in line[len("local ") :].split("--")[0].split(",")
+    }
+    state |= {"run_clock"}
+    assert {"KEYS", "shard", "inc", "seq", "now_s", "own", "run"} <= state, state
+    read = {}
+    for module in (ROOT / "redisync/store/lua/semantics").glob("*.lua"):
+        code = re.sub(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"", "''", module.read_text())
+        code = re.sub(r"--[^\n]*", "", code)
+        names = {m.group(1) for m in re.finditer(r"(?<![\w.])([A-Za-z_]\w*)(?!\w)", code)} & state
+        if names:
+            read[module.name] = sorted(names)
+    assert not read, f"semantics reading the envelope's own variables instead of the fold context: {read}"
+
+
 def test_every_test_says_the_invariant_it_holds():
     """Every test function has a docstring (the invariant it holds, as rsl_rl's tests say theirs)."""
     import ast

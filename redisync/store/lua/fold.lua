@@ -226,6 +226,8 @@ local function fold(keys, args)
   now_s = t[1] .. string.sub('00000' .. t[2], -6) -- (microseconds, without a float format)
   now = t[1] * 1000000 + t[2]
   clock_read = false
+  FOLD.shard, FOLD.inc, FOLD.seq, FOLD.now_s, FOLD.now, FOLD.own, FOLD.run, FOLD.run_meta, FOLD.shards =
+    shard, inc, seq, now_s, now, own, run, KEYS[1], KEYS[2]
 
   -- The server process: a fold by another process than the previous fold's (a restart, a failover)
   -- may follow lost writes, so it opens a new epoch; every client then takes the whole state and
@@ -277,7 +279,7 @@ local function fold(keys, args)
       version + 1
     item.field, item.bytes = pair[3], decl.bytes -- (its stream entry's field, and what it says of the payload)
     item.graced = decl.grace and true or false -- (a lease grace: the fold reads the run's clock)
-    local bad = module.check(item, spec, decl, resumed)
+    local bad = module.check(item, spec, decl, resumed, FOLD)
     if bad then return bad end
   end
 
@@ -305,7 +307,7 @@ local function fold(keys, args)
   local versions = {}
   for i = 1, nkeys do
     local item = items[i]
-    item.module.apply(item)
+    item.module.apply(item, FOLD)
     versions[i] = item.version
   end
 

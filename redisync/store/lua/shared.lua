@@ -6,10 +6,10 @@
 -- the semantics' name (library.py makes that table from the Python registry):
 --   reads(own)        the key-meta fields, beyond semantics, declared and version, that its check reads
 --                     (the fold reads them in the same HMGET: spec[4], spec[5], ...; may return none)
---   check(item, spec, decl, resumed)   nil, or the rejection: every check of the key before any write;
---                     it sets on the item every field its apply reads (the item tables are the VM's,
---                     reused from fold to fold)
---   apply(item)       the key's writes, once every key of the report has passed its check
+--   check(item, spec, decl, resumed, fold)   nil, or the rejection: every check of the key before any
+--                     write; it sets on the item every field its apply reads (the item tables are the
+--                     VM's, reused from fold to fold)
+--   apply(item, fold) the key's writes, once every key of the report has passed its check
 --   pull(km, kd, shard)   what a pull hands the caller: the fleet value, and the caller's own slot and
 --                     its incarnation where the semantics keeps one (nil otherwise)
 -- (item: the key's name, payload, meta and data hashes, next version, module; spec: the HMGET of the
@@ -27,6 +27,7 @@ local KEYS, ARGV, run, meta, shard, inc, seq, floor, resume
 local nkeys, fleet_version, cur, now_s, now, server, epoch, limits
 local served, stalled_s -- the run's served clock at this fold (clock.lua), and clock_stalled_us's new text
 local clock_read -- whether this fold read the clock (only a fold of a key with a lease grace needs it)
+local own -- the folding shard's field names (see shard_fields)
 
 -- The run's served clock at this fold, read at its first use: a fold of keys without a lease grace
 -- (history keys) neither reads nor advances it (the leases' renewals and the folds of state keys do).
@@ -38,7 +39,17 @@ local function run_clock()
   end
   return served
 end
-local own -- the folding shard's field names (see shard_fields)
+
+-- What a semantics' check and apply are passed of the fold being made (their last argument; a
+-- semantics reads no variable of the fold's own state above). One table, made once and refilled by
+-- each fold (fold.lua), as the items are:
+--   shard, inc, seq   the folding shard's id, incarnation and sequence number (decimal texts)
+--   now_s, now        the server's time at this fold in microseconds (a decimal text, a number)
+--   own               the folding shard's field names (shard_fields)
+--   run               the run's key names (run_keys: run.written, run.lease_ends, run.gave_up, ...)
+--   run_meta, shards  the run's meta hash and its shards hash (the fold's KEYS[1] and KEYS[2])
+--   clock()           the run's served clock at this fold (clock.lua), read at its first use
+local FOLD = {clock = run_clock}
 
 -- A run's new version announced on its versions channel, as a shard channel (SPUBLISH): on a Cluster
 -- the message stays on the run's shard, where PUBLISH goes to every node of the cluster. A role that

@@ -38,10 +38,10 @@ local function check_extreme(item, decl, grows)
   if item.value == stored then item.version, item.unchanged = item.version - 1, true end
 end
 
-local function apply_extreme(item)
+local function apply_extreme(item, fold)
   if not item.unchanged then
     redis.call('HSET', item.data, 'value', item.value)
-    redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s)
+    redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', fold.now_s)
   end
   item.value = false -- (the VM keeps the item: let go of the vector)
 end

@@ -1028,7 +1028,7 @@ local function writers_of(text)
 end
 
 -- the writers and the live slots after this fold
-local function merge_live(item, spec, decl) -- nil and the key's working state, or the rejection
+local function merge_live(item, spec, decl, fold) -- nil and the key's working state, or the rejection
   local name, payload, km = item.name, item.payload, item.meta
   local width, count_size, size = decl.width, decl.count_size, decl.size
   local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
@@ -1037,7 +1037,7 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
       ', count_size ' .. count_size .. ', size ' .. size .. ')')
   end
   item.width, item.count_size, item.size = width, count_size, size
-  local stale, me = decl.stale, shard + 0
+  local stale, me = decl.stale, fold.shard + 0
   -- a slot not refreshed for stale_after_s leaves a state key; a history key keeps it (its samples
   -- stay counted, as a fresh restart would retire them: the same whichever shard's fold notices it)
   if decl.lifecycle ~= 'state' then stale = nil end
@@ -1049,7 +1049,7 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
   if not prior then
     return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', bad) .. ' (shard ids, ascending)')
   end
-  NAMES[me] = shard
+  NAMES[me] = fold.shard
   local idname = NAMES -- (every id's decimal name)
   local was_writer = WRITER_SETS[spec[4] or ''][me] == true
   item.rebuild = spec[6] ~= LAYOUT
@@ -1063,14 +1063,14 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
   -- whichever fold comes first, the slot's fate is the same. A shard that never leased is not judged.
   local gone = {} -- id -> 'stale' | 'lapsed'
   if stale then
-    local limit = stale * 1e6
+    local limit, now_us = stale * 1e6, fold.now
     local function judge(id, at) -- the rule, on the writer's stored write time
-      if not gone[id] and now - (tonumber(at) or 0) > limit then gone[id] = 'stale' end
+      if not gone[id] and now_us - (tonumber(at) or 0) > limit then gone[id] = 'stale' end
     end
     local seen = tonumber(spec[7])
     if seen then -- the writers whose last write fell out of the window since the last look, by the index
-      local cands = redis.call('ZRANGEBYSCORE', run.written .. name, string.format('%.0f', seen - limit - 1),
-        string.format('%.0f', now - limit + 1))
+      local cands = redis.call('ZRANGEBYSCORE', fold.run.written .. name, string.format('%.0f', seen - limit - 1),
+        string.format('%.0f', now_us - limit + 1))
       local ask_ids, fields = {}, {}
       for _, text in ipairs(cands) do
         local id = tonumber(text)
@@ -1103,27 +1103,27 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
         end
       end
     end
-    item.stale_seen = string.format('%.0f', now)
+    item.stale_seen = string.format('%.0f', now_us)
   end
   local grace = decl.grace
   if grace then
-    local served = run_clock()
+    local clock = fold.clock()
     local span = grace * 1e6
-    local seq = redis.call('HGET', KEYS[1], 'gave_up_seq') or '0'
+    local gave_up_seq = redis.call('HGET', fold.run_meta, 'gave_up_seq') or '0'
     local seen_served, seen_seq = string.match(spec[8] or '', '^(%-?%d+),(%d+)$')
     local function judge(id, text) -- the rule, on the shard's lease as it stands
       local u = tonumber(text)
-      if u and (u < 0 or served - u > span) then
+      if u and (u < 0 or clock - u > span) then
         if not gone[id] then gone[id] = 'lapsed' end
         return true
       end
     end
     local others, from_index = {}, {}
     if seen_served then -- the shards whose lease ended, or that gave it up, since the last look
-      local ended = redis.call('ZRANGEBYSCORE', run.lease_ends, string.format('%.0f', tonumber(seen_served) - span - 1),
-        string.format('%.0f', served - span + 1))
-      local stopped = tonumber(seq) > tonumber(seen_seq) and
-        redis.call('ZRANGEBYSCORE', run.gave_up, '(' .. seen_seq, seq) or NONE
+      local ended = redis.call('ZRANGEBYSCORE', fold.run.lease_ends,
+        string.format('%.0f', tonumber(seen_served) - span - 1), string.format('%.0f', clock - span + 1))
+      local stopped = tonumber(gave_up_seq) > tonumber(seen_seq) and
+        redis.call('ZRANGEBYSCORE', fold.run.gave_up, '(' .. seen_seq, gave_up_seq) or NONE
       local set = WRITER_SETS[spec[4] or '']
       for _, list in ipairs({ended, stopped}) do
         for _, text in ipairs(list) do
@@ -1141,7 +1141,7 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
     if #others > 0 then
       local fields = {}
       for j = 1, #others do fields[j] = idname[others[j]] .. ':alive_until_us' end
-      local leased = hmget(KEYS[2], fields) or {}
+      local leased = hmget(fold.shards, fields) or {}
       for j = 1, #others do
         local lapsed = judge(others[j], leased[j])
         local u = tonumber(leased[j])
@@ -1154,7 +1154,7 @@ local function merge_live(item, spec, decl) -- nil and the key's working state, 
         end
       end
     end
-    item.lapse_seen = string.format('%.0f', served) .. ',' .. seq
+    item.lapse_seen = string.format('%.0f', clock) .. ',' .. gave_up_seq
   end
   -- the live slots after this fold; the writers' text made again only when they change
   for id, why in pairs(gone) do
@@ -1194,17 +1194,17 @@ local function planes(hi, lo, whole, name)
 end
 
 -- What the fold reads, the history it retires, and the new exact sum
-local function merge_sums(item, spec, resumed, k)
+local function merge_sums(item, spec, resumed, k, fold)
   local width, cs, size, name, payload, me, idname = item.width, item.count_size, item.size, item.name,
     item.payload, k.me, k.idname
   local whole = width * 8
   local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {}}
   local got, slots = plan.got, plan.slots
-  local retiring = spec[5] and spec[5] ~= inc and not resumed and k.lifecycle ~= 'state'
+  local retiring = spec[5] and spec[5] ~= fold.inc and not resumed and k.lifecycle ~= 'state'
   local rebuild = item.rebuild
   ask(plan, 'agg', whole)
   ask(plan, 'agg_lo', false)
-  if k.was_writer then ask(plan, own.slot, whole, me) end
+  if k.was_writer then ask(plan, fold.own.slot, whole, me) end
   if retiring or rebuild then ask(plan, 'retired', whole); ask(plan, 'retired_lo', false) end
   for j = 1, #item.forget do local id = item.forget[j] ask(plan, 'slot:' .. idname[id], whole, id) end
   if rebuild then
@@ -1273,17 +1273,17 @@ local function reads(own_fields)
   return 'writers', own_fields.slot_incarnation, 'sums_layout', 'stale_seen', 'lapse_seen'
 end
 
-local function check(item, spec, decl, resumed)
+local function check(item, spec, decl, resumed, fold)
   -- (every field the apply reads is set by this check, or false: the item is the VM's, see ITEMS)
   item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
     item.writers, item.retired, item.agg, item.agg_lo, item.prior, item.lapse_seen, item.stale_seen =
     false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
-  local bad, k = merge_live(item, spec, decl)
+  local bad, k = merge_live(item, spec, decl, fold)
   if bad then return bad end
-  return merge_sums(item, spec, resumed, k)
+  return merge_sums(item, spec, resumed, k, fold)
 end
 
-local function apply(item)
+local function apply(item, fold)
   for _, id in ipairs(item.forget) do
     redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
       'slot:' .. id .. ':at_us')
@@ -1308,12 +1308,12 @@ local function apply(item)
     for first = 1, #gone, 4096 do redis.call('HDEL', item.data, unpack(gone, first, math.min(first + 4095, #gone))) end
     redis.call('HSET', item.meta, 'sums_layout', LAYOUT)
   end
-  redis.call('HSET', item.data, 'agg', item.agg, 'agg_lo', item.agg_lo, own.slot, item.payload)
+  redis.call('HSET', item.data, 'agg', item.agg, 'agg_lo', item.agg_lo, fold.own.slot, item.payload)
   if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
   -- the liveness indexes: this writer's write time, the writers that left out, entries seeded or moved
   if item.stale_seen then
-    local zw = run.written .. item.name
-    redis.call('ZADD', zw, now_s, shard)
+    local zw = fold.run.written .. item.name
+    redis.call('ZADD', zw, fold.now_s, fold.shard)
     if item.seed_written and #item.seed_written > 0 then redis.call('ZADD', zw, unpack(item.seed_written)) end
     if item.rescore_written then redis.call('ZADD', zw, unpack(item.rescore_written)) end
     if #item.forget > 0 then
@@ -1325,12 +1325,12 @@ local function apply(item)
   end
   if item.lapse_seen then
     local seeded = item.seed_leases or item.rescore_leases
-    if seeded and #seeded > 0 then redis.call('ZADD', run.lease_ends, unpack(seeded)) end
+    if seeded and #seeded > 0 then redis.call('ZADD', fold.run.lease_ends, unpack(seeded)) end
     redis.call('HSET', item.meta, 'lapse_seen', item.lapse_seen)
   end
-  if item.incarnation ~= inc then redis.call('HSET', item.meta, own.slot_incarnation, inc) end
-  redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', now_s,
-    own.slot_seq, seq, own.slot_at, now_s)
+  if item.incarnation ~= fold.inc then redis.call('HSET', item.meta, fold.own.slot_incarnation, fold.inc) end
+  redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', fold.now_s,
+    fold.own.slot_seq, fold.seq, fold.own.slot_at, fold.now_s)
   -- (the VM keeps the item: let go of the vectors)
   item.retired, item.agg, item.agg_lo = false, false, false
 end
