@@ -16,7 +16,6 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -27,12 +26,10 @@ from .inspection import (
     ServiceWatch,
     describe_run,
     drift,
-    list_runs,
     shard_leases,
     shard_reports,
 )
-from .store.client import Store, connect, server_time_us
-from .store.keys import RunKeys
+from .store.client import ServerError, Store, connect
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +57,7 @@ class FleetCollector(Collector):
 
     def __init__(self, url: str, runs: tuple[str, ...] = ()):
         self.url, self.runs = url, runs
-        self._connected: Any = None  # the server's client, made at the first scrape the store answers
+        self._connected: Store | None = None  # the server's store, made at the first scrape the store answers
         self._stores: dict[str, tuple[Any, Store]] = {}  # per run: (its epoch, its store), kept across scrapes
         self._sampled: dict[str, tuple[str, SampledDistance]] = {}  # per run: its epoch's fleet states seen
         self._said = ""  # the last failure logged (each new one is logged once)
@@ -68,11 +65,11 @@ class FleetCollector(Collector):
         self._service: dict[str, ServiceWatch] = {}  # per run: the server seen serving (a dead fleet lapses)
 
     @property
-    def _client(self) -> Any:
-        """The server's client, connected on first use: a Cluster client reads the slot map when it is
+    def _server(self) -> Store:
+        """The server's store, connected on first use: a Cluster client reads the slot map when it is
         made, and an exporter started while every node is down must serve ``redisync_store_up 0``."""
         if self._connected is None:
-            self._connected = connect(self.url, run="_exporter").redis
+            self._connected = connect(self.url, run="_exporter")
         return self._connected
 
     def describe(self) -> Iterator[Any]:
@@ -84,7 +81,7 @@ class FleetCollector(Collector):
         up = GaugeMetricFamily("redisync_store_up", METRICS["redisync_store_up"])
         try:
             families = self._families()
-        except (RedisyncError, redis.RedisError, OSError) as e:
+        except (RedisyncError, ServerError, OSError) as e:
             if f"{type(e).__name__}: {e}" != self._said:
                 self._said = f"{type(e).__name__}: {e}"
                 log.warning("redisync exporter: the store could not be read: %s", self._said)
@@ -101,9 +98,9 @@ class FleetCollector(Collector):
     def _families(self) -> list[Any]:
         g, c = self._new_families()
         errors = GaugeMetricFamily("redisync_run_error", METRICS["redisync_run_error"], labels=["run", "reason"])
-        runs = self.runs or tuple(list_runs(self._client))
+        runs = self.runs or tuple(self._server.run_names())
         for run in set(self._stores) - set(runs):  # a run deleted since: its client goes too
-            self._stores.pop(run)[1].redis.close()
+            self._stores.pop(run)[1].close()
         for run in runs:
             mine_g, mine_c = self._new_families()
             try:
@@ -122,9 +119,10 @@ class FleetCollector(Collector):
     def _answers(self) -> bool:
         """Whether the store answers a PING now (a run's failure is then the run's, not the store's)."""
         try:
-            return bool(self._client.ping())
-        except (RedisyncError, redis.RedisError, OSError):
+            self._server.ping()
+        except (RedisyncError, ServerError, OSError):
             return False
+        return True
 
     def _said_of(self, run: str, e: BaseException) -> None:
         text = f"{run}: {type(e).__name__}: {e}"
@@ -135,10 +133,10 @@ class FleetCollector(Collector):
     def _store_of(self, run: str) -> Store:
         """A store per run, kept (a scrape opens no connection pool) until the run's epoch changes: a
         run registered again may hold another schema."""
-        epoch = self._client.hget(RunKeys(run).meta, "epoch")
+        epoch = self._server.run_epoch(run)
         if run not in self._stores or self._stores[run][0] != epoch:
             if run in self._stores:
-                self._stores[run][1].redis.close()
+                self._stores[run][1].close()
             self._stores[run] = (epoch, connect(self.url, run=run))
         return self._stores[run][1]
 
@@ -167,7 +165,7 @@ class FleetCollector(Collector):
 
     def _run(self, store: Store, g: dict[str, GaugeMetricFamily], c: dict[str, CounterMetricFamily]) -> None:
         run = store.run
-        now = server_time_us(store.redis)
+        now = store.server_time_us()
         about = describe_run(store, dead_letters=0)
         g["redisync_run_fleet_version"].add_metric([run], about["fleet_version"])
         if about["updated_age_s"] is not None:

@@ -10,43 +10,31 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import redis
 
 from .errors import RedisyncError
-from .store.client import LeaseReading, Store, server_time_us
-from .store.codec import as_text
-from .store.keys import ROOT, run_of
+from .store.client import LeaseReading, ServerError, Store
+from .store.keys import ROOT
 from .store.schema import KeySpec, MergeSpec
 from .store.semantics.base import age_s
 
 
-def list_runs(client: redis.Redis) -> list[str]:
-    """The names of every run on the server (by their meta keys)."""
-    found = {
-        run_of(k.decode() if isinstance(k, bytes) else k)
-        for k in client.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)
-    }
-    return sorted(r for r in found if r)
-
-
 def describe_runs(
-    client: redis.Redis, store_of: Callable[[str], Store]
+    server: Store, store_of: Callable[[str], Store]
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Every readable run described, and ``(meta key, why)`` for each key that only looks like a
     run's meta (a foreign name, a meta of another type or without a schema, a run deleted meanwhile)."""
     runs, skipped = [], []
-    for name in list_runs(client):
+    for name in server.run_names():
         try:
             runs.append(describe_run(store_of(name)))
-        except (RedisyncError, redis.RedisError, ValueError) as e:
+        except (RedisyncError, ServerError, ValueError) as e:
             skipped.append((f"{ROOT}:{{{name}}}:meta", f"{type(e).__name__}: {e}"))
     return runs, skipped
 
 
 def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
     """Run metadata, stream lengths, the newest dead letters and, per key, its slots and their ages."""
-    r = store.redis
-    now = server_time_us(r)
+    now = store.server_time_us()
     info = store.run_info()
     keys = []
     for name, spec in store.schema.keys.items():
@@ -58,9 +46,9 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
             "version": int(meta.get("version", 0)),
             "updated_age_s": age_s(now, meta.get("updated_at_us")),
         }
-        data = store.keys.key_data(name)
-        row.update(spec.describe(meta, lambda fields, data=data: r.hmget(data, fields) if fields else [], now))
+        row.update(spec.describe(meta, lambda fields, name=name: store.key_fields(name, fields), now))
         keys.append(row)
+    reports, dead_letter_count = store.stream_lengths()
     dead = [
         {k: v for k, v in entry.items() if not k.startswith("report:")}
         for entry in (store.dead_letters(dead_letters) if dead_letters > 0 else [])
@@ -71,8 +59,8 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
         "fleet_version": int(info["fleet_version"]),
         "created_age_s": age_s(now, info.get("created_at_us")),
         "updated_age_s": age_s(now, info.get("updated_at_us")),
-        "reports": int(r.xlen(store.keys.reports)),
-        "dead_letters": int(r.xlen(store.keys.dead_letters)),
+        "reports": reports,
+        "dead_letters": dead_letter_count,
         "newest_dead_letters": dead,
         "shards": shard_ages(store, now),
         "leases": {str(shard): state for shard, state in shard_leases(store).items()},
@@ -89,8 +77,8 @@ def shard_reports(store: Store, now_us: int | None = None) -> dict[int, dict[str
     """Per shard that has reported: ``age_s``, the seconds since its last accepted report; ``seen``,
     the highest fleet version it had seen when it made that report, and ``behind``, how many versions
     before the one its report made it had not seen (None where the fold did not record them)."""
-    now = now_us if now_us is not None else server_time_us(store.redis)
-    raw = {as_text(k): as_text(v) for k, v in store.redis.hgetall(store.keys.shards).items()}
+    now = now_us if now_us is not None else store.server_time_us()
+    raw = store.shards_info()
     out: dict[int, dict[str, Any]] = {}
     for field, value in raw.items():
         shard, what = field.split(":", 1)

@@ -157,6 +157,28 @@ def test_a_semantics_reads_only_what_the_fold_passes_it():
     assert not read, f"semantics reading the envelope's own variables instead of the fold context: {read}"
 
 
+def test_only_the_store_client_talks_to_redis():
+    """The store client's modules alone import redis-py or reach into a store's connection
+    (``.redis``): the inspector, the exporter, watch, the aggregator and the collector's listener
+    go through their API. The bench is the one tool beside them: it measures the server itself
+    (SLOWLOG, CONFIG, INFO cpu, MEMORY USAGE, raw pipelined load), and says so."""
+    allowed = {
+        "redisync/store/" + name
+        for name in ("connection.py", "runs.py", "protocol.py", "reads.py", "subscription.py", "library.py")
+    }
+    talking = []
+    for path in sorted((ROOT / "redisync").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in allowed or rel.startswith("redisync/bench/"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            imports = re.search(r"^\s*(import redis\b|from redis\b)", code)
+            if imports or re.search(r"\.redis\b", code.replace("redisync.", "")):
+                talking.append(f"{rel}:{n}: {line.strip()}")
+    assert not talking, "\n".join(talking)
+
+
 def test_every_test_says_the_invariant_it_holds():
     """Every test function has a docstring (the invariant it holds, as rsl_rl's tests say theirs)."""
     import ast

@@ -8,25 +8,15 @@ in address order, as the client's slot map has them when the split is made).
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-from redis.crc import key_slot
-
 from ..store.client import Store
 
 MAX_SUFFIX = 100_000
 
 
-def _primaries(client: Any) -> list[str]:
-    """The Cluster's primaries (host:port, sorted), or [] when ``client`` is not a Cluster client."""
-    get_primaries = getattr(client, "get_primaries", None)
-    return sorted(node.name for node in get_primaries()) if callable(get_primaries) else []
-
-
 def subrun_names(store: Store, count: int, on: list[str] | None = None) -> list[str]:
     """Names for ``count`` sub-runs of ``store``'s run, placed round-robin over a Cluster's primaries
     (or over those of ``on``, host:port)."""
-    primaries = on or _primaries(store.redis)
+    primaries = on or store.primaries()
     names = []
     for j in range(count):
         base = f"{store.run}.{j}"
@@ -36,7 +26,7 @@ def subrun_names(store: Store, count: int, on: list[str] | None = None) -> list[
         want = primaries[j % len(primaries)]
         for n in range(MAX_SUFFIX):
             name = base if n == 0 else f"{base}.{n}"
-            if cast(Any, store.redis).nodes_manager.get_node_from_slot(key_slot(name.encode())).name == want:
+            if store.primary_of(name) == want:
                 names.append(name)
                 break
         else:  # (a Cluster whose primary serves almost no slots)

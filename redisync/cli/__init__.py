@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 
 import click
-import redis
 
 from .. import __version__, errors
+from ..store.client import ServerError
 from .advise import advise
 from .aggregate import aggregate
 from .bench import bench
@@ -57,6 +57,6 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except (errors.RedisyncError, redis.RedisError, OSError) as e:
+    except (errors.RedisyncError, ServerError, OSError) as e:
         click.echo(f"redisync: error: {e}", err=True)
         sys.exit(1)

@@ -24,7 +24,7 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
     if run is not None:
         report = [describe_run(run_store(url, run))]
     else:
-        report, skipped = describe_runs(connected(url).redis, lambda name: run_store(url, name))
+        report, skipped = describe_runs(connected(url), lambda name: run_store(url, name))
         for key, why in skipped:
             click.echo(f"skipped {key}: {why}", err=True)
     if as_json:

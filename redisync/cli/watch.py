@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import click
-import redis
 from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
 from .. import errors
 from ..inspection import SampledDistance, ServiceWatch, drift, shard_leases, shard_reports
-from ..store.client import connect, masked_url
+from ..store.client import ServerError, connect, masked_url
 from .common import SERVER_URL, age, not_embedded, num, render, rich_table, terminal
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -81,7 +80,7 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
     if info["epoch"] != state.epoch:  # (the first frame, or the run was lost and registered again)
         state.start_over(info["epoch"])
     version = int(info["fleet_version"])
-    dead = int(store.redis.xlen(store.keys.dead_letters))
+    dead = store.dead_letter_count()
     last = state.last
     rate = (version - last[1]) / (t - last[0]) if last else 0.0
     new_dead = dead - last[2] if last else 0
@@ -209,7 +208,7 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
             try:
                 view: Any = frame(store, url, state, compact=live is not None)
                 said = None
-            except (errors.RunNotFound, errors.ConnectionUnavailable, errors.PermissionDenied, redis.RedisError) as e:
+            except (errors.RunNotFound, errors.ConnectionUnavailable, errors.PermissionDenied, ServerError) as e:
                 waiting = waiting_for(e, run, url, state)
                 if waiting != said:
                     said = waiting

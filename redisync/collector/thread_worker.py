@@ -22,14 +22,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, cast
-
-import redis
+from typing import Any
 
 from .. import errors
 from ..store.client import ShardClient, Store
-from ..store.codec import PullResult, as_text
+from ..store.codec import PullResult
 from ..store.schema import Limits
+from ..store.subscription import SUBSCRIBED, Subscription
 from .worker import Host, claim, join_start, log
 
 LOST_SAID_EVERY_S = 60.0  # a lost connection is logged at most once a minute
@@ -492,63 +491,37 @@ class ThreadWorker:
         self._wake.set()
 
     def _listen(self) -> None:
-        """Follow the run's channel; a new version wakes the worker. Polling covers the gaps.
-
-        The folds announce on the run's shard channel (SSUBSCRIBE: on a Cluster the message stays on
-        the run's shard), and on the plain channel where their role may not SPUBLISH; the listener
-        follows both (the shard channel only while its role may: an ACL of an earlier redisync).
-        A connection that carries nothing for ``keepalive_s`` is sent a PING; one that does not answer
-        within another ``keepalive_s`` is taken for dead and replaced (a firewall or NAT that forgot an
-        idle connection closes nothing: without the PING the listener would wait for ever, subscribed
-        in name, and the worker would never poll)."""
+        """Follow the run's versions channel (`redisync.store.subscription`); a new version wakes
+        the worker. Polling covers the gaps: a subscription that drops, or answers no PING, is
+        replaced after ``retry_every_s``."""
         retry_every_s = self.syncer.settings.retry_every_s
-        client = cast(Any, self.store.redis)  # (pubsub() is annotated in some redis-py versions only)
-        cluster = hasattr(client, "get_node_from_key")  # a RedisCluster: shard channels have their own reader
-        channel = self.store.keys.channel
         while not self._stop.is_set():
-            pubsub = client.pubsub()
+            subscription = Subscription(self.store, self._shard_channel, self.keepalive_s)
             try:
-                if self._shard_channel:
-                    pubsub.ssubscribe(channel)
-                pubsub.subscribe(channel)
-                awaited = 2 if self._shard_channel else 1  # confirmations before the subscription counts
-                heard, pinged = time.monotonic(), None
+                subscription.open()
                 while not self._stop.is_set():
-                    if cluster and self._shard_channel:
-                        msg = pubsub.get_sharded_message(timeout=0.2) or pubsub.get_message(timeout=0.0)
-                    else:
-                        msg = pubsub.get_message(timeout=0.2)
-                    now = time.monotonic()
-                    if msg:
-                        heard, pinged = now, None  # anything at all: the connection lives
-                    elif pinged is None and now - heard >= self.keepalive_s:
-                        pubsub.ping()
-                        pinged = now
-                    elif pinged is not None and now - pinged >= self.keepalive_s:
-                        raise ConnectionError(f"the subscription answered no PING within {self.keepalive_s:g} s")
-                    kind = msg.get("type") if msg else None
-                    if kind in ("subscribe", "ssubscribe"):
-                        awaited -= 1
-                    if kind in ("subscribe", "ssubscribe") and awaited == 0:  # both confirmed: nothing is missed
+                    heard = subscription.next()
+                    if heard is None:
+                        continue
+                    what, message = heard
+                    if what == SUBSCRIBED:  # every channel confirmed: nothing is missed
                         self._subscribed = True
                         self._subscriptions += 1  # what changed before it was not announced to us: a pull is owed
                         self._wake.set()
-                    elif kind in ("message", "smessage"):
-                        assert msg is not None
-                        version, _, epoch = as_text(msg["data"]).partition(" ")  # '<fleet_version> <epoch>'
-                        if not (version.isdigit() and epoch and " " not in epoch):
-                            log.debug("shard %d: a garbled announcement ignored: %r", self.shard.shard_id, msg["data"])
-                            continue
-                        with self._announcing:
-                            self._listened += 1
-                        self._hear(int(version), epoch)
-                        self._window_opened()
-                        if self._announced_newer():
-                            self._wake.set()
+                        continue
+                    version, _, epoch = message.partition(" ")  # '<fleet_version> <epoch>'
+                    if not (version.isdigit() and epoch and " " not in epoch):
+                        log.debug("shard %d: a garbled announcement ignored: %r", self.shard.shard_id, message)
+                        continue
+                    with self._announcing:
+                        self._listened += 1
+                    self._hear(int(version), epoch)
+                    self._window_opened()
+                    if self._announced_newer():
+                        self._wake.set()
             except Exception as e:  # a dropped subscription must never end the listener
                 log.debug("subscription dropped: %s", e)
-                denied = isinstance(e, redis.exceptions.NoPermissionError) or "noperm" in str(e).lower()
-                if denied and "ssubscribe" in str(e).lower():
+                if Subscription.shard_channel_refused(e):
                     self._shard_channel = False  # the role may not: the plain channel only
                 if self._subscribed:
                     self.stats["subscription_drops"] += 1
@@ -556,4 +529,4 @@ class ThreadWorker:
                 self._stop.wait(retry_every_s)
             finally:
                 with contextlib.suppress(Exception):
-                    pubsub.close()
+                    subscription.close()

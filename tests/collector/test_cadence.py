@@ -10,6 +10,7 @@ from redisync.collector.sidecar_process import SharedCadence
 
 
 def test_a_report_falls_due_after_its_steps_or_its_seconds_whichever_first():
+    """Due after ``every_steps`` steps or ``every_s`` seconds since the last report taken, whichever first."""
     c = Cadence(3, 10.0, taken_at=100.0)
     assert not c.due(2, 105.0)
     assert c.due(3, 105.0)  # the steps
@@ -20,6 +21,7 @@ def test_a_report_falls_due_after_its_steps_or_its_seconds_whichever_first():
 
 
 def test_the_hot_path_counts_its_own_steps_and_a_taken_report_starts_the_count_again():
+    """`step` counts the hot path's steps; a report stays due until it is taken, then the count starts again."""
     c = Cadence(2, 3600.0)
     assert [c.step(), c.step()] == [False, True]
     assert c.step()  # not taken yet: still due
@@ -36,6 +38,8 @@ class _Reader:
 
 
 def test_the_sidecar_reads_the_shared_buffers_by_the_collectors_steps_and_at_once_for_a_flush():
+    """The sidecar reads the shared buffers when the collector's steps (in the header) make a report
+    due and the worker is free, at once for a flush request, and never publishes one copy twice."""
     header = np.zeros(32, dtype=np.int64)
     now = 5000.0  # (a monotonic clock: a sidecar's first read is due by the clock, taken at 0.0)
     shared = SharedCadence(_Reader(), header, Cadence(4, 3600.0, taken_at=0.0))
