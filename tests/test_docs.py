@@ -570,6 +570,29 @@ def test_the_performance_pages_fleet_table_and_targets_are_its_dated_run():
     assert f"({run['rate'] / 1e9:.1f} G instructions per second of the server's CPU" in page
 
 
+def test_the_fold_context_runs_figures_on_the_performance_page_are_its_dated_run():
+    """The fold's instruction counts after the semantics' Lua was given the fold context, as the page
+    says them, are the dated run's, and within the page's bound of the table's run."""
+    text = (ROOT / "docs" / "bench" / "instructions-fleet-2026-12-05-fold-context.txt").read_text()
+    after = {
+        (m[1], int(m[2])): int(m[3].replace(",", ""))
+        for m in re.finditer(r"^(history|state)\s+(\d+)\s+([\d,]+)\s", text, flags=re.M)
+    }
+    before = {
+        (r["lifecycle"], r["slots"]): r["fold"]
+        for r in json.loads((ROOT / "docs" / "bench" / "instructions-fleet-2026-12-05.json").read_text())["rows"]
+    }
+    assert len(after) == 6
+    assert set(after) == set(before)
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    for kind in ("history", "state"):
+        said = " / ".join(f"{after[(kind, n)]:,}" for n in (4, 64, 1024))
+        assert f"{said} instructions at 4 / 64 / 1 024" in page or f"{said} (state)" in page, said
+    worst = max(abs(after[k] / before[k] - 1) for k in after)
+    assert worst <= 0.0006
+    assert "within 0.06 % of the table's" in page
+
+
 def test_the_performance_pages_stage_table_of_todays_fold_is_its_dated_run():
     """The stages of today's fold on the performance page add up the dated profile's lines."""
     lines = (ROOT / "docs" / "bench" / "fold-stages-2026-12-05-exact.txt").read_text().splitlines()[2:]
