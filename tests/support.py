@@ -13,9 +13,10 @@ import numpy as np
 
 from redisync.store.client import Store
 from redisync.store.codec import decode
-from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec
 from redisync.store.semantics.merge import LAYOUT, exact_planes, planes_of
+
+from .reference import ReferenceFold
 
 
 def _s(v) -> str:

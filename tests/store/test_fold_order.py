@@ -12,10 +12,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from redisync.store.reference import ReferenceFold
 from redisync.store.schema import Limits, MergeSpec, Schema, merge
 
 from ..conftest import examples
+from ..reference import ReferenceFold
 from ..support import assert_same_state, reference_state
 
 SCHEMA = Schema.of(

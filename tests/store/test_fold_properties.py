@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from redisync import errors
 from redisync.store.codec import encode
-from redisync.store.reference import ReferenceFold
 from redisync.store.schema import MergeSpec, Schema, broadcast, maximum, merge
 
 from ..conftest import examples, new_store
+from ..reference import ReferenceFold
 from ..support import assert_same_state, envelope, lua_state, reference_state, send_as
 
 SCHEMA = Schema.of(

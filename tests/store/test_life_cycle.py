@@ -204,8 +204,7 @@ def test_a_syncer_keeps_its_shard_alive_and_the_default_grace_is_a_few_leases(ma
 def test_a_negative_zero_through_fresh_lives_is_stored_as_the_reference_stores_it(make_store):
     """Signed zeros: a history key's sum element of −0.0 through three fresh lives; the retired
     history, the aggregate and the slot have the reference fold's bytes."""
-    from redisync.store.reference import ReferenceFold
-
+    from ..reference import ReferenceFold
     from ..support import assert_same_state, lua_state, reference_state
 
     schema = Schema.of({"obs/norm": merge(2, lifecycle="history")})

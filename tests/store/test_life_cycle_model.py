@@ -5,7 +5,7 @@ level any shard may raise), duplicate, crash, fresh restart, resume from a check
 clock is behind, a zombie of an earlier life, leases renewed, run out and given up (a clean stop), a server stall
 longer than every lease, stale slots, a store restart without persistence, a
 crash that loses the tail of the append-only file, restores into the same and into another run, and a
-fold racing a restore. The model is the reference fold (``redisync.store.reference``) plus, per shard, the
+fold racing a restore. The model is the reference fold (``tests/reference.py``) plus, per shard, the
 process that lives there and the cumulative statistics it would report. After every step, on fakeredis
 and on the real Redis: the store equals the model; every aggregate is within the exactness bound of
 the live slots; every live process' slot holds its latest report (nothing counted twice, nothing
@@ -37,10 +37,10 @@ from hypothesis.stateful import (
 import redisync
 from redisync import errors
 from redisync.store.codec import encode
-from redisync.store.reference import ReferenceFold
 from redisync.store.schema import Limits, MaximumSpec, MergeSpec, Schema, broadcast, maximum, merge
 
 from ..conftest import backend_url, examples
+from ..reference import ReferenceFold
 from ..support import assert_same_state, lua_state, reference_state
 
 SCHEMA = Schema.of(

@@ -10,10 +10,10 @@ import pytest
 import redisync
 from redisync import errors
 from redisync.store.codec import encode
-from redisync.store.reference import ReferenceFold
 from redisync.store.schema import Schema, broadcast, merge
 
 from ..faults import ReplyDroppingProxy
+from ..reference import ReferenceFold
 from ..servers import RedisProcess
 from ..support import assert_same_state, envelope, lua_state, reference_state, send_as
 

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from redisync import errors
 from redisync.store.codec import encode
-from redisync.store.reference import ReferenceFold
 from redisync.store.schema import Schema
 from redisync.store.semantics import SEMANTICS
 from redisync.store.semantics.base import SpecBase
 
 from ...conftest import examples, new_store
+from ...reference import ReferenceFold
 from ...support import assert_same_state, envelope, lua_state, reference_state, send_as
 
 KINDS = ["publish", "duplicate", "restart", "zombie", "rollback", "corrupt"]

@@ -4,7 +4,7 @@ Everything the fold script does to a run's state is written here once more, in t
 with the same float64 arithmetic, so that tests can require the Lua fold (on a real Redis and on
 fakeredis) to end in the same state as this reference after any sequence of reports. The envelope
 (incarnations, sequence numbers, sizes, leases, restores) is here; what a report does to a key is
-its semantics' ``fold`` (`.semantics`). Payloads are flat float64 vectors laid out as the key's
+its semantics' ``fold`` (`redisync.store.semantics`). Payloads are flat float64 vectors laid out as the key's
 parts (`payload_parts`).
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Literal
 
-from .schema import Limits, Schema
-from .semantics.base import Fold, KeyState, Vector
+from redisync.store.schema import Limits, Schema
+from redisync.store.semantics.base import Fold, KeyState, Vector
 
 Status = Literal["applied", "duplicate", "rejected"]
 
