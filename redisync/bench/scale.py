@@ -24,13 +24,14 @@ import numpy as np
 
 from ..store.client import Store, connect, masked_url
 from ..store.schema import Limits, Schema, merge
+from ..terms.sampler_options import SAMPLER_KEY
 from .core import SlowLog, _run_processes
 
 SLOTS = (8, 64, 256, 1024)
 KEYS_PER_REPORT = (1, 16, 64)
 CONNECTIONS = (8, 32, 128)
 FLEET_SCHEMA = {
-    "motion/bin_failed": merge(1024, lifecycle="history"),
+    SAMPLER_KEY: merge(1024, lifecycle="history"),
     "obs/norm": merge(256, sumsq=True, lifecycle="history"),
 }  # the stated report
 CORE_BUDGET = 0.5  # of one Redis core: the rest is headroom for pulls' bursts, CLI reads and persistence

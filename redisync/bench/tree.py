@@ -37,6 +37,7 @@ from ..errors import RedisyncError
 from ..lifeline import spawn
 from ..store.client import Store, connect, masked_url
 from ..store.schema import Limits, Schema, maximum
+from ..terms.sampler_options import SAMPLER_KEY
 from .scale import CORE_BUDGET, FLEET_SCHEMA
 
 PROBE = "probe/raised"
@@ -48,7 +49,7 @@ def report(k: int, i: int) -> dict[str, Any]:
     """Collector ``k``'s cumulative report after its ``i``-th publish: whole numbers only."""
     base = 1 + k % 13
     return {
-        "motion/bin_failed": {"count": float(i * base), "sum": np.full(1024, float(i * (k % 5)))},
+        SAMPLER_KEY: {"count": float(i * base), "sum": np.full(1024, float(i * (k % 5)))},
         "obs/norm": {
             "count": float(i * base),
             "sum": np.full(256, float(i * (k % 3 - 1))),

@@ -7,6 +7,7 @@ import json
 
 import click
 
+from ..terms.formulas import MIXES
 from .common import num, table
 
 LIMITS = (
@@ -38,7 +39,7 @@ LIMITS = (
               help="how many times as likely to fail a hard bin is")  # fmt: skip
 @click.option("--uniform-ratio", default=0.1, show_default=True, type=click.FloatRange(0, 1, min_open=True, max_open=True),
               help="the sampler's uniform ratio ε")  # fmt: skip
-@click.option("--mix", default="code", show_default=True, type=click.Choice(["code", "paper"]),
+@click.option("--mix", default="code", show_default=True, type=click.Choice(MIXES),
               help="the uniform mix: BeyondMimic's code or its paper")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="print the model's figures as JSON")
 def advise(

@@ -42,7 +42,7 @@ import multiprocessing
 import os
 import re
 from importlib import import_module
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 from motrix_env_core.manager import ManagerEnv
@@ -53,7 +53,7 @@ from ..terms.numpy import FailureEma
 from ..terms.sampler_options import SAMPLER_KEY, DropInMode
 from . import ProcessFleet, process_fleet
 
-MODES = ("pooled", "broadcast", "local")
+MODES: tuple[str, ...] = get_args(DropInMode)
 COLLECTOR = re.compile(r"^fastsac-async-collector-(\d+)$")
 ENV_OFFSET, ENV_MODE, ENV_KEY, ENV_COMMAND = (
     "REDISYNC_SHARD_OFFSET",

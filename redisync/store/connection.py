@@ -415,10 +415,7 @@ class Connection:
     @_translated
     def run_names(self) -> list[str]:
         """The names of every run on the server (by their meta keys)."""
-        found = {
-            run_of(k.decode() if isinstance(k, bytes) else k)
-            for k in self.redis.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)
-        }
+        found = {run_of(as_text(k)) for k in self.redis.scan_iter(match=f"{ROOT}:{{*}}:meta", count=1000)}
         return sorted(r for r in found if r)
 
     @_translated

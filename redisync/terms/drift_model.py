@@ -48,6 +48,9 @@ from numpy.typing import NDArray
 from ..errors import ConfigurationError
 from . import formulas
 from .formulas import UniformMix
+from .sampler_options import SamplerOptions
+
+SAMPLER = SamplerOptions()  # the sampler's defaults: the model's, declared once
 
 # The drift warning's threshold on the predicted shard distance, chosen on the training grid of
 # docs/ab/warning-validation-plan.md (docs/ab/warning-threshold-2026-12-05.json) and frozen here before
@@ -66,13 +69,13 @@ class FleetModel:
     shards: int
     envs_per_shard: int
     hazard: tuple[float, ...]  # per bin: the chance an episode that reaches the bin fails there
-    alpha: float = 0.001  # the EMA's rate (BeyondMimic's)
+    alpha: float = SAMPLER.alpha  # the EMA's rate (the sampler's default: BeyondMimic's)
     start_rate: float = 0.02  # episode starts per env per step (1 / mean episode length in steps)
     episode_bins: int = 10  # the most bins an episode runs through (its length in seconds)
-    uniform_ratio: float = 0.1  # ε
-    mix: UniformMix = "code"
-    kernel_size: int = 1
-    kernel_lambda: float = 0.8
+    uniform_ratio: float = SAMPLER.uniform_ratio  # ε
+    mix: UniformMix = SAMPLER.uniform_mix
+    kernel_size: int = SAMPLER.kernel_size
+    kernel_lambda: float = SAMPLER.kernel_lambda
     hard: tuple[bool, ...] | None = None  # the bins whose share is reported as the skill share
     practice: float = 1.0  # c: how much practice in a bin lowers its failure probability
 
@@ -505,7 +508,7 @@ def sweep(
     episode_bins: int = 10,
     hard_bins: int = 0,
     hard_ratio: float = 10.0,
-    mix: UniformMix = "code",
+    mix: UniformMix = SAMPLER.uniform_mix,
 ) -> list[dict[str, Any]]:
     """`predict` over the grid shards × envs per shard × α × bins: one row a configuration."""
     rows = []

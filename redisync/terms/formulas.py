@@ -14,13 +14,13 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 from numpy.typing import NDArray
 
 UniformMix = Literal["code", "paper"]
-MIXES = ("code", "paper")
+MIXES: tuple[str, ...] = get_args(UniformMix)
 
 
 class ArrayOps(Protocol):

@@ -26,7 +26,7 @@ run's history is still there. The prior is never reported.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
 
 Mode = Literal["local", "pooled", "learner"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 class SyncedEmpiricalNormalization(nn.Module):
@@ -83,8 +84,8 @@ class SyncedEmpiricalNormalization(nn.Module):
         offset: float | NDArray[Any] | torch.Tensor = 0.0,
     ):
         super().__init__()
-        if mode not in ("local", "pooled", "learner"):
-            raise InvalidSchema(f"normaliser mode must be 'local', 'pooled' or 'learner', got {mode!r}")
+        if mode not in MODES:
+            raise InvalidSchema(f"normaliser mode must be one of {MODES}, got {mode!r}")
         self.eps, self.until = eps, until
         self.mode, self.key, self.writer, self.owner = mode, key, writer, owner
         self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
