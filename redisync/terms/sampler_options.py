@@ -22,8 +22,8 @@ Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES: tuple[str, ...] = get_args(Mode)
 SAMPLER_KEY = "motion/bin_failed"
 """The adaptive sampler's failure EMA's key unless told another (every sampler and drop-in)."""
-DropInMode = Literal["local", "pooled", "broadcast"]
-"""The modes a framework's drop-in offers (``weighted`` needs per-shard weights a framework does not give)."""
+DropInMode = Literal["pooled", "broadcast", "local"]
+"""The modes a framework's drop-in offers, its default first (``weighted`` needs per-shard weights a framework does not give)."""
 
 
 @dataclass(frozen=True)
