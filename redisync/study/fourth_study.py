@@ -21,7 +21,6 @@ Pilots (their seeds are never reused by the gate or the contrasts):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 
 from .fleet import StudyConfig
 from .learner import SACConfig
+from .runner import Stage, run_stages
 from .task import TaskConfig
 
 ENV = "redisync.study.walker:make_learnable_env"
@@ -109,30 +109,33 @@ def pilot_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _pilot_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    summary = pilot_summary(runs)
+    summary["pilot"], summary["learnable"] = PILOT, learnable(summary)
+    return summary
+
+
+def _unlearnable(summary: dict[str, Any]) -> str | None:
+    if summary["learnable"] is False:
+        return (
+            f"the oracle did not learn the skill segments (final skill success below {LEARNABLE_SUCCESS}): the task "
+            "changes before anything else runs"
+        )
+    return None
+
+
 def run_pilots(
     out: Path, *, workers: int, show_progress: bool = False, on_stage: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """The pilots, each run kept in ``out/pilot-<PILOT>`` as it finishes (the same call again resumes),
-    and ``out/pilot-<PILOT>.json`` written from the runs so far."""
-    from .study import run_cells
-
-    say = on_stage or (lambda _: None)
-    runs: list[dict[str, Any]] = []
-    for cell in pilot_cells():
-        say(f"pilot: {cell[1]}, seeds {cell[2]}")
-        runs += run_cells(
-            CONFIG, [cell], url=None, env_spec=ENV, workers=workers, show_progress=show_progress,
-            desc=f"pilot {cell[1]}", saved=out / f"pilot-{PILOT}",
-        )  # fmt: skip
-        summary = pilot_summary(runs)
-        summary["pilot"], summary["learnable"] = PILOT, learnable(summary)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"pilot-{PILOT}.json").write_text(json.dumps(summary, indent=1, default=float))
-        if summary["learnable"] is False:
-            say(f"the oracle did not learn the skill segments (final skill success below {LEARNABLE_SUCCESS}): the task "
-                "changes before anything else runs")  # fmt: skip
-            break
-    return summary
+    and ``out/pilot-<PILOT>.json`` written from the runs so far; they stop when the oracle did not learn."""
+    stages = [
+        Stage(f"pilot: {arm}, seeds {seeds}", [(c, arm, seeds)], f"pilot {arm}") for c, arm, seeds in pilot_cells()
+    ]
+    return run_stages(
+        CONFIG, ENV, stages, _pilot_summary, saved=out / f"pilot-{PILOT}", summary_path=out / f"pilot-{PILOT}.json",
+        workers=workers, show_progress=show_progress, on_stage=on_stage, stop=_unlearnable,
+    )  # fmt: skip
 
 
 def gate_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -159,20 +162,14 @@ def run_gate(
 ) -> dict[str, Any]:
     """The gate on its fresh seeds, each run kept in ``out/gate`` as it finishes (the same call again
     resumes), and ``out/gate.json`` written from the runs so far."""
-    from .study import run_cells
-
-    say = on_stage or (lambda _: None)
-    runs: list[dict[str, Any]] = []
-    for arm in ("single", "uniform"):
-        say(f"gate: {arm}, seeds {list(GATE_SEEDS)}")
-        runs += run_cells(
-            CONFIG, [("H", arm, list(GATE_SEEDS))], url=None, env_spec=ENV, workers=workers,
-            show_progress=show_progress, desc=f"gate {arm}", saved=out / "gate",
-        )  # fmt: skip
-        summary = gate_summary(runs)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gate.json").write_text(json.dumps(summary, indent=1, default=float))
-    return summary
+    stages = [
+        Stage(f"gate: {arm}, seeds {list(GATE_SEEDS)}", [("H", arm, GATE_SEEDS)], f"gate {arm}")
+        for arm in ("single", "uniform")
+    ]
+    return run_stages(
+        CONFIG, ENV, stages, gate_summary, saved=out / "gate", summary_path=out / "gate.json",
+        workers=workers, show_progress=show_progress, on_stage=on_stage,
+    )  # fmt: skip
 
 
 CONTRAST_ALPHA = 0.05  # the one-sided paired t-test's level (docs/ab/fourth-study-plan.md)
@@ -233,23 +230,20 @@ def run_contrast(
     together), each run kept in ``out/contrast`` as it finishes (the same call again resumes) and
     ``out/contrast.json`` written from the runs so far. Refused unless the gate passed."""
     from .. import errors
-    from .study import run_cells
 
     if not gate_passed(out):
         raise errors.ConfigurationError(
             f"{out / 'gate'}: the fourth study's gate has not passed on its run files; the plan runs the "
             "contrast only after it has (redisync ab --fourth-study-gate)"
         )
-    say = on_stage or (lambda _: None)
-    runs: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
-    for seed in CONTRAST_SEEDS:
-        say(f"contrast: local and pooled, seed {seed}")
-        runs += run_cells(
-            CONFIG, [("H", arm, [seed]) for arm in SD_ARMS], url=None, env_spec=ENV, workers=workers,
-            show_progress=show_progress, desc=f"contrast seed {seed}", saved=out / "contrast",
-        )  # fmt: skip
-        summary = contrast_summary(runs)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "contrast.json").write_text(json.dumps(summary, indent=1, default=float))
-    return summary
+    # local and pooled side by side, seed by seed, so that pairs finish together
+    stages = [
+        Stage(
+            f"contrast: local and pooled, seed {seed}", [("H", arm, [seed]) for arm in SD_ARMS], f"contrast seed {seed}"
+        )
+        for seed in CONTRAST_SEEDS
+    ]
+    return run_stages(
+        CONFIG, ENV, stages, contrast_summary, saved=out / "contrast", summary_path=out / "contrast.json",
+        workers=workers, show_progress=show_progress, on_stage=on_stage,
+    )  # fmt: skip
