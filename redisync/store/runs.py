@@ -191,11 +191,6 @@ class RunAdmin(Connection):
             schema.canonical_json(),
             schema.digest,
             secrets.token_hex(8),
-            limits.max_report_bytes,
-            limits.stream_maxlen,
-            limits.dead_letter_maxlen,
-            int(limits.stream_payloads),
-            limits.dead_letter_max_bytes,
             limits.packed(),
             limits.announce_every_us,
         ]

@@ -5,11 +5,11 @@
 -- KEYS[2i], [2i+1] key-meta and data hashes of the i-th key of the schema (sorted by name)
 -- ARGV[1]          the schema as canonical JSON;   ARGV[2] its digest
 -- ARGV[3]          a fresh epoch id (used only when the run is created)
--- ARGV[4], [5], [6], [7], [8] limits: max_report_bytes, stream_maxlen, dead_letter_maxlen, stream_payloads
---                  ('1' or '0'), dead_letter_max_bytes
--- ARGV[9]          the same limits in one field, as the fold reads them (Limits.packed)
--- ARGV[10]         the announcements' window in microseconds (Limits.announce_every_us; 0: every fold)
--- ARGV[11 ...]     per key, one after another: name, semantics, m, d, then m field/value pairs of its
+-- ARGV[4]          the limits in one field, as the fold reads them (Limits.packed: max_report_bytes|
+--                  stream_maxlen|stream_payloads|dead_letter_maxlen|dead_letter_max_bytes|stall_after_us);
+--                  the run's meta also keeps the first five as fields of their own, for readers of them
+-- ARGV[5]          the announcements' window in microseconds (Limits.announce_every_us; 0: every fold)
+-- ARGV[6 ...]      per key, one after another: name, semantics, m, d, then m field/value pairs of its
 --                  key-meta hash and d of its data hash, as its spec gives them (SpecBase.meta_fields
 --                  and data_fields: what the key declares and the state it starts from)
 -- returns {'created' | 'exists' | 'mismatch', epoch, registered schema JSON}
@@ -27,7 +27,7 @@ local function register(KEYS, ARGV)
   -- each key's arguments (where they start), and a schema with a semantics this library has no module
   -- for (SEMANTICS) is refused whole
   local nkeys, at = (#KEYS - 1) / 2, {}
-  local a = 11
+  local a = 6
   for i = 1, nkeys do
     at[i] = a
     if not SEMANTICS[ARGV[a + 1]] then
@@ -42,13 +42,15 @@ local function register(KEYS, ARGV)
     return {cur[2] == ARGV[2] and 'exists' or 'mismatch', cur[1], cur[3]}
   end
 
+  local limits = {}
+  for field in string.gmatch(ARGV[4], '[^|]+') do limits[#limits + 1] = field end
   local t = redis.call('TIME')
   local now = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
   redis.call('HSET', KEYS[1], 'server', server, 'epoch', ARGV[3], 'digest', ARGV[2], 'schema', ARGV[1], 'fleet_version', 0,
     'keys', nkeys, 'created_at_us', now, 'updated_at_us', now,
-    'max_report_bytes', ARGV[4], 'stream_maxlen', ARGV[5], 'dead_letter_maxlen', ARGV[6], 'stream_payloads', ARGV[7], 'dead_letter_max_bytes', ARGV[8],
-    'limits', ARGV[9])
-  if ARGV[10] ~= '0' then redis.call('HSET', KEYS[1], 'announce_every_us', ARGV[10]) end
+    'max_report_bytes', limits[1], 'stream_maxlen', limits[2], 'dead_letter_maxlen', limits[4],
+    'stream_payloads', limits[3], 'dead_letter_max_bytes', limits[5], 'limits', ARGV[4])
+  if ARGV[5] ~= '0' then redis.call('HSET', KEYS[1], 'announce_every_us', ARGV[5]) end
   for i = 1, nkeys do
     local a = at[i]
     local m, d = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])

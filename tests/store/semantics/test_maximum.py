@@ -258,11 +258,6 @@ def _register_args(schema: Schema, semantics: str) -> list:
         schema.canonical_json(),
         schema.digest,
         "e",
-        1 << 20,
-        100,
-        100,
-        0,
-        1 << 20,
         "1048576|100|0|100|1048576",
         0,
     ]
