@@ -100,7 +100,16 @@ def _slot_bytes(schema: Schema, copies: int) -> int:
 
 
 class SidecarWorker:
-    """The collector's side of the process worker: a `Worker` over a mailbox and shared memory."""
+    """The collector's side of the process worker: a `Worker` over a mailbox and shared memory.
+
+    What crosses threads (the collector's and its signal handlers, the start's, the monitor): the
+    hand-over (``_out_seq``, ``_owed``, ``_writing``: the collector and a handler that interrupted it;
+    ``_writing`` keeps a second writer off a half-written message); ``_limits`` / ``_limits_read``
+    written by the start's thread or the monitor, read by the hand-over; ``_process``, ``_lifeline``
+    replaced by the monitor (a restart) or ``stop()`` once the monitor has ended; the sidecar's status
+    and the counters of replaced sidecars (``_status``, ``_retired``, ``_status_seq``) under
+    ``_status_lock``; ``_own_stats`` counted by either. Across the process boundary only the mailbox's
+    header and slots (`redisync.collector.mailbox`) and the shared buffers."""
 
     def __init__(self, syncer: Host):
         self.syncer = syncer

@@ -83,7 +83,18 @@ class Wake:
 
 class ThreadWorker:
     """Publishes the hand-overs and prefetches the fleet state in a worker thread, follows the run's
-    channel in a listener thread (`redisync.collector.worker.Worker`)."""
+    channel in a listener thread (`redisync.collector.worker.Worker`).
+
+    What crosses threads (the collector's, the worker, the listener, the start's; no lock but the one
+    named): the hand-over — ``_latest`` then ``_reports_handed``, written by the collector (in that order),
+    ``_reports_sent`` by the worker; the fleet state — ``_ready`` / ``_ready_at`` written by the worker,
+    taken by the collector into ``_applied`` (its own); what was heard — ``_announced``,
+    ``_announced_epoch``, ``_listened`` under ``_announcing`` (the listener and the worker);
+    ``_subscribed`` / ``_subscriptions`` written by the listener, read by the worker and by ``status()``;
+    ``_window_check_at`` set by either; ``_registered``, ``_run_limits``, ``_zombie``,
+    ``_schema_mismatch``, ``_unreachable_since``, ``stats`` and ``latencies_ms`` written by the worker
+    (and the start's thread before it runs), read by ``status()``. ``_stop`` and ``_wake`` are safe from
+    any thread, ``_wake.set()`` even from a signal handler."""
 
     keepalive_s = 10.0  # a quiet subscription is PINGed after this long, and replaced after as long again
 
