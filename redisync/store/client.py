@@ -7,8 +7,8 @@ they alone talk to Redis:
 
 - `redisync.store.connection`: the topology (standalone, Sentinel, Cluster, embedded), the server's
   failures as typed errors, the function library, the run's schema and limits;
-- `redisync.store.runs`: run administration (register, split, owed announcements, snapshots, delete);
-- `redisync.store.protocol`: the shard protocol (claim, lease, publish, pull) and `ShardClient`;
+- `redisync.store.runs`: run administration (register, split, snapshots, delete);
+- `redisync.store.protocol`: the shard protocol (claim, lease, publish, pull, owed announcements) and `ShardClient`;
 - `redisync.store.subscription`: following the run's versions channel;
 - `redisync.store.reads`: what an observer reads (leases, keys, streams, shards).
 """

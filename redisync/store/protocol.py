@@ -9,22 +9,19 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 
 from .. import errors
 from . import codec
 from .codec import as_text
-from .connection import Connection, _translated
+from .connection import Connection, _translated, log
 from .schema import Limits, encode_reports
-
-if TYPE_CHECKING:
-    from .client import Store
 
 
 class ShardProtocol(Connection):
-    """The calls a collector's shard makes of its run."""
+    """The calls a collector's shard makes of its run, and the announcements its folds owe."""
 
     def shard(
         self,
@@ -38,7 +35,7 @@ class ShardProtocol(Connection):
         server at its first call; ``resume`` names the keys (True: all) this process resumed from a
         checkpoint holding its own cumulative statistics, whose previous slots it takes over;
         ``reserve`` is called with each sequence number before its fold is sent."""
-        return ShardClient(cast("Store", self), shard_id, incarnation, resume=resume, reserve=reserve)
+        return ShardClient(self, shard_id, incarnation, resume=resume, reserve=reserve)
 
     @_translated
     def claim(self, shard_id: int, take_over: bool = True) -> int:
@@ -106,6 +103,46 @@ class ShardProtocol(Connection):
         assert result is not None
         return result
 
+    @_translated
+    def announce_owed(self) -> bool:
+        """Announce the run's current version if a fold left its announcement owed (a run with
+        ``Limits.announce_every_s``) and the window since the last announcement has passed; False
+        when nothing was announced (nothing owed, or the window not over: `owed_wait_s` says)."""
+        paid: bool = self.owed_wait_s() == 0.0
+        return paid
+
+    @_translated
+    def owed_wait_s(self) -> float | None:
+        """Pay an owed announcement: 0.0 when it announced now, None when nothing was owed, else the
+        seconds left of the window (the debt stays; any client may pay it then)."""
+        reply = self._call(self.scripts.announce, [self.keys.meta], [])
+        if isinstance(reply, list):  # ['wait', µs]
+            return max(int(as_text(reply[1])), 1) / 1e6
+        return 0.0 if int(reply) == 1 else None
+
+    def _pay_later(self, delay_us: int) -> None:
+        """Announce what a fold left owed once the run's window has passed, from a timer thread (again
+        when the server says the window is not over yet): a follower learns a burst's last version then.
+        If this process is gone by then, the debt stays in the run's meta for any client to pay, and
+        each follower that heard the window open looks once when it closes."""
+
+        def pay() -> None:
+            try:
+                wait = self.owed_wait_s()
+            except errors.RedisyncError as e:
+                log.info(
+                    "run %r: an owed announcement was not made (%s); followers' polls find the version", self.run, e
+                )
+                return
+            if wait:  # (the window not over by the server's clock)
+                later = threading.Timer(wait, pay)
+                later.daemon = True
+                later.start()
+
+        timer = threading.Timer(delay_us / 1e6, pay)
+        timer.daemon = True
+        timer.start()
+
 
 class ShardClient:
     """One collector's side of the store: publish its shard reports, pull the fleet state.
@@ -117,7 +154,7 @@ class ShardClient:
 
     def __init__(
         self,
-        store: Store,
+        store: ShardProtocol,
         shard_id: int,
         incarnation: int | None = None,
         *,

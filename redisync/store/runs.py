@@ -1,11 +1,10 @@
-"""Run administration: register a run, split it, announce what a fold owed, save and restore it, delete it."""
+"""Run administration: register a run, split it, save and restore it, delete it."""
 
 from __future__ import annotations
 
 import base64
 import re
 import secrets
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,7 @@ from typing_extensions import Self
 
 from .. import errors
 from .codec import as_text
-from .connection import Connection, _translated, log, server_time_us
+from .connection import Connection, _translated, server_time_us
 from .keys import RunKeys
 from .schema import Limits, Schema
 from .semantics.base import first_error
@@ -216,46 +215,6 @@ class RunAdmin(Connection):
             raise errors.SchemaMismatch(key, difference)
         self._adopt(schema)
         return Registration(created=as_text(status) == "created", epoch=as_text(epoch))
-
-    @_translated
-    def announce_owed(self) -> bool:
-        """Announce the run's current version if a fold left its announcement owed (a run with
-        ``Limits.announce_every_s``) and the window since the last announcement has passed; False
-        when nothing was announced (nothing owed, or the window not over: `owed_wait_s` says)."""
-        paid: bool = self.owed_wait_s() == 0.0
-        return paid
-
-    @_translated
-    def owed_wait_s(self) -> float | None:
-        """Pay an owed announcement: 0.0 when it announced now, None when nothing was owed, else the
-        seconds left of the window (the debt stays; any client may pay it then)."""
-        reply = self._call(self.scripts.announce, [self.keys.meta], [])
-        if isinstance(reply, list):  # ['wait', µs]
-            return max(int(as_text(reply[1])), 1) / 1e6
-        return 0.0 if int(reply) == 1 else None
-
-    def _pay_later(self, delay_us: int) -> None:
-        """Announce what a fold left owed once the run's window has passed, from a timer thread (again
-        when the server says the window is not over yet): a follower learns a burst's last version then.
-        If this process is gone by then, the debt stays in the run's meta for any client to pay, and
-        each follower that heard the window open looks once when it closes."""
-
-        def pay() -> None:
-            try:
-                wait = self.owed_wait_s()
-            except errors.RedisyncError as e:
-                log.info(
-                    "run %r: an owed announcement was not made (%s); followers' polls find the version", self.run, e
-                )
-                return
-            if wait:  # (the window not over by the server's clock)
-                later = threading.Timer(wait, pay)
-                later.daemon = True
-                later.start()
-
-        timer = threading.Timer(delay_us / 1e6, pay)
-        timer.daemon = True
-        timer.start()
 
     def _hash_names(self) -> list[str]:
         return ["meta", "shards"] + [f"{kind}:{name}" for name in self.schema.keys for kind in ("key", "data")]
