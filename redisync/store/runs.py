@@ -112,8 +112,7 @@ def _checked_snapshot(snap: RunSnapshot) -> tuple[dict[str, dict[str, bytes]], S
 
 
 class RunAdmin(Connection):
-    """A run's administration: its registration, its split into sub-runs, its owed announcements,
-    its snapshots and its deletion."""
+    """A run's administration: its registration, its split into sub-runs, its snapshots and its deletion."""
 
     def sibling(self, run: str) -> Self:
         """Another run on the same server, through the same connections and settings."""
