@@ -338,6 +338,8 @@ class ThreadWorker:
             return None
         except errors.InvalidReport as e:  # a report refused: said until one is published again
             self.problems.report(f"{what}: {e}", logging.WARNING)
+            if what == "publish":  # counted after it is said: a reader that sees the count sees its reason
+                self.stats["rejected"] += 1
             return None
         except Exception as e:  # the worker must outlive any surprise; the collector keeps training
             self.stats["worker_errors"] += 1
@@ -387,8 +389,7 @@ class ThreadWorker:
         except (
             errors.InvalidReport
         ) as e:  # refused (and dead-lettered by the store); the next report carries everything
-            self.stats["rejected"] += 1
-            result, refused = None, e
+            result, refused = None, e  # (counted once health() says it: see _attempt)
             if isinstance(e, errors.StaleIncarnation):  # for ever: no report of this process can reach the store again
                 self._became_zombie(str(e))
             if isinstance(e, errors.SchemaDigestMismatch):
