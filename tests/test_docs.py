@@ -476,6 +476,31 @@ def test_the_semantics_page_shows_the_fold_drawn_by_its_script(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_development_page_shows_the_architecture_drawn_from_the_code(tmp_path):
+    """The development page's architecture picture is the committed architecture.png, its script draws
+    it, and the floors it draws are the import contract's layers with the package's own modules."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    page = (ROOT / "docs" / "development.md").read_text()
+    assert "](architecture.png)" in page
+    assert (ROOT / "docs" / "architecture.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "architecture.png"
+    script = ROOT / "scripts" / "architecture_diagram.py"
+    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    spec = importlib.util.spec_from_file_location("architecture_diagram", script)
+    diagram = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagram)
+    floors = diagram.floors()
+    assert floors[0] == ["cli"]
+    assert floors[-1] == ["errors", "lifeline"]
+    assert "sidecar_process" in diagram.modules_of("collector")
+    assert "subscription" in diagram.modules_of("store")
+
+
 def test_the_monitoring_guides_inspect_frame_is_its_dated_run_and_its_sentence_reads_it():
     """The guide's inspect frame is the dated run's output line for line, and the sentence under it
     gives that frame's fold count and number of slots (it said four live slots of an older run)."""
