@@ -97,6 +97,18 @@ class ShardProtocol(Connection):
             "HMGET", self.keys.meta, "epoch", "fleet_version"
         )  # annotated in some redis-py versions only
 
+    def fold(self, keys: list[str], args: list[Any], names: tuple[str, ...]) -> tuple[codec.PublishResult, int]:
+        """One fold's call (with a WAIT where ``wait_replicas`` asks for replicas): its result, and how
+        many replicas hold it (0 when none are asked). An announcement it left owed is paid later."""
+        if not self.wait_replicas:
+            result, acked = codec.parse_publish(self._call(self.scripts.fold, keys, args), names), 0
+        else:
+            reply, acked = self._call_replicated(self.scripts.fold, keys, args)
+            result = codec.parse_publish(reply, names)
+        if result.owed_in_us is not None:
+            self._pay_later(result.owed_in_us)
+        return result, acked
+
     def fleet(self) -> codec.PullResult:
         """The whole fleet state, read-only (for the learner, logging and inspection)."""
         result = self.pull()
@@ -241,7 +253,7 @@ class ShardClient:
         store = self.store
         if self._limits is None:
             self._limits = store.limits()
-        payloads = encode_reports(store._schema or store.schema, reports, self._limits, self.shard_id)
+        payloads = encode_reports(store.schema, reports, self._limits, self.shard_id)
         with self._lock:
             self.seq += 1
             if self.reserve is not None:
@@ -262,21 +274,12 @@ class ShardClient:
         if flags is None or flags[0] is not self.resume:  # (a Syncer may set resume after a restore)
             flags = self._resume_flags[names] = (self.resume, "".join("1" if self.resumes(n) else "0" for n in names))
         with self._lock:
-            digest = (store._schema or store.schema).digest
+            digest = store.schema.digest
             args: list[Any] = [digest, self.shard_id, self.incarnation, seq, self.highest_version, flags[1]]
             for name, payload in payloads.items():
                 args += [name, payload]
-            if not store.wait_replicas:
-                result = codec.parse_publish(store._call(store.scripts.fold, keys, args), names)
-                self.highest_version = max(self.highest_version, result.fleet_version)
-                if result.owed_in_us is not None:
-                    store._pay_later(result.owed_in_us)
-                return result
-            reply, acked = store._call_replicated(store.scripts.fold, keys, args)
-            result = codec.parse_publish(reply, names)
+            result, acked = store.fold(keys, args, names)
             self.highest_version = max(self.highest_version, result.fleet_version)
-            if result.owed_in_us is not None:
-                store._pay_later(result.owed_in_us)
         if result.applied and acked < store.wait_replicas:
             raise errors.NotReplicated(
                 f"{store.url}: fold {result.fleet_version} reached {acked} of {store.wait_replicas} replicas "
