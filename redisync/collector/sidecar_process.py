@@ -54,7 +54,7 @@ from .shared_state import SidecarState
 from .thread_worker import ThreadWorker
 from .worker import Problems, launch
 
-log = logging.getLogger("redisync.collector.sidecar")
+log = logging.getLogger("redisync.collector.sidecar")  # (the sidecar's lines keep their logger's name)
 
 LOOP_S = 0.001  # how often the sidecar looks at the outbox and its worker
 STATUS_EVERY_S = 0.05
