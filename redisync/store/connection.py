@@ -424,12 +424,15 @@ class Connection:
         epoch = self.redis.hget(RunKeys(run).meta, "epoch")
         return epoch if isinstance(epoch, bytes) else None if epoch is None else epoch.encode()
 
+    @_translated
     def primaries(self) -> list[str]:
         """A Cluster's primaries (host:port, sorted), as the client's slot map has them; [] elsewhere."""
         get_primaries = getattr(self.redis, "get_primaries", None)
         return sorted(node.name for node in get_primaries()) if callable(get_primaries) else []
 
+    @_translated
     def primary_of(self, run: str) -> str:
-        """The Cluster primary (host:port) that serves run ``run``'s slot, by the client's slot map."""
+        """The Cluster primary (host:port) that serves run ``run``'s slot, by the client's slot map (a slot
+        no node serves while the topology settles: `ConnectionUnavailable`)."""
         node = cast(Any, self.redis).nodes_manager.get_node_from_slot(key_slot(run.encode()))
         return str(node.name)
