@@ -30,6 +30,10 @@ def test_the_documentation_site_builds_with_warnings_as_errors(tmp_path):
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "new_syncer" in api
     assert "publish_every_steps" in api  # the parameters, from the docstrings
+    # the Store's methods, which its concerns' modules define (connection, runs, protocol, reads)
+    for method in ("redisync.Store.register", "redisync.Store.shard", "redisync.Store.fleet", "redisync.Store.snapshot",
+                   "redisync.Store.leases", "redisync.Store.run_names", "redisync.Store.limits"):  # fmt: skip
+        assert f'id="{method}"' in api, method
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     for command in ("demo", "watch", "inspect", "snapshot", "restore", "bench", "ab", "exporter", "functions"):
         assert f"redisync {command}" in cli, command
