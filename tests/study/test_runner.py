@@ -82,3 +82,49 @@ def test_the_fourth_studys_gate_is_its_plan_run_by_the_runner(monkeypatch, tmp_p
     assert all(c[4] is plan.CONFIG for c in calls)
     assert summary["passed"] is True
     assert json.loads((tmp_path / "gate.json").read_text())["passed"] is True
+
+
+@pytest.mark.parametrize(
+    ("flags", "name", "key", "resumable"),
+    [({}, "study", "analysis", False), ({"follow_up": True}, "follow-up", "follow_up", False),
+     ({"second_follow_up": True}, "second follow-up", "second_follow_up", True)],
+)  # fmt: skip
+def test_a_toy_study_runs_its_gate_then_the_plan_chosen_as_data(monkeypatch, tmp_path, flags, name, key, resumable):
+    """The gate first; once it passes, the chosen plan's cells, progress name and judgement (the toy
+    studies' plans as `PlanAfterGate` data), its runs kept only where that plan keeps them."""
+    from redisync.study import follow_up, second_follow_up
+    from redisync.study import study as toy
+
+    calls = []
+
+    def run_cells(cfg, cells, *, url, env_spec, workers, show_progress, desc, saved=None):
+        calls.append((desc, [tuple(c[:2]) for c in cells], saved))
+        auc = {"single": 0.9, "uniform": 0.1}
+        return [
+            {"condition": c, "arm": arm, "seed": s, "summary": {toy.PRIMARY_METRIC: auc.get(arm, 0.5)}}
+            for c, arm, seeds in cells
+            for s in seeds
+        ]
+
+    monkeypatch.setattr(toy, "run_cells", run_cells)
+    judged = []
+    for module, attr in ((toy, "analyse"), (follow_up, "analyse"), (second_follow_up, "analyse")):
+        monkeypatch.setattr(
+            module, attr, lambda runs, module=module: judged.append(module.__name__) or {"n": len(runs)}
+        )
+    said = []
+    result = toy.run_study(StudyConfig(), workers=1, show_progress=False, saved=tmp_path, on_stage=said.append, **flags)
+    assert calls[0] == ("gate", [("H", "single"), ("H", "uniform")], tmp_path)
+    assert result["gate"]["passed"]
+    desc, cells, saved = calls[1]
+    assert desc == name
+    assert said[1].startswith(f"{name}: ")
+    assert saved == (tmp_path if resumable else None)
+    want = {
+        "study": toy.plan(8, 4),
+        "follow-up": follow_up.cells(),
+        "second follow-up": second_follow_up.order(second_follow_up.arms_needed()),
+    }[name]
+    assert cells == [tuple(c[:2]) for c in want]
+    assert result[key] == {"n": len(result["runs"])}
+    assert len(judged) == 1
