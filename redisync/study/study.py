@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -404,32 +404,35 @@ def run_study(
         result["wall_s"] = time.monotonic() - started
         return result
     if second_follow_up:
-        cells = second_plan.order(second_plan.arms_needed())
-        say(f"second follow-up: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
-        result["runs"] = run_cells(
-            cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress,
-            desc="second follow-up", saved=saved,
-        )  # fmt: skip
-        result["second_follow_up"] = second_plan.analyse(result["runs"])
-        result["wall_s"] = time.monotonic() - started
-        return result
-    if follow_up:
-        cells = follow_up_plan.cells()
-        say(f"follow-up: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
-        result["runs"] = run_cells(
-            cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress, desc="follow-up"
-        )
-        result["follow_up"] = follow_up_plan.analyse(result["runs"])
-        result["wall_s"] = time.monotonic() - started
-        return result
-    cells = plan(primary_seeds, secondary_seeds)
-    say(f"study: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
+        chosen = PlanAfterGate("second follow-up", lambda: second_plan.order(second_plan.arms_needed()),
+                               second_plan.analyse, "second_follow_up", resumable=True)  # fmt: skip
+    elif follow_up:
+        chosen = PlanAfterGate("follow-up", follow_up_plan.cells, follow_up_plan.analyse, "follow_up")
+    else:
+        chosen = PlanAfterGate("study", lambda: plan(primary_seeds, secondary_seeds), analyse, "analysis")
+    cells = chosen.cells()
+    say(f"{chosen.name}: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
     result["runs"] = run_cells(
-        cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress, desc="study"
-    )
-    result["analysis"] = analyse(result["runs"])
+        cfg, cells, url=url, env_spec=env_spec, workers=workers, show_progress=show_progress, desc=chosen.name,
+        saved=saved if chosen.resumable else None,
+    )  # fmt: skip
+    result[chosen.result_key] = chosen.analyse(result["runs"])
     result["wall_s"] = time.monotonic() - started
     return result
+
+
+@dataclass(frozen=True)
+class PlanAfterGate:
+    """What a toy study runs once its gate has passed, as data: its name (the progress line's), its
+    (condition, arm, seeds) cells, how it judges the runs, where in ``results.json`` the judgement
+    goes, and whether its runs are kept in ``saved`` as they finish (as each plan ran: the second
+    follow-up's are)."""
+
+    name: str
+    cells: Callable[[], list[tuple[str, str, list[int]]]]
+    analyse: Callable[[list[dict[str, Any]]], Any]
+    result_key: str
+    resumable: bool = False
 
 
 def _progress_bar(total: int, show: bool, desc: str) -> Any:
