@@ -1,5 +1,5 @@
-"""The seam of a failure-EMA term, once for the torch and the numpy sampler: by mode, the key it
-declares, the report it makes and the fleet part it reads.
+"""The seam of a failure-EMA term, once for the torch and the numpy sampler: by role
+(`redisync.terms.role`), the key it declares, the report it makes and the fleet part it reads.
 
 - ``local``: nothing synced;
 - ``pooled``: each shard's own EMA is a slot (count 1) of a ``merge`` key; the shard samples from the
@@ -19,10 +19,11 @@ from numpy.typing import NDArray
 
 from ..store.codec import KeyView
 from ..store.schema import DEFAULT_LEASE_GRACE_S, KeySpec, Lifecycle, broadcast, merge
+from .role import Role
 
 
 def declared(
-    mode: str,
+    role: Role,
     key: str,
     shape: int | tuple[int, ...],
     *,
@@ -31,37 +32,36 @@ def declared(
     lifecycle: Lifecycle,
     lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
 ) -> dict[str, KeySpec]:
-    """The key a sampler of ``mode`` syncs (none when local). An EMA is a current state (``state``,
+    """The key a sampler of ``role`` syncs (none when alone). An EMA is a current state (``state``,
     the samplers' default): a fresh restart drops the previous life's slot, a resume takes it over.
     A stale slot drops out of ``pooled`` only (``weighted``'s counts are the failures behind a report)."""
-    if mode == "local":
+    if role.semantics is None:
         return {}
-    if mode == "broadcast":
+    if role.semantics == "broadcast":
         return {key: broadcast(shape, owner=owner)}
-    stale = stale_after_s if mode == "pooled" else None
+    stale = stale_after_s if role is Role.POOLS else None
     return {key: merge(shape, stale_after_s=stale, lifecycle=lifecycle, lease_grace_s=lease_grace_s)}
 
 
-def report(
-    mode: str, key: str, own: NDArray[np.float64], *, shard_id: int, owner: int, count: float = 1.0
-) -> Mapping[str, Mapping[str, Any]]:
+def report(role: Role, key: str, own: NDArray[np.float64], *, count: float = 1.0) -> Mapping[str, Mapping[str, Any]]:
     """This shard's report of its own EMA ``own`` (a float64 copy): ``count`` is 1 when pooled, the
     failures behind it when weighted; only the owner reports a broadcast."""
-    if mode == "pooled":
+    if role is Role.POOLS:
         return {key: {"count": 1.0, "sum": own}}
-    if mode == "weighted":
+    if role is Role.WEIGHS:
         return {key: {"count": count, "sum": count * own}}
-    if mode == "broadcast" and shard_id == owner:
+    if role is Role.LEADS:
         return {key: {"value": own}}
     return {}
 
 
-def follows_fleet(mode: str, shard_id: int, owner: int) -> bool:
-    """Whether the EMA the shard samples from holds a fleet part (pooled, or a broadcast's receiver)."""
-    return mode == "pooled" or (mode == "broadcast" and shard_id != owner)
+def follows_fleet(role: Role) -> bool:
+    """Whether the EMA the shard samples from holds a fleet part (pooled, or a broadcast's receiver;
+    a weighted shard blends the fleet into its own EMA instead)."""
+    return role in (Role.POOLS, Role.FOLLOWS)
 
 
-def fleet_part(mode: str, view: KeyView) -> NDArray[np.float64]:
+def fleet_part(role: Role, view: KeyView) -> NDArray[np.float64]:
     """The fleet part a sampler adds (pooled: the others' summed EMAs) or takes (broadcast: the owner's)."""
-    part = view.others_parts()["sum"] if mode == "pooled" else view.parts()["value"]
+    part = view.others_parts()["sum"] if role is Role.POOLS else view.parts()["value"]
     return np.asarray(part, dtype=np.float64)

@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 from ..errors import InvalidSchema
 from ..store.schema import DEFAULT_LEASE_GRACE_S, Lifecycle
 from .formulas import MIXES, UniformMix
+from .role import Role, role_of
 
 Mode = Literal["local", "pooled", "weighted", "broadcast"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -105,6 +106,11 @@ class SamplerOptions:
     def names(self, groups: int) -> tuple[str, ...]:
         """The groups' names in the metrics."""
         return tuple(self.group_names) if self.group_names is not None else tuple(f"group_{g}" for g in range(groups))
+
+    @property
+    def role(self) -> Role:
+        """This shard's role in the fleet (a broadcast's owner leads)."""
+        return role_of(self.mode, leads=self.shard_id == self.owner)
 
     @property
     def tolerance(self) -> float:

@@ -11,7 +11,7 @@ own (``local``). The moments come from `redisync.terms.formulas.moments`, as the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,9 +20,11 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import MergeSpec, merge
 from .. import formulas
+from ..role import Role, role_of
 from .sampler import _caller_array
 
 Mode = Literal["local", "pooled"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 class EmpiricalNormalizer:
@@ -41,10 +43,11 @@ class EmpiricalNormalizer:
         mean: NDArray[Any] | None = None,
         std: NDArray[Any] | None = None,
     ):
-        if mode not in ("local", "pooled"):
-            raise InvalidSchema(f"numpy normaliser mode must be 'local' or 'pooled', got {mode!r}")
+        if mode not in MODES:
+            raise InvalidSchema(f"numpy normaliser mode must be one of {MODES}, got {mode!r}")
         self.shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         self.eps, self.mode, self.key, self.until = eps, mode, key, until
+        self.role = role_of(mode, leads=True)
         dtype = np.dtype(dtype if mean is None else mean.dtype)
         self.mean = _caller_array(mean, self.shape, dtype, "mean")
         self.std = _caller_array(std, self.shape, dtype, "std")
@@ -58,7 +61,7 @@ class EmpiricalNormalizer:
     def count(self) -> int:
         """The samples behind ``mean`` and ``std``."""
         own: NDArray[Any] = self.own
-        return round(float((self.others + own)[0].flat[0])) if self.mode == "pooled" else int(own[0].flat[0])
+        return round(float((self.others + own)[0].flat[0])) if self.role is Role.POOLS else int(own[0].flat[0])
 
     def normalize(self, x: NDArray[Any]) -> NDArray[Any]:
         """Normalise ``x`` with the statistics held (the fleet's, when pooled)."""
@@ -76,7 +79,7 @@ class EmpiricalNormalizer:
         self._set()
 
     def _set(self) -> None:
-        n, s, q = self.others + self.own if self.mode == "pooled" else self.own
+        n, s, q = self.others + self.own if self.role is Role.POOLS else self.own
         if float(n.flat[0]) <= 0:
             return
         mean, var = formulas.moments(n, s, q, formulas.NUMPY)
@@ -88,18 +91,18 @@ class EmpiricalNormalizer:
 
     def schema_entries(self) -> Mapping[str, MergeSpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        return {self.key: merge(self.shape, sumsq=True, lifecycle="history")} if self.mode == "pooled" else {}
+        return {self.key: merge(self.shape, sumsq=True, lifecycle="history")} if self.role is Role.POOLS else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        if self.mode != "pooled":
+        if self.role is not Role.POOLS:
             return {}
         return {self.key: {"count": float(self.own[0].flat[0]), "sum": self.own[1].copy(), "sumsq": self.own[2].copy()}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
-        if view is None or view.value is None or self.mode != "pooled":
+        if view is None or view.value is None or self.role is not Role.POOLS:
             return
         others = view.others_parts()
         self.others[0] = np.broadcast_to(others["count"], self.shape)

@@ -31,6 +31,7 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, Lifecycle
 from .. import ema_seam, formulas
+from ..role import Role, role_of
 from ..sampler_options import MODES, Mode, SamplerOptions
 
 DEFAULTS = SamplerOptions()  # the options' defaults, declared once
@@ -58,6 +59,7 @@ class FailureEma:
         if mode not in MODES:
             raise InvalidSchema(f"sampler mode must be one of {MODES}, got {mode!r}")
         self.own, self.mode, self.key, self.shard_id, self.owner = own, mode, key, shard_id, owner
+        self.role = role_of(mode, leads=shard_id == owner)
         self.stale_after_s, self.lifecycle, self.lease_grace_s = stale_after_s, lifecycle, lease_grace_s
         self._fleet = np.zeros(own.shape, dtype=np.float64)  # the others' summed EMA, or the owner's
         self._fleet_view: Any = None
@@ -71,13 +73,13 @@ class FailureEma:
     @property
     def follows_fleet(self) -> bool:
         """Whether the EMA sampled from is not the own one (pooled, or a broadcast's receiver)."""
-        return ema_seam.follows_fleet(self.mode, self.shard_id, self.owner)
+        return ema_seam.follows_fleet(self.role)
 
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
         self._take_view()
         ema: NDArray[Any] = (
-            self._fleet + self.own if self.mode == "pooled" else (self._fleet if self.follows_fleet else self.own)
+            self._fleet + self.own if self.role is Role.POOLS else (self._fleet if self.follows_fleet else self.own)
         )
         return ema
 
@@ -91,7 +93,7 @@ class FailureEma:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         shape = self.own.shape if self.own.ndim > 1 else self.own.size
         return ema_seam.declared(
-            self.mode,
+            self.role,
             self.key,
             shape,
             owner=self.owner,
@@ -104,9 +106,9 @@ class FailureEma:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
         count = 1.0
-        if self.mode == "weighted":
+        if self.role is Role.WEIGHS:
             count, self._failures_since_report = self._failures_since_report, 0.0
-        return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner, count=count)
+        return ema_seam.report(self.role, self.key, own, count=count)
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Keep the fleet's view; it becomes an array when the EMA is next read (the reset boundary
@@ -114,7 +116,7 @@ class FailureEma:
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
-        if self.mode == "weighted":  # the failure-weighted mean of the shards' blended EMAs, in place
+        if self.role is Role.WEIGHS:  # the failure-weighted mean of the shards' blended EMAs, in place
             parts = view.parts()
             if float(parts["count"]) > 0:
                 big = float(np.finfo(self.own.dtype).max)
@@ -127,7 +129,7 @@ class FailureEma:
     def _take_view(self) -> None:
         view, self._fleet_view = self._fleet_view, None
         if view is not None:
-            self._fleet = ema_seam.fleet_part(self.mode, view).reshape(self.own.shape)
+            self._fleet = ema_seam.fleet_part(self.role, view).reshape(self.own.shape)
 
 
 class AdaptiveMotionSampler:
@@ -251,7 +253,7 @@ class AdaptiveMotionSampler:
             g = self._groups_of(group_ids, failed.shape[0])
             flat = self.bin_of(time_steps, group_ids) + self.geometry.offsets[g]
             self.current += np.bincount(flat[failed], minlength=self.bin_count).astype(self.current.dtype)
-            if self.mode == "weighted":
+            if self.state.role is Role.WEIGHS:
                 self.state.count_failures(int(failed.sum()))
 
     def step(self) -> None:

@@ -25,6 +25,7 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, broadcast, merge
 from .. import formulas
+from ..role import Role, role_of
 from .device import DeviceReports, copy_counts, on_device
 
 
@@ -60,6 +61,7 @@ class AverageEpisodeLength:
     ):
         _check_mode(mode, ("local", "pooled", "broadcast"))
         self.mode, self.key, self.shard_id, self.owner, self.stale_after_s = mode, key, shard_id, owner, stale_after_s
+        self.role = role_of(mode, leads=shard_id == owner)
         self.window = max(1, int(num_compute_average_epl * num_envs / (base_num_envs or num_envs)))
         self.own_average = 0.0
         self.episodes = 0
@@ -91,11 +93,11 @@ class AverageEpisodeLength:
     @property
     def value(self) -> float:
         """The average the curriculum decides on: the shard's own, the fleet's (pooled) or the owner's (broadcast)."""
-        if self.mode == "broadcast":
-            return self.own_average if self.shard_id == self.owner or self._owners is None else self._owners
-        if self.mode == "local":
-            return self.own_average
-        return formulas.pooled_average(self._own_weight(), self.own_average, self._others)
+        if self.role is Role.POOLS:
+            return formulas.pooled_average(self._own_weight(), self.own_average, self._others)
+        if self.role is Role.FOLLOWS and self._owners is not None:
+            return self._owners
+        return self.own_average
 
     def state_dict(self) -> dict[str, Any]:
         """holosoma's checkpoint entries of the tracker."""
@@ -115,18 +117,20 @@ class AverageEpisodeLength:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        if self.mode == "broadcast":
+        if self.role.semantics == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
         return (
-            {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")} if self.mode == "pooled" else {}
+            {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")}
+            if self.role is Role.POOLS
+            else {}
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        if self.mode == "broadcast":
-            return {self.key: {"value": self.own_average}} if self.shard_id == self.owner else {}
-        if self.mode != "pooled":
+        if self.role is Role.LEADS:
+            return {self.key: {"value": self.own_average}}
+        if self.role is not Role.POOLS:
             return {}
         w = self._own_weight()
         return {self.key: {"count": w, "sum": w * self.own_average}}
@@ -134,9 +138,9 @@ class AverageEpisodeLength:
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
-        if self.mode == "local" or view is None or view.value is None:
+        if not self.role.syncs or view is None or view.value is None:
             return
-        if self.mode == "broadcast":
+        if self.role.semantics == "broadcast":
             self._owners = float(view.parts()["value"])
             return
         others = view.others_parts()
@@ -175,6 +179,7 @@ class PenaltyCurriculum:
             float(degree),
         )
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
+        self.role = role_of(mode, leads=shard_id == owner)
 
     def _clipped(self, scale: float) -> float:
         return float(np.clip(scale, self.min_scale, self.max_scale))
@@ -182,7 +187,7 @@ class PenaltyCurriculum:
     @property
     def decides(self) -> bool:
         """Whether this shard takes the decision (always, unless another shard owns it)."""
-        return self.mode == "local" or self.shard_id == self.owner
+        return self.role is not Role.FOLLOWS
 
     def update(self, average_length: float) -> float:
         """At reset: move the scale by the average episode length; returns the scale to apply."""
@@ -205,16 +210,16 @@ class PenaltyCurriculum:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        return {self.key: broadcast((), owner=self.owner)} if self.mode == "broadcast" else {}
+        return {self.key: broadcast((), owner=self.owner)} if self.role.syncs else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        return {self.key: {"value": self.scale}} if self.mode == "broadcast" and self.decides else {}
+        return {self.key: {"value": self.scale}} if self.role is Role.LEADS else {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
-        if self.mode == "broadcast" and not self.decides and view is not None and view.value is not None:
+        if self.role is Role.FOLLOWS and view is not None and view.value is not None:
             self.scale = float(view.parts()["value"])
 
 
@@ -240,6 +245,7 @@ class TerrainLevels:
     ):
         _check_mode(mode, ("local", "pooled"))
         self.mode, self.key, self.stale_after_s = mode, key, stale_after_s
+        self.role = role_of(mode, leads=True)
         self.num_levels = num_levels
         self.generator = generator
         top = num_levels - 1 if max_init_level is None else min(max_init_level, num_levels - 1)
@@ -264,18 +270,18 @@ class TerrainLevels:
 
     def mean_level(self) -> float:
         """The fleet's (pooled) or this shard's (local) mean terrain level, IsaacLab's logged metric."""
-        hist = self.fleet_histogram() if self.mode == "pooled" else self.histogram()
+        hist = self.fleet_histogram() if self.role is Role.POOLS else self.histogram()
         return float((hist * np.arange(self.num_levels)).sum() / max(hist.sum(), 1.0))
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         # where the shard's envs are now: a state, dropped on a fresh restart
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         merged = merge(self.num_levels, stale_after_s=self.stale_after_s, lifecycle="state")
-        return {self.key: merged} if self.mode == "pooled" else {}
+        return {self.key: merged} if self.role is Role.POOLS else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        if self.mode != "pooled":
+        if self.role is not Role.POOLS:
             return {}
         if on_device(self.levels):
             return self._device_report(settle=False)
@@ -284,7 +290,7 @@ class TerrainLevels:
     def prepare(self) -> None:
         """On a CUDA device: the pinned buffers of its reports made now (the syncer's start), not at
         the first report, on the hot path."""
-        if self.mode == "pooled" and on_device(self.levels):
+        if self.role is Role.POOLS and on_device(self.levels):
             self._copies_out()
 
     def _copies_out(self) -> DeviceReports:
@@ -300,7 +306,7 @@ class TerrainLevels:
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
         """The current report, waiting for the device where the levels live on one: what a flush or a
         stop hands over (the syncers call it there, never on the hot path)."""
-        if self.mode == "pooled" and on_device(self.levels):
+        if self.role is Role.POOLS and on_device(self.levels):
             return self._device_report(settle=True)
         return self.report_shard_state()
 
@@ -317,6 +323,6 @@ class TerrainLevels:
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
-        if self.mode != "pooled" or view is None or view.value is None:
+        if self.role is not Role.POOLS or view is None or view.value is None:
             return
         self._others = view.others_parts()["sum"]

@@ -38,6 +38,7 @@ from ...errors import InvalidSchema
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, broadcast, merge
 from .. import formulas
+from ..role import Role, role_of
 from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
 
@@ -88,6 +89,7 @@ class SyncedEmpiricalNormalization(nn.Module):
             raise InvalidSchema(f"normaliser mode must be one of {MODES}, got {mode!r}")
         self.eps, self.until = eps, until
         self.mode, self.key, self.writer, self.owner = mode, key, writer, owner
+        self.role = role_of(mode, leads=writer)
         self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
         self.register_buffer("_mean", torch.zeros(self.shape).unsqueeze(0))
         self.register_buffer("_var", torch.ones(self.shape).unsqueeze(0))
@@ -135,12 +137,12 @@ class SyncedEmpiricalNormalization(nn.Module):
     def update(self, x: torch.Tensor) -> None:
         """Learn from a batch (rows are samples), as rsl_rl does in ``local`` mode."""
 
-        if not self.training or (self.mode == "learner" and not self.writer):
+        if not self.training or self.role is Role.FOLLOWS:
             return
-        device = on_device(self._own) and self.mode == "pooled"
+        device = on_device(self._own) and self.role is Role.POOLS
         if self.until is not None and (self._n() if device else self.count) >= self.until:
             return
-        if self.mode != "pooled":
+        if self.role is not Role.POOLS:
             self._running_update(x)
             return
         shifted = x.detach().to(torch.float64) - self._offset.to(x.device)
@@ -233,20 +235,20 @@ class SyncedEmpiricalNormalization(nn.Module):
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         size = int(np.prod(self.shape))
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             return {self.key: merge(self.shape, sumsq=True, lifecycle="history")}
-        if self.mode == "learner":
+        if self.role.semantics == "broadcast":
             return {self.key: broadcast(2 * size + 1, owner=self.owner)}
         return {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        if on_device(self._own) and self.mode in ("pooled", "learner"):
+        if on_device(self._own) and self.role.syncs:
             return self._device_report(settle=False)
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             own = self._own.cpu().numpy()
             return {self.key: {"count": float(own[0].flatten()[0]), "sum": own[1].copy(), "sumsq": own[2].copy()}}
-        if self.mode == "learner" and self.writer:
+        if self.role is Role.LEADS:
             flat = [t.detach().to("cpu", torch.float64).flatten() for t in (self._mean, self._var)]
             value = torch.cat([*flat, torch.tensor([float(self.count)], dtype=torch.float64)])
             return {self.key: {"value": value.numpy()}}
@@ -259,7 +261,7 @@ class SyncedEmpiricalNormalization(nn.Module):
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
         """The current report, waiting for the device where the term lives on one: what a flush or a
         stop hands over (the syncers call it there, never on the hot path)."""
-        if on_device(self._own) and self.mode in ("pooled", "learner"):
+        if on_device(self._own) and self.role.syncs:
             return self._device_report(settle=True)
         return self.report_shard_state()
 
@@ -267,9 +269,9 @@ class SyncedEmpiricalNormalization(nn.Module):
         """On a CUDA device: the own count, Σ and Σ² (pooled) or the learner's mean, var and count,
         copied to the host without waiting (the newest copy that has landed, or nothing before the
         first has: `DeviceReports`)."""
-        if self.mode == "learner" and not self.writer:
+        if not self.role.reports:
             return {}
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             source = self._own
         else:
             parts = [t.detach().to(torch.float64).flatten() for t in (self._mean, self._var)]
@@ -278,7 +280,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         got = reports.settle(source) if settle else reports.report(source)
         if got is None:
             return {}
-        if self.mode == "learner":
+        if self.role is Role.LEADS:
             return {self.key: {"value": got}}
         own = got.reshape(3, -1)
         return {self.key: {"count": float(own[0, 0]), "sum": own[1].copy(), "sumsq": own[2].copy()}}
@@ -292,9 +294,9 @@ class SyncedEmpiricalNormalization(nn.Module):
         """The process worker's fast path: the own count, Σ and Σ² move to shared memory, where the
         sidecar reads them when a publish is due (pooled, on the CPU; nothing to share when the term
         reports nothing)."""
-        if self.mode == "local" or (self.mode == "learner" and not self.writer):
+        if not self.role.reports:
             return True  # nothing to report
-        if self.mode != "pooled" or self._own.device.type != "cpu":
+        if self.role is not Role.POOLS or self._own.device.type != "cpu":
             return False  # the learner's broadcast is a concatenation of its buffers: copied
         self._own = torch.from_numpy(shared.array(self._own.numpy()))
         own = self._own.numpy().reshape(3, -1)
@@ -308,10 +310,10 @@ class SyncedEmpiricalNormalization(nn.Module):
         recomputed from them right then (``forward`` may be scripted: it cannot look for news)."""
         if self._others.device.type != "cpu":
             return False
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             self._received = {part: shared.receive(self.key, part) for part in ("count", "sum", "sumsq")}
             shared.on_take(self._take_pooled)
-        elif self.mode == "learner" and not self.writer:
+        elif self.role is Role.FOLLOWS:
             self._received = {"value": shared.receive(self.key, "value")}
             shared.on_take(self._take_broadcast)
         return True  # local and the learner's own normaliser receive nothing
@@ -334,7 +336,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             others = view.others_parts()
             agg = np.stack([np.broadcast_to(others["count"], self.shape), others["sum"], others["sumsq"]])
             if on_device(self._others):  # from pinned memory, in stream order: nothing waits for the device
@@ -344,7 +346,7 @@ class SyncedEmpiricalNormalization(nn.Module):
                 return
             self._others.copy_(torch.as_tensor(agg, dtype=torch.float64))
             self._set_from_pooled()
-        elif self.mode == "learner" and not self.writer:
+        elif self.role is Role.FOLLOWS:
             size = int(np.prod(self.shape))
             value = view.parts()["value"]
             if on_device(self._others):
@@ -358,7 +360,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         """The host-to-device copies of the fleet state: the others' count, Σ and Σ² (pooled), or the
         learner's mean and var (its followers)."""
         if self._device_fleet is None:
-            size = self._others.numel() if self.mode == "pooled" else 2 * int(np.prod(self.shape))
+            size = self._others.numel() if self.role is Role.POOLS else 2 * int(np.prod(self.shape))
             self._device_fleet = DeviceFleet(size)
         return self._device_fleet
 
@@ -366,21 +368,21 @@ class SyncedEmpiricalNormalization(nn.Module):
         """The device-to-host copies of its reports: the own count, Σ and Σ² (pooled), or the
         learner's mean, var and count."""
         if self._device_reports is None:
-            size = self._own.numel() if self.mode == "pooled" else 2 * int(np.prod(self.shape)) + 1
+            size = self._own.numel() if self.role is Role.POOLS else 2 * int(np.prod(self.shape)) + 1
             self._device_reports = DeviceReports(size)
         return self._device_reports
 
     def prepare(self) -> None:
         """On a CUDA device: the pinned buffers of its copies made now (the syncer's start), not at
         the first report or boundary, on the hot path."""
-        if not on_device(self._own) or self.mode not in ("pooled", "learner"):
+        if not on_device(self._own) or not self.role.syncs:
             return
-        if self.mode == "pooled" or self.writer:
+        if self.role.reports:
             self._copies_out()
-        if self.mode == "pooled" or not self.writer:
+        if self.role.receives:
             self._fleet_copies()
 
 
 def _take_prior(module: SyncedEmpiricalNormalization, incompatible: Any) -> None:
-    if module.mode == "pooled":
+    if module.role is Role.POOLS:
         module._load_prior()

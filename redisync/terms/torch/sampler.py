@@ -45,6 +45,7 @@ from ...collector.shared_state import NOT_SHARED, SharedState
 from ...store.codec import PullResult
 from ...store.schema import KeySpec, Lifecycle
 from .. import ema_seam, formulas
+from ..role import Role
 from ..sampler_options import Mode, SamplerOptions
 from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
@@ -184,6 +185,7 @@ class AdaptiveMotionSampler(nn.Module):
         self.options = SamplerOptions.of(locals())  # the options among the arguments
         self.options.check(frames, step_dt)
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
+        self.role = self.options.role
         self.frame_counts = frames
         self.num_frames: int | tuple[int, ...] = frames if self.grouped else frames[0]
         self.alpha, self.uniform_ratio, self.uniform_mix = alpha, uniform_ratio, uniform_mix
@@ -257,7 +259,7 @@ class AdaptiveMotionSampler(nn.Module):
             counts = torch.zeros(self.bin_count, device=flat.device, dtype=torch.float64)
             counts.index_add_(0, flat, failed.to(torch.float64))
             self._current_bin_failed.copy_(counts)
-            if self.mode == "weighted":
+            if self.role is Role.WEIGHS:
                 self._device_failures += counts.sum()
             return
         if torch.any(failed):
@@ -266,7 +268,7 @@ class AdaptiveMotionSampler(nn.Module):
                 flat = flat + self.layout.offsets[torch.as_tensor(group_ids, device=flat.device).long()]
             counts = torch.bincount(flat[failed], minlength=self.bin_count)
             self._current_bin_failed[:] = counts
-            if self.mode == "weighted":
+            if self.role is Role.WEIGHS:
                 self._failures_since_report += float(counts.sum())
 
     def step(self) -> None:
@@ -290,9 +292,9 @@ class AdaptiveMotionSampler(nn.Module):
     def sampling_ema(self) -> torch.Tensor:
         """The EMA that decides the start distribution, per mode (the fleet part is float64, so a
         fleet value beyond the sampler's dtype stays finite)."""
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             return self._fleet_ema() + self.bin_failed_count.to(torch.float64)
-        if ema_seam.follows_fleet(self.mode, self.shard_id, self.owner):  # a broadcast's receiver
+        if ema_seam.follows_fleet(self.role):  # a broadcast's receiver
             return self._fleet_ema()
         return self.bin_failed_count
 
@@ -415,7 +417,7 @@ class AdaptiveMotionSampler(nn.Module):
         parts = view.parts()
         if "value" in parts:
             ema = parts["value"]
-        elif self.mode == "weighted":
+        elif self.role is Role.WEIGHS:
             ema = parts["sum"] / parts["count"] if float(parts["count"]) > 0 else np.zeros(self.bin_count)
         else:
             ema = parts["sum"]
@@ -455,7 +457,7 @@ class AdaptiveMotionSampler(nn.Module):
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         return ema_seam.declared(
-            self.mode,
+            self.role,
             self.key,
             self.bin_count,
             owner=self.owner,
@@ -470,16 +472,16 @@ class AdaptiveMotionSampler(nn.Module):
             return self._device_report(settle=False)
         own = self.bin_failed_count.to("cpu", torch.float64, copy=True).numpy()  # one op: this runs on the hot path
         count = 1.0
-        if self.mode == "weighted":
+        if self.role is Role.WEIGHS:
             count, self._failures_since_report = self._failures_since_report, 0.0
-        return ema_seam.report(self.mode, self.key, own, shard_id=self.shard_id, owner=self.owner, count=count)
+        return ema_seam.report(self.role, self.key, own, count=count)
 
     def prepare(self) -> None:
         """On a CUDA device: the pinned buffers of its copies made now (the syncer's start), not at
         the first report or boundary, on the hot path."""
-        if on_device(self.bin_failed_count) and self.mode != "local":
+        if on_device(self.bin_failed_count) and self.role.syncs:
             self._copies_in()
-            if not (self.mode == "broadcast" and self.shard_id != self.owner):
+            if self.role.reports:
                 self._copies_out()
 
     def _copies_out(self) -> DeviceReports:
@@ -509,7 +511,7 @@ class AdaptiveMotionSampler(nn.Module):
         """On a CUDA device: [failures so far (weighted), the own EMA] copied to the host
         without waiting (`DeviceReports`): the newest copy that has
         landed, or nothing before the first has."""
-        if self.mode == "local" or (self.mode == "broadcast" and self.shard_id != self.owner):
+        if not self.role.reports:
             return {}
         source = torch.cat([self._device_failures.view(1), self.bin_failed_count.to(torch.float64)])
         reports = self._copies_out()
@@ -517,9 +519,9 @@ class AdaptiveMotionSampler(nn.Module):
         if got is None:
             return {}
         count = 1.0
-        if self.mode == "weighted":  # the device keeps a running total: a report counts what it adds
+        if self.role is Role.WEIGHS:  # the device keeps a running total: a report counts what it adds
             count, self._failures_handed = float(got[0]) - self._failures_handed, float(got[0])
-        return ema_seam.report(self.mode, self.key, got[1:], shard_id=self.shard_id, owner=self.owner, count=count)
+        return ema_seam.report(self.role, self.key, got[1:], count=count)
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
@@ -530,13 +532,13 @@ class AdaptiveMotionSampler(nn.Module):
         """The process worker's fast path: the own EMA moves to shared memory, where the sidecar
         reads it when a publish is due (pooled, or the broadcast owner, on the CPU; nothing to share
         when the sampler reports nothing)."""
-        if self.mode == "local" or (self.mode == "broadcast" and self.shard_id != self.owner):
+        if not self.role.reports:
             return True  # nothing to report
-        if self.mode == "weighted" or self.bin_failed_count.device.type != "cpu":
+        if self.role is Role.WEIGHS or self.bin_failed_count.device.type != "cpu":
             return False  # weighted reports the failures since its last report: not a slice of its state
         self.bin_failed_count = torch.from_numpy(shared.array(self.bin_failed_count.numpy()))
         own = self.bin_failed_count.numpy()
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             shared.report(self.key, count=1.0, sum=own)
         else:
             shared.report(self.key, value=own)
@@ -546,11 +548,11 @@ class AdaptiveMotionSampler(nn.Module):
     def share_fleet(self, shared: SharedState) -> bool:
         """The process worker's fast path: the fleet part (the others' pooled EMA, or the owner's)
         is an array the reset boundary updates in place; the next sample rebuilds from it."""
-        if self.mode == "weighted" or self._fleet.device.type != "cpu":
+        if self.role is Role.WEIGHS or self._fleet.device.type != "cpu":
             return False  # weighted blends the fleet into the own EMA when it arrives: it needs the hand-over
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             self._fleet = torch.from_numpy(shared.receive(self.key, "sum"))
-        elif self.mode == "broadcast" and self.shard_id != self.owner:
+        elif self.role is Role.FOLLOWS:
             self._fleet = torch.from_numpy(shared.receive(self.key, "value"))
         self._received = shared  # local and the broadcast owner receive nothing
         return True
@@ -560,18 +562,18 @@ class AdaptiveMotionSampler(nn.Module):
         tensor when the sampler next reads it (`sampling_ema`, at the next sample): the reset
         boundary that calls this stays a swap."""
         view = fleet.keys.get(self.key)
-        if view is None or view.value is None or self.mode == "local":
+        if view is None or view.value is None or not self.role.syncs:
             return
         if on_device(self._fleet):
             self._apply_on_device(view, fleet.fleet_version)
             return
         self._fleet_version = fleet.fleet_version
-        if self.mode == "weighted":
+        if self.role is Role.WEIGHS:
             parts = view.parts()
             if float(parts["count"]) > 0:  # the failure-weighted mean of the shards' blended EMAs
                 mean = self._tensor(parts["sum"] / parts["count"]).to(self.bin_failed_count.dtype)
                 self.set_own_ema(_finite(mean))
-        elif self.mode == "pooled" or self.shard_id != self.owner:
+        elif ema_seam.follows_fleet(self.role):
             self._fleet_view = view
         self._fleet_moved = True  # rebuild at the next sample
 
@@ -581,7 +583,7 @@ class AdaptiveMotionSampler(nn.Module):
         waits for the device. (A fleet state whose buffers are all still being copied waits for the
         next boundary.)"""
         fleet = self._copies_in()
-        if self.mode == "weighted":
+        if self.role is Role.WEIGHS:
             parts = view.parts()
             if float(parts["count"]) <= 0:  # (host numbers: the view is on the host)
                 return
@@ -590,7 +592,7 @@ class AdaptiveMotionSampler(nn.Module):
                 return
             self.set_own_ema(_finite(self._fleet.to(self.bin_failed_count.dtype)))
         else:
-            if not fleet.copy(ema_seam.fleet_part(self.mode, view), self._fleet):
+            if not fleet.copy(ema_seam.fleet_part(self.role, view), self._fleet):
                 return
         self._fleet_version = version
         self._fleet_view = None
@@ -600,7 +602,7 @@ class AdaptiveMotionSampler(nn.Module):
         """The fleet part of the EMA (the other shards' sum, or the owner's), from the last view applied."""
         view, self._fleet_view = self._fleet_view, None
         if view is not None:
-            self._fleet = self._tensor(ema_seam.fleet_part(self.mode, view))
+            self._fleet = self._tensor(ema_seam.fleet_part(self.role, view))
         return self._fleet
 
     def _tensor(self, array: NDArray[Any]) -> torch.Tensor:

@@ -1,0 +1,69 @@
+"""A synced term's place in the fleet, resolved once from its mode.
+
+Every term (the samplers, the normalisers, the curricula) names its modes in its own words
+(``broadcast``, ``learner``, ...); each mode maps here, once, to one of five roles, and a term's
+code asks its role what to do (declare which key, report, receive, add or take the fleet's part)
+rather than comparing mode strings.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+
+class Role(Enum):
+    """What one shard's term does with the store."""
+
+    ALONE = "alone"
+    """``local``: nothing synced; the term is the unsynced algorithm."""
+    POOLS = "pools"
+    """``pooled``: its own state is a slot of a ``merge`` key; it reads the others' sum and adds its own of now."""
+    WEIGHS = "weighs"
+    """``weighted``: a ``merge`` slot counted by the events behind it; the fleet's weighted mean is blended in."""
+    LEADS = "leads"
+    """The owner of a ``broadcast`` (the learner's writer): its value is everybody's."""
+    FOLLOWS = "follows"
+    """Any other shard of a ``broadcast`` (a learner's reader): it takes the leader's value."""
+
+    @property
+    def syncs(self) -> bool:
+        """Whether the term declares a key at all."""
+        return self is not Role.ALONE
+
+    @property
+    def reports(self) -> bool:
+        """Whether this shard's reports carry anything (a follower's carry nothing)."""
+        return self in (Role.POOLS, Role.WEIGHS, Role.LEADS)
+
+    @property
+    def receives(self) -> bool:
+        """Whether the fleet state changes what this shard holds (a leader's own value is the fleet's)."""
+        return self in (Role.POOLS, Role.WEIGHS, Role.FOLLOWS)
+
+    @property
+    def semantics(self) -> Literal["merge", "broadcast"] | None:
+        """The semantics of the key it declares (None: it declares none)."""
+        if self in (Role.POOLS, Role.WEIGHS):
+            return "merge"
+        if self in (Role.LEADS, Role.FOLLOWS):
+            return "broadcast"
+        return None
+
+
+_BY_MODE: dict[str, tuple[Role, Role]] = {  # a mode's role when this shard leads, and when it does not
+    "local": (Role.ALONE, Role.ALONE),
+    "pooled": (Role.POOLS, Role.POOLS),
+    "weighted": (Role.WEIGHS, Role.WEIGHS),
+    "broadcast": (Role.LEADS, Role.FOLLOWS),
+    "learner": (Role.LEADS, Role.FOLLOWS),
+}
+MODES: tuple[str, ...] = tuple(_BY_MODE)
+"""Every mode any term offers (each term offers a subset, declared by its own ``Literal``)."""
+
+
+def role_of(mode: str, *, leads: bool) -> Role:
+    """The role of a term in ``mode``; ``leads``: whether this shard is the one a broadcast follows
+    (its owner shard, or the learner's writer). The caller has checked ``mode`` against its own modes."""
+    leading, following = _BY_MODE[mode]
+    return leading if leads else following
