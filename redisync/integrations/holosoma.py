@@ -42,6 +42,7 @@ from ..errors import ConfigurationError
 from ..store.codec import PullResult
 from ..store.schema import KeySpec, broadcast, merge
 from ..terms import formulas
+from ..terms.role import Role, role_of
 from . import ProcessFleet, process_fleet
 
 
@@ -54,10 +55,11 @@ class TrackerSync:
         if mode not in ("broadcast", "pooled"):
             raise ConfigurationError(f"episode_length must be 'broadcast' or 'pooled', got {mode!r}")
         self.tracker, self.mode, self.shard_id, self.owner = tracker, mode, shard_id, owner
+        self.role = role_of(mode, leads=shard_id == owner)
         self.key = "holosoma/episode_length"
         self.episodes = 0  # pooled: the episodes behind this shard's own average
         self._fleet: tuple[float, float] | float | None = None  # the rest of the fleet (pooled) or the owner's average
-        if mode == "pooled":
+        if self.role is Role.POOLS:
             self._count_episodes()
 
     def _count_episodes(self) -> None:
@@ -85,16 +87,16 @@ class TrackerSync:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        if self.mode == "broadcast":
+        if self.role.semantics == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         return {self.key: merge((), lifecycle="state")}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        if self.mode == "pooled":
+        if self.role is Role.POOLS:
             count, total = self._own()
             return {self.key: {"count": count, "sum": total}}
-        if self.shard_id == self.owner:
+        if self.role is Role.LEADS:
             return {self.key: {"value": float(self.tracker.get_average())}}
         return {}
 
@@ -103,7 +105,7 @@ class TrackerSync:
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
-        if self.mode == "broadcast":
+        if self.role.semantics == "broadcast":
             self._fleet = float(view.parts()["value"])
         else:
             others = view.others_parts()
@@ -111,7 +113,7 @@ class TrackerSync:
 
     def enforce(self) -> None:
         """At each sync, as holosoma's broadcast: a non-owner's tracker takes the owner's average."""
-        if self.mode == "broadcast" and self.shard_id != self.owner and isinstance(self._fleet, float):
+        if self.role is Role.FOLLOWS and isinstance(self._fleet, float):
             self.tracker.set_average(self._fleet, suppress_update=False)
 
 
