@@ -133,3 +133,52 @@ def test_the_study_page_quotes_the_third_studys_committed_results():
             if row and "p_holm" in row:
                 interval = f"[{row['lo']:+.3f}, {row['hi']:+.3f}]".replace("-", "−")
                 assert interval in page, name
+
+
+@pytest.mark.parametrize("gate_passes", [True, False])
+def test_the_third_study_runs_its_gate_then_each_rates_arms_and_reports(monkeypatch, tmp_path, gate_passes):
+    """The gate (single vs uniform at α = 0.001, kept in runs/gate), then, only if it passes, local and
+    pooled at each α in its own folder and configuration, α = 0.001 first; results.json and report.md
+    from the runs; ``report_only`` trains nothing (run_cells faked: the plan's order, not its training)."""
+    from redisync.study import third_study as t
+
+    calls = []
+    auc = {"single": 0.9 if gate_passes else 0.1, "uniform": 0.5, "local": 0.4, "pooled": 0.6}
+
+    def run_cells(cfg, cells, *, url, env_spec, workers, show_progress, desc, saved):
+        calls.append((desc, [(c, arm, list(seeds)) for c, arm, seeds in cells], saved, cfg.sampler_alpha, env_spec))
+        return [
+            {"condition": c, "arm": arm, "seed": s, "summary": {"completion_auc": auc[arm]}, "drift": []}
+            for c, arm, seeds in cells
+            for s in seeds
+        ]
+
+    monkeypatch.setattr("redisync.study.study.run_cells", run_cells)
+    monkeypatch.setattr(t, "tie_from_gate", lambda runs: 0.004)
+    result = t.run_third_study(tmp_path, workers=1)
+    gate = (
+        "gate",
+        [("H", "single", list(t.GATE_SEEDS)), ("H", "uniform", list(t.GATE_SEEDS))],
+        tmp_path / "runs" / "gate",
+    )
+    arms = [
+        (f"α={a}", [("H", "local", list(t.SEEDS)), ("H", "pooled", list(t.SEEDS))], tmp_path / "runs" / f"alpha-{a}")
+        for a in t.ALPHAS
+    ]
+    assert [c[:3] for c in calls] == ([gate, *arms] if gate_passes else [gate])
+    assert [c[3] for c in calls] == ([0.001, *t.ALPHAS] if gate_passes else [0.001])
+    assert {c[4] for c in calls} == {t.ENV}
+    assert result["gate"]["passed"] is gate_passes
+    assert result["runs_planned"] == 2 * len(t.GATE_SEEDS) + 4 * len(t.SEEDS)
+    if gate_passes:
+        assert result["runs_done"] == result["runs_planned"]
+        assert result["tie"] == 0.004
+        assert result["analysis"]["P1"]["differences"] == pytest.approx([-0.2] * len(t.SEEDS))
+    else:
+        assert result["runs_done"] == 2 * len(t.GATE_SEEDS)
+        assert "analysis" not in result
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(result, default=float))
+    assert (tmp_path / "report.md").read_text() == t.render(result)
+    calls.clear()
+    t.run_third_study(tmp_path, workers=1, report_only=True)
+    assert calls == []
