@@ -26,7 +26,6 @@ Fixed here, in code, and in ``docs/ab/third-study-plan.md``, before its first ru
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -40,6 +39,7 @@ from ..terms.formulas import ema_warning
 from .fleet import StudyConfig
 from .follow_up import one_sided_sign_flip_p
 from .learner import SACConfig
+from .runner import Stage, run_stages
 from .second_follow_up import plateau_jitter
 from .stats import differences, holm, t_interval
 from .task import TaskConfig
@@ -120,12 +120,6 @@ def config_record(cfg: StudyConfig) -> dict[str, Any]:
     return cfg.to_dict() | {"task": task_record(cfg.task)}
 
 
-def cells() -> list[tuple[str, str, str, list[int]]]:
-    """(alpha tag, condition, study arm, seeds) for every run, α = 0.001 first: a study stopped part
-    way has answered P1 whole."""
-    return [(name, "H", ARMS[name][0], list(SEEDS)) for name in ARMS]
-
-
 def tie_from_gate(gate_runs: list[dict[str, Any]]) -> float:
     """The tie margin: the plateau jitter of the gate's runs, rounded up to 0.001 (0 when they hold no plateau)."""
     try:
@@ -203,10 +197,65 @@ def analyse(runs: list[dict[str, Any]], tie: float) -> dict[str, Any]:
     return out
 
 
-def _tagged(runs: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
-    for run in runs:
+def _tag(alpha: float) -> Callable[[dict[str, Any]], None]:
+    """Marks a contrast run with its arm at its EMA rate (``local-a0.001``); the gate's runs have none."""
+
+    def tag(run: dict[str, Any]) -> None:
         run["third_arm"] = f"{run['arm']}-a{alpha}"
-    return runs
+
+    return tag
+
+
+def stages() -> list[Stage]:
+    """The plan: the gate (at α = 0.001), then local and pooled at each α, α = 0.001 first."""
+    gate_cells = [("H", "single", GATE_SEEDS), ("H", "uniform", GATE_SEEDS)]
+    gate = Stage(
+        f"gate: single vs uniform, seeds {list(GATE_SEEDS)}", gate_cells, "gate", config_for("pooled-a0.001"), "gate"
+    )
+    return [gate] + [
+        Stage(
+            f"α = {a}: local and pooled, seeds {list(SEEDS)}",
+            [("H", "local", SEEDS), ("H", "pooled", SEEDS)],
+            f"α={a}",
+            replace(CONFIG, sampler_alpha=a),
+            f"alpha-{a}",
+            _tag(a),
+        )
+        for a in ALPHAS
+    ]
+
+
+def _passed(result: dict[str, Any]) -> bool:
+    """Whether the gate ran whole and passed (the contrasts run only then)."""
+    gate = result["gate"]
+    return gate is not None and gate["seeds"] == len(GATE_SEEDS) and bool(gate["passed"])
+
+
+def results(env_spec: str) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+    """What ``results.json`` holds after the runs so far: the gate, and once it passed, the tie margin
+    and the analysis of the contrasts."""
+    from .study import gate
+
+    def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+        gate_runs = [r for r in runs if "third_arm" not in r]
+        contrast = [r for r in runs if "third_arm" in r]
+        result: dict[str, Any] = {
+            "plan": "docs/ab/third-study-plan.md",
+            "env": env_spec,
+            # the configurations that ran (the gate's at α = 0.001), with the task fields the walker reads
+            "config": config_record(config_for("pooled-a0.001")),
+            "arm_configs": {name: config_record(config_for(name)) for name in ARMS},
+            "gate": gate(gate_runs) if gate_runs else None,
+            "gate_decision": GATE_DECISION,
+        }
+        if _passed(result):
+            result["tie"] = tie_from_gate(gate_runs)
+            result["analysis"] = analyse(contrast, result["tie"])
+        result["runs_done"] = len(runs)
+        result["runs_planned"] = 2 * len(GATE_SEEDS) + len(ARMS) * len(SEEDS)
+        return result
+
+    return summarize
 
 
 def run_third_study(
@@ -218,59 +267,17 @@ def run_third_study(
     report_only: bool = False,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The gate, then (if it passes) the four arms, α = 0.001 first; every run kept in ``out/runs`` as it
-    finishes (the same call again resumes); ``results.json`` and ``report.md`` written from the runs."""
-    from .study import gate, load_run, run_cells
-
-    say = on_stage or (lambda _: None)
-    runs_dir = out / "runs"
-    gate_cfg = config_for("pooled-a0.001")
-    gate_cells = [("H", "single", list(GATE_SEEDS)), ("H", "uniform", list(GATE_SEEDS))]
-
-    def runs_of(cfg: StudyConfig, cell_list: list[tuple[str, str, list[int]]], folder: Path, desc: str) -> list[Any]:
-        if report_only:
-            found = [load_run(folder, cfg, arm, seed) for _, arm, seeds in cell_list for seed in seeds]
-            for run in found:
-                if run is not None:
-                    run.setdefault("summary", summarise(run))
-            return [r for r in found if r is not None]
-        return run_cells(
-            cfg, cell_list, url=None, env_spec=env_spec, workers=workers, show_progress=show_progress, desc=desc,
-            saved=folder,
-        )  # fmt: skip
-
-    say(f"gate: single vs uniform, seeds {list(GATE_SEEDS)}")
-    gate_runs = runs_of(gate_cfg, gate_cells, runs_dir / "gate", "gate")
-    result: dict[str, Any] = {
-        "plan": "docs/ab/third-study-plan.md",
-        "env": env_spec,
-        # the configurations that ran (the gate's at α = 0.001), with the task fields the walker reads
-        "config": config_record(gate_cfg),
-        "arm_configs": {name: config_record(config_for(name)) for name in ARMS},
-        "gate": gate(gate_runs) if gate_runs else None,
-        "gate_decision": GATE_DECISION,
-    }
-    runs: list[dict[str, Any]] = []
-    if result["gate"] is not None and len(gate_runs) == 2 * len(GATE_SEEDS) and result["gate"]["passed"]:
-        tie = tie_from_gate(gate_runs)
-        for a in ALPHAS:
-            say(f"α = {a}: local and pooled, seeds {list(SEEDS)}")
-            cell_list = [("H", "local", list(SEEDS)), ("H", "pooled", list(SEEDS))]
-            runs += _tagged(runs_of(replace(CONFIG, sampler_alpha=a), cell_list, runs_dir / f"alpha-{a}", f"α={a}"), a)
-        result["tie"] = tie
-        result["analysis"] = analyse(runs, tie)
-    result["runs_done"] = len(gate_runs) + len(runs)
-    result["runs_planned"] = 2 * len(GATE_SEEDS) + len(ARMS) * len(SEEDS)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1, default=float))
+    """The plan's stages (`stages`) by the study runner: the gate, then (if it passes) the four arms,
+    α = 0.001 first; every run kept in ``out/runs`` as it finishes (the same call again resumes);
+    ``results.json`` rewritten after each stage, ``report.md`` written from the runs at the end.
+    ``report_only``: nothing trained, the report made from the runs kept."""
+    result = run_stages(
+        CONFIG, env_spec, stages(), results(env_spec), saved=out / "runs", summary_path=out / "results.json",
+        workers=workers, show_progress=show_progress, on_stage=on_stage, load_only=report_only,
+        stop=lambda result: None if _passed(result) else "the gate did not pass whole: the contrasts do not run",
+    )  # fmt: skip
     (out / "report.md").write_text(render(result))
     return result
-
-
-def summarise(run: dict[str, Any]) -> dict[str, float]:
-    from .study import summarise_run
-
-    return summarise_run(run)
 
 
 def _interval(row: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ def ran(monkeypatch):
     calls = []
 
     def run_cells(cfg, cells, *, url, env_spec, workers, show_progress, desc, saved):
-        calls.append({"cells": cells, "desc": desc, "saved": saved, "env": env_spec})
+        calls.append({"cells": cells, "desc": desc, "saved": saved, "env": env_spec, "cfg": cfg})
         return [{"arm": arm, "seed": seed, "x": seed} for _, arm, seeds in cells for seed in seeds]
 
     monkeypatch.setattr("redisync.study.study.run_cells", run_cells)
@@ -128,3 +128,37 @@ def test_a_toy_study_runs_its_gate_then_the_plan_chosen_as_data(monkeypatch, tmp
     assert cells == [tuple(c[:2]) for c in want]
     assert result[key] == {"n": len(result["runs"])}
     assert len(judged) == 1
+
+
+def test_a_stage_runs_with_its_own_configuration_folder_and_tag(ran, tmp_path):
+    """A stage's own configuration and folder (under ``saved``) are what its runs get; its tag marks
+    each of its runs before the summary reads them."""
+    own = StudyConfig(sampler_alpha=0.5)
+    stages = [
+        Stage("plain", [("H", "a", [1])]),
+        Stage("own", [("H", "b", [2])], config=own, folder="b", tag=lambda run: run.update(stage="own")),
+    ]
+    out = run_stages(
+        StudyConfig(), "env:make", stages, lambda runs: {"tags": [r.get("stage") for r in runs]},
+        saved=tmp_path, summary_path=tmp_path / "s.json", workers=1,
+    )  # fmt: skip
+    assert [c["saved"] for c in ran] == [tmp_path, tmp_path / "b"]
+    assert [c["cfg"] for c in ran] == [StudyConfig(), own]
+    assert out == {"tags": [None, "own"]}
+
+
+def test_load_only_trains_nothing_and_summarises_the_runs_kept(ran, tmp_path):
+    """``load_only``: each stage's kept runs (in its folder, with its configuration) are the runs; the
+    ones not yet run are absent; nothing is trained."""
+    from redisync.study.study import condition_config, save_run
+
+    own = StudyConfig(sampler_alpha=0.5)
+    run = {"condition": "H", "arm": "b", "seed": 2, "summary": {"x": 1.0}}
+    save_run(tmp_path / "b", condition_config(own, "H"), run)
+    stages = [Stage("plain", [("H", "a", [1])]), Stage("own", [("H", "b", [2, 3])], config=own, folder="b")]
+    out = run_stages(
+        StudyConfig(), "env:make", stages, lambda runs: {"kept": [(r["arm"], r["seed"]) for r in runs]},
+        saved=tmp_path, summary_path=tmp_path / "s.json", workers=1, load_only=True,
+    )  # fmt: skip
+    assert ran == []
+    assert out == {"kept": [("b", 2)]}
