@@ -6,7 +6,8 @@ Where things are:
   studies'), `walker` (a planar MuJoCo walker: the third and fourth studies');
 - **one training run**: `fleet` (N collector shards feeding one SAC learner, synced per arm),
   `learner` (the SAC learner; `pendulum` checks it on gymnasium's Pendulum), `evaluation`;
-- **running a plan**: `runner` (a plan's stages: runs kept as they finish, the summary after each),
+- **running a plan**: `runner` (a plan's stages: runs kept as they finish, the summary after each;
+  the third and fourth studies are stages it runs; the toy studies' plans after their gate are data),
   `study.run_cells` (the runs of a set of cells in worker processes, resumable), `provenance` (what a
   run file records of where it came from);
 - **the plans, in the order they ran** (each module holds its plan's arms, seeds, tests and decisions;
