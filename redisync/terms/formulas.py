@@ -214,7 +214,9 @@ def grouped_probabilities(
     per_bin = (
         uniform_ratio / geometry.width if not geometry.ragged else uniform_ratio * ops.cast(geometry.inverse_bins, ema)
     )
-    p = _unnormalised(g, per_bin, kernel, mix, ops)
+    with np.errstate(over="ignore", invalid="ignore"):  # (numpy's) an overflow is what the check below looks for
+        p = _unnormalised(g, per_bin, kernel, mix, ops)
+        finite = math.isfinite(float(p.sum())) if ops.on_host(p) else True
 
     def rescaled() -> Any:
         wide = ops.wide(g)
@@ -223,7 +225,7 @@ def grouped_probabilities(
         return _unnormalised(ops.cast(wide / top, ema), ops.cast(per_bin / top, ema), kernel, mix, ops)
 
     if ops.on_host(p):
-        if not math.isfinite(float(p.sum())):
+        if not finite:
             p = rescaled()
     else:  # a device's value is not branched on (that waits for the device): both made, one kept
         p = ops.where(ops.isfinite(p.sum()), p, rescaled())
