@@ -1,8 +1,7 @@
-"""The study: its task, learner, pre-registered statistics and the whole pipeline at smoke size."""
+"""The toy study: its plan, gate and analysis, a user's own env through the store, the pipeline at smoke size, the reports."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -16,88 +15,11 @@ import pytest
 import torch
 
 from redisync.study.fleet import ARMS, StudyConfig, run_arm
-from redisync.study.learner import SAC, ReplayBuffer, SACConfig
-from redisync.study.stats import contrast, equivalence_p, holm, primary_family, sign_flip_p, t_interval
+from redisync.study.learner import SAC, SACConfig
 from redisync.study.study import PRIMARY, analyse, gate, load_env_factory, plan
-from redisync.study.task import KINDS, SkillTracking, Step, TaskConfig, TrackingEnv
+from redisync.study.task import Step
 
 from ..conftest import real_redis_or_skip
-
-# ---------------------------------------------------------------- statistics
-
-
-def test_the_sign_flip_test_is_exact():
-    """The paired sign-flip test's p is the exact share of the 2^n sign patterns at least as extreme (2/256 at
-    best with 8 seeds)."""
-    d = [0.3, 0.1, -0.05, 0.2, 0.25]
-    flips = [np.mean(np.array(s) * d) for s in itertools.product((-1, 1), repeat=len(d))]
-    want = np.mean(np.abs(flips) >= abs(np.mean(d)) - 1e-12)
-    assert sign_flip_p(d) == pytest.approx(want)
-    assert sign_flip_p([1.0] * 8) == pytest.approx(2 / 256)  # the smallest p of 8 seeds: all positive
-
-
-def test_holm_adjusts_step_down_and_keeps_the_order():
-    """Holm's step-down adjustment gives the textbook values, monotone in the original order."""
-    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
-    assert holm([0.5]) == [0.5]
-
-
-def test_the_t_interval_and_equivalence_answer_what_they_should():
-    """The t interval covers a zero difference; equivalence within a margin holds for a tight zero and never
-    for a real difference; four noisy seeds are inconclusive, a large difference is higher."""
-    rng = np.random.default_rng(0)
-    same = rng.normal(0.0, 0.02, 12)
-    lo, hi = t_interval(same)
-    assert lo < 0 < hi
-    assert equivalence_p(same, margin=0.1) < 0.01  # tightly around 0: equivalent within ±0.1
-    assert equivalence_p(same + 0.3, margin=0.1) > 0.5  # a real difference is never "equivalent"
-    noisy = rng.normal(0.0, 0.5, 4)
-    c = contrast("H: a − b", noisy + 1, np.ones(4), margin=0.1)
-    assert c.verdict() == "inconclusive"  # neither significant nor equivalent: no claim
-    big = contrast("H: a − b", np.full(8, 0.9) + rng.normal(0, 0.01, 8), np.full(8, 0.3), margin=0.1)
-    assert big.verdict() == "higher"
-    assert big.lo > 0.5
-
-
-def test_the_primary_family_is_holm_corrected():
-    """The pre-registered primary contrasts are Holm-corrected as one family, claims of no difference
-    included."""
-    rng = np.random.default_rng(1)
-    cs = [contrast(f"H: a{i} − b", rng.normal(m, 0.05, 8), np.zeros(8), 0.1) for i, m in enumerate((0.5, 0.01, 0.0))]
-    family = primary_family(cs)
-    assert [c.p_holm for c in family] == pytest.approx(holm([c.p_sign_flip for c in cs]))
-    assert family[0].verdict() == "higher"
-    assert family[1].p_holm >= family[1].p_sign_flip
-    # a claim of no difference is corrected over the family too
-    assert [c.p_equivalence_holm for c in family] == pytest.approx(holm([c.p_equivalence for c in cs]))
-
-
-def test_an_equivalence_on_a_knife_edge_does_not_survive_the_familys_correction():
-    """The committed study's H local − pooled: TOST p 0.0496 alone, not once Holm sees the family;
-    its 90 % interval is the one that decides, and the report says what the seeds could detect."""
-    rng = np.random.default_rng(5)
-    d = rng.normal(0.0, 1.0, 8)
-    d = (d - d.mean()) / d.std(ddof=1) * 0.076 - 0.049  # the committed contrast's mean and spread
-    edge = contrast("H: local − pooled", d, np.zeros(8), 0.1)
-    assert 0.04 < edge.p_equivalence < 0.06
-    assert edge.equivalent()
-    assert edge.lo90 > -0.1
-    assert edge.hi90 < 0.1
-    assert edge.lo < -0.1
-    clear = contrast("H: a − b", rng.normal(0.5, 0.05, 8), np.zeros(8), 0.1)
-    family = primary_family([clear, edge, contrast("X: c − d", rng.normal(0.0, 0.3, 8), np.zeros(8), 0.1)])
-    assert family[1].p_equivalence_holm > 0.05
-    assert family[1].verdict() == "inconclusive"
-    # the power: a spread of 0.076 over 8 seeds detects about ±0.075 (t quantiles at 7 dof)
-    assert edge.detectable == pytest.approx((2.3646 + 0.8960) * 0.076 / 8**0.5, rel=1e-3)
-
-
-def test_contrasts_need_paired_finite_values():
-    """A contrast refuses unpaired or non-finite values, saying which."""
-    with pytest.raises(ValueError, match="same length"):
-        contrast("H: a − b", [1.0, 2.0], [1.0], 0.1)
-    with pytest.raises(ValueError, match="finite"):
-        contrast("H: a − b", [1.0, float("nan")], [1.0, 1.0], 0.1)
 
 
 def test_the_plan_gives_every_primary_arm_its_seeds_and_pairs_everything():
@@ -154,128 +76,6 @@ def test_the_gate_and_the_analysis_follow_the_pre_registration():
         "X: local − pooled": "higher",
         "X: broadcast − pooled": "inconclusive",
     }
-
-
-# ---------------------------------------------------------------- the task
-
-
-def test_skill_segments_rotate_the_actuation_only_there():
-    """A skill segment rotates the actuation inside its frames and nowhere else; segments are apart and after
-    the start."""
-    cfg = TaskConfig(bins=8, skill_segments=2, skill_angle_deg=90.0)
-    env = SkillTracking(cfg, torch.zeros(2, dtype=torch.long))
-    assert isinstance(env, TrackingEnv)
-    assert env.num_frames == 8 * 50 - 1
-    skill = env.kinds[0].nonzero().flatten()
-    assert len(skill) == 2
-    assert int(skill.min()) >= 2
-    assert bool((skill.diff() > 1).all())
-    plain, rotated = 0, int(skill[0]) * 50 + 10
-    for start in (plain, rotated):
-        env.reset(torch.arange(2), torch.tensor([start, start]))
-        env.pos[:] = env.ref_pos[env.frames]
-        env.vel[:] = 0.0
-        env.step(torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
-        push = env.vel[0] / (env.step_dt * cfg.max_force)
-        kind = int(env.kinds[0, start // 50])
-        want = torch.tensor([1.0, 0.0]) if kind == 0 else env.actuation[kind][:, 0]
-        assert torch.allclose(push, want, atol=1e-5), (start, push, want)
-        assert kind == 0 or abs(float(push[0])) < 1e-5  # ±90°: the force is perpendicular to the action
-
-
-def test_a_policy_blind_to_the_skill_falls_in_the_first_skill_segment():
-    """Every segment is trackable by a policy that inverts its actuation; a policy blind to the skill fails
-    exactly in the first skill segment, where the sampler should look."""
-    cfg = TaskConfig(bins=20, skill_segments=2)
-    env = SkillTracking(cfg, torch.zeros(1, dtype=torch.long))
-    first_skill = int(env.kinds[0].nonzero().min())
-
-    def run(aware: bool) -> int:
-        env.reset(torch.arange(1), torch.zeros(1, dtype=torch.long))
-        for _ in range(env.num_frames - 1):
-            f = env.frames
-            acc = (env.ref_vel[(f + 1).clamp(max=env.num_frames - 1)] - env.ref_vel[f]) * 50
-            want = (
-                acc + cfg.damping * env.ref_vel[f] + 40 * (env.ref_pos[f] - env.pos) + 10 * (env.ref_vel[f] - env.vel)
-            ) / cfg.max_force
-            if aware:  # the inverse of the segment's actuation
-                want = torch.linalg.solve(env.actuation[env.kind_of_frame[0, f]], want.unsqueeze(2)).squeeze(2)
-            out = env.step(want)
-            if bool(out.terminated[0]):
-                return int(env.frames[0])
-        return env.num_frames
-
-    assert run(aware=True) == env.num_frames  # every segment is trackable
-    assert run(aware=False) // 50 == first_skill  # the plain skill fails exactly there
-
-
-def test_observations_show_the_segment_its_preview_and_the_profile():
-    """The observation holds the current segment's kind, a preview of the next, and the env's profile."""
-    cfg = TaskConfig(condition="X", bins=12, profiles=2, skill_segments=1, obs_offset=1.0)
-    env = SkillTracking(cfg, torch.tensor([0, 1]))
-    assert env.obs_dim == 12 + 2 * KINDS + 2
-    skill = int(env.kinds[0].nonzero()[0])
-    env.reset(torch.arange(2), torch.tensor([skill * 50 - 10, skill * 50 - 10]))  # 10 frames before profile 0's segment
-    obs = env.observations()
-    now, ahead, profile = obs[:, 12:16], obs[:, 16:20], obs[:, 20:22]
-    assert int((now[0] - env.offset[0]).argmax()) == 0
-    assert int((ahead[0] - env.offset[0]).argmax()) == int(env.kinds[0, skill])
-    assert torch.allclose(profile - env.offset, torch.eye(2))  # the profile's one-hot, shifted by its offset
-    assert env.offset.flatten().tolist() == [-0.5, 0.5]
-    assert not torch.equal(env.kinds[0], env.kinds[1])  # X: each profile has skill segments of its own
-    assert torch.allclose(obs[0, :2] - obs[1, :2], torch.tensor([-1.0, -1.0]), atol=0.2)  # the profile-specific offset
-
-
-def test_h_has_one_profile_and_x_gives_each_profile_its_own_segments():
-    """Condition H has one motion profile; condition X gives each profile its own skill segments."""
-    h = TaskConfig(condition="H", profiles=4)
-    x = TaskConfig(condition="X", profiles=3)
-    assert h.layout().shape == (1, 120)
-    assert x.layout().shape == (3, 120)
-    assert (x.layout() > 0).sum(1).tolist() == [3, 3, 3]
-
-
-# ---------------------------------------------------------------- the learner
-
-
-def test_the_replay_buffer_wraps_around_and_keeps_the_newest():
-    """The replay buffer wraps around and keeps the newest transitions."""
-    buf = ReplayBuffer(5, 1, 1)
-    for i in range(3):
-        x = torch.full((2, 1), float(i))
-        buf.add(x, x, x[:, 0], x, torch.zeros(2))
-    assert buf.size == 5
-    assert sorted(buf.obs.flatten().tolist()) == [0.0, 1.0, 1.0, 2.0, 2.0]
-
-
-@pytest.mark.slow  # training (600 updates): the full tier's
-def test_sac_learns_a_one_step_bandit():
-    """Reward −(a − 0.5)²: the actor's mean must move to 0.5 (terminal steps, so Q is the reward)."""
-    sac = SAC(1, 1, SACConfig(hidden=32, batch_size=256, init_alpha=0.01, lr=3e-3, buffer_size=4096), seed=0)
-    g = torch.Generator().manual_seed(0)
-    a = torch.rand(4096, 1, generator=g) * 2 - 1
-    sac.add(torch.zeros(4096, 1), a, -((a[:, 0] - 0.5) ** 2), torch.zeros(4096, 1), torch.ones(4096))
-    for _ in range(600):
-        sac.update()
-    with torch.no_grad():
-        best = sac.actor(torch.zeros(1, 1), deterministic=True)[0]
-    assert abs(float(best) - 0.5) < 0.1
-
-
-@pytest.mark.slow
-def test_sac_solves_pendulum_within_20000_env_steps():
-    """Trained until an evaluation reaches -250 (a working SAC gets to -150 to -200 within 20 000 env
-    steps), or for all 20 000."""
-    pytest.importorskip("gymnasium")
-    from redisync.study.pendulum import validate
-
-    result = validate(steps=20_000, until=-250)
-    print(
-        f"Pendulum-v1: -250 first reached after {result.first_step_reaching(-250)} env steps, best {result.best:.0f}; "
-        f"curve (env steps, average return of 10 episodes): {result.curve}"
-    )
-    assert result.best >= -250, result.curve
-    assert result.curve[-1][1] == result.best  # it stopped at the first evaluation that reached -250
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -730,7 +530,6 @@ def test_the_evaluation_normalises_each_profile_as_its_collectors_do():
     import uuid
 
     from redisync.study.fleet import as_collectors_act, default_env, make_collector
-    from redisync.study.learner import SAC
 
     cfg = replace(TINY, task=replace(TINY.task, condition="X", obs_offset=1.0))
     arm, run = ARMS["norm-local"], f"t-eval-{uuid.uuid4().hex[:8]}"
