@@ -1,5 +1,5 @@
 """The model of the sampler over a fleet (`redisync.terms.drift_model`) held to the sampler's own
-formulas run step by step on the same failure law, and its parts, inputs and CLI."""
+formulas run step by step on the same failure law, its parts and inputs (its command: tests/cli/test_advise.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from redisync.errors import ConfigurationError
 from redisync.terms import drift_model as dm
@@ -72,35 +71,6 @@ def test_bad_inputs_are_refused_naming_each():
         dm.profile(30, 0.5, start_rate=0.02)
 
 
-def test_advise_prints_the_models_figures_and_its_limits():
-    """`redisync advise` prints the model's own figures for the configuration, and what the model cannot claim."""
-    from redisync.cli import cli
-
-    args = ["advise", "--shards", "16", "--envs-per-shard", "64", "--alpha", "0.01", "--bins", "30",
-            "--failure-rate", "0.004", "--episode-s", "10", "--hard-bins", "2"]  # fmt: skip
-    out = CliRunner().invoke(cli, args)
-    assert out.exit_code == 0, out.output
-    start = 1 / 500 + 0.004
-    hazard, hard = dm.profile(30, 0.004, start_rate=start, episode_bins=10, hard_bins=2)
-    p = dm.predict(dm.FleetModel(16, 64, hazard, alpha=0.01, start_rate=start, episode_bins=10, hard=hard))
-    assert f"is {p.distance_from_pooled:.3f} (TV) from one unsharded run's" in out.output
-    assert f"{p.local.disagreement:.3f}" in out.output
-    assert "not what that does to training" in out.output
-    figures = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
-    assert figures["distance_from_pooled"] == pytest.approx(p.distance_from_pooled)
-    # the validated warning: the model from the failure rate alone (every bin alike), at WARNING_DISTANCE
-    blind_hazard, _ = dm.profile(30, 0.004, start_rate=start, episode_bins=10)
-    blind = dm.predict(dm.FleetModel(16, 64, blind_hazard, alpha=0.01, start_rate=start, episode_bins=10))
-    assert figures["warning"]["predicted_shard_distance"] == pytest.approx(blind.local.shard_distance)
-    assert figures["warning"]["fires"] == (blind.local.shard_distance >= dm.WARNING_DISTANCE)
-    verdict = "fires" if figures["warning"]["fires"] else "stays quiet"
-    assert f"The drift warning (validated against this model: docs/ab/warning-validation.md) {verdict}" in out.output
-    bad = CliRunner().invoke(cli, ["advise", "--shards", "4", "--envs-per-shard", "8", "--bins", "30",
-                                   "--failure-rate", "0.01", "--hard-bins", "30"])  # fmt: skip
-    assert bad.exit_code != 0
-    assert "hard_bins must be in [0, 30)" in str(bad.exception)
-
-
 @pytest.mark.parametrize("shards", [1, 2, 3, 4])
 def test_todays_warning_on_four_shards_or_fewer_fires_only_by_its_uniform_share_branch(shards):
     """The calibrated rule takes the fleet's EMA as N times the shard's. At N <= 4 its noise branch
@@ -118,22 +88,6 @@ def test_todays_warning_on_four_shards_or_fewer_fires_only_by_its_uniform_share_
             assert shards >= 12.5 * bins * alpha / 0.1, (bins, alpha, mass)
     assert WARNING_THRESHOLDS.noisy_relative_sd == 0.4
     assert WARNING_THRESHOLDS.fair_relative_sd == 0.2
-
-
-def test_the_model_pages_advise_example_runs_as_written():
-    """The drift model page's command runs as printed and prints its figures."""
-    import shlex
-
-    from redisync.cli import cli
-
-    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "drift-model.md").read_text()
-    marker = "<!-- advise example: tests/terms/test_drift_model.py runs this block -->"
-    block = page.split(marker, 1)[1].split("```")[1].removeprefix("bash").strip()
-    args = shlex.split(block)
-    assert args[0] == "redisync"
-    out = CliRunner().invoke(cli, args[1:])
-    assert out.exit_code == 0, out.output
-    assert "from one unsharded run's" in out.output
 
 
 TOY_CHECK = Path(__file__).resolve().parents[2] / "docs" / "advise" / "model-vs-toy-runs-2026-12-04.json"
@@ -168,20 +122,6 @@ def test_the_committed_check_against_the_toy_runs_is_the_models_and_the_pages():
         means[arm] = (predicted, recorded)
     order = sorted(means, key=lambda a: means[a][0])
     assert order == sorted(means, key=lambda a: means[a][1])
-
-
-def test_the_readmes_advise_command_runs_as_printed():
-    """The advise command in the README runs as printed and prints its figures."""
-    import re
-    import shlex
-
-    from redisync.cli import cli
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    command = re.search(r"`(redisync advise [^`]+)`", readme).group(1)
-    out = CliRunner().invoke(cli, shlex.split(command)[1:])
-    assert out.exit_code == 0, out.output
-    assert "from one unsharded run's" in out.output
 
 
 def test_the_frozen_warning_threshold_is_the_training_grids_choice():
