@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
-import redis
 
 from ..errors import RedisyncError
 from ..lifeline import spawn
@@ -23,6 +22,7 @@ from ..store.client import Store, connect, masked_url
 from ..store.codec import decode, encode
 from ..store.library import Library
 from ..store.schema import Limits, Schema, merge
+from ..store.server import WatchError
 
 SIZES = (64, 1024, 16384)
 KEY = "bench/stats"
@@ -35,42 +35,6 @@ def _median_us(fn: Callable[[], Any], calls: int) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e6
-
-
-class SlowLog:
-    """Server time per command from SLOWLOG (every command logged while it is on): medians, which a
-    preemption of the server on a shared machine moves far less than INFO commandstats' mean."""
-
-    def __init__(self, store: Store, calls: int):
-        # its own client, the entries raw: a fold's arguments are binary, which redis-py would decode
-        self.redis, self.calls = redis.Redis(connection_pool=store.redis.connection_pool), calls
-        self.redis.set_response_callback("SLOWLOG GET", lambda response, **options: response)
-        self.saved: dict[Any, Any] | None
-        try:
-            self.saved = self.redis.config_get("slowlog-*")
-            self.redis.config_set("slowlog-log-slower-than", 0)
-            self.redis.config_set("slowlog-max-len", max(128, 2 * calls))
-        except redis.ResponseError:  # the embedded store has no SLOWLOG
-            self.saved = None
-
-    def reset(self) -> None:
-        if self.saved is not None:
-            self.redis.slowlog_reset()
-
-    def median_us(self, *commands: str) -> float | None:
-        """Median duration of the entries of ``commands`` (e.g. FCALL, FCALL_RO) logged since the
-        last reset."""
-        if self.saved is None:
-            return None
-        entries = self.redis.execute_command("SLOWLOG GET", 2 * self.calls)  # [id, time, us, args, ...]
-        names = {c.encode() for c in commands}
-        took = [int(e[2]) for e in entries if bytes(e[3][0]).upper() in names]
-        return float(statistics.median(took)) if took else None
-
-    def close(self) -> None:
-        if self.saved is not None:
-            for name, value in self.saved.items():
-                self.redis.config_set(str(name), str(value))
 
 
 def _new_run(url: str | None, n: int) -> Store:
@@ -163,8 +127,9 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
     timed as a subscribed collector makes it (announced: one call) and as a poll makes it (the
     version read first)."""
     store = _new_run(url, n)
-    ping = store.redis.ping
-    log = SlowLog(store, calls)
+    target = store.server()
+    ping = target.ping
+    log = target.slow_log(calls)
     try:
         rng = np.random.default_rng(n)
         shards = [store.shard(i) for i in range(SHARDS)]
@@ -194,17 +159,17 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
             reader.pull(check_first=i % 2 == 1)  # announced (one FCALL_RO), or polled (the read, then the call)
             (polled if i % 2 else changed).append(time.perf_counter() - t)
         # the transport floor, in the same run: the same requests to a function that does nothing
-        store.redis.function_load(FLOOR, replace=True)
+        target.client.function_load(FLOOR, replace=True)
         fold_keys, fold_args = _captured(store, lambda: shards[2].publish(reports[next(k) % 8]))
         shards[1].publish(reports[next(k) % 8])
         pull_keys, pull_args = _captured(store, lambda: reader.pull(check_first=False))
         publish_floor = _median_us(
-            lambda: store.redis.fcall("redisync_floor", len(fold_keys), *fold_keys, *fold_args), calls
+            lambda: target.client.fcall("redisync_floor", len(fold_keys), *fold_keys, *fold_args), calls
         )
         pull_floor = _median_us(
-            lambda: store.redis.fcall_ro("redisync_floor_ro", len(pull_keys), *pull_keys, *pull_args), calls
+            lambda: target.client.fcall_ro("redisync_floor_ro", len(pull_keys), *pull_keys, *pull_args), calls
         )
-        store.redis.function_delete("redisync_floor")
+        target.client.function_delete("redisync_floor")
         ping_us = statistics.median(pings)
         return {
             "elements": n,
@@ -272,7 +237,8 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
     if url is None:
         return None
     store = _new_run(url, n)
-    profiled = Library(store.redis, name="redisync_profile", version="profile", edit={"fold.lua": _profiled_fold()})
+    server = store.server()
+    profiled = Library(server.client, name="redisync_profile", version="profile", edit={"fold.lua": _profiled_fold()})
     try:
         rng = np.random.default_rng(n)
         for i in range(SHARDS):
@@ -293,7 +259,7 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
             shard, seq = call % SHARDS, 2 + call // SHARDS
             args = [store.schema.digest, shard, 1, seq, 0, "0", KEY, payloads[call % 8]]
             rows.append(np.diff(script(keys=keys, args=args)))
-        clock = store.redis.register_script(_MARKS + " __mark() __mark() return __t")
+        clock = server.client.register_script(_MARKS + " __mark() __mark() return __t")
         mark = float(np.median([np.diff(clock())[0] for _ in range(calls)]))
         medians = np.median(rows, axis=0)
         return {name: max(0.0, float(v) - mark) for (name, _), v in zip(PHASES, medians, strict=False)}
@@ -321,7 +287,7 @@ def _lua_publisher(url: str | None, run: str, n: int, shard: int, seconds: float
 def _watch_publisher(url: str, run: str, n: int, shard: int, seconds: float, out: Any) -> None:
     """The obvious alternative: read the aggregate and own slot, fold in numpy, write back under WATCH."""
     store = connect(url, run=run)
-    r, keys = store.redis, store.keys
+    r, keys = store.server().client, store.keys
     data, meta = keys.key_data(KEY), keys.key_meta(KEY)
     new = encode([np.ones(1), np.random.default_rng(shard).normal(size=n)])
     new_vec = decode(new)
@@ -340,7 +306,7 @@ def _watch_publisher(url: str, run: str, n: int, shard: int, seconds: float, out
                     pipe.hincrby(keys.meta, "fleet_version", 1)
                     pipe.execute()
                     break
-                except redis.WatchError:
+                except WatchError:
                     retries += 1
         done += 1
     out.put((done, retries))
@@ -397,7 +363,7 @@ def measure_concurrency(url: str | None, n: int, procs: int, seconds: float) -> 
 
 def run_all(url: str | None, calls: int = 1000, procs: int = 8, seconds: float = 3.0) -> dict[str, Any]:
     store = connect(url, run="bench-ping")
-    ping = _median_us(store.redis.ping, calls)
+    ping = _median_us(store.server().ping, calls)
     sizes = [measure_size(url, n, calls) for n in SIZES]
     conc = measure_concurrency(url, 1024, procs, seconds)
     by_n = {s["elements"]: s for s in sizes}

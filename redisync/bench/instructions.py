@@ -69,7 +69,7 @@ class CountingServer:
         deadline = time.monotonic() + 120
         while True:
             try:
-                connect(self.url, run="probe").redis.ping()
+                connect(self.url, run="probe").ping()
                 break
             except Exception:
                 if time.monotonic() > deadline or self.process.poll() is not None:
@@ -126,7 +126,7 @@ def measure(server: CountingServer, n: int, slots: int, folds: int) -> float:
 
 def floors(server: CountingServer, n: int, times: int) -> dict[str, float]:
     """What a request of the same payload costs without the fold: PING, HSET, one decode and encode."""
-    r = connect(server.url, run="floors", socket_timeout=600).redis
+    r = connect(server.url, run="floors", socket_timeout=600).server().client
     payload = np.random.default_rng(n).random(n + 1).tobytes()
     fmt = "<" + "d" * (n + 1)
     sha = r.script_load(DECODE_ENCODE)
@@ -310,7 +310,7 @@ def instructions_per_cpu_second(folds: int = 400) -> float:
     folded at 64 live slots on a redis-server of its own, not under valgrind (``INFO cpu`` around the
     folds), against callgrind's count of the same folds. (On a loaded machine a core shared with
     other work runs fewer instructions a second: the figure says what this run saw.)"""
-    from .load import _cpu_s, private_server
+    from .load import private_server
 
     rng = np.random.default_rng(64)
     with private_server() as url:
@@ -319,10 +319,10 @@ def instructions_per_cpu_second(folds: int = 400) -> float:
         for _ in range(folds):
             last[0] = _cumulative(rng, last[0])
             reports.append(last[0])
-        before = _cpu_s(store.redis)
+        before = store.server().cpu_s()
         for report in reports:
             shards[0].publish(report)
-        cpu = (_cpu_s(store.redis) - before) / folds
+        cpu = (store.server().cpu_s() - before) / folds
         store.delete()
     server = CountingServer()
     try:

@@ -34,13 +34,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import redis
 
 from .. import lifeline
 from ..redis_server import _wait_answers, command, free_port
 from ..store.client import Store, connect
 from ..store.codec import parse_publish
 from ..store.schema import Limits, Schema
+from ..store.server import server_at
 from .core import _captured
 from .scale import CORE_BUDGET, FLEET_SCHEMA
 from .tree import report
@@ -66,11 +66,6 @@ def private_server() -> Iterator[str]:
             proc.wait(10)
 
 
-def _cpu_s(client: Any) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 def fold_load(
     url: str, slots: int, seconds: float, depth: int = DEPTH, *, window_s: float = 0.0, subscribed: bool = False
 ) -> dict[str, Any]:
@@ -88,16 +83,15 @@ def fold_load(
             pulls.append(_captured(store, lambda k=k: store.pull(k)))  # type: ignore[misc]
         if subscribed:  # (after the first folds: only the measured ones are heard)
             for _ in range(slots):
-                listener = redis.Redis.from_url(url).pubsub()
-                listener.ssubscribe(store.keys.channel)
-                listeners.append(listener)
+                listeners.append(store.server().subscriber(store.keys.channel))
             heard = listeners[0]
             while heard.get_message(timeout=1.0) is not None:  # its confirmation
                 pass
         seqs = [int(args[3]) for _, args in encoded]
         name, pull, names = store.scripts.fold.name, store.scripts.pull.name, list(FLEET_SCHEMA)
-        client = store.redis
-        cpu0, t0, folds, k = _cpu_s(client), time.perf_counter(), 0, 0
+        server = store.server()
+        client = server.client
+        cpu0, t0, folds, k = server.cpu_s(), time.perf_counter(), 0, 0
         while time.perf_counter() - t0 < seconds:
             pipe = client.pipeline(transaction=False)
             for _ in range(depth):
@@ -110,7 +104,7 @@ def fold_load(
                 if parse_publish(reply, names).status != "applied":
                     raise AssertionError(f"a generated fold was not applied: {reply!r}")
             folds += depth
-        wall, cpu = time.perf_counter() - t0, _cpu_s(client) - cpu0
+        wall, cpu = time.perf_counter() - t0, server.cpu_s() - cpu0
         announcements = None
         if subscribed:  # (a window's debt is paid by a timer: counted within the run's seconds or not at all)
             announcements = 0
@@ -154,7 +148,8 @@ def fold_load(
 
 def plain_load(url: str, collectors: int, seconds: float, depth: int = DEPTH) -> dict[str, Any]:
     """The plain HSET / pool / GET design with ``collectors`` collectors, for ``seconds``."""
-    client: Any = redis.Redis.from_url(url)
+    server = server_at(url)
+    client = server.client
     base = f"plain-{uuid.uuid4().hex[:8]}"
     stats, pooled = f"{base}:stats", f"{base}:pooled"
     width = 1 + 1024 + 1 + 256 + 256  # the stated report's numbers
@@ -162,7 +157,7 @@ def plain_load(url: str, collectors: int, seconds: float, depth: int = DEPTH) ->
     client.hset(stats, mapping={str(k): blobs[k] for k in range(collectors)})
     client.set(pooled, np.zeros(width).tobytes())
     try:
-        cpu0, t0, reports, k = _cpu_s(client), time.perf_counter(), 0, 0
+        cpu0, t0, reports, k = server.cpu_s(), time.perf_counter(), 0, 0
         while time.perf_counter() - t0 < seconds:  # the collectors: a report and a pull each
             pipe = client.pipeline(transaction=False)
             for _ in range(depth):
@@ -171,13 +166,13 @@ def plain_load(url: str, collectors: int, seconds: float, depth: int = DEPTH) ->
                 k = (k + 1) % collectors
             pipe.execute()
             reports += depth
-        wall, per_report = time.perf_counter() - t0, (_cpu_s(client) - cpu0) / reports
-        cpu0, pools = _cpu_s(client), 0
+        wall, per_report = time.perf_counter() - t0, (server.cpu_s() - cpu0) / reports
+        cpu0, pools = server.cpu_s(), 0
         for _ in range(max(3, int(20 * 64 / collectors))):  # the learner's pooling, back to back
             total = np.sum([np.frombuffer(v) for v in client.hgetall(stats).values()], axis=0)
             client.set(pooled, total.tobytes())
             pools += 1
-        per_pool = (_cpu_s(client) - cpu0) / pools
+        per_pool = (server.cpu_s() - cpu0) / pools
         exact = np.array_equal(
             np.frombuffer(client.get(pooled) or b""), np.sum([np.frombuffer(b) for b in blobs], axis=0)
         )

@@ -119,7 +119,7 @@ def _collector(scenario: Scenario, rank: int, steps: int, port: int, url: str | 
             t1 = perf_ns()
             kinds.append("apply" if took_state else "hand-over" if syncer.cadence.time_at != reported else "neither")
             if took_state and step >= WARMUP:  # how far behind the store the state just applied is, in versions
-                lags.append(int(store.redis.hget(store.keys.meta, "fleet_version") or 0) - syncer._applied_version)
+                lags.append(int(store.run_info().get("fleet_version", 0)) - syncer._applied_version)
         else:
             t = perf_ns()
             if step % scenario.every == 0:

@@ -25,7 +25,7 @@ import numpy as np
 from ..store.client import Store, connect, masked_url
 from ..store.schema import Limits, Schema, merge
 from ..terms.sampler_options import SAMPLER_KEY
-from .core import SlowLog, _run_processes
+from .core import _run_processes
 
 SLOTS = (8, 64, 256, 1024)
 KEYS_PER_REPORT = (1, 16, 64)
@@ -64,7 +64,7 @@ def fold_and_pull(url: str, schema: dict[str, Any], slots: int, calls: int = 100
     """Server time per fold (from random shards) and per pull of a changed state, in microseconds
     (SLOWLOG medians)."""
     store, shards, report = _populated(url, schema, slots)
-    log = SlowLog(store, calls)
+    log = store.server().slow_log(calls)
     try:
         rng = np.random.default_rng(0)
         log.reset()
@@ -101,8 +101,8 @@ def memory(url: str, slots: int, elements: int, stream_payloads: bool, reports: 
         for k in range(max(reports, slots)):
             shards[k % slots].publish(report)
         by_key = {}
-        for key in store.redis.scan_iter(match=store.keys.pattern, count=1000):
-            by_key[key.decode().split(":", 2)[2]] = int(store.redis.memory_usage(key, samples=0) or 0)
+        for key, used in store.server().memory_by_key(store.keys.pattern).items():
+            by_key[key.split(":", 2)[2]] = used
         return {
             "slots": slots,
             "elements": elements,
@@ -146,13 +146,12 @@ def throughput(url: str, connections: int, seconds: float = 3.0, processes: int 
     procs = min(processes, connections)
     per = connections // procs
     try:
-        before = store.redis.info("cpu")
+        before = store.server().cpu_s()
         t0 = time.monotonic()
         # each process gets shard ids of its own: process i publishes as shards i*per .. i*per+per-1
         done = _run_processes(_scaled_publisher, (url, run, per, seconds), procs)
         wall = time.monotonic() - t0
-        after = store.redis.info("cpu")
-        cpu = sum(after[k] - before[k] for k in ("used_cpu_sys", "used_cpu_user"))
+        cpu = store.server().cpu_s() - before
         return {"connections": procs * per, "publishes_per_s": sum(done) / seconds, "redis_cpu_share": cpu / wall}
     finally:
         store.delete()

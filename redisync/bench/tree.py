@@ -26,17 +26,16 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
-import redis
-from redis.crc import key_slot
 
 from ..aggregation import Aggregator, split
 from ..errors import RedisyncError
 from ..lifeline import spawn
 from ..store.client import Store, connect, masked_url
 from ..store.schema import Limits, Schema, maximum
+from ..store.server import ClientError, Server, server_at
 from ..terms.sampler_options import SAMPLER_KEY
 from .scale import CORE_BUDGET, FLEET_SCHEMA
 
@@ -98,7 +97,7 @@ def _collectors(
                         published[k] += 1
                     else:
                         shards[k].pull(check_first=True)
-                except (redis.RedisError, RedisyncError):
+                except (ClientError, RedisyncError):
                     with lock:
                         counts["errors"] += 1
                     continue
@@ -222,16 +221,14 @@ def _sink(nodes: list[tuple[str, int, str]], ready: Any, stop: Any, out: Any) ->
         s.close()
 
 
-def _cpu_seconds(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+def _host_port(node: str) -> tuple[str, int]:
+    host, port = node.rsplit(":", 1)
+    return host, int(port)
 
 
-def _primary_clients(root: Store) -> dict[str, redis.Redis]:
-    return {
-        node.name: redis.Redis(host=node.host, port=node.port, decode_responses=True)
-        for node in cast(Any, root.redis).get_primaries()
-    }
+def _primary_servers(root: Store) -> dict[str, Server]:
+    """Each Cluster primary by its host:port, for its CPU seconds."""
+    return {name: server_at(f"redis://{name}/0") for name in root.primaries()}
 
 
 def _probe(root: Store, names: list[str], stop: threading.Event, every_s: float, found: list[dict[str, float]]) -> None:
@@ -272,9 +269,9 @@ def run_tree(
     ``syncers``: each collector a `Syncer` with its thread worker and its own subscription; else a
     shard client driven from a pool of threads, and a sink process holding the subscriptions."""
     root = connect(url, run=f"bench-tree-{uuid.uuid4().hex[:8]}")
-    if not callable(getattr(root.redis, "get_primaries", None)):
+    if not root.primaries():
         raise RedisyncError(f"{masked_url(url)}: --tree needs a Redis Cluster URL (redis+cluster://)")
-    primaries = _primary_clients(root)
+    primaries = _primary_servers(root)
     on = sorted(primaries)[:1] if one_primary else None
     names = split(root, len(primaries), on) if split_run else []
     homes = names or [root.run]  # where the collectors publish
@@ -282,14 +279,14 @@ def run_tree(
     for name in names:
         root.sibling(name).register(SCHEMA, limits)
     root.register(SCHEMA, limits)
-    node_of = {name: cast(Any, root.redis).nodes_manager.get_node_from_slot(key_slot(name.encode())) for name in homes}
+    node_of = {name: root.primary_of(name) for name in homes}  # host:port
     ctx = mp.get_context("spawn")
     stop, ready, sink_out = ctx.Event(), ctx.Event(), ctx.Queue()
     started, looped = [ctx.Event() for _ in range(processes)], [ctx.Event() for _ in range(processes)]
     go = ctx.Event()  # every process has started its collectors: the measured window opens
     outs = [Path(tempfile.mkdtemp(prefix="redisync-tree-")) / "collectors.json" for _ in range(processes)]
     home_of = [homes[k % len(homes)] for k in range(collectors)]
-    subscriptions = [(node_of[h].host, node_of[h].port, f"redisync:{{{h}}}:versions") for h in home_of]
+    subscriptions = [(*_host_port(node_of[h]), f"redisync:{{{h}}}:versions") for h in home_of]
     sink = None if syncers else spawn(_sink, subscriptions, ready, stop, sink_out)
     if sink is not None and not ready.wait(60):
         raise RedisyncError("the subscription sink did not start")
@@ -317,7 +314,7 @@ def run_tree(
         thread.start()
     for event in started:  # (the processes' start-up: imports, claims, a thousand Syncers started)
         event.wait(900)
-    cpu0 = {n: _cpu_seconds(c) for n, c in primaries.items()}
+    cpu0 = {n: c.cpu_s() for n, c in primaries.items()}
     window0 = time.monotonic()
     go.set()
     staleness: list[dict[str, float]] = []
@@ -328,7 +325,7 @@ def run_tree(
     for event in looped:
         event.wait(seconds + 600)
     window = time.monotonic() - window0
-    cpu = {n: (_cpu_seconds(c) - cpu0[n]) / window for n, c in primaries.items()}
+    cpu = {n: (c.cpu_s() - cpu0[n]) / window for n, c in primaries.items()}
     for worker in workers:
         worker.join(timeout=900)
     results = [json.loads(path.read_text()) for path in outs if path.exists()]
@@ -376,8 +373,8 @@ def run_tree(
         thread.join(timeout=5)
     homed = {name: home_of.count(name) for name in homes}
     per_primary = []
-    for node in sorted({node_of[name].name for name in homes}):
-        served = [name for name in homes if node_of[name].name == node]
+    for node in sorted({node_of[name] for name in homes}):
+        served = [name for name in homes if node_of[name] == node]
         reports = sum(i for k, i in in_window.items() if home_of[k] in served) / window
         per_primary.append(
             {

@@ -10,7 +10,8 @@ they alone talk to Redis:
 - `redisync.store.runs`: run administration (register, split, snapshots, delete);
 - `redisync.store.protocol`: the shard protocol (claim, lease, publish, pull, owed announcements) and `ShardClient`;
 - `redisync.store.subscription`: following the run's versions channel;
-- `redisync.store.reads`: what an observer reads (leases, keys, streams, shards).
+- `redisync.store.reads`: what an observer reads (leases, keys, streams, shards);
+- `redisync.store.server`: the server itself, for a measurement (`Store.server`; the bench's).
 """
 
 from __future__ import annotations

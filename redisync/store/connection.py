@@ -1,7 +1,7 @@
 """The connection to a server and what every part of the store client shares.
 
 The only module family that talks to Redis is the store client's (this module, `runs`, `protocol`,
-`subscription` and `reads`); this module holds the topology (standalone, Sentinel, Cluster, the
+`subscription`, `reads`, and `server` for measurements); this module holds the topology (standalone, Sentinel, Cluster, the
 embedded server), the translation of the server's failures into redisync's typed errors, the
 calls of the function library, and `Connection`, the base of `Store` with the run's schema and
 limits that every concern reads.
@@ -29,6 +29,7 @@ from .codec import as_text
 from .keys import ROOT, RunKeys, run_of
 from .library import Function, Library
 from .schema import Limits, Schema
+from .server import Server
 
 ENV_URL = "REDISYNC_URL"
 log = logging.getLogger("redisync.store")
@@ -406,6 +407,10 @@ class Connection:
         return library.prune(self.redis, {self.scripts.version, *keep})
 
     # ------------------------------------------------------------------ the server, for the tools
+
+    def server(self) -> Server:
+        """This store's server, for measuring it (`redisync.store.server`), never for running a fleet."""
+        return Server(self.redis)
 
     @_translated
     def server_time_us(self) -> int:
