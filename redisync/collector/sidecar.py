@@ -15,7 +15,8 @@ interpreter lock of its own, so it can never hold the collector's. The two meet 
 The sidecar process (`redisync.collector.sidecar_process`) runs the thread worker's network loop
 for a `Relay` of this collector's shard, so re-seeding after a store restart, the life-cycle rules,
 retries and the subscription are the same code as the thread worker's. This module is the
-collector's side: the mailbox, the hot path's two calls, spawning, watching and stopping the sidecar.
+collector's side: the mailbox, the hot path's two calls and the stop; spawning, watching and
+restarting the sidecar process is `redisync.collector.sidecar_supervisor`'s.
 
 **A sidecar holds no state of its own**; a successor (the monitor restarts one that died or hung,
 and ``stop()`` starts one to publish the last report if the last one died) reads from the mailbox
@@ -44,10 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import pickle
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -65,12 +63,10 @@ from .mailbox import (
     FLUSH,
     FLUSHED,
     HANDED,
-    HEARTBEAT_MS,
     INBOX,
     INCARNATION,
     OUTBOX,
     SEQ,
-    SIDECAR_PID,
     STATUS,
     STEPS,
     STOP,
@@ -82,15 +78,11 @@ from .mailbox import (
 from .report_codec import ReportCodec
 from .seam import SharesFleet, SharesReport, SyncedTerm
 from .shared_state import SharedState
+from .sidecar_supervisor import Supervisor
 from .thread_worker import STATS
 from .worker import Host, claim, join_start, report_of
 
 log = logging.getLogger(__name__)
-
-CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
-HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
-MAX_BACKOFF_S = 5.0
-STARTUP_S = 10.0  # how long start() waits for the sidecar to serve
 
 
 def _slot_bytes(schema: Schema, copies: int) -> int:
@@ -105,8 +97,8 @@ class SidecarWorker:
     What crosses threads (the collector's and its signal handlers, the start's, the monitor): the
     hand-over (``_out_seq``, ``_owed``, ``_writing``: the collector and a handler that interrupted it;
     ``_writing`` keeps a second writer off a half-written message); ``_limits`` / ``_limits_read``
-    written by the start's thread or the monitor, read by the hand-over; ``_process``, ``_lifeline``
-    replaced by the monitor (a restart) or ``stop()`` once the monitor has ended; the sidecar's status
+    written by the start's thread or the monitor, read by the hand-over; the sidecar's process, the
+    `Supervisor`'s (replaced by its monitor, or by ``stop()`` once the monitor has ended); its status
     and the counters of replaced sidecars (``_status``, ``_retired``, ``_status_seq``) under
     ``_status_lock``; ``_own_stats`` counted by either. Across the process boundary only the mailbox's
     header and slots (`redisync.collector.mailbox`) and the shared buffers."""
@@ -136,10 +128,7 @@ class SidecarWorker:
         self._stopped_published = False  # what stop() returned (a second call returns it again)
         self._codec = ReportCodec(self.schema)
         self.mailbox: Mailbox | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._lifeline = -1  # the write end of the pipe the sidecar reads: closed (by us or by our death), it exits
-        self._monitor: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self.sidecar: Supervisor | None = None  # the sidecar's process, once the mailbox exists
         self._out_seq = 0
         self._in_seq = 0
         self._status: dict[str, Any] = {}
@@ -191,7 +180,7 @@ class SidecarWorker:
         if self._header is not None and self._shared is not None and self._shared.parts:
             self._header[FLUSH] += 1
             self._flush_request = self._header[FLUSH]
-        return self.mailbox is not None and self._process is not None
+        return self.mailbox is not None and self.sidecar is not None and self.sidecar.process is not None
 
     def _take_reports(self, settle: bool = False) -> None:
         reports = self.syncer.take_reports(settle)
@@ -323,6 +312,14 @@ class SidecarWorker:
         self.mailbox = Mailbox.create(_slot_bytes(self.schema, 1), _slot_bytes(self.schema, 2))
         self._share_state()
         self._header = self.mailbox.header
+        self.sidecar = Supervisor(
+            self.mailbox,
+            self._sidecar_config,
+            self.problems,
+            str(self.shard.shard_id),
+            on_restart=self._restarting,
+            on_check=self._check_limits,
+        )
 
     def rehome(self, store: Store, shard: ShardClient) -> None:
         """Publish as ``shard`` of ``store`` from now on (the run is split: the shard's sub-run)."""
@@ -336,17 +333,15 @@ class SidecarWorker:
     def start(self) -> None:
         """Spawn the sidecar, wait for it to serve, and watch it."""
         assert self.mailbox is not None
+        assert self.sidecar is not None
         self._limits_read = self._read_limits()
         if self.shard.claimed_incarnation is not None:
             self.mailbox.header[INCARNATION] = self.shard.claimed_incarnation + 1
-        self._spawn()
+        self.sidecar.spawn()
         # start() returns with the sidecar serving (it takes about a second to start a Python process):
         # a collector that trains and stops at once still has its reports published
-        self._await_serving()
-        self._monitor = threading.Thread(
-            target=self._watch, name=f"redisync-sidecar-monitor-{self.shard.shard_id}", daemon=True
-        )
-        self._monitor.start()
+        self.sidecar.await_serving()
+        self.sidecar.watch()
 
     def _read_limits(self) -> bool:
         """The run's size limits, for the collector's own checks of a report (the start's thread or
@@ -361,25 +356,6 @@ class SidecarWorker:
             return False
         return True
 
-    def _await_serving(self, deadline: float | None = None) -> bool:
-        """Wait (up to STARTUP_S, or ``deadline``; the monitor's wait ends when stop() begins) for the
-        sidecar just spawned to serve; one that exits first could not start, which health() says at once."""
-        process, box = self._process, self.mailbox
-        assert process is not None
-        assert box is not None
-        deadline = min(time.monotonic() + STARTUP_S, deadline if deadline is not None else float("inf"))
-        while box.header[SIDECAR_PID] != process.pid and process.poll() is None and time.monotonic() < deadline:
-            if threading.current_thread() is self._monitor and self._stopping.is_set():
-                return False
-            time.sleep(0.01)
-        if box.header[SIDECAR_PID] == process.pid:
-            return True
-        if process.poll() is not None:
-            self.problems.report(
-                f"sidecar: could not start (exit code {process.returncode}; its error is on stderr)", logging.ERROR
-            )
-        return False
-
     def _share_state(self) -> None:
         """Offer every term shared memory for what it reports and receives; the ones that take it
         leave the copy path in that direction."""
@@ -392,12 +368,13 @@ class SidecarWorker:
         else:
             shared.release()
 
-    def _spawn(self) -> None:
-        box = self.mailbox
-        assert box is not None
-        claimed = box.header[INCARNATION]
-        read_end, write_end = os.pipe()
-        config = {
+    def _sidecar_config(self, lifeline: int) -> dict[str, Any]:
+        """What a new sidecar is told: the store, the shard, where its collector's life stands (the
+        mailbox header's incarnation), the mailbox, the shared buffers, the settings; ``lifeline``:
+        its pipe's read end."""
+        assert self.mailbox is not None
+        claimed = self.mailbox.header[INCARNATION]
+        return {
             "connect": self.store.connect_args,
             "run": self.store.run,
             "shard_id": self.shard.shard_id,
@@ -405,70 +382,21 @@ class SidecarWorker:
             "resume": self.shard.resume,
             "take_over": self.shard.take_over,
             "schema": self.schema.canonical_json(),
-            "mailbox": (box.name, box.sizes),
-            "lifeline": read_end,
+            "mailbox": (self.mailbox.name, self.mailbox.sizes),
+            "lifeline": lifeline,
             "shared": None if self._shared is None else self._shared.layout(),
             "settings": self.syncer.settings.as_dict(),
         }
-        box.header[SIDECAR_PID] = 0
-        box.header[HEARTBEAT_MS] = int(time.monotonic() * 1e3)
-        # the sidecar imports redisync from wherever this process does (a source tree on sys.path included)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(_import_path()))
-        try:
-            process = subprocess.Popen(
-                # -c, not -m: the package imports this module, and -m would run a second copy as __main__
-                [sys.executable, "-c", "from redisync.collector.sidecar_process import main; main()"],
-                stdin=subprocess.PIPE,
-                close_fds=True,
-                pass_fds=(read_end,),
-                env=env,
-            )
-        finally:
-            os.close(read_end)
-        assert process.stdin is not None
-        try:
-            process.stdin.write(pickle.dumps(config))
-            process.stdin.close()
-        except BrokenPipeError:
-            pass  # it exited at once: _await_serving and the monitor say so
-        if self._lifeline >= 0:
-            os.close(self._lifeline)  # the previous sidecar's: it is gone
-        self._process, self._lifeline = process, write_end
 
-    def _watch(self) -> None:
-        """Restart a sidecar that died or hung; the collector only sees its view go stale meanwhile.
-        One that dies again at once is restarted after a growing pause (up to MAX_BACKOFF_S)."""
-        backoff, started = 0.0, time.monotonic()
-        while not self._stopping.wait(CHECK_EVERY_S):
-            process, box = self._process, self.mailbox
-            if process is None or box is None:
-                continue
-            if not self._limits_read:
-                self._limits_read = self._read_limits()
-            hung = time.monotonic() * 1e3 - box.header[HEARTBEAT_MS] > HUNG_AFTER_S * 1e3
-            if process.poll() is None and not hung:
-                if time.monotonic() - started > MAX_BACKOFF_S:
-                    backoff = 0.0  # it has lived a while: the next death is a new incident
-                    self.problems.clear("sidecar")
-                continue
-            if hung:
-                process.kill()
-                process.wait()
-            served = box.header[SIDECAR_PID] == process.pid
-            what = ("hung" if hung else "died") if served else "could not start"
-            self.problems.report(f"sidecar: {what} (exit code {process.poll()}): restarting it", logging.WARNING)
-            backoff = min(MAX_BACKOFF_S, 2 * backoff or CHECK_EVERY_S)
-            if self._stopping.wait(backoff):
-                break
-            self._own_stats["sidecar_restarts"] += 1
-            self._retire_sidecar()
-            try:
-                self._spawn()
-            except Exception as e:  # said in health(); tried again after the next pause
-                self.problems.report(f"sidecar: could not restart: {type(e).__name__}: {e}", logging.ERROR)
-                continue
-            self._await_serving()
-            started = time.monotonic()
+    def _check_limits(self) -> None:
+        """The monitor's check: the run's limits, until they are read."""
+        if not self._limits_read:
+            self._limits_read = self._read_limits()
+
+    def _restarting(self) -> None:
+        """A sidecar is about to be replaced: counted, its counters kept."""
+        self._own_stats["sidecar_restarts"] += 1
+        self._retire_sidecar()
 
     def stop(self, flush: bool, deadline: float, cause: str) -> bool:
         """Ask the sidecar to publish the current reports (when ``flush``) and exit; kill it if it has
@@ -484,11 +412,11 @@ class SidecarWorker:
         join_start(self.syncer, deadline)
         if flush:
             self.flush()
-        self._stopping.set()
-        if self._monitor is not None:  # it stops waiting for a successor at once (_await_serving)
-            self._monitor.join(max(0.0, deadline - time.monotonic()))
+        sidecar = self.sidecar
+        assert sidecar is not None
+        sidecar.end_watch(deadline)
         published = False
-        if self._process is None:
+        if sidecar.process is None:
             if flush:
                 log.warning(
                     "redisync shard %d: stopped before the store answered at start: the last report was not published",
@@ -501,12 +429,10 @@ class SidecarWorker:
                 published = self._publish_directly(deadline)
         else:
             self.mailbox.header[STOP] = 2
-            self._wait_exit(self._process, deadline)
+            sidecar.wait_exit(sidecar.process, deadline)
         self._stopped_published = published
         self.status()  # the last counters, for metrics() after stop()
-        if self._lifeline >= 0:
-            os.close(self._lifeline)
-            self._lifeline = -1
+        sidecar.cut_lifeline()
         if self._writing:  # stop() from a signal handler that interrupted a hand-over: it resumes into these
             log.warning(
                 "redisync shard %d: stopped from a signal handler during a hand-over: the report being handed over "
@@ -515,6 +441,7 @@ class SidecarWorker:
             )
             return False  # (the shared memory is freed at exit: the interrupted write must find it mapped)
         self._header = None
+        sidecar.mailbox = None
         self.mailbox.close()
         self.mailbox = None
         if self._shared is not None:
@@ -572,38 +499,24 @@ class SidecarWorker:
         """Have a sidecar publish the last reports and exit cleanly (True once the store answered for
         them). One that is dead, or dies before it exits cleanly (a SIGKILLed process can look alive
         for a moment while its threads are torn down), is replaced, until the deadline."""
-        box = self.mailbox
+        box, sidecar = self.mailbox, self.sidecar
         assert box is not None
+        assert sidecar is not None
         box.header[STOP] = 1  # a successor that sees it publishes what it reads, then exits
         while True:
-            process = self._process
+            process = sidecar.process
             assert process is not None
-            if process.poll() is None and self._wait_exit(process, deadline) == 0:
+            if process.poll() is None and sidecar.wait_exit(process, deadline) == 0:
                 return box.header[DONE] >= self._out_seq and box.header[FLUSHED] >= self._flush_request
             if time.monotonic() >= deadline:
                 return False
-            self._own_stats["sidecar_restarts"] += 1
-            self._retire_sidecar()
-            self._spawn()
-            self._await_serving(deadline)
-
-    def _wait_exit(self, process: subprocess.Popen[bytes], deadline: float) -> int | None:
-        try:
-            return process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.info(  # a last resort, not a fault: the collector publishes the last report itself (said if it cannot)
-                "redisync shard %d: the sidecar did not stop within the stop timeout: killed", self.shard.shard_id
-            )
-            process.kill()
-            process.wait()
-            return None
+            sidecar.respawn(deadline)
 
     def after_fork(self) -> None:
         """The child keeps no sidecar, no lifeline and private copies of the shared buffers."""
-        self._header, self.mailbox, self._process, self._monitor = None, None, None, None
-        if self._lifeline >= 0:
-            os.close(self._lifeline)  # the sidecar must see its collector's death, not wait for this child's
-            self._lifeline = -1
+        self._header, self.mailbox = None, None
+        if self.sidecar is not None:
+            self.sidecar.after_fork()
         if self._shared is not None:
             self._shared.detach_forked()
             self._shared = None
@@ -611,10 +524,4 @@ class SidecarWorker:
     @property
     def sidecar_pid(self) -> int | None:
         """The sidecar process's pid (None before it starts)."""
-        return self._process.pid if self._process is not None else None
-
-
-def _import_path() -> list[str]:
-    """Where this process finds redisync and what it imports: the sidecar's PYTHONPATH."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return [here] + [p for p in sys.path if p and p != here and os.path.exists(p)]
+        return self.sidecar.pid if self.sidecar is not None else None

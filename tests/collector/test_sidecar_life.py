@@ -143,7 +143,7 @@ def _serving_sidecar(c: Collector) -> int:
     assert wait_for(
         lambda: (
             syncer.worker.mailbox.header[SIDECAR_PID] == syncer.worker.sidecar_pid
-            and syncer.worker._process.poll() is None
+            and syncer.worker.sidecar.process.poll() is None
         ),
         timeout=15,
     )
