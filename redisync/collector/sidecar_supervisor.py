@@ -188,5 +188,5 @@ class Supervisor:
 
 def _import_path() -> list[str]:
     """Where this process finds redisync and what it imports: the sidecar's PYTHONPATH."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds redisync/
     return [here] + [p for p in sys.path if p and p != here and os.path.exists(p)]
