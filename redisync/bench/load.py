@@ -39,8 +39,8 @@ from .. import lifeline
 from ..redis_server import _wait_answers, command, free_port
 from ..store.client import Store, connect
 from ..store.codec import parse_publish
+from ..store.connection import server_at
 from ..store.schema import Limits, Schema
-from ..store.server import server_at
 from .core import _captured
 from .scale import CORE_BUDGET, FLEET_SCHEMA
 from .tree import report

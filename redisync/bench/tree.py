@@ -34,8 +34,9 @@ from ..aggregation import Aggregator, split
 from ..errors import RedisyncError
 from ..lifeline import spawn
 from ..store.client import Store, connect, masked_url
+from ..store.connection import server_at
 from ..store.schema import Limits, Schema, maximum
-from ..store.server import ClientError, Server, server_at
+from ..store.server import ClientError, Server
 from ..terms.sampler_options import SAMPLER_KEY
 from .scale import CORE_BUDGET, FLEET_SCHEMA
 

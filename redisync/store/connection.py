@@ -107,6 +107,12 @@ def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
     return redis.Redis.from_url(url, **kwargs)
 
 
+def server_at(url: str, **kwargs: Any) -> Server:
+    """The server at ``url`` without a run, for measuring it (`redisync.store.server`): a design a
+    bench compares the store against, a Cluster primary's CPU."""
+    return Server(redis_client(url, **kwargs))
+
+
 def _cluster_client(url: str, **kwargs: Any) -> Any:
     """``redis+cluster://[user:password@]host:port[,host:port...]``: a Redis Cluster. Every key of a
     run carries the hash tag ``{run}``, so a run lives in one slot and every script runs on one node."""

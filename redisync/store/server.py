@@ -96,10 +96,3 @@ class Server:
         pubsub = self._client.pubsub()
         pubsub.ssubscribe(channel)
         return pubsub
-
-
-def server_at(url: str, **kwargs: Any) -> Server:
-    """The server at ``url``, without a run (a measurement of a design that is not the store's)."""
-    from .connection import redis_client
-
-    return Server(redis_client(url, **kwargs))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from redisync.store.client import connect
+from redisync.store.connection import server_at
 from redisync.store.schema import Schema, merge
-from redisync.store.server import server_at
 
 
 def _run(url: str):
