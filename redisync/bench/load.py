@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .. import lifeline
+from ..errors import ConnectionUnavailable
 from ..redis_server import _wait_answers, command, free_port
 from ..store.client import Store, connect
 from ..store.codec import parse_publish
@@ -83,7 +84,10 @@ def fold_load(
             pulls.append(_captured(store, lambda k=k: store.pull(k)))  # type: ignore[misc]
         if subscribed:  # (after the first folds: only the measured ones are heard)
             for _ in range(slots):
-                listeners.append(store.server().subscriber(store.keys.channel))
+                try:
+                    listeners.append(store.server().subscriber(store.keys.channel))
+                except ConnectionUnavailable as error:
+                    raise ConnectionUnavailable(_limit_reached(len(listeners), slots, error)) from error
             heard = listeners[0]
             while heard.get_message(timeout=1.0) is not None:  # its confirmation
                 pass
@@ -144,6 +148,18 @@ def fold_load(
         for listener in listeners:
             listener.close()
         store.delete()
+
+
+def _limit_reached(held: int, wanted: int, error: Exception) -> str:
+    """One line for a fan-out stopped by a limit: which one, and the figure that lets it run."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (
+        f"bench --load: subscription {held + 1} of {wanted} could not connect ({error}); the fan-out holds one "
+        f"connection per collector, so it needs an open-file limit above {wanted + 64} (now {soft}: raise it with "
+        f"'ulimit -n {max(1024, 2 * wanted)}') and a server accepting that many clients (maxclients)"
+    )
 
 
 def plain_load(url: str, collectors: int, seconds: float, depth: int = DEPTH) -> dict[str, Any]:

@@ -197,28 +197,38 @@ def fleet_estimate(rows: list[dict[str, Any]], interval_s: float = 1.0) -> dict[
     }
 
 
-def run_scale(url: str, seconds: float = 3.0) -> dict[str, Any]:
-    slots = [fold_and_pull(url, {"bench/key": merge(1024, lifecycle="history")}, n) for n in SLOTS]
+MEMORY_CASES = (
+    (8, 1024, False),
+    (64, 1024, False),
+    (256, 1024, False),
+    (8, 64, False),
+    (8, 16384, False),
+    (8, 1024, True),
+)
+"""(slots, values, stream payloads) of the memory table."""
+
+
+def run_scale(
+    url: str,
+    seconds: float = 3.0,
+    slots: tuple[int, ...] = SLOTS,
+    keys_per_report: tuple[int, ...] = KEYS_PER_REPORT,
+    connections: tuple[int, ...] = CONNECTIONS,
+    memory_cases: tuple[tuple[int, int, bool], ...] = MEMORY_CASES,
+) -> dict[str, Any]:
+    """The scale tables: fold and pull against slots and keys, the stated report against slots, memory,
+    throughput against connections, and the largest fleet within `CORE_BUDGET`."""
+    by_slots = [fold_and_pull(url, {"bench/key": merge(1024, lifecycle="history")}, n) for n in slots]
     keys = []
-    for k in KEYS_PER_REPORT:
+    for k in keys_per_report:
         schema = {f"bench/k{i}": merge(256, lifecycle="history") for i in range(k)}
         keys.append({"keys": k, **fold_and_pull(url, schema, 8, calls=50)})
-    fleet_rows = [fold_and_pull(url, dict(FLEET_SCHEMA), n) for n in SLOTS]
-    mem = [
-        memory(url, s, e, p)
-        for s, e, p in (
-            (8, 1024, False),
-            (64, 1024, False),
-            (256, 1024, False),
-            (8, 64, False),
-            (8, 16384, False),
-            (8, 1024, True),
-        )
-    ]
-    tp = [throughput(url, c, seconds) for c in CONNECTIONS]
+    fleet_rows = [fold_and_pull(url, dict(FLEET_SCHEMA), n) for n in slots]
+    mem = [memory(url, s, e, p) for s, e, p in memory_cases]
+    tp = [throughput(url, c, seconds) for c in connections]
     return {
         "url": masked_url(url),
-        "fold_vs_slots": slots,
+        "fold_vs_slots": by_slots,
         "fold_vs_keys": keys,
         "fleet_report_vs_slots": fleet_rows,
         "memory": mem,

@@ -460,7 +460,11 @@ def format_tree(r: dict[str, Any]) -> str:
     for p in r["per_primary"]:
         lines.append(
             f"    {p['primary']:<18} {p['subrun']:<24} {p['collectors']:>5} collectors, {p['reports_per_s']:.0f} reports/s: "
-            f"{p['cores']:.3f} core, {1e3 * p['cores'] / max(p['reports_per_s'], 1e-9):.2f} ms a report -> "
-            f"{p['collectors_at_budget']:.0f} collectors reporting at 1 Hz within the budget"
+            + (
+                f"{p['cores']:.3f} core, {1e3 * p['cores'] / p['reports_per_s']:.2f} ms a report -> "
+                f"{p['collectors_at_budget']:.0f} collectors reporting at 1 Hz within the budget"
+                if p["reports_per_s"] > 0
+                else f"{p['cores']:.3f} core, no report folded in the window (no cost per report to give)"
+            )
         )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any
 
 import click
 
@@ -79,6 +80,12 @@ from .common import URL, connected, needs, table
     help="the core figures, --peers and --scale in one run (with --json: one document)",
 )
 @click.option(
+    "--quick",
+    is_flag=True,
+    help="every measurement of the chosen mode at a small size: checks that it runs end to end here "
+    "(its figures are not the ones to quote)",
+)
+@click.option(
     "--targets",
     "show_targets",
     is_flag=True,
@@ -104,6 +111,7 @@ def bench(
     shard_clients: bool,
     one_primary: bool,
     everything: bool,
+    quick: bool,
     show_targets: bool,
 ) -> None:
     """Latency of PING, publish and pull; server fold time; concurrent throughput vs WATCH/MULTI.
@@ -111,10 +119,13 @@ def bench(
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves.
     With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact.
     With --load: one primary at the report rate a capacity figure claims, beside a plain design."""
+    if quick:  # the smallest sizes each measurement accepts
+        calls, procs, steps, collectors = 20, 2, 100, 6
     if load:
         from ..bench.load import format_load, run_load
 
-        result = run_load(seconds)
+        # (quick: still more subscribers than a client's default connection pool holds)
+        result = run_load(seconds, slots=(8,), fanout=(120,)) if quick else run_load(seconds)
         click.echo(json.dumps(result, indent=2) if as_json else format_load(result))
         return
     if tree:
@@ -133,13 +144,21 @@ def bench(
     if instructions and fleet:
         from ..bench.instructions import format_fleet_table, run_fleet_instructions
 
-        result = run_fleet_instructions()
+        result = (
+            run_fleet_instructions(slots=(4, 64), folds=3, rate_folds=20, value_slots=(4, 64))
+            if quick
+            else run_fleet_instructions()
+        )
         click.echo(json.dumps(result, indent=2) if as_json else format_fleet_table(result))
         return
     if instructions:
         from ..bench.instructions import format_table, run_instructions
 
-        result = run_instructions()
+        result = (
+            run_instructions(sizes=(64, 1024), slots=(1, 4), folds=3, client_publishes=20)
+            if quick
+            else run_instructions()
+        )
         click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
         return
     if peers or everything:
@@ -156,17 +175,17 @@ def bench(
 
         doc = {
             "core": run_all(url, calls=calls, procs=procs, seconds=seconds),
-            "peers": run_peers(url, steps=steps),
-            "scale": run_scale(url, seconds=seconds),
+            "peers": run_peers(url, steps=steps, scenarios=_peer_scenarios(quick)),
+            "scale": run_scale(url, seconds=seconds, **(QUICK_SCALE if quick else {})),
         }
         click.echo(json.dumps(doc, indent=2))
         return
     if peers or everything:
         assert url is not None  # (refused above)
-        _bench_peers(url, steps, as_json, show_targets)
+        _bench_peers(url, steps, as_json, show_targets, quick)
     if scale or everything:
         assert url is not None
-        _bench_scale(url, seconds, as_json)
+        _bench_scale(url, seconds, as_json, quick)
     if peers or scale:
         return
     res = run_all(url, calls=calls, procs=procs, seconds=seconds)
@@ -265,10 +284,19 @@ def bench(
         )
 
 
-def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
+QUICK_SCALE: dict[str, Any] = {
+    "slots": (8, 16),
+    "keys_per_report": (1, 4),
+    "connections": (4,),
+    "memory_cases": ((8, 64, False), (8, 64, True)),
+}
+"""--scale --quick: each table at two small sizes."""
+
+
+def _bench_scale(url: str, seconds: float, as_json: bool, quick: bool = False) -> None:
     from ..bench.scale import run_scale
 
-    res = run_scale(url, seconds=seconds)
+    res = run_scale(url, seconds=seconds, **(QUICK_SCALE if quick else {}))
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return
@@ -317,10 +345,17 @@ def _bench_scale(url: str, seconds: float, as_json: bool) -> None:
     )
 
 
-def _bench_peers(url: str, steps: int, as_json: bool, show_targets: bool) -> None:
+def _peer_scenarios(quick: bool) -> tuple[Any, ...]:
+    """--peers' scenarios; quick: two processes, no straggler (each starts its processes: seconds each)."""
+    from ..bench.peers import SCENARIOS
+
+    return tuple(s for s in SCENARIOS if s.procs == 2 and not s.straggler) if quick else SCENARIOS
+
+
+def _bench_peers(url: str, steps: int, as_json: bool, show_targets: bool, quick: bool = False) -> None:
     from ..bench.peers import run_peers
 
-    res = run_peers(url, steps=steps)
+    res = run_peers(url, steps=steps, scenarios=_peer_scenarios(quick))
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return

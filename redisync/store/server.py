@@ -15,6 +15,8 @@ from typing import Any, cast
 
 import redis
 
+from .. import errors
+
 WatchError = redis.WatchError
 """A WATCHed key changed before EXEC (the client-side fold's retry)."""
 ClientError = redis.RedisError
@@ -92,7 +94,19 @@ class Server:
         return SlowLog(self._client, calls)
 
     def subscriber(self, channel: str) -> Any:
-        """A connection of its own subscribed (``SSUBSCRIBE``) to ``channel``, as a collector's listener is."""
-        pubsub = self._client.pubsub()
-        pubsub.ssubscribe(channel)
+        """A connection of its own subscribed (``SSUBSCRIBE``) to ``channel``, as a collector's listener is.
+
+        Its own pool of one, not the store's: a measurement holds hundreds of subscribers at once, and
+        the store's pool is bounded (redis-py's default, 100), so from it the 101st would fail with
+        "Too many connections" however many the machine and the server allow. A limit that does stop
+        it (the open-file limit, the server's ``maxclients``) is a `ConnectionUnavailable` naming it."""
+        pool = self._client.connection_pool
+        own = redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **pool.connection_kwargs))
+        pubsub = own.pubsub()
+        try:
+            pubsub.ssubscribe(channel)
+        except (redis.ConnectionError, OSError) as error:
+            pubsub.close()
+            own.close()
+            raise errors.ConnectionUnavailable(f"a subscriber could not connect: {error}") from error
         return pubsub
