@@ -1,6 +1,9 @@
 """Fixtures: every store test runs on the embedded default AND on a real Redis.
 
-The real server is ``REDISYNC_TEST_URL`` (default: database 9 of 127.0.0.1:6379). Each test
+The real server is ``REDISYNC_TEST_URL`` (default: database 9 of 127.0.0.1 on ``REDIS_PORT``, 6379
+unset: the port ``scripts/ensure-redis`` starts a server on). It is shared (other workers, checkouts,
+redisync versions): every test process runs with the guard of ``tests/guard``, which refuses a
+server-wide command there and fails the test that sent it. Each test
 gets a run of its own, deleted afterwards. When ``REDISYNC_REQUIRE_REDIS=1`` (set by
 ``scripts/test`` and so by CI) an unreachable server fails the tests instead of skipping them;
 ``REDISYNC_REQUIRE_FRAMEWORKS=1`` does the same for the frameworks tier's mjlab, rsl_rl and holosoma.
@@ -22,7 +25,48 @@ import redis
 import redisync
 from redisync.store.client import Store
 
-REAL_URL = os.environ.get("REDISYNC_TEST_URL", "redis://127.0.0.1:6379/9")
+REDIS_PORT = int(os.environ.get("REDIS_PORT") or 6379)
+REAL_URL = os.environ.get("REDISYNC_TEST_URL") or f"redis://127.0.0.1:{REDIS_PORT}/9"
+
+
+def _guard_shared_server() -> None:
+    """The shared server's guard in this process and, through ``PYTHONPATH``, in every Python
+    process a test starts (`tests/guard/redisync_test_guard.py`)."""
+    import tempfile
+    from urllib.parse import urlsplit
+
+    guard = str(Path(__file__).resolve().parent / "guard")
+    parts = urlsplit(REAL_URL)
+    os.environ["REDISYNC_TEST_SHARED"] = f"{parts.hostname or '127.0.0.1'}:{parts.port or 6379}"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if os.environ.get("REDISYNC_TEST_GUARD_WORKER") != worker:  # one log per worker: each checks its own
+        os.environ["REDISYNC_TEST_GUARD_DIR"] = tempfile.mkdtemp(prefix=f"redisync-guard-{worker}-")
+        os.environ["REDISYNC_TEST_GUARD_WORKER"] = worker
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if guard not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([guard, *(p for p in paths if p)])
+    sys.path.insert(0, guard)
+    import redisync_test_guard
+
+    redisync_test_guard.install()
+
+
+_guard_shared_server()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_server_wide_on_the_shared_redis():
+    """A test whose process, or any process it started, sent a server-wide command to the shared
+    Redis fails here, even where the refusal was caught."""
+    import redisync_test_guard
+
+    before = len(redisync_test_guard.refusals())
+    yield
+    new = redisync_test_guard.refusals()[before:]
+    if new:
+        pytest.fail("server-wide commands refused on the shared Redis:\n" + "\n".join(new), pytrace=False)
+
+
 # ``scripts/test --fast`` (the development tier) draws a quarter of each property test's examples; the
 # full tier, what CI runs, draws them all
 FAST = os.environ.get("REDISYNC_TIER") == "fast"

@@ -53,6 +53,7 @@ def use_backend(backend: str, monkeypatch) -> None:
         monkeypatch.delenv("REDISYNC_URL", raising=False)
 
 
+@pytest.mark.xdist_group("humanoid-v3")  # the documented run name: one worker at a time
 def test_the_store_api_example_runs(backend, monkeypatch):
     """The store API page's trainer example runs as written, on either backend: its report applied and pooled,
     fleet version 1."""
@@ -69,6 +70,7 @@ def test_the_store_api_example_runs(backend, monkeypatch):
         redisync.connect(run="humanoid-v3").delete()
 
 
+@pytest.mark.xdist_group("humanoid-v3")  # the documented run name: one worker at a time
 def test_the_collector_loop_runs(backend, monkeypatch):
     """The README's collector loop runs as written and publishes with no worker error."""
     use_backend(backend, monkeypatch)
@@ -183,6 +185,7 @@ def test_the_multi_motion_loop_runs(backend, monkeypatch):
         redisync.connect(run="motion-library").delete()
 
 
+@pytest.mark.xdist_group("humanoid-v3")  # the documented run name: one worker at a time
 def test_the_store_api_example_run_three_times_counts_its_one_writer_once(backend, monkeypatch):
     """Each run is a new process of shard 0: the EMA (state) keeps one slot, the normaliser's
     moments (history) keep every run's samples."""
@@ -366,6 +369,7 @@ def test_the_readmes_collector_uses_a_run_the_shipped_roles_cover_and_the_try_ou
     assert try_out != conf_port
 
 
+@pytest.mark.xdist_group("humanoid-v3")  # the documented run name: one worker at a time
 @pytest.mark.extras("tensorboard")
 def test_the_tensorboard_recipe_writes_the_syncers_metrics(backend, monkeypatch, tmp_path):
     """The collector guide's recipe, run as written: TensorBoard's event files hold every metric of

@@ -17,6 +17,7 @@ from redisync import inspection
 from redisync.redis_server import free_port
 from redisync.store.schema import Schema, merge
 
+from .conftest import REAL_URL
 from .servers import RedisProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.extras("prometheus_client")]
@@ -371,7 +372,7 @@ def test_a_port_in_use_is_said_with_the_port():
         taken.listen()
         port = taken.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "redisync.cli", "exporter", "--url", "redis://127.0.0.1:6379/0", "--port",
+            [sys.executable, "-m", "redisync.cli", "exporter", "--url", REAL_URL, "--port",
              str(port), "--addr", "127.0.0.1"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip

@@ -91,12 +91,18 @@ def client_publish_us(url: str | None, n: int = 64, calls: int = 1000) -> float:
 
 # The transport floor: a function that reads nothing and returns at once, called with the same keys
 # and arguments as the publish or pull it stands beside (what any FCALL of that request costs).
-FLOOR = (
-    "#!lua name=redisync_floor\n"
-    "redis.register_function{function_name = 'redisync_floor', callback = function() return 1 end}\n"
-    "redis.register_function{function_name = 'redisync_floor_ro', callback = function() return 1 end, "
-    "flags = {'no-writes'}}\n"
-)
+def floor_library(token: str) -> tuple[str, str, str]:
+    """A library of functions that do nothing (the transport floor), named by ``token`` so that
+    measurements sharing a server (other runs, other redisync versions) never replace or delete
+    each other's: its text, its function and its read-only function."""
+    name = f"redisync_floor_{token}"
+    text = (
+        f"#!lua name={name}\n"
+        f"redis.register_function{{function_name = '{name}', callback = function() return 1 end}}\n"
+        f"redis.register_function{{function_name = '{name}_ro', callback = function() return 1 end, "
+        "flags = {'no-writes'}}\n"
+    )
+    return text, name, f"{name}_ro"
 
 
 def _captured(store: Store, call: Callable[[], Any], only: Any = None) -> tuple[list[str], list[Any]]:
@@ -159,17 +165,20 @@ def measure_size(url: str | None, n: int, calls: int) -> dict[str, Any]:
             reader.pull(check_first=i % 2 == 1)  # announced (one FCALL_RO), or polled (the read, then the call)
             (polled if i % 2 else changed).append(time.perf_counter() - t)
         # the transport floor, in the same run: the same requests to a function that does nothing
-        target.client.function_load(FLOOR, replace=True)
-        fold_keys, fold_args = _captured(store, lambda: shards[2].publish(reports[next(k) % 8]))
-        shards[1].publish(reports[next(k) % 8])
-        pull_keys, pull_args = _captured(store, lambda: reader.pull(check_first=False))
-        publish_floor = _median_us(
-            lambda: target.client.fcall("redisync_floor", len(fold_keys), *fold_keys, *fold_args), calls
-        )
-        pull_floor = _median_us(
-            lambda: target.client.fcall_ro("redisync_floor_ro", len(pull_keys), *pull_keys, *pull_args), calls
-        )
-        target.client.function_delete("redisync_floor")
+        text, floor, floor_ro = floor_library(uuid.uuid4().hex[:12])
+        target.client.function_load(text)
+        try:
+            fold_keys, fold_args = _captured(store, lambda: shards[2].publish(reports[next(k) % 8]))
+            shards[1].publish(reports[next(k) % 8])
+            pull_keys, pull_args = _captured(store, lambda: reader.pull(check_first=False))
+            publish_floor = _median_us(
+                lambda: target.client.fcall(floor, len(fold_keys), *fold_keys, *fold_args), calls
+            )
+            pull_floor = _median_us(
+                lambda: target.client.fcall_ro(floor_ro, len(pull_keys), *pull_keys, *pull_args), calls
+            )
+        finally:
+            target.client.function_delete(floor)
         ping_us = statistics.median(pings)
         return {
             "elements": n,
@@ -238,7 +247,10 @@ def fold_profile(url: str | None, n: int, calls: int = 200) -> dict[str, float] 
         return None
     store = _new_run(url, n)
     server = store.server()
-    profiled = Library(server.client, name="redisync_profile", version="profile", edit={"fold.lua": _profiled_fold()})
+    token = uuid.uuid4().hex[:12]  # (a name of this measurement's own: see floor_library)
+    profiled = Library(
+        server.client, name=f"redisync_profile_{token}", version=f"profile{token}", edit={"fold.lua": _profiled_fold()}
+    )
     try:
         rng = np.random.default_rng(n)
         for i in range(SHARDS):

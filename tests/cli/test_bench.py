@@ -10,8 +10,9 @@ from .conftest import cli
 
 
 @pytest.mark.integration  # two bench runs, each with publisher processes of its own
-def test_bench_prints_figures_and_the_targets_only_for_developers(real_url):
+def test_bench_prints_figures_and_the_targets_only_for_developers(counted_url):
     """A user read 'target ...: MISSED' lines as a broken install: targets are behind --targets."""
+    real_url = counted_url  # (the bench turns the slow log on: CONFIG SET, server-wide)
     args = ("bench", "--url", real_url, "--calls", "20", "--procs", "2", "--seconds", "0.3")
     plain, dev = cli(*args), cli(*args, "--targets")
     assert plain.returncode == 0, plain.stderr
@@ -22,9 +23,11 @@ def test_bench_prints_figures_and_the_targets_only_for_developers(real_url):
     assert "target pull_unchanged_over_ping<=1.15:" in dev.stdout
 
 
-def test_bench_json_on_real_redis(real_url):
+@pytest.mark.integration  # a redis-server of its own
+def test_bench_json_on_real_redis(counted_url):
     """`redisync bench --json` prints every figure, each publish beside its transport floor measured in the
     same run."""
+    real_url = counted_url  # (the bench turns the slow log on: CONFIG SET, server-wide)
     out = cli("bench", "--url", real_url, "--json", "--calls", "20", "--procs", "2", "--seconds", "0.5")
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)

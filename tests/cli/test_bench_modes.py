@@ -24,7 +24,8 @@ MODES = {
     "--tree": (("--tree", "--loopback-cluster", "--seconds", "2"), "exact: yes", False),
     "--all --json": (("--all", "--json", "--seconds", "0.3"), '"scale"', True),
 }
-"""mode -> (arguments, a line of its output, whether it takes --url)."""
+"""mode -> (arguments, a line of its output, whether it takes --url: a server of the module's own, as
+the bench turns the server's slow log on, a server-wide setting)."""
 
 
 def test_every_mode_the_docs_name_is_run_here():
@@ -43,11 +44,11 @@ def test_every_mode_the_docs_name_is_run_here():
 
 @pytest.mark.integration  # servers of their own (--load, --instructions, --tree), collector processes
 @pytest.mark.parametrize("mode", list(MODES))
-def test_each_bench_mode_runs_to_its_table(mode, real_url):
+def test_each_bench_mode_runs_to_its_table(mode, counted_url):
     """``--load`` stopped with 'Too many connections' once its fan-out held more subscribers than a
     client's connection pool (100): ``--quick`` still subscribes 120 collectors."""
     args, expected, takes_url = MODES[mode]
-    out = cli("bench", "--quick", *args, *(("--url", real_url) if takes_url else ()))
+    out = cli("bench", "--quick", *args, *(("--url", counted_url) if takes_url else ()))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert expected in out.stdout
     assert "Traceback" not in out.stderr

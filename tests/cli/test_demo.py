@@ -152,9 +152,10 @@ def test_the_demos_follow_up_commands_run_as_pasted_when_the_url_has_a_password(
         )
         assert done.returncode == 0, done.stderr
         assert "obs/norm" in done.stdout
-        plain = follow_up("redis://127.0.0.1:6379/0", "kept")
+        plain = follow_up("redis://redis.example:7000/0", "kept")
         assert (
-            plain[0] == f"{Path(sys.executable).parent / 'redisync'} inspect --url redis://127.0.0.1:6379/0 --run kept"
+            plain[0]
+            == f"{Path(sys.executable).parent / 'redisync'} inspect --url redis://redis.example:7000/0 --run kept"
         )
     finally:
         server.kill()

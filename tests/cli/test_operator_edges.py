@@ -29,7 +29,7 @@ def test_the_studys_missing_extra_names_mujoco_too(monkeypatch):
 
 def test_a_redis_given_by_another_option_name_is_pointed_to_url():
     """`redisync demo --redis URL` says 'Did you mean --url' (click suggested --bins, --envs, --seed)."""
-    out = _cli("demo", "--redis", "redis://127.0.0.1:6379/0")
+    out = _cli("demo", "--redis", "redis://redis.example:7000/0")  # (refused before connecting)
     assert out.returncode == 2
     assert "Did you mean '--url'?" in out.stderr
 

@@ -64,11 +64,11 @@ def test_version_and_no_password_in_what_inspect_prints(real_url):
     out = cli("--version")
     assert out.returncode == 0
     assert out.stdout.strip() == f"redisync, version {redisync_api.__version__}"
-    db = real_url.rsplit("/", 1)[1]
+    with_password = real_url.replace("redis://", "redis://:hunter2@", 1)
     # a URL with a password the server ignores (requirepass unset): the run list is empty, the password masked
-    out = cli("inspect", "--url", f"redis://:hunter2@127.0.0.1:6379/{db}", "--run", "no-such-run-here")
+    out = cli("inspect", "--url", with_password, "--run", "no-such-run-here")
     assert "hunter2" not in out.stdout + out.stderr
-    out = cli("inspect", "--url", f"redis://:hunter2@127.0.0.1:6379/{db}")
+    out = cli("inspect", "--url", with_password)
     assert "hunter2" not in out.stdout + out.stderr
 
 

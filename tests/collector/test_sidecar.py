@@ -19,6 +19,7 @@ from redisync import errors, merge
 from redisync.collector.mailbox import OUTBOX, Mailbox, MailboxFull
 from redisync.collector.workers import new_syncer
 
+from ..conftest import REAL_URL
 from ..support import wait_for
 
 KEY = "t/stats"
@@ -109,7 +110,7 @@ def test_the_sidecar_is_only_used_where_stores_stay_in_order(monkeypatch):
     from redisync.collector.sidecar import SidecarWorker
     from redisync.collector.thread_worker import ThreadWorker
 
-    store = redisync.connect("redis://127.0.0.1:6379/9", run="never-started")
+    store = redisync.connect(REAL_URL, run="never-started")  # (never connects)
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert type(new_syncer(store, 0, [Cumulative()]).worker) is SidecarWorker
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
