@@ -109,3 +109,55 @@ def test_the_study_page_reports_every_study_that_ran():
         assert "Table II" not in path.read_text(), path
     home = " ".join((ROOT / "docs" / "index.md").read_text().split())
     assert "when drift between shards hurts training" not in home
+
+
+def _repo(tmp_path):
+    """A git checkout of one committed file."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.org")
+    git("config", "user.name", "t")
+    (tmp_path / ".gitignore").write_text("ignored/\n")
+    (tmp_path / "task.py").write_text("SEGMENTS = 4\n")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    return tmp_path
+
+
+def test_an_untracked_file_makes_the_tree_dirty_and_enters_the_diffs_digest(tmp_path):
+    """A new module the run imports, not yet added to git, is code its commit does not hold: the
+    tree is dirty, and the recorded digest changes with that file's bytes (an ignored file changes
+    nothing)."""
+    repo = _repo(tmp_path)
+    assert provenance.commit(repo) is not None
+    assert not provenance.commit(repo).endswith("+dirty")
+    assert provenance.diff_sha256(repo) is None
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "cache.bin").write_bytes(b"x")
+    assert not provenance.commit(repo).endswith("+dirty")
+    (repo / "arms.py").write_text("ALPHA = 0.01\n")
+    assert provenance.commit(repo).endswith("+dirty")
+    first = provenance.diff_sha256(repo)
+    (repo / "arms.py").write_text("ALPHA = 0.003\n")
+    second = provenance.diff_sha256(repo)
+    assert first is not None and second is not None and first != second
+
+
+def test_a_run_records_its_host_and_every_installed_package():
+    """Host, CPU model and count, Python, and every installed distribution's version - lupa and
+    fakeredis among them, which decide the embedded store's arithmetic."""
+    import importlib.metadata
+
+    found = provenance.provenance(provenance.now())
+    assert found["packages"]["fakeredis"] == importlib.metadata.version("fakeredis")
+    assert found["packages"]["lupa"] == importlib.metadata.version("lupa")
+    assert len(found["packages"]) == len({d.metadata["Name"].lower() for d in importlib.metadata.distributions()}) + 1
+    host = found["host"]
+    assert host["cpus"] >= 1
+    assert host["cpu"]
+    assert host["python"].startswith(".".join(map(str, __import__("sys").version_info[:2])))
+    assert host["hostname"]
