@@ -6,7 +6,9 @@
   others' sum plus its own EMA of now;
 - ``weighted``: each report carries the failures since the last one as its count, and the
   shard blends the failure-weighted mean of the shards' EMAs into its own;
-- ``broadcast``: the owner shard's EMA is everybody's.
+- ``broadcast``: the owner shard's EMA is everybody's;
+- ``observe``: reported and read as ``pooled`` is, but the shard samples from its own EMA: the
+  distance between its distribution and the pooled one is measured, not applied.
 """
 
 from __future__ import annotations
@@ -39,14 +41,14 @@ def declared(
         return {}
     if role.semantics == "broadcast":
         return {key: broadcast(shape, owner=owner)}
-    stale = stale_after_s if role is Role.POOLS else None
+    stale = stale_after_s if role.pools else None
     return {key: merge(shape, stale_after_s=stale, lifecycle=lifecycle, lease_grace_s=lease_grace_s)}
 
 
 def report(role: Role, key: str, own: NDArray[np.float64], *, count: float = 1.0) -> Mapping[str, Mapping[str, Any]]:
     """This shard's report of its own EMA ``own`` (a float64 copy): ``count`` is 1 when pooled, the
     failures behind it when weighted; only the owner reports a broadcast."""
-    if role is Role.POOLS:
+    if role.pools:
         return {key: {"count": 1.0, "sum": own}}
     if role is Role.WEIGHS:
         return {key: {"count": count, "sum": count * own}}
@@ -62,6 +64,7 @@ def follows_fleet(role: Role) -> bool:
 
 
 def fleet_part(role: Role, view: KeyView) -> NDArray[np.float64]:
-    """The fleet part a sampler adds (pooled: the others' summed EMAs) or takes (broadcast: the owner's)."""
-    part = view.others_parts()["sum"] if role is Role.POOLS else view.parts()["value"]
+    """The fleet part a sampler adds (pooled: the others' summed EMAs), measures against (observe:
+    the same) or takes (broadcast: the owner's)."""
+    part = view.others_parts()["sum"] if role.pools else view.parts()["value"]
     return np.asarray(part, dtype=np.float64)

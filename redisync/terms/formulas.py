@@ -351,8 +351,37 @@ def ema_warning(
     )
 
 
+# The measured drift's rule: a shard that samples from its own EMA (``observe``) warns once the mean of its
+# measured drift (the TV distance of its start distribution from the pooled one at the same moment, once
+# its EMA's window has filled and a fleet state has arrived) is at least DRIFT_WARNING_TV over at least
+# DRIFT_WARNING_MEASUREMENTS measurements. Calibrated on the walker study's records
+# (docs/ab/drift-warning-calibration.md: the geometric midpoint between the pooled runs' largest such mean
+# and the local runs' smallest, where unsynced shards learnt the skill segments worse), in-sample; it is
+# judged on held-out walker configurations by the fifth study (docs/ab/fifth-study-plan.md).
+DRIFT_WARNING_TV = 0.24
+DRIFT_WARNING_MEASUREMENTS = 4
+
+
+def drift_warning(mean_tv: float, measurements: int, where: str, threshold: float = DRIFT_WARNING_TV) -> str | None:
+    """Why a shard's measured drift from the pooled distribution is as large as where unsynced shards
+    trained worse, with the numbers; None while it is not (or measured too few times)."""
+    if measurements < DRIFT_WARNING_MEASUREMENTS or not mean_tv >= threshold:
+        return None
+    return (
+        f"{where}: this shard's start distribution is on average {mean_tv:.2f} (total variation, over "
+        f"{measurements} measurements) from the fleet's pooled one, at least the {threshold:.2f} at which "
+        "unsynced shards of the walker study learnt worse than pooled ones (a risk, not proof of harm: see "
+        "'redisync advise'); sync the sampler (mode='pooled') so that every shard samples from the fleet's failures"
+    )
+
+
 class EmaStatisticsWarning(UserWarning):
     """A ``local`` sampler whose own failure EMA is a poor guide where the fleet's would not be (`ema_warning`)."""
+
+
+class DriftWarning(UserWarning):
+    """An ``observe`` sampler whose measured drift from pooled is as large as where unsynced shards
+    trained worse (`drift_warning`)."""
 
 
 class EmaWatch:
@@ -372,6 +401,26 @@ class EmaWatch:
         self.mix, self.alpha, self.uniform_ratio, self.bins = mix, alpha, uniform_ratio, tuple(bins)
         self.fleet_shards = fleet_shards
         self.local, self.steps, self.warned = mode == "local", 0, False
+        self.observing = mode == "observe"
+        self.drift_sum, self.drift_measurements = 0.0, 0
+
+    def measured(self, drift_tv: float, fleet_arrived: bool) -> dict[str, float]:
+        """An ``observe`` sampler's measured drift (its distribution against the pooled one, now):
+        its mean since the EMA's window filled and a fleet state arrived, as metrics; warns once
+        where `drift_warning` says it is as large as where unsynced shards trained worse."""
+        if not self.observing:
+            return {}
+        if fleet_arrived and self.steps * self.alpha >= 1.0:
+            self.drift_sum, self.drift_measurements = self.drift_sum + drift_tv, self.drift_measurements + 1
+        mean = self.drift_sum / self.drift_measurements if self.drift_measurements else 0.0
+        if not self.warned:
+            why = drift_warning(
+                mean, self.drift_measurements, f"AdaptiveMotionSampler(mode='observe') after {self.steps} steps"
+            )
+            if why is not None:
+                warnings.warn(why, DriftWarning, stacklevel=3)
+                self.warned = True
+        return {"drift_tv_mean": mean, "drift_measurements": float(self.drift_measurements)}
 
     def statistics(self, group_masses: Sequence[float], shards: int = 1) -> dict[str, float]:
         """The worst group's statistics (the fewest failures per bin, the most noise, the largest

@@ -1,7 +1,7 @@
 """A synced term's place in the fleet, resolved once from its mode.
 
 Every term (the samplers, the normalisers, the curricula) names its modes in its own words
-(``broadcast``, ``learner``, ...); each mode maps here, once, to one of five roles, and a term's
+(``broadcast``, ``learner``, ...); each mode maps here, once, to one of six roles, and a term's
 code asks its role what to do (declare which key, report, receive, add or take the fleet's part)
 rather than comparing mode strings.
 """
@@ -25,6 +25,9 @@ class Role(Enum):
     """The owner of a ``broadcast`` (the learner's writer): its value is everybody's."""
     FOLLOWS = "follows"
     """Any other shard of a ``broadcast`` (a learner's reader): it takes the leader's value."""
+    OBSERVES = "observes"
+    """``observe``: reports its own state as ``pooled`` does and reads the fleet's, but acts on its own
+    alone (the unsynced algorithm): an unsynced run that measures how far it drifts from pooled."""
 
     @property
     def syncs(self) -> bool:
@@ -34,7 +37,18 @@ class Role(Enum):
     @property
     def reports(self) -> bool:
         """Whether this shard's reports carry anything (a follower's carry nothing)."""
-        return self in (Role.POOLS, Role.WEIGHS, Role.LEADS)
+        return self in (Role.POOLS, Role.WEIGHS, Role.LEADS, Role.OBSERVES)
+
+    @property
+    def reads_fleet(self) -> bool:
+        """Whether this shard keeps the fleet's state (to use it, or, observing, to measure against it)."""
+        return self.receives or self is Role.OBSERVES
+
+    @property
+    def pools(self) -> bool:
+        """Whether its own state is a slot of a ``merge`` key summed with the others' (pooled or observed):
+        the fleet part it keeps is the others' sum."""
+        return self in (Role.POOLS, Role.OBSERVES)
 
     @property
     def receives(self) -> bool:
@@ -44,7 +58,7 @@ class Role(Enum):
     @property
     def semantics(self) -> Literal["merge", "broadcast"] | None:
         """The semantics of the key it declares (None: it declares none)."""
-        if self in (Role.POOLS, Role.WEIGHS):
+        if self in (Role.POOLS, Role.WEIGHS, Role.OBSERVES):
             return "merge"
         if self in (Role.LEADS, Role.FOLLOWS):
             return "broadcast"
@@ -57,6 +71,7 @@ _BY_MODE: dict[str, tuple[Role, Role]] = {  # a mode's role when this shard lead
     "weighted": (Role.WEIGHS, Role.WEIGHS),
     "broadcast": (Role.LEADS, Role.FOLLOWS),
     "learner": (Role.LEADS, Role.FOLLOWS),
+    "observe": (Role.OBSERVES, Role.OBSERVES),
 }
 MODES: tuple[str, ...] = tuple(_BY_MODE)
 """Every mode any term offers (each term offers a subset, declared by its own ``Literal``)."""

@@ -19,7 +19,7 @@ from ..store.schema import DEFAULT_LEASE_GRACE_S, Lifecycle
 from .formulas import MIXES, UniformMix
 from .role import Role, role_of
 
-Mode = Literal["local", "pooled", "weighted", "broadcast"]
+Mode = Literal["local", "pooled", "weighted", "broadcast", "observe"]
 MODES: tuple[str, ...] = get_args(Mode)
 SAMPLER_KEY = "motion/bin_failed"
 """The adaptive sampler's failure EMA's key unless told another (every sampler and drop-in)."""
@@ -34,7 +34,10 @@ class SamplerOptions:
     Attributes:
         mode: ``"local"`` (its own EMA), ``"pooled"`` (the sum of every shard's own EMA: what one
             unsharded sampler would hold), ``"weighted"`` (the failure-weighted mean, blended into
-            the own EMA at each reset boundary) or ``"broadcast"`` (the owner's EMA).
+            the own EMA at each reset boundary), ``"broadcast"`` (the owner's EMA) or ``"observe"``
+            (its own EMA, as ``"local"``, while it reports as ``"pooled"`` does and reads the fleet's:
+            its metrics measure how far its start distribution is from the pooled one, and it warns
+            where that distance is as large as where unsynced shards trained worse).
         key: the store key of the failure EMA.
         shard_id: this collector's shard.
         owner: the shard whose EMA ``"broadcast"`` follows.
@@ -114,5 +117,5 @@ class SamplerOptions:
 
     @property
     def tolerance(self) -> float:
-        """The rebuild tolerance in effect (0 for ``local``: the unsynced algorithm, exactly)."""
-        return 0.0 if self.mode == "local" else self.rebuild_tol
+        """The rebuild tolerance in effect (0 for ``local`` and ``observe``: the unsynced algorithm, exactly)."""
+        return 0.0 if self.mode in ("local", "observe") else self.rebuild_tol

@@ -144,7 +144,9 @@ def test_an_untracked_file_makes_the_tree_dirty_and_enters_the_diffs_digest(tmp_
     first = provenance.diff_sha256(repo)
     (repo / "arms.py").write_text("ALPHA = 0.003\n")
     second = provenance.diff_sha256(repo)
-    assert first is not None and second is not None and first != second
+    assert first is not None
+    assert second is not None
+    assert first != second
 
 
 def test_a_run_records_its_host_and_every_installed_package():

@@ -15,7 +15,8 @@ Modes, options and metrics are the torch sampler's (`redisync.terms.sampler_opti
 (the shard's own EMA: the unsynced algorithm), ``pooled`` (the fleet's summed EMA: what one
 unsharded sampler fed every shard's failures would use, up to float32), ``weighted`` (the
 failure-weighted mean of the shards' EMAs, written into ``ema`` at each reset boundary) and
-``broadcast`` (the owner shard's EMA).
+``broadcast`` (the owner shard's EMA); ``observe`` samples from the shard's own EMA as ``local`` does,
+reports and reads as ``pooled`` does, and measures the distance between the two.
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ class FailureEma:
         """Whether the EMA sampled from is not the own one (pooled, or a broadcast's receiver)."""
         return ema_seam.follows_fleet(self.role)
 
+    def pooled_ema(self) -> NDArray[Any] | None:
+        """The pooled EMA at this moment (the others' sum as last applied, plus the own EMA of now),
+        where this shard pools or observes; None otherwise."""
+        if not self.role.pools:
+            return None
+        self._take_view()
+        pooled: NDArray[Any] = self._fleet + self.own
+        return pooled
+
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from, per mode (float64 when it holds the fleet's part)."""
         self._take_view()
@@ -123,7 +133,7 @@ class FailureEma:
                 mean = np.nan_to_num(parts["sum"] / parts["count"], nan=0.0, posinf=big, neginf=-big)
                 np.copyto(self.own, mean.reshape(self.own.shape), casting="unsafe")
                 self.fleet_version = fleet.fleet_version
-        elif self.follows_fleet:
+        elif self.role.reads_fleet:  # pooled, a broadcast's receiver, or observing
             self._fleet_view, self.fleet_version = view, fleet.fleet_version
 
     def _take_view(self) -> None:
@@ -263,19 +273,34 @@ class AdaptiveMotionSampler:
         self._watch.steps += 1
 
     def metrics(self) -> dict[str, float]:
-        """BeyondMimic's sampling metrics and the drift of the own distribution from the one used
-        (for groups: their mean and extreme, and the few worst groups), and the own failure EMA's
-        statistics (`EmaWatch`); a ``local`` sampler whose EMA is a poor guide warns once."""
+        """BeyondMimic's sampling metrics; the drift of the own distribution from the pooled one at
+        this moment (pooled, observe) or from the one used (for groups: their mean and extreme, and
+        the few worst groups); the own failure EMA's statistics (`EmaWatch`); an ``observe`` sampler's
+        mean measured drift. A ``local`` sampler whose EMA is a poor guide warns once, an ``observe``
+        one whose measured drift is as large as where unsynced shards trained worse."""
         used = np.asarray(self.probabilities(), dtype=np.float64).reshape(self.groups, self.width)
-        own = formulas.grouped_probabilities(
-            self.ema, self.geometry, self.uniform_ratio, self.kernel, formulas.NUMPY, self.uniform_mix
-        ).astype(np.float64)
-        drift = 0.5 * np.abs(own - used).sum(axis=1)
+        own = self._distributions(self.ema)
+        pooled = self.state.pooled_ema()  # (pooled or observing: drift is the distance from pooled, now)
+        reference = used if pooled is None else self._distributions(pooled)
+        drift = 0.5 * np.abs(own - reference).sum(axis=1)
         names = self.group_names if self.grouped else None
         out = formulas.distribution_summary(used, self.geometry.bins, drift, names, self.worst_groups)
         offsets = np.cumsum([0, *self._watch.bins])
         mass = np.asarray(self.ema, dtype=np.float64).ravel()
+        out |= self._watch.measured(float(drift.mean()), self.state.fleet_version > 0)
         return out | self._watch.metrics([float(mass[a:b].sum()) for a, b in itertools.pairwise(offsets)])
+
+    def _distributions(self, ema: NDArray[Any]) -> NDArray[np.float64]:
+        """The start-bin distributions ``[G, width]`` (float64) an EMA gives."""
+        probs: NDArray[np.float64] = formulas.grouped_probabilities(
+            formulas.NUMPY.cast(ema, self.ema),
+            self.geometry,
+            self.uniform_ratio,
+            self.kernel,
+            formulas.NUMPY,
+            self.uniform_mix,
+        ).astype(np.float64)
+        return probs
 
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from (`FailureEma.sampling_ema`)."""

@@ -289,6 +289,13 @@ class AdaptiveMotionSampler(nn.Module):
         finally:
             self._shared.end()
 
+    def pooled_ema(self) -> torch.Tensor | None:
+        """The pooled EMA at this moment (the others' sum as last applied, plus the own EMA of now),
+        where this shard pools or observes; None otherwise."""
+        if not self.role.pools:
+            return None
+        return self._fleet_ema() + self.bin_failed_count.to(torch.float64)
+
     def sampling_ema(self) -> torch.Tensor:
         """The EMA that decides the start distribution, per mode (the fleet part is float64, so a
         fleet value beyond the sampler's dtype stays finite)."""
@@ -386,13 +393,22 @@ class AdaptiveMotionSampler(nn.Module):
         return torch.multinomial(self.group_probabilities(), n, replacement=True, generator=generator)
 
     def metrics(self) -> dict[str, float]:
-        """BeyondMimic's sampling metrics and the drift of the own distribution from the one used;
-        for groups, their mean and extreme over groups and the few worst groups (not one per group)."""
+        """BeyondMimic's sampling metrics; the drift of the own distribution from the pooled one at
+        this moment (pooled, observe) or from the one used; for groups, their mean and extreme over
+        groups and the few worst groups (not one per group); an ``observe`` sampler's mean measured
+        drift, and its warning (`EmaWatch.measured`)."""
         used = self.probabilities().view(self.groups, -1)
         own = self._distributions(self.bin_failed_count)
-        drift = 0.5 * (own - used).abs().sum(dim=1)
+        pooled = self.pooled_ema()  # (pooled or observing: drift is the distance from pooled, now)
+        reference = used if pooled is None else self._distributions(pooled)
+        drift = 0.5 * (own - reference).abs().sum(dim=1)
         out = _summary(used, self.layout.bins, drift, self.group_names if self.grouped else None, self.worst_groups)
-        return {**out, **self._watch.metrics(self._group_masses())}  # (and, once, a local sampler's warning)
+        measured = self._watch.measured(float(drift.mean()), self.fleet_version > 0)
+        return {
+            **out,
+            **measured,
+            **self._watch.metrics(self._group_masses()),
+        }  # (and, once, a local sampler's warning)
 
     def ema_statistics(self, pooled_with: Sequence[AdaptiveMotionSampler] = ()) -> dict[str, float]:
         """The own failure EMA's statistics for its worst group (`statistics`);
@@ -538,7 +554,7 @@ class AdaptiveMotionSampler(nn.Module):
             return False  # weighted reports the failures since its last report: not a slice of its state
         self.bin_failed_count = torch.from_numpy(shared.array(self.bin_failed_count.numpy()))
         own = self.bin_failed_count.numpy()
-        if self.role is Role.POOLS:
+        if self.role.pools:
             shared.report(self.key, count=1.0, sum=own)
         else:
             shared.report(self.key, value=own)
@@ -550,7 +566,7 @@ class AdaptiveMotionSampler(nn.Module):
         is an array the reset boundary updates in place; the next sample rebuilds from it."""
         if self.role is Role.WEIGHS or self._fleet.device.type != "cpu":
             return False  # weighted blends the fleet into the own EMA when it arrives: it needs the hand-over
-        if self.role is Role.POOLS:
+        if self.role.pools:
             self._fleet = torch.from_numpy(shared.receive(self.key, "sum"))
         elif self.role is Role.FOLLOWS:
             self._fleet = torch.from_numpy(shared.receive(self.key, "value"))
@@ -573,9 +589,9 @@ class AdaptiveMotionSampler(nn.Module):
             if float(parts["count"]) > 0:  # the failure-weighted mean of the shards' blended EMAs
                 mean = self._tensor(parts["sum"] / parts["count"]).to(self.bin_failed_count.dtype)
                 self.set_own_ema(_finite(mean))
-        elif ema_seam.follows_fleet(self.role):
+        elif self.role.reads_fleet:  # pooled, a broadcast's receiver, or observing
             self._fleet_view = view
-        self._fleet_moved = True  # rebuild at the next sample
+        self._fleet_moved = self.role is not Role.OBSERVES  # rebuild at the next sample (an observer samples its own)
 
     def _apply_on_device(self, view: Any, version: int) -> None:
         """On a CUDA device, at the reset boundary: the fleet part queued into the device from pinned

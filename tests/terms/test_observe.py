@@ -1,0 +1,150 @@
+"""The ``observe`` mode: an unsynced run that measures its own drift. Each shard samples exactly as
+``local`` does, reports and reads as ``pooled`` does, and its metrics give the distance the studies'
+records define (the TV distance of the shard's start distribution from the pooled one - the sum of
+every shard's own EMA, under the same uniform mix - at the same moment); where that distance is as
+large as where unsynced shards trained worse, it warns once."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from redisync.terms import formulas
+from redisync.terms import numpy as rnp
+from redisync.terms import torch as rt
+from redisync.terms.role import Role
+from redisync.terms.torch.sampler import sampling_probabilities
+
+from ..support import sync
+
+FRAMES, STEP_DT, ENVS = 600, 0.02, 48  # 13 bins per motion
+
+
+def _records_definition(emas: list[np.ndarray], used: np.ndarray, uniform_ratio: float) -> float:
+    """The studies' drift (`redisync.study.fleet.fleet_drift`, which builds the pooled distribution
+    with this function): the distribution a shard samples from
+    against the pooled EMA's, under the same mix."""
+    pooled = sampling_probabilities(
+        torch.as_tensor(np.sum(emas, axis=0), dtype=torch.float64),
+        uniform_ratio,
+        torch.ones(1, dtype=torch.float64),
+        "code",
+    ).numpy()
+    return 0.5 * float(np.abs(used - pooled).sum())
+
+
+def _fleet(kind: str, mode: str, shards: int, alpha: float):
+    if kind == "numpy":
+        return [
+            rnp.AdaptiveMotionSampler(FRAMES, STEP_DT, mode=mode, shard_id=i, alpha=alpha, dtype=np.float64)
+            for i in range(shards)
+        ]
+    return [
+        rt.AdaptiveMotionSampler(FRAMES, STEP_DT, mode=mode, shard_id=i, alpha=alpha, dtype=torch.float64)
+        for i in range(shards)
+    ]
+
+
+def _own(sampler) -> np.ndarray:
+    ema = sampler.ema if isinstance(sampler, rnp.AdaptiveMotionSampler) else sampler.bin_failed_count
+    return np.asarray(ema, dtype=np.float64).copy()
+
+
+def _used(sampler) -> np.ndarray:
+    probs = sampler.probabilities()
+    return np.asarray(probs.numpy() if isinstance(probs, torch.Tensor) else probs, dtype=np.float64)
+
+
+def _step(sampler, ts: np.ndarray, failed: np.ndarray) -> None:
+    if isinstance(sampler, rnp.AdaptiveMotionSampler):
+        sampler.record_failures(ts, failed)
+    else:
+        sampler.record_failures(torch.as_tensor(ts), torch.as_tensor(failed))
+    sampler.step()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_an_observing_fleet_samples_as_local_and_measures_the_records_drift(make_store, kind):
+    """Four observing shards fed what four local ones are: the same distributions, bit for bit (the
+    unsynced algorithm), while each shard's ``drift_tv`` is the records' distance at that moment."""
+    shards, alpha = 4, 0.05
+    observing, local = _fleet(kind, "observe", shards, alpha), _fleet(kind, "local", shards, alpha)
+    assert observing[0].options.role is Role.OBSERVES
+    store = make_store()
+    store.register(redisync_schema(observing[0]))
+    clients = [store.shard(i) for i in range(shards)]
+    rng = np.random.default_rng(7)
+    checked = 0
+    for step in range(1, 121):
+        for i in range(shards):
+            ts = rng.integers(0, FRAMES, ENVS)
+            failed = rng.random(ENVS) < 0.01 + 0.2 * (ts > 400) * (i + 1) / shards  # shards see different failures
+            _step(observing[i], ts, failed)
+            _step(local[i], ts, failed)
+        if step % 10 == 0:
+            sync(store, clients, [[s] for s in observing])
+            emas = [_own(s) for s in observing]
+            for obs, loc in zip(observing, local, strict=True):
+                np.testing.assert_array_equal(_used(obs), _used(loc))
+                metrics = obs.metrics()
+                expected = _records_definition(emas, _used(obs), obs.uniform_ratio)
+                assert metrics["drift_tv"] == pytest.approx(expected, abs=1e-12)
+                checked += 1
+    assert checked == 12 * shards
+    assert max(s.metrics()["drift_tv"] for s in observing) > 0.05  # (the shards did drift apart)
+    assert all(s.metrics()["drift_measurements"] > 0 for s in observing)
+
+
+def redisync_schema(sampler):
+    from redisync.store.schema import Schema
+
+    return Schema.of(dict(sampler.schema_entries()))
+
+
+def _drifting_fleet(kind: str, mode: str, make_store, shards: int = 8):
+    """Shards that see few failures each (the walker's regime): their own distributions are far from
+    the pooled one. Returns the warnings each shard raised and its last metrics."""
+    fleet = _fleet(kind, mode, shards, alpha=0.02)
+    store = make_store()
+    store.register(redisync_schema(fleet[0]))
+    clients = [store.shard(i) for i in range(shards)]
+    rng = np.random.default_rng(3)
+    caught: list[list[str]] = [[] for _ in range(shards)]
+    last = [{} for _ in range(shards)]
+    for step in range(1, 301):
+        for i, sampler in enumerate(fleet):
+            ts = rng.integers(0, FRAMES, 4)
+            _step(sampler, ts, rng.random(4) < 0.05 * (ts // 200 == i % 3))
+        if step % 10 == 0:
+            sync(store, clients, [[s] for s in fleet])
+            for i, sampler in enumerate(fleet):
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    last[i] = sampler.metrics()
+                caught[i] += [str(w.message) for w in seen if issubclass(w.category, formulas.DriftWarning)]
+    return caught, last
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_an_observing_shard_warns_once_where_its_measured_drift_is_large_and_a_pooled_one_never(make_store, kind):
+    """The rule (`formulas.drift_warning`) on the shard's own measurements: once, with the numbers,
+    where the mean drift reaches the threshold; a pooled shard (which samples from the pool) never."""
+    caught, last = _drifting_fleet(kind, "observe", make_store)
+    assert max(m["drift_tv_mean"] for m in last) >= formulas.DRIFT_WARNING_TV
+    assert all(len(c) == 1 for c in caught)
+    assert "mode='pooled'" in caught[0][0]
+    assert f"at least the {formulas.DRIFT_WARNING_TV:.2f}" in caught[0][0]
+    pooled_caught, pooled_last = _drifting_fleet(kind, "pooled", make_store)
+    assert not any(pooled_caught)
+    assert all("drift_tv_mean" not in m for m in pooled_last)
+
+
+def test_the_rule_needs_its_measurements_and_its_threshold():
+    """Too few measurements, or a mean below the threshold: nothing said."""
+    assert formulas.drift_warning(0.9, formulas.DRIFT_WARNING_MEASUREMENTS - 1, "x") is None
+    assert formulas.drift_warning(formulas.DRIFT_WARNING_TV - 1e-9, 10, "x") is None
+    assert formulas.drift_warning(float("nan"), 10, "x") is None
+    assert formulas.drift_warning(formulas.DRIFT_WARNING_TV, formulas.DRIFT_WARNING_MEASUREMENTS, "x") is not None
