@@ -7,12 +7,13 @@ import pytest
 from redisync import merge
 from redisync.bench.scale import CORE_BUDGET, fleet_estimate, fleet_load, fold_and_pull, memory, throughput
 
-pytestmark = pytest.mark.integration  # publisher processes against the real Redis
+pytestmark = pytest.mark.integration  # publisher processes against a redis-server of the module's own
 
 
-def test_fold_pull_memory_and_throughput_are_measured(real_url):
+def test_fold_pull_memory_and_throughput_are_measured(counted_url):
     """bench --scale measures the fold and the pull against slots, the memory of a run and the throughput of
     many connections."""
+    real_url = counted_url  # (a server of the module's own: the bench turns the slow log on, server-wide)
     rows = [fold_and_pull(real_url, {"bench/key": merge(64, lifecycle="history")}, n, calls=10) for n in (2, 20)]
     assert [r["slots"] for r in rows] == [2, 20]
     assert all(r["fold_us"] > 0 and r["pull_us"] > 0 for r in rows)
