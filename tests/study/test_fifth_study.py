@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_configuration_keeps_the_budget_and_its_seeds_are_fresh():
+    """512 envs and the fourth's env steps in every configuration; no seed a pilot, gate or contrast
+    of the fourth study used, none shared between configurations; pair i of each in turn."""
     used = {
         *fourth_study.LEARNABILITY_SEEDS, *fourth_study.SD_SEEDS, *fourth_study.GATE_SEEDS, *fourth_study.CONTRAST_SEEDS,
     }  # fmt: skip
@@ -51,6 +53,8 @@ def _fake(arm: str, seed: int, auc: float, tv: float) -> dict:
 
 
 def test_the_summary_pools_the_replication_with_the_fourths_pairs_and_judges_the_warning():
+    """H1 counts the fourth's ten committed pairs with this study's; the warning fires on a local run
+    whose recorded drift is above the frozen threshold, not on one below it."""
     runs = []
     for i, seed in enumerate(fifth_study.REPLICATION.seeds[:3]):
         runs += [_fake("local", seed, 0.3 + 0.01 * i, 0.45), _fake("pooled", seed, 0.6, 0.03)]
