@@ -234,6 +234,7 @@ def serve(config: dict[str, Any]) -> None:
         relay.shard.continue_from(*handed)
     relay.shard.seq = header[SEQ]
     relay.start()
+    header[HEARTBEAT_MS] = int(time.monotonic() * 1e3)  # (first: from now on its heartbeat is judged)
     header[SIDECAR_PID] = os.getpid()  # serving: the collector's start() returns
     sequenced = False  # continue the shard's sequence numbers above the server's and any reserved
     taken = 0  # the outbox is read again: a report an earlier sidecar took may never have reached the store

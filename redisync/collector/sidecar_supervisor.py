@@ -25,9 +25,10 @@ from .worker import Problems
 log = logging.getLogger(__name__)
 
 CHECK_EVERY_S = 0.25  # how often the collector checks that its sidecar lives
-HUNG_AFTER_S = 10.0  # a sidecar whose loop stopped this long is killed and restarted
+HUNG_AFTER_S = 10.0  # a serving sidecar whose loop stopped this long is killed and restarted
 MAX_BACKOFF_S = 5.0
-STARTUP_S = 10.0  # how long start() waits for the sidecar to serve
+STARTUP_S = 10.0  # how long start() waits for the sidecar to serve (then the collector goes on without it)
+START_DEADLINE_S = 120.0  # a sidecar still starting (importing, on a loaded machine) after this is killed
 
 
 class Supervisor:
@@ -56,6 +57,7 @@ class Supervisor:
         self._lifeline = -1  # the write end of the pipe the sidecar reads: closed (by us or by our death), it exits
         self._monitor: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._spawned = 0.0  # (monotonic) when the current sidecar was started: its start deadline counts from it
 
     @property
     def pid(self) -> int | None:
@@ -91,7 +93,7 @@ class Supervisor:
             pass  # it exited at once: await_serving and the monitor say so
         if self._lifeline >= 0:
             os.close(self._lifeline)  # the previous sidecar's: it is gone
-        self.process, self._lifeline = process, write_end
+        self.process, self._lifeline, self._spawned = process, write_end, time.monotonic()
 
     def await_serving(self, deadline: float | None = None) -> bool:
         """Wait (up to STARTUP_S, or ``deadline``; the monitor's wait ends when the stop begins) for the
@@ -125,14 +127,21 @@ class Supervisor:
 
     def _watch(self) -> None:
         """Restart a sidecar that died or hung; the collector only sees its view go stale meanwhile.
-        One that dies again at once is restarted after a growing pause (up to MAX_BACKOFF_S)."""
+        One that dies again at once is restarted after a growing pause (up to MAX_BACKOFF_S). Its start
+        and its liveness are judged apart: a sidecar still starting (no heartbeat of its own yet: an
+        import on a loaded machine can take longer than a hang) has until START_DEADLINE_S; one that
+        serves must beat its heartbeat every HUNG_AFTER_S."""
         backoff, started = 0.0, time.monotonic()
         while not self._stopping.wait(CHECK_EVERY_S):
             process, box = self.process, self.mailbox
             if process is None or box is None:
                 continue
             self.on_check()
-            hung = time.monotonic() * 1e3 - box.header[HEARTBEAT_MS] > HUNG_AFTER_S * 1e3
+            served = box.header[SIDECAR_PID] == process.pid
+            if served:
+                hung = time.monotonic() * 1e3 - box.header[HEARTBEAT_MS] > HUNG_AFTER_S * 1e3
+            else:
+                hung = time.monotonic() - self._spawned > START_DEADLINE_S
             if process.poll() is None and not hung:
                 if time.monotonic() - started > MAX_BACKOFF_S:
                     backoff = 0.0  # it has lived a while: the next death is a new incident
@@ -141,8 +150,12 @@ class Supervisor:
             if hung:
                 process.kill()
                 process.wait()
-            served = box.header[SIDECAR_PID] == process.pid
-            what = ("hung" if hung else "died") if served else "could not start"
+            if served:
+                what = "hung" if hung else "died"
+            elif hung:
+                what = f"did not start within {START_DEADLINE_S:g} s (still starting: killed)"
+            else:
+                what = "could not start"
             self.problems.report(f"sidecar: {what} (exit code {process.poll()}): restarting it", logging.WARNING)
             backoff = min(MAX_BACKOFF_S, 2 * backoff or CHECK_EVERY_S)
             if self._stopping.wait(backoff):

@@ -765,3 +765,32 @@ def test_a_store_that_fails_right_after_the_registration_does_not_fail_the_sidec
     finally:
         syncer.stop(flush=False)
         store.delete()
+
+
+@pytest.mark.integration  # a sidecar whose start takes 3 s
+def test_a_sidecar_still_starting_on_a_loaded_machine_is_not_killed_as_hung(real_url, monkeypatch, tmp_path):
+    """A sidecar whose start takes longer than a hang (its interpreter slow to start, as on a machine
+    at load ~30) is waited for until its own start deadline, not killed by the heartbeat clock that
+    only a serving sidecar beats ("could not start (exit code -9)" three times in a full tier)."""
+    from redisync.collector import sidecar_supervisor
+
+    slow = tmp_path / "slow-python"
+    slow.write_text(f'#!/bin/sh\nsleep 3\nexec {sys.executable} "$@"\n')
+    slow.chmod(0o755)
+    monkeypatch.setattr(sidecar_supervisor, "HUNG_AFTER_S", 1.0)
+    monkeypatch.setattr(sidecar_supervisor, "STARTUP_S", 0.5)  # start() goes on without it
+    monkeypatch.setattr(sys, "executable", str(slow))
+    store = redisync.connect(real_url, run=f"faults-slow-start-{os.getpid()}")
+    syncer = new_syncer(store, 0, [Cumulative()], worker="process").start()
+    try:
+        assert wait_for(lambda: _serving(syncer), timeout=30)
+        pid = syncer.worker.sidecar_pid
+        time.sleep(2.0)  # past a hang's length while serving: its heartbeat keeps it
+        assert syncer.worker.sidecar_pid == pid
+        health = syncer.health()
+        assert "could not start" not in str(health.get("error"))
+        assert health["ok"], health
+        assert syncer.metrics()["redisync/sidecar_restarts"] == 0
+    finally:
+        syncer.stop(flush=False, timeout=5.0)
+        store.delete()
