@@ -51,6 +51,11 @@ STOP_CAUSES = ("clean", "parent_exited", "terminated")
 it died) or ``terminated`` (a SIGTERM from someone else: a scheduler's cancel, an operator's kill)."""
 
 
+def held() -> bool:
+    """Whether `hold_to_parent` ran in this process (its SIGTERM handler stops the process's syncers)."""
+    return _held.is_set()
+
+
 def stop_cause() -> str:
     """Why this process is stopping, for the lease it gives up (``lease.lua`` records it, so that an
     observer tells a crashed trainer's collectors from a finished run's): ``clean`` unless the lifeline

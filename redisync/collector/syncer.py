@@ -17,12 +17,14 @@ to them; ``resume=True``/``False`` overrides that for every key.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..lifeline import held as lifeline_held
 from ..lifeline import stop_cause
 from ..store.client import Store
 from .cadence import Cadence
@@ -41,6 +43,36 @@ def _detach_in_forked_child() -> None:
 
 
 os.register_at_fork(after_in_child=_detach_in_forked_child)
+
+_on_sigterm_installed = False
+
+
+def _stop_on_sigterm() -> None:
+    """Give SIGTERM the meaning the life cycle gives it for every collector: a scheduler's cancel or an
+    operator's ``kill`` stops the process's syncers (their last reports, then their leases given up as
+    ``terminated``, which observers show as ``aborted``), then does what it did before: the handler
+    the program had (a trainer's own), or the default (the process dies of the signal). Installed
+    once, from the main thread (the only one Python runs signal handlers in), by the first `start`;
+    not where SIGTERM is ignored, nor in a process redisync started (its lifeline's handler stops it),
+    and a handler the program installs later replaces it (call ``stop(cause="terminated")`` there)."""
+    global _on_sigterm_installed
+    if _on_sigterm_installed or threading.current_thread() is not threading.main_thread() or lifeline_held():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_IGN, None):
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        for syncer in list(_live):
+            syncer.stop(cause="terminated")
+        if callable(previous):
+            previous(signum, frame)
+        else:  # the default: the process dies of the signal, as it would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _on_sigterm_installed = True
 
 
 class Syncer:
@@ -155,6 +187,7 @@ class Syncer:
                 term.prepare()
         self.worker.prepare()
         _live.add(self)
+        _stop_on_sigterm()
         try:
             launch(self, self.worker)
         except BaseException:
