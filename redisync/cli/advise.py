@@ -10,6 +10,8 @@ import click
 from ..terms.formulas import MIXES
 from .common import num, table
 
+MAX_BINS = 200  # the model's cost grows about as the cube of the bins: 120 take about half a minute on a 2-core machine
+
 LIMITS = (
     "What the model can claim: it computes the sampler's start distributions at their steady state for the "
     "failure law given (failures per env per step, hard bins and how much harder, an episode's length), "
@@ -24,15 +26,17 @@ LIMITS = (
 @click.command(short_help="Predict how far unsynced samplers sample from one unsharded run.")
 @click.option("--shards", required=True, type=click.IntRange(1, 100_000), help="collector shards (processes)")
 @click.option("--envs-per-shard", required=True, type=click.IntRange(1, 10_000_000), help="envs in each shard")
-@click.option("--alpha", default=0.001, show_default=True, type=click.FloatRange(0, 1, min_open=True),
-              help="the failure EMA's rate (BeyondMimic's 0.001)")  # fmt: skip
-@click.option("--bins", required=True, type=click.IntRange(2, 100_000), help="the sampler's bins (one per second)")
+@click.option("--alpha", default=0.001, show_default=True, type=click.FloatRange(1e-9, 1),
+              help="the failure EMA's rate (BeyondMimic's 0.001; a window of at most 10^9 steps)")  # fmt: skip
+@click.option("--bins", required=True, type=click.IntRange(2, MAX_BINS),
+              help=f"the sampler's bins (one per second; at most {MAX_BINS}: the model's time grows with the cube of "
+              "the bins, 120 take about half a minute)")  # fmt: skip
 @click.option("--failure-rate", required=True, type=click.FloatRange(0, 1, min_open=True),
               help="failures per env per env step, as your run logs them (the EMA's mass divided by the envs)")  # fmt: skip
-@click.option("--episode-s", default=10.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="an episode's length without a failure, in seconds")  # fmt: skip
-@click.option("--step-dt", default=0.02, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="the env step, in seconds")  # fmt: skip
+@click.option("--episode-s", default=10.0, show_default=True, type=click.FloatRange(0, 86_400, min_open=True),
+              help="an episode's length without a failure, in seconds (at most a day)")  # fmt: skip
+@click.option("--step-dt", default=0.02, show_default=True, type=click.FloatRange(0, 60, min_open=True),
+              help="the env step, in seconds (at most a minute, and at most the episode)")  # fmt: skip
 @click.option("--hard-bins", default=0, show_default=True, type=click.IntRange(0),
               help="bins where failures concentrate (0: every bin alike)")  # fmt: skip
 @click.option("--hard-ratio", default=10.0, show_default=True, type=click.FloatRange(1),
@@ -61,6 +65,11 @@ def advise(
     from dataclasses import replace
 
     from ..terms.drift_model import WARNING_DISTANCE, FleetModel, predict, profile
+
+    if step_dt > episode_s:
+        raise click.BadParameter(
+            f"an env step of {step_dt:g} s is longer than the episode ({episode_s:g} s)", param_hint="'--step-dt'"
+        )
 
     episode_steps = max(1, round(episode_s / step_dt))
     start_rate = min(1.0, 1.0 / episode_steps + failure_rate)  # episodes end by a time-out or a failure

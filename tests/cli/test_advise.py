@@ -63,3 +63,23 @@ def test_the_readmes_advise_command_runs_as_printed():
     out = CliRunner().invoke(cli, shlex.split(command)[1:])
     assert out.exit_code == 0, out.output
     assert "from one unsharded run's" in out.output
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--episode-s", "inf"), "Invalid value for '--episode-s'"),
+        (("--alpha", "1e-320"), "Invalid value for '--alpha'"),
+        (("--bins", "100000"), "Invalid value for '--bins'"),
+        (("--step-dt", "20", "--episode-s", "10"), "longer than the episode"),
+    ],
+)
+def test_a_value_the_model_cannot_compute_is_refused_in_one_line(args, said):
+    """Values inside the options' old ranges gave a traceback (an infinite episode), NaNs (α 1e-320)
+    or a 9 GiB allocation (100 000 bins): each is now refused before the model runs, saying which."""
+    base = ["--shards", "4", "--envs-per-shard", "32", "--bins", "10", "--failure-rate", "0.001"]
+    out = CliRunner().invoke(cli, ["advise", *base, *args])
+    assert out.exit_code == 2, out.output
+    assert said in out.output
+    assert out.exception is None or isinstance(out.exception, SystemExit)
+    assert "nan" not in out.output
