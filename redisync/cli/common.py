@@ -20,19 +20,63 @@ from rich.text import Text
 from .. import errors
 from ..store.client import ENV_URL, RunSnapshot, connect
 
-URL = click.option(
+DEFAULT_TIMEOUT_S = 5.0
+_timeout_s = DEFAULT_TIMEOUT_S  # the --timeout of the command being run
+
+
+def _set_timeout(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    global _timeout_s
+    _timeout_s = value
+    return value
+
+
+_TIMEOUT = click.option(
+    "--timeout",
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    expose_value=False,
+    callback=_set_timeout,
+    help="seconds to wait for the server's answer to each call (one retry): a silent server fails the command "
+    "within about twice this",
+)
+_URL = click.option(
     "--url",
     envvar=ENV_URL,
     default=None,
     help=f"redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL (env {ENV_URL}); unset: embedded",
 )
-SERVER_URL = click.option(
+_SERVER_URL = click.option(
     "--url",
     envvar=ENV_URL,
     default=None,
     help=f"the Redis that holds the run: redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL "
     f"(env {ENV_URL}; required: the embedded store would start empty)",
 )
+
+
+def URL(command: Any) -> Any:  # (a decorator, named as the options it adds)
+    """``--url`` (unset: the embedded store) and ``--timeout``."""
+    return _URL(_TIMEOUT(command))
+
+
+def SERVER_URL(command: Any) -> Any:
+    """``--url`` (required in effect: a server that holds the run) and ``--timeout``."""
+    return _SERVER_URL(_TIMEOUT(command))
+
+
+def cli_connect(url: str | None, run: str = "default") -> Any:
+    """A store for a command: each call waits ``--timeout`` for an answer, retried once."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    if url is None or url == "embedded":
+        return connect(url, run=run)
+    return connect(
+        url, run=run, socket_timeout=_timeout_s, socket_connect_timeout=_timeout_s, retry=Retry(NoBackoff(), 1)
+    )
+
+
 EXTRAS = {
     "demo": ("torch", "tqdm", "matplotlib"),
     "study": ("torch", "tqdm", "matplotlib", "scipy", "gymnasium", "mujoco"),
@@ -117,7 +161,7 @@ def age(seconds: float | None) -> str:
 
 def connected(url: str | None, run: str = "default") -> Any:
     """A store that answered a PING: every connection problem ends here, naming the URL."""
-    store = connect(url, run=run)
+    store = cli_connect(url, run)
     store.ping()
     return store
 

@@ -22,8 +22,8 @@ from rich.text import Text
 
 from .. import errors
 from ..inspection import SampledDistance, ServiceWatch, drift, shard_leases, shard_reports
-from ..store.client import ServerError, connect, masked_url
-from .common import SERVER_URL, age, not_embedded, num, render, rich_table, terminal
+from ..store.client import ServerError, masked_url
+from .common import SERVER_URL, age, cli_connect, not_embedded, num, render, rich_table, terminal
 
 SPARKS = "▁▂▃▄▅▆▇█"
 HISTORY = 40  # refreshes kept for the sparklines
@@ -197,7 +197,7 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
     url = not_embedded(url, "watch")
     state, shown = WatchState(), 0
     live: Live | None = None
-    store = connect(url, run=run)
+    store = cli_connect(url, run)
     said: str | None = None  # what it last said it waits for (said once, not at every refresh)
     try:
         if terminal():
@@ -214,7 +214,7 @@ def watch(url: str | None, run: str, interval: float, count: int) -> None:
                     said = waiting
                     if live is None:
                         click.echo(f"{time.strftime('%H:%M:%S')} {waiting} (Ctrl-C to stop)")
-                store = connect(url, run=run)  # (a run registered again may hold another schema)
+                store = cli_connect(url, run)  # (a run registered again may hold another schema)
                 view = Text(f"{time.strftime('%H:%M:%S')} {waiting} (Ctrl-C to stop)", style="yellow")
                 if live is None:
                     view = None

@@ -95,6 +95,7 @@ def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
         raise errors.ConnectionUnavailable(
             f"unsupported URL {url!r}: use redis://, rediss://, unix://, redis+sentinel://, redis+cluster:// or leave it unset"
         )
+    _check_port(url)
     kwargs.setdefault("retry", Retry(ExponentialBackoff(cap=0.5, base=0.01), 3))
     kwargs.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
     kwargs.setdefault("socket_connect_timeout", 2.0)
@@ -105,6 +106,17 @@ def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
         client: redis.Redis = _cluster_client(url, **kwargs)  # (a RedisCluster answers the same calls)
         return client
     return redis.Redis.from_url(url, **kwargs)
+
+
+def _check_port(url: str) -> None:
+    """A URL whose port no TCP connection can use is refused, naming it (redis-py would raise an
+    OverflowError from the socket at the first call)."""
+    from urllib.parse import urlsplit
+
+    for netloc in urlsplit(url).netloc.rpartition("@")[2].split(","):  # (Sentinel and Cluster URLs list several)
+        port = netloc.rpartition(":")[2] if ":" in netloc and not netloc.endswith("]") else ""
+        if port and (not port.isdigit() or not 0 < int(port) < 65536):
+            raise errors.ConfigurationError(f"{masked_url(url)}: {port!r} is not a TCP port (1 to 65535)")
 
 
 def server_at(url: str, **kwargs: Any) -> Server:
@@ -391,6 +403,11 @@ class Connection:
         except redis.ResponseError as e:  # raised while connecting, e.g. SELECT of a database the server lacks
             hint = " (the server has fewer databases: see its 'databases' setting)" if "DB index" in str(e) else ""
             raise errors.ConnectionUnavailable(f"{self.url}: {e}{hint}") from e
+        except redis.exceptions.InvalidResponse as e:  # something that is not Redis answers on that port
+            raise errors.ConnectionUnavailable(
+                f"{masked_url(self.url)}: the server there does not speak Redis' protocol ({e}): is the port "
+                "another service's (an HTTP server answers 'H...')?"
+            ) from e
 
     @_translated
     def load_functions(self) -> None:

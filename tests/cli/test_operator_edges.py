@@ -66,3 +66,60 @@ def test_a_cluster_with_no_reachable_node_is_a_typed_error_naming_its_url():
         redisync.connect(url, run="x")
     assert "s3cret" not in str(caught.value)
     assert "127.0.0.1" in str(caught.value)
+
+
+def test_timeout_sets_how_long_each_call_waits_and_a_silent_server_is_one_line():
+    """``--timeout`` on every command that talks to a server: each call waits that long, retried once
+    (a silent server cost 22 s a command, 13.5 s even with socket_timeout=1 in the URL: three retries
+    with back-off); the failure is one line naming the URL."""
+    from click.testing import CliRunner
+
+    from redisync.cli import cli
+
+    from ..faults import SilentServer
+
+    for command in ("inspect", "watch", "snapshot", "restore", "bench", "exporter", "aggregate", "demo"):
+        help_text = CliRunner().invoke(cli, [command, "--help"]).output
+        assert "--timeout" in help_text, command
+    silent = SilentServer()
+    try:
+        common._set_timeout(None, None, 0.3)  # type: ignore[arg-type]  (what --timeout 0.3 does)
+        store = common.cli_connect(silent.url, "any")
+        kwargs = store.redis.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.3
+        assert store.redis.get_retry().get_retries() == 1
+        out = _cli("inspect", "--url", silent.url, "--timeout", "0.3")
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1
+        assert "no answer in time" in out.stderr
+    finally:
+        common._set_timeout(None, None, common.DEFAULT_TIMEOUT_S)  # type: ignore[arg-type]
+        silent.close()
+
+
+def test_a_port_out_of_range_is_one_line():
+    """``redis://127.0.0.1:99999`` was a traceback (an OverflowError from the socket)."""
+    out = _cli("inspect", "--url", "redis://127.0.0.1:99999/0")
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert "'99999' is not a TCP port" in out.stderr
+
+
+def test_a_server_that_is_not_redis_is_named_so():
+    """An HTTP server on the port read ``Protocol error, got "H"``: now it says the server does not
+    speak Redis' protocol."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def answer() -> None:
+            with listener.accept()[0] as peer:
+                peer.recv(1024)
+                peer.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        import threading
+
+        threading.Thread(target=answer, daemon=True).start()
+        out = _cli("inspect", "--url", f"redis://127.0.0.1:{port}/0")
+    assert out.returncode == 1
+    assert "does not speak Redis' protocol" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -129,10 +129,14 @@ def test_watch_started_before_the_run_exists_waits_for_it(real_url):
     )
     store = redisync_api.connect(real_url, run=run)
     try:
-        time.sleep(1.5)
+        assert proc.stdout is not None
+        said = ""  # (register once it has said it waits: however long its start took on a loaded machine)
+        while f"waiting for run {run!r}" not in said and proc.poll() is None:
+            said += proc.stdout.readline()
         assert proc.poll() is None  # still waiting
         store.register({"obs/norm": merge(2, lifecycle="history")})
         out, err = proc.communicate(timeout=30)
+        out = said + out
         assert proc.returncode == 0, err
         assert out.count(f"waiting for run {run!r}") == 1  # said once, not at every refresh
         assert "fleet version 0" in out
