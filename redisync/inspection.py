@@ -48,6 +48,7 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
         }
         row.update(spec.describe(meta, lambda fields, name=name: store.key_fields(name, fields), now))
         keys.append(row)
+    reading = store.leases()
     reports, dead_letter_count = store.stream_lengths()
     dead = [
         {k: v for k, v in entry.items() if not k.startswith("report:")}
@@ -64,6 +65,9 @@ def describe_run(store: Store, dead_letters: int = 5) -> dict[str, Any]:
         "newest_dead_letters": dead,
         "shards": shard_ages(store, now),
         "leases": {str(shard): state for shard, state in shard_leases(store).items()},
+        # how long no collector has called the run (a dead fleet's leases stay live in its own clock)
+        "quiet_s": None if reading.last_call_us is None else max(0, reading.now_us - reading.last_call_us) / 1e6,
+        "stall_cap_s": reading.stall_cap_us / 1e6,
         "keys": keys,
     }
 

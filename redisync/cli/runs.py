@@ -37,6 +37,13 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
             f"run {r['run']}  epoch {r['epoch']}  fleet version {r['fleet_version']}  updated {age(r['updated_age_s'])} ago  "
             f"reports {r['reports']}  dead letters {r['dead_letters']}"
         )
+        quiet = r.get("quiet_s")
+        if quiet is not None and quiet > r["stall_cap_s"] and "live" in r["leases"].values():
+            click.echo(
+                f"no collector has called this run for {age(quiet)}: its leases read live in the run's own clock, "
+                "which only the collectors' calls advance, so one reading cannot tell a dead fleet from a stalled "
+                "server ('redisync watch' can, within a few seconds)"
+            )
         rows = []
         for k in r["keys"]:
             who = ",".join(str(s["shard"]) for s in k["slots"]) if "slots" in k else (k.get("writer") or "-")

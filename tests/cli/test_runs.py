@@ -6,6 +6,7 @@ import json
 import uuid
 
 import numpy as np
+import pytest
 
 import redisync as redisync_api
 
@@ -127,3 +128,59 @@ def test_snapshot_errors_name_the_file_and_the_problem(populated, tmp_path):
         assert out.stderr.count("\n") == 1
         assert "Traceback" not in out.stderr
     assert store.fleet().fleet_version == 4  # nothing was restored
+
+
+@pytest.mark.integration  # a collector process, killed
+def test_inspect_says_how_long_a_run_has_been_quiet_when_its_leases_still_read_live(real_url, tmp_path):
+    """A fleet that died whole (its collector SIGKILLed: no lease given up) reads ``live`` in one
+    reading - the run's clock advances only with its calls - and inspect said nothing more; now it
+    says how long no collector has called, and that one reading cannot tell dead from stalled."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from redisync.store.schema import Limits, Schema, merge
+
+    run = f"cli-quiet-{uuid.uuid4().hex[:8]}"
+    store = redisync_api.connect(real_url, run=run)
+    store.register(Schema.of({"t/stats": merge(2, lifecycle="history")}), Limits(stall_after_s=0.2))
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import time, redisync\n"
+        "from redisync.collector.workers import new_syncer\n"
+        "from tests.collector.test_sidecar import Cumulative\n"
+        f"store = redisync.connect({real_url!r}, run={run!r})\n"
+        "term = Cumulative(2)\n"
+        "syncer = new_syncer(store, 0, [term], worker='thread').start()\n"
+        "term.step(); syncer.on_step(); syncer.flush()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    collector = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+    )
+    try:
+        assert collector.stdout is not None
+        assert collector.stdout.readline().strip() == "ready"
+        os.kill(collector.pid, signal.SIGKILL)  # the whole fleet dies: nobody calls the run again
+        collector.wait(30)
+        time.sleep(1.0)  # past the run's stall cap (0.2 s)
+        out = cli("inspect", "--url", real_url, "--run", run)
+        assert out.returncode == 0, out.stderr
+        assert "no collector has called this run for" in out.stdout
+        described = json.loads(cli("inspect", "--url", real_url, "--run", run, "--json").stdout)[0]
+        assert described["leases"] == {"0": "live"}
+        assert described["quiet_s"] >= 1.0
+    finally:
+        if collector.poll() is None:
+            collector.kill()
+            collector.wait(30)
+        collector.stdout.close()  # type: ignore[union-attr]
+        store.delete()
