@@ -52,11 +52,16 @@ METRICS = {
 }
 
 
+SCRAPE_CALL_TIMEOUT_S = 2.0
+"""How long one of a scrape's calls waits for the store: a hung store fails the scrape's first call and
+its PING (2 × this) inside the 10 s scrape timeout of deploy/prometheus/prometheus.yml."""
+
+
 class FleetCollector(Collector):
     """The metrics of ``runs`` (every run on the server when empty) of the store at ``url``."""
 
-    def __init__(self, url: str, runs: tuple[str, ...] = ()):
-        self.url, self.runs = url, runs
+    def __init__(self, url: str, runs: tuple[str, ...] = (), timeout_s: float = SCRAPE_CALL_TIMEOUT_S):
+        self.url, self.runs, self.timeout_s = url, runs, timeout_s
         self._connected: Store | None = None  # the server's store, made at the first scrape the store answers
         self._stores: dict[str, tuple[Any, Store]] = {}  # per run: (its epoch, its store), kept across scrapes
         self._sampled: dict[str, tuple[str, SampledDistance]] = {}  # per run: its epoch's fleet states seen
@@ -69,8 +74,14 @@ class FleetCollector(Collector):
         """The server's store, connected on first use: a Cluster client reads the slot map when it is
         made, and an exporter started while every node is down must serve ``redisync_store_up 0``."""
         if self._connected is None:
-            self._connected = connect(self.url, run="_exporter")
+            self._connected = self._connect("_exporter")
         return self._connected
+
+    def _connect(self, run: str) -> Store:
+        """A store whose every call waits at most ``timeout_s``, without a retry: a hung store makes a
+        scrape say ``redisync_store_up 0`` well within Prometheus' scrape timeout, instead of timing
+        the scrape out (the target then goes down and every alert on these metrics goes quiet)."""
+        return connect(self.url, run=run, call_timeout_s=self.timeout_s, retries=0)
 
     def describe(self) -> Iterator[Any]:
         """Nothing: the registry would otherwise call collect() at registration, when the store may not answer yet."""
@@ -137,7 +148,7 @@ class FleetCollector(Collector):
         if run not in self._stores or self._stores[run][0] != epoch:
             if run in self._stores:
                 self._stores[run][1].close()
-            self._stores[run] = (epoch, connect(self.url, run=run))
+            self._stores[run] = (epoch, self._connect(run))
         return self._stores[run][1]
 
     @staticmethod

@@ -209,11 +209,14 @@ def test_every_panel_of_the_grafana_board_queries_exported_metrics():
 
 def test_every_alert_rule_names_exported_metrics():
     """deploy/prometheus/alerts.yml: the shard-lapsed, run-stale, dead-letters and collector-behind
-    alerts (and the store-unreadable one), each on metrics the exporter writes; Prometheus loads it."""
+    alerts (and the store-unreadable one), each on metrics the exporter writes; and one on Prometheus'
+    own ``up`` of the exporter's job, which fires when the exporter cannot be scraped (every other
+    alert is silent then); Prometheus loads it."""
     import yaml
 
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"][0]["rules"]
     assert {r["alert"] for r in rules} == {
+        "RedisyncExporterDown",
         "RedisyncStoreUnreadable",
         "RedisyncRunUnreadable",
         "RedisyncShardLapsed",
@@ -222,7 +225,14 @@ def test_every_alert_rule_names_exported_metrics():
         "RedisyncDeadLettersGrowing",
         "RedisyncCollectorBehind",
     }
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {j["job_name"] for j in config["scrape_configs"]}
+    (down,) = [r for r in rules if r["alert"] == "RedisyncExporterDown"]
+    assert down["expr"] == 'up{job="redisync"} == 0'
+    assert "redisync" in jobs
     for rule in rules:
+        if rule is down:
+            continue
         assert _names(rule["expr"]), rule["alert"]
         assert _names(rule["expr"]) <= _exported(), rule["alert"]
         assert rule["annotations"]["summary"], rule["alert"]
@@ -378,3 +388,33 @@ def test_a_port_in_use_is_said_with_the_port():
         )  # fmt: skip
     assert out.returncode == 1
     assert f"127.0.0.1:{port}" in out.stderr
+
+
+@pytest.mark.integration  # a redis-server of its own, paused
+def test_a_hung_store_is_store_up_0_from_calls_that_wait_less_than_a_scrape(tmp_path):
+    """With the store paused, a scrape took 20.6 s (three retries of 5 s calls), past Prometheus'
+    10 s scrape timeout: the target went down and ``redisync_store_up`` vanished with every alert.
+    The exporter's calls now wait 2 s each, without a retry, and a paused store reads store_up 0."""
+    import os
+    import signal
+
+    from redisync.exporter import SCRAPE_CALL_TIMEOUT_S, FleetCollector
+
+    server = RedisProcess(tmp_path).start()
+    try:
+        collector = FleetCollector(server.url)
+        families = {f.name: f for f in collector.collect()}
+        assert families["redisync_store_up"].samples[0].value == 1.0
+        kwargs = collector._server.redis.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == SCRAPE_CALL_TIMEOUT_S
+        assert collector._server.redis.get_retry().get_retries() == 0
+        assert 2 * SCRAPE_CALL_TIMEOUT_S < 10  # deploy/prometheus/prometheus.yml's scrape timeout
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            families = {f.name: f for f in collector.collect()}
+            assert families["redisync_store_up"].samples[0].value == 0.0
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+    finally:
+        server.stop()

@@ -35,7 +35,18 @@ def test_the_documentation_site_builds_with_warnings_as_errors(tmp_path):
                    "redisync.Store.leases", "redisync.Store.run_names", "redisync.Store.limits"):  # fmt: skip
         assert f'id="{method}"' in api, method
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
-    for command in ("demo", "watch", "inspect", "snapshot", "restore", "bench", "ab", "exporter", "functions"):
+    for command in (
+        "demo",
+        "watch",
+        "inspect",
+        "snapshot",
+        "restore",
+        "delete",
+        "bench",
+        "ab",
+        "exporter",
+        "functions",
+    ):
         assert f"redisync {command}" in cli, command
     # what a reader sees, not the source's seams: no raw Sphinx role, no click sentinel as a default,
     # public names headed where users import them

@@ -19,7 +19,7 @@ from .bench import bench
 from .demo import demo
 from .exporter import exporter
 from .functions import functions
-from .runs import inspect, restore, snapshot
+from .runs import delete, inspect, restore, snapshot
 from .study import ab
 from .watch import watch
 
@@ -36,7 +36,7 @@ def cli() -> None:
     collector takes at its next reset boundary. These commands show it, measure it and study it."""
 
 
-for command in (demo, advise, ab, bench, inspect, watch, exporter, aggregate, snapshot, restore, functions):
+for command in (demo, advise, ab, bench, inspect, watch, exporter, aggregate, snapshot, restore, delete, functions):
     cli.add_command(command)
 
 

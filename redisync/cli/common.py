@@ -67,14 +67,7 @@ def SERVER_URL(command: Any) -> Any:
 
 def cli_connect(url: str | None, run: str = "default") -> Any:
     """A store for a command: each call waits ``--timeout`` for an answer, retried once."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    if url is None or url == "embedded":
-        return connect(url, run=run)
-    return connect(
-        url, run=run, socket_timeout=_timeout_s, socket_connect_timeout=_timeout_s, retry=Retry(NoBackoff(), 1)
-    )
+    return connect(url, run=run, call_timeout_s=_timeout_s, retries=1)
 
 
 EXTRAS = {

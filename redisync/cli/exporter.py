@@ -8,8 +8,10 @@ import signal
 import threading
 
 import click
+from click.core import ParameterSource
 
 from .. import errors
+from . import common
 from .common import SERVER_URL, connected, needs, not_embedded
 
 
@@ -36,7 +38,11 @@ def exporter(url: str | None, runs: tuple[str, ...], port: int, addr: str) -> No
         connected(url)  # a wrong password or a refused role ends here, said once, not at every scrape
     except errors.ConnectionUnavailable as e:  # a store down now: served as redisync_store_up 0 until it answers
         click.echo(f"redisync exporter: the store does not answer yet ({e}); serving redisync_store_up 0", err=True)
-    REGISTRY.register(FleetCollector(url, runs))
+    timeout = click.get_current_context().get_parameter_source("timeout")
+    # (unless told otherwise, a scrape's calls wait less than a command's: inside the scrape timeout)
+    REGISTRY.register(
+        FleetCollector(url, runs, **({} if timeout is ParameterSource.DEFAULT else {"timeout_s": common._timeout_s}))
+    )
     try:
         server, thread = start_http_server(port, addr=addr)
     except OSError as e:

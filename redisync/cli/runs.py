@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from .. import errors
-from ..inspection import describe_run, describe_runs
+from ..inspection import describe_run, describe_runs, shard_leases
 from ..store.client import RunSnapshot, masked_url
 from .common import SERVER_URL, age, connected, not_embedded, read_snapshot, run_store, table
 
@@ -117,6 +117,24 @@ def restore(url: str | None, run: str, path: str) -> None:
     except errors.CorruptSnapshot as e:
         raise errors.CorruptSnapshot(f"{path}: {e}") from None
     click.echo(f"restored run {run} from {path} (saved from run {snap.run}); new epoch {epoch}")
+
+
+@click.command(short_help="Delete a finished run from the store.")
+@SERVER_URL
+@click.option("--run", required=True, help="the run to delete")
+@click.option("--force", is_flag=True, help="delete it even while a collector's lease on it is live")
+def delete(url: str | None, run: str, force: bool) -> None:
+    """Delete every key of a run: its fleet state, streams, leases and history (a finished or abandoned
+    run, whose lapsed or aborted shards would otherwise keep an alert firing). Refused while a
+    collector's lease on it is live, unless --force; save it first with 'redisync snapshot' to keep it."""
+    store = run_store(not_embedded(url, "delete"), run)
+    live = sorted(shard for shard, state in shard_leases(store).items() if state == "live")
+    if live and not force:
+        raise errors.ConfigurationError(
+            f"run {run!r} has live collectors (shards {', '.join(map(str, live))}): stop them first, or pass --force"
+        )
+    store.delete()
+    click.echo(f"deleted run {run}")
 
 
 def _fleet_version(snap: RunSnapshot) -> int:

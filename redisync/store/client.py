@@ -19,6 +19,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from .. import errors
 from .connection import (
     CLUSTER,
@@ -60,6 +63,8 @@ def connect(
     *,
     wait_replicas: int = 0,
     wait_timeout_ms: int = 1000,
+    call_timeout_s: float | None = None,
+    retries: int | None = None,
     **redis_kwargs: Any,
 ) -> Store:
     """A store for ``run``: the handle a collector, the learner or a tool works through.
@@ -73,9 +78,19 @@ def connect(
             with it, a failover never loses an acknowledged report. Refused with a Cluster URL
             (``ConfigurationError``): there, ``WAIT`` would not reach the run's primary.
         wait_timeout_ms: how long that ``WAIT`` may take before the publish is refused.
+        call_timeout_s: how long each call (and each connection attempt) waits for the server; unset:
+            5 s (2 s to connect).
+        retries: how many times a call that found no answer is sent again, without back-off; unset:
+            3, with a growing back-off (a tool that must answer in time - a scrape, a command - sets
+            fewer).
         redis_kwargs: passed to redis-py's client (``socket_timeout``, ``ssl_ca_certs``, ...).
     """
     url = url if url is not None else os.environ.get(ENV_URL) or None
+    if url and url != EMBEDDED:
+        if call_timeout_s is not None:
+            redis_kwargs |= {"socket_timeout": call_timeout_s, "socket_connect_timeout": call_timeout_s}
+        if retries is not None:
+            redis_kwargs["retry"] = Retry(NoBackoff(), retries)
     if wait_replicas and url and url.startswith(CLUSTER):
         raise errors.ConfigurationError(
             f"wait_replicas={wait_replicas} with a Cluster URL ({masked_url(url)}): WAIT counts the writes of the "

@@ -184,3 +184,28 @@ def test_inspect_says_how_long_a_run_has_been_quiet_when_its_leases_still_read_l
             collector.wait(30)
         collector.stdout.close()  # type: ignore[union-attr]
         store.delete()
+
+
+def test_delete_removes_a_finished_run_and_refuses_one_with_live_collectors(populated, real_url):
+    """``redisync delete``: a dead run's lapsed shards kept an alert firing and no command removed it.
+    It deletes a run whose collectors are gone, and refuses one whose lease is live (unless --force)."""
+    from redisync.collector.workers import new_syncer
+
+    from ..collector.test_sidecar import Cumulative
+
+    url, store = populated
+    out = cli("delete", "--url", url, "--run", store.run)
+    assert out.returncode == 0, out.stderr
+    assert f"deleted run {store.run}" in out.stdout
+    assert store.run not in redisync_api.connect(url, run="any").run_names()
+    live_store = redisync_api.connect(real_url, run=f"cli-live-{uuid.uuid4().hex[:8]}")
+    syncer = new_syncer(live_store, 0, [Cumulative()], worker="thread").start()
+    try:
+        syncer.flush()
+        out = cli("delete", "--url", real_url, "--run", live_store.run)
+        assert out.returncode == 1
+        assert "has live collectors (shards 0)" in out.stderr
+        assert live_store.run in live_store.run_names()
+    finally:
+        syncer.stop()
+        live_store.delete()
