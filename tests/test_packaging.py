@@ -61,7 +61,11 @@ def test_a_plain_install_is_a_working_library_and_names_the_demo_extra(dist, tmp
     )
     assert demo.returncode == 1, demo.stderr
     assert demo.stderr.count("\n") == 1, demo.stderr
+    # (said the way this user installed: the wheel they installed, not a clone's editable install)
     assert (
-        "redisync demo needs the demo extra (torch, tqdm, matplotlib missing): from the clone, pip install -e '.[demo]' (or scripts/setup)"
+        f"redisync demo needs the demo extra (torch, tqdm, matplotlib missing): pip install '{wheel}[demo]'"
         in demo.stderr
     )
+    probe = "import redisync.terms.torch"
+    torchless = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "redisync.terms.torch needs torch" in torchless.stderr  # (was a bare "No module named 'torch'")

@@ -85,8 +85,29 @@ def needs(what: str) -> None:
         extra = {"peers": "torch", "study": "study", "exporter": "monitoring"}.get(what, "demo")
         raise errors.RedisyncError(
             f"redisync {what if what != 'study' else 'ab'} needs the {extra} extra "
-            f"({', '.join(missing)} missing): from the clone, pip install -e '.[{extra}]' (or scripts/setup)"
+            f"({', '.join(missing)} missing): {install_command(extra)}"
         )
+
+
+def install_command(extra: str) -> str:
+    """How to add ``extra`` the way redisync was installed here: editable from a clone, from a folder
+    or a file, or by name."""
+    import json
+    from importlib.metadata import distributions
+    from urllib.parse import unquote, urlsplit
+
+    # (the installed distribution's record: a build's redisync.egg-info in the current folder has none)
+    direct = next(
+        (d.read_text("direct_url.json") for d in distributions(name="redisync") if d.read_text("direct_url.json")), None
+    )
+    found = json.loads(direct) if direct else {}
+    source = unquote(urlsplit(found.get("url", "")).path) if found.get("url", "").startswith("file://") else ""
+    if found.get("dir_info", {}).get("editable") and source:
+        setup = Path(source) / "scripts" / "setup"
+        return f"pip install -e '{source}[{extra}]'" + (f" (or {setup})" if setup.exists() else "")
+    if source:
+        return f"pip install '{source}[{extra}]'"
+    return f"pip install 'redisync[{extra}]'"
 
 
 def importable(module: str) -> bool:

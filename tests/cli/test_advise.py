@@ -37,7 +37,11 @@ def test_advise_prints_the_models_figures_and_its_limits():
     assert figures["warning"]["predicted_shard_distance"] == pytest.approx(blind.local.shard_distance)
     assert figures["warning"]["fires"] == (blind.local.shard_distance >= dm.WARNING_DISTANCE)
     verdict = "fires" if figures["warning"]["fires"] else "stays quiet"
-    assert f"The drift warning (validated against this model: docs/ab/warning-validation.md) {verdict}" in out.output
+    assert "The model's drift warning (judged against this model, not against runs: the documentation's " in out.output
+    assert f"warning-validation report) {verdict}" in out.output
+    assert "docs/" not in out.output  # (paths of the source tree: a wheel ships no docs folder)
+    assert "Verdict: " in out.output
+    assert "mode='observe'" in out.output
     bad = CliRunner().invoke(cli, ["advise", "--shards", "4", "--envs-per-shard", "8", "--bins", "30",
                                    "--failure-rate", "0.01", "--hard-bins", "30"])  # fmt: skip
     assert bad.exit_code != 0
