@@ -110,6 +110,8 @@ class Aggregator:
             self._forget_sent(self.root)
             log.warning("root run %r lost by its store: registered again by sub-run %r's aggregator", self.root.run,
                         self.sub.run)  # fmt: skip
+        self._hold(self.up)  # (each claimed and leased at once: two aggregators started together leave one)
+        self._hold(self.down)
         sub = self._pull(self.down, self.sub, schema)
         self._renew_leases()
         up = self._contribution(sub, schema, done)
@@ -235,6 +237,19 @@ class Aggregator:
         client.take_over = False
         return client
 
+    def _hold(self, client: ShardClient) -> None:
+        """Claim ``client``'s shard (refused while another holder's lease is fresh: `ShardInUse`) and
+        lease it in the same breath. Claims leased only after all of them let two aggregators started
+        together each take one of the other's shards, and both were then fenced out."""
+        if client.claimed:
+            return
+        incarnation = client.incarnation  # (the claim)
+        if not client.store.lease(client.shard_id, incarnation, max(1, int(self.lease_s * 1e3))):
+            raise errors.Fenced(
+                f"sub-run {self.sub.run!r}: another aggregator claimed shard {client.shard_id} of run "
+                f"{client.store.run!r} as this one did; this one stops (two aggregators of one sub-run)"
+            )
+
     def _renew_leases(self) -> None:
         if time.monotonic() - self._leased_at < self.lease_s / 5:
             return
@@ -270,6 +285,7 @@ class Aggregator:
         client = self._owners.get(owner)
         if client is None:
             client = self._owners[owner] = self._claimed(store.shard(owner, resume=True))
+        self._hold(client)
         return client
 
     # ------------------------------------------------------------------ the loop
@@ -277,8 +293,11 @@ class Aggregator:
     def run(self, stop: threading.Event, on_round: Callable[[Round], Any] | None = None) -> None:
         """Rounds every ``period_s`` until ``stop`` is set, then its leases given up; a store that
         cannot be reached, or refuses a round (a schema registered anew, a role without a command), is
-        tried again next period (said in the log once per change). Raises `ShardInUse` when another
-        aggregator of the sub-run holds its shards, and `Fenced` when another has claimed them since."""
+        tried again next period (said in the log once per change). A sub-run whose shards a holder's
+        lease still covers at the start (a crashed predecessor's, restarted at once by a supervisor) is
+        waited for, once, as long as that lease has left, saying so; raises `ShardInUse` when the holder
+        is still there after that (a live aggregator of the sub-run), and `Fenced` when another has
+        claimed its shards since."""
         said: str | None = None
         try:
             self._rounds(stop, on_round, said)
@@ -287,6 +306,7 @@ class Aggregator:
                 self.release()
 
     def _rounds(self, stop: threading.Event, on_round: Callable[[Round], Any] | None, said: str | None) -> None:
+        waited: set[tuple[int, str]] = set()  # (shard, holder) whose lease was waited for once
         while not stop.is_set():
             began = time.monotonic()
             try:
@@ -296,7 +316,19 @@ class Aggregator:
                 said = None
                 if on_round is not None:
                     on_round(done)
-            except (errors.ShardInUse, errors.Fenced, errors.StaleIncarnation) as e:
+            except errors.ShardInUse as e:
+                if self.rounds > 0 or (e.shard_id, e.incarnation) in waited:  # its holder renewed: a live one
+                    log.error("sub-run %r: %s", self.sub.run, e)
+                    raise
+                waited.add((e.shard_id, e.incarnation))
+                log.warning(
+                    "sub-run %r: shard %d is held (incarnation %s) for %d ms more: waiting for that lease to run "
+                    "out (a crashed predecessor's); refused after it if its holder is alive",
+                    self.sub.run, e.shard_id, e.incarnation, e.remaining_ms,
+                )  # fmt: skip
+                stop.wait(e.remaining_ms / 1e3 + 0.1)
+                continue
+            except (errors.Fenced, errors.StaleIncarnation) as e:
                 log.error("sub-run %r: %s", self.sub.run, e)
                 raise errors.Fenced(str(e)) if isinstance(e, errors.StaleIncarnation) else e from None
             except errors.RedisyncError as e:

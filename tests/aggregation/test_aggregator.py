@@ -384,10 +384,13 @@ def test_a_second_aggregate_command_for_a_run_exits_non_zero_saying_why(real_url
     root = redisync.connect(real_url, run=f"t-{uuid.uuid4().hex[:12]}")
     names = split(root, 2)
     collectors(root, ids=range(2))
-    first = [Aggregator(root, j) for j in range(2)]
+    first = [Aggregator(root, j, period_s=0.05) for j in range(2)]
+    stop = threading.Event()
+    running = [threading.Thread(target=a.run, args=(stop,), daemon=True) for a in first]  # (live: they renew)
     try:
-        for a in first:
-            a.step()
+        for thread in running:
+            thread.start()
+        assert wait_for(lambda: all(a.rounds > 0 for a in first), timeout=30)
         proc = subprocess.run(
             [
                 sys.executable,
@@ -407,9 +410,66 @@ def test_a_second_aggregate_command_for_a_run_exits_non_zero_saying_why(real_url
         )
         assert proc.returncode == 1, proc.stderr
         assert "is held by a live process" in proc.stderr
+        assert "waiting for that lease to run out" in proc.stderr  # (then refused: its holder renewed it)
     finally:
-        for a in first:
-            a.release()
+        stop.set()
+        for thread in running:
+            thread.join(30)
         for name in names:
             root.sibling(name).delete()
         root.delete()
+
+
+def test_two_aggregators_started_together_leave_exactly_one(root, monkeypatch):
+    """The interleaving A, B, B, A of their claims (A claims the root shard, B claims it and the
+    sub-run's, A claims the sub-run's, then each leases): with leases taken only after both claims,
+    each held one of the other's shards and both were fenced out (the root stopped at 0.0 where one run
+    held 1.0). Now each claim is leased at once: B goes on, A stops."""
+    shards = collectors(root)
+    reports = publish_round(shards, 1)
+    first, second = Aggregator(root, 0), Aggregator(root, 0)
+    others = [Aggregator(root, j) for j in range(1, SUBRUNS)]
+    rounds(others)  # (the root registered by the other sub-runs' aggregators)
+    _ = first.up.incarnation  # A's first claim, as its round begins
+    renew = second._renew_leases
+    refused: list[BaseException] = []
+
+    def a_claims_in_between() -> None:  # A's second claim, after B's two and before B leases
+        try:
+            _ = first.down.incarnation
+        except errors.RedisyncError as e:
+            refused.append(e)
+        renew()
+
+    monkeypatch.setattr(second, "_renew_leases", a_claims_in_between)
+    second.step()
+    monkeypatch.setattr(second, "_renew_leases", renew)
+    with pytest.raises((errors.Fenced, errors.ShardInUse)):
+        first.step()
+    rounds([second, *others])
+    rounds([second, *others])
+    assert_same(state(root), exact(reports))
+
+
+def test_an_aggregator_restarted_inside_its_crashed_predecessors_lease_waits_for_it(root, caplog):
+    """A supervisor restarts a crashed aggregator at once: its claims meet the dead one's lease. It
+    exited with ShardInUse (a crash loop); it now waits as long as that lease has left, saying so,
+    and then aggregates."""
+    shards = collectors(root)
+    reports = publish_round(shards, 1)
+    crashed = Aggregator(root, 0, lease_s=1.0)
+    others = [Aggregator(root, j) for j in range(1, SUBRUNS)]
+    rounds([crashed, *others])  # then it dies: no release, its lease runs on
+    restarted = Aggregator(root, 0, period_s=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(target=restarted.run, args=(stop,), daemon=True)
+    with caplog.at_level("WARNING", logger="redisync.aggregation"):
+        thread.start()
+        try:
+            assert wait_for(lambda: restarted.rounds >= 2, timeout=30), "the restarted aggregator never aggregated"
+            rounds(others)
+            assert_same(state(root), exact(reports))
+        finally:
+            stop.set()
+            thread.join(30)
+    assert "waiting for that lease to run out" in caplog.text
