@@ -19,15 +19,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from .. import errors
 from .connection import (
     CLUSTER,
     EMBEDDED,
     ENV_URL,
     ServerError,
+    bounded_calls,
     masked_url,
     redis_client,
     serve_embedded,
@@ -87,10 +85,7 @@ def connect(
     """
     url = url if url is not None else os.environ.get(ENV_URL) or None
     if url and url != EMBEDDED:
-        if call_timeout_s is not None:
-            redis_kwargs |= {"socket_timeout": call_timeout_s, "socket_connect_timeout": call_timeout_s}
-        if retries is not None:
-            redis_kwargs["retry"] = Retry(NoBackoff(), retries)
+        redis_kwargs |= bounded_calls(call_timeout_s, retries)
     if wait_replicas and url and url.startswith(CLUSTER):
         raise errors.ConfigurationError(
             f"wait_replicas={wait_replicas} with a Cluster URL ({masked_url(url)}): WAIT counts the writes of the "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
@@ -106,6 +106,17 @@ def redis_client(url: str | None, **kwargs: Any) -> redis.Redis:
         client: redis.Redis = _cluster_client(url, **kwargs)  # (a RedisCluster answers the same calls)
         return client
     return redis.Redis.from_url(url, **kwargs)
+
+
+def bounded_calls(call_timeout_s: float | None, retries: int | None) -> dict[str, Any]:
+    """redis-py settings for calls that wait at most ``call_timeout_s`` (and connections too) and are
+    sent again ``retries`` times without back-off; None leaves the default."""
+    out: dict[str, Any] = {}
+    if call_timeout_s is not None:
+        out |= {"socket_timeout": call_timeout_s, "socket_connect_timeout": call_timeout_s}
+    if retries is not None:
+        out["retry"] = Retry(NoBackoff(), retries)
+    return out
 
 
 def _check_port(url: str) -> None:

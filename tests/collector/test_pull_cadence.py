@@ -163,7 +163,8 @@ def test_a_subscription_gone_silent_is_replaced_and_the_fold_it_missed_is_pulled
         proxy.silence()  # the subscription's connection now loses everything, both ways
         store.shard(5).publish({KEY: {"count": 4.0, "sum": [1.0] * 8}})  # announced on a connection that is gone
         assert syncer.wait_synced(at_least=1, timeout=20)
-        assert syncer.stats["subscription_drops"] >= 1
+        # (on a loaded machine the fold may arrive by another path before the PING finds the subscription dead)
+        assert wait_for(lambda: syncer.stats["subscription_drops"] >= 1, timeout=20)
         assert syncer.at_reset_boundary()
         assert term.fleet["count"] == 4.0
         assert wait_for(lambda: syncer.metrics()["redisync/subscribed"] == 1.0, timeout=20)  # a new one
