@@ -148,3 +148,32 @@ def test_the_rule_needs_its_measurements_and_its_threshold():
     assert formulas.drift_warning(formulas.DRIFT_WARNING_TV - 1e-9, 10, "x") is None
     assert formulas.drift_warning(float("nan"), 10, "x") is None
     assert formulas.drift_warning(formulas.DRIFT_WARNING_TV, formulas.DRIFT_WARNING_MEASUREMENTS, "x") is not None
+
+
+def test_an_observing_numpy_normaliser_normalises_with_its_own_statistics_and_measures_the_offset(make_store):
+    """Two shards that see inputs of different means: observing, each normalises exactly as a local
+    one does, while it reports and reads as pooled does; ``drift_offset_sd`` is its own mean's offset
+    from the fleet's, in the fleet's standard deviations, computed here from the samples themselves."""
+    rng = np.random.default_rng(5)
+    observing = [rnp.EmpiricalNormalizer(2, mode="observe", dtype=np.float64) for _ in range(2)]
+    local = [rnp.EmpiricalNormalizer(2, mode="local", dtype=np.float64) for _ in range(2)]
+    assert observing[0].role is Role.OBSERVES
+    store = make_store()
+    store.register(redisync_schema(observing[0]))
+    clients = [store.shard(i) for i in range(2)]
+    seen: list[list[np.ndarray]] = [[], []]
+    for _ in range(5):
+        for i in range(2):
+            x = rng.normal(loc=3.0 * i, size=(64, 2))
+            seen[i].append(x)
+            observing[i].update(x)
+            local[i].update(x)
+        sync(store, clients, [[n] for n in observing])
+    everything = np.concatenate(seen[0] + seen[1])
+    for i in range(2):
+        np.testing.assert_array_equal(observing[i].mean, local[i].mean)
+        np.testing.assert_array_equal(observing[i].std, local[i].std)
+        own = np.concatenate(seen[i]).mean(axis=0)
+        expected = np.max(np.abs(own - everything.mean(axis=0)) / everything.std(axis=0))
+        assert observing[i].metrics()["drift_offset_sd"] == pytest.approx(expected, rel=1e-9)
+    assert local[0].metrics() == {}

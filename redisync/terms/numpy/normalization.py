@@ -5,7 +5,9 @@ shifted by a fixed ``offset`` c where cancellation matters) and reports them to 
 (the ``history`` lifecycle: a restart's previous life stays counted). ``mean`` and ``std`` — arrays
 the caller may own, written in place for a kernel that reads them — hold the moments of the
 fleet's statistics as last pulled plus the shard's own up to now (``pooled``), or of the shard's
-own (``local``). The moments come from `redisync.terms.formulas.moments`, as the torch term's do.
+own (``local``, and ``observe``, which reports and reads as ``pooled`` does but normalises with its
+own statistics, measuring how far they are from the fleet's: `metrics`). The moments come from
+`redisync.terms.formulas.moments`, as the torch term's do.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .. import formulas
 from ..role import Role, role_of
 from .sampler import _caller_array
 
-Mode = Literal["local", "pooled"]
+Mode = Literal["local", "pooled", "observe"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 
@@ -56,6 +58,7 @@ class EmpiricalNormalizer:
         self.offset = np.broadcast_to(np.asarray(offset, dtype=np.float64), self.shape).copy()
         self.own = np.zeros((3, *self.shape))  # count, Σ(x − c), Σ(x − c)²
         self.others = np.zeros((3, *self.shape))
+        self.fleet_version = 0
 
     @property
     def count(self) -> int:
@@ -91,20 +94,34 @@ class EmpiricalNormalizer:
 
     def schema_entries(self) -> Mapping[str, MergeSpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        return {self.key: merge(self.shape, sumsq=True, lifecycle="history")} if self.role is Role.POOLS else {}
+        return {self.key: merge(self.shape, sumsq=True, lifecycle="history")} if self.role.pools else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        if self.role is not Role.POOLS:
+        if not self.role.pools:
             return {}
         return {self.key: {"count": float(self.own[0].flat[0]), "sum": self.own[1].copy(), "sumsq": self.own[2].copy()}}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
-        if view is None or view.value is None or self.role is not Role.POOLS:
+        if view is None or view.value is None or not self.role.pools:
             return
         others = view.others_parts()
         self.others[0] = np.broadcast_to(others["count"], self.shape)
         self.others[1], self.others[2] = others["sum"], others["sumsq"]
+        self.fleet_version = fleet.fleet_version
         self._set()
+
+    def metrics(self) -> dict[str, float]:
+        """Where it pools or observes, once a fleet state arrived: ``drift_offset_sd``, the largest
+        offset of the shard's own mean from the fleet's (its own statistics and the others' as last
+        pulled), in the fleet's standard deviations - what ``redisync inspect`` shows of a moments
+        key; an observing shard normalises with its own mean, so this is how far its inputs are off."""
+        if not self.role.pools or self.fleet_version == 0 or float(self.own[0].flat[0]) <= 0:
+            return {}
+        pooled = self.others + self.own
+        own_mean, _ = formulas.moments(self.own[0], self.own[1], self.own[2], formulas.NUMPY)
+        fleet_mean, fleet_var = formulas.moments(pooled[0], pooled[1], pooled[2], formulas.NUMPY)
+        offset = np.abs(own_mean - fleet_mean) / np.maximum(np.sqrt(fleet_var), 1e-12)
+        return {"drift_offset_sd": float(offset.max())}
