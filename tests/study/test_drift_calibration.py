@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from redisync.study import drift_calibration
 from redisync.terms import formulas
 
@@ -39,6 +41,7 @@ def test_the_new_rule_fires_on_every_local_walker_run_and_no_pooled_one_and_the_
     assert formulas.drift_warning(peak, formulas.DRIFT_WARNING_MEASUREMENTS, "shard") is not None
 
 
+@pytest.mark.extras("torch", "scipy")  # (the fifth study's power figure: the study extra's modules)
 def test_the_pages_figures_about_the_warning_and_the_walkers_drift_are_the_records():
     """The study page, the collector guide, the README and the changelog say what the files give:
     the threshold, the firing counts, the old rule's silence on the walker's shard records, the
