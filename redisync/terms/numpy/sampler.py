@@ -290,17 +290,21 @@ class AdaptiveMotionSampler:
         out |= self._watch.measured(float(drift.mean()), self.state.fleet_version > 0)
         return out | self._watch.metrics([float(mass[a:b].sum()) for a, b in itertools.pairwise(offsets)])
 
-    def _distributions(self, ema: NDArray[Any]) -> NDArray[np.float64]:
-        """The start-bin distributions ``[G, width]`` (float64) an EMA gives."""
-        probs: NDArray[np.float64] = formulas.grouped_probabilities(
+    def _grouped(self, ema: NDArray[Any]) -> NDArray[Any]:
+        """The start-bin distributions ``[G, width]`` an EMA gives, in the sampler's dtype."""
+        probs: NDArray[Any] = formulas.grouped_probabilities(
             formulas.NUMPY.cast(ema, self.ema),
             self.geometry,
             self.uniform_ratio,
             self.kernel,
             formulas.NUMPY,
             self.uniform_mix,
-        ).astype(np.float64)
+        )
         return probs
+
+    def _distributions(self, ema: NDArray[Any]) -> NDArray[np.float64]:
+        """`_grouped` in float64 (for distances)."""
+        return self._grouped(ema).astype(np.float64)
 
     def sampling_ema(self) -> NDArray[Any]:
         """The EMA the start distribution is built from (`FailureEma.sampling_ema`)."""
@@ -312,15 +316,7 @@ class AdaptiveMotionSampler:
 
     def probabilities(self) -> NDArray[Any]:
         """The start-bin distributions, ``[G, width]`` (zero past a group's bins), or ``[bins]``."""
-        ema = self.sampling_ema()
-        probs: NDArray[Any] = formulas.grouped_probabilities(
-            formulas.NUMPY.cast(ema, self.ema),
-            self.geometry,
-            self.uniform_ratio,
-            self.kernel,
-            formulas.NUMPY,
-            self.uniform_mix,
-        )
+        probs = self._grouped(self.sampling_ema())
         return probs if self.grouped else probs[0]
 
     def rebuild(self) -> None:
