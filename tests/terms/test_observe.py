@@ -177,3 +177,40 @@ def test_an_observing_numpy_normaliser_normalises_with_its_own_statistics_and_me
         expected = np.max(np.abs(own - everything.mean(axis=0)) / everything.std(axis=0))
         assert observing[i].metrics()["drift_offset_sd"] == pytest.approx(expected, rel=1e-9)
     assert local[0].metrics() == {}
+
+
+@pytest.mark.integration  # two collectors, each with its sidecar process
+def test_observing_through_the_sidecar_measures_the_fleet_and_samples_its_own(real_url):
+    """With the process worker the fleet part arrives through shared memory (not `apply_shard_state`):
+    an observing torch sampler still samples from its own EMA, and still measures against the fleet."""
+    import uuid
+
+    import redisync
+    from redisync.collector.workers import new_syncer
+
+    run = f"observe-sidecar-{uuid.uuid4().hex[:8]}"
+    samplers = [rt.AdaptiveMotionSampler(FRAMES, STEP_DT, mode="observe", shard_id=i, alpha=0.05) for i in range(2)]
+    syncers = [
+        new_syncer(redisync.connect(real_url, run=run), i, [s], worker="process").start()
+        for i, s in enumerate(samplers)
+    ]
+    rng = np.random.default_rng(0)
+    try:
+        for _ in range(200):
+            for i, (sampler, syncer) in enumerate(zip(samplers, syncers, strict=True)):
+                ts = rng.integers(0, FRAMES, 16)
+                _step(sampler, ts, rng.random(16) < 0.05 * (ts // 200 == i))
+                syncer.on_step()
+                syncer.at_reset_boundary()
+        for syncer in syncers:
+            assert syncer.wait_synced(at_least=1, timeout=30)
+            syncer.at_reset_boundary()
+        for sampler, syncer in zip(samplers, syncers, strict=True):
+            assert sampler.fleet_version > 0
+            own = sampler._distributions(sampler.bin_failed_count)
+            assert torch.equal(own, sampler.probabilities().view(1, -1))  # it samples its own
+            assert syncer.metrics()["redisync/motion/bin_failed/drift_tv"] > 0.05  # and measures the fleet
+    finally:
+        for syncer in syncers:
+            syncer.stop()
+        redisync.connect(real_url, run=run).delete()
