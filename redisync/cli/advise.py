@@ -1,5 +1,6 @@
-"""``redisync advise``: how differently a fleet's unsynced samplers would sample from one unsharded run,
-from the model of the sampler (`redisync.terms.drift_model`), for the user's own configuration."""
+"""``redisync advise``: how far a fleet's unsynced samplers would sample from one unsharded run, measured
+as an observing sampler measures it, on a simulated fleet of the user's configuration
+(`redisync.terms.drift_model.measure`: the sampler's own formulas run step by step)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,20 @@ import json
 
 import click
 
-from ..terms.formulas import MIXES
+from ..terms.formulas import DRIFT_WARNING_TV, MIXES
 from .common import num, table
 
-MAX_BINS = 200  # the model's cost grows about as the cube of the bins: 120 take about half a minute on a 2-core machine
+MAX_BINS = 1000  # the simulation's work grows with the bins squared (`drift_model.WORK_BUDGET` bounds it)
 
 LIMITS = (
-    "What the model can claim: it computes the sampler's start distributions at their steady state for the "
-    "failure law given (failures per env per step, hard bins and how much harder, an episode's length), "
-    "with the linear-noise approximation of the EMA's noise. It says how differently shards would sample, "
+    "What advise can claim: it runs the sampler's formulas step by step on a fleet of the configuration given, "
+    "with the failure law given (failures per env per step, hard bins and how much harder, an episode's "
+    "length) held still, and measures each shard's distance from the fleet's pooled distribution at the same "
+    "moment, as a sampler in mode='observe' measures it in a run. It says how differently shards would sample, "
     "not what that does to training: whether a difference in start distributions slows learning depends on "
-    "the task and the learner, which the model does not see. A policy that is still learning moves the "
-    "failure law faster than the steady state assumes. Checked against the sampler's formulas run step by "
-    "step on the same failure law (the documentation's drift-model page). It under-read the one drift measured "
-    "on physics: a walker's shard 0.186 from pooled where the runs recorded 0.437 (16 x 32 envs, alpha 0.01, 120 "
-    "bins): to know your run's drift, measure it with the sampler's mode='observe'."
+    "the task and the learner, which the simulation does not see, and a policy that is still learning moves "
+    "the failure law. On the walker study's configuration (16 x 32 envs, alpha 0.01, 120 bins) it measures "
+    "about 0.43 where the study's runs recorded 0.437. To know your own run's drift, measure it: mode='observe'."
 )
 
 
@@ -33,8 +33,12 @@ LIMITS = (
 @click.option("--bins", required=True, type=click.IntRange(2, MAX_BINS),
               help=f"the sampler's bins (one per second; at most {MAX_BINS}: the model's time grows with the cube of "
               "the bins, 120 take about half a minute)")  # fmt: skip
-@click.option("--failure-rate", required=True, type=click.FloatRange(0, 1, min_open=True),
-              help="failures per env per env step, as your run logs them (the EMA's mass divided by the envs)")  # fmt: skip
+@click.option("--failure-rate", type=click.FloatRange(0, 1, min_open=True),
+              help="failures per env per env step (the sampler's ema_failures_per_step metric divided by the envs "
+              "per shard)")  # fmt: skip
+@click.option("--ema-failures-per-step", type=click.FloatRange(0, min_open=True),
+              help="instead of --failure-rate: the sampler's ema_failures_per_step metric, as a shard logs it "
+              "(its failure EMA's mass: the shard's failures per env step)")  # fmt: skip
 @click.option("--episode-s", default=10.0, show_default=True, type=click.FloatRange(0, 86_400, min_open=True),
               help="an episode's length without a failure, in seconds (at most a day)")  # fmt: skip
 @click.option("--step-dt", default=0.02, show_default=True, type=click.FloatRange(0, 60, min_open=True),
@@ -53,7 +57,8 @@ def advise(
     envs_per_shard: int,
     alpha: float,
     bins: int,
-    failure_rate: float,
+    failure_rate: float | None,
+    ema_failures_per_step: float | None,
     episode_s: float,
     step_dt: float,
     hard_bins: int,
@@ -62,93 +67,108 @@ def advise(
     mix: str,
     as_json: bool,
 ) -> None:
-    """Predict, from a model of the adaptive sampler, how differently SHARDS unsynced samplers of
-    ENVS-PER-SHARD envs each sample start frames from one unsharded run of all the envs (the pooled sampler)."""
-    from dataclasses import replace
+    """Measure, on a simulated fleet, how differently SHARDS unsynced samplers of ENVS-PER-SHARD envs each
+    sample start frames from the fleet's pooled distribution (what mode='pooled' samples from)."""
+    from ..errors import ConfigurationError
+    from ..terms.drift_model import FleetModel, measure, profile
+    from ..terms.formulas import ema_statistics
 
-    from ..terms.drift_model import WARNING_DISTANCE, FleetModel, predict, profile
-
+    if (failure_rate is None) == (ema_failures_per_step is None):
+        raise click.UsageError("give one of --failure-rate and --ema-failures-per-step")
+    if failure_rate is None:
+        assert ema_failures_per_step is not None
+        failure_rate = ema_failures_per_step / envs_per_shard
     if step_dt > episode_s:
         raise click.BadParameter(
             f"an env step of {step_dt:g} s is longer than the episode ({episode_s:g} s)", param_hint="'--step-dt'"
         )
-
     episode_steps = max(1, round(episode_s / step_dt))
     start_rate = min(1.0, 1.0 / episode_steps + failure_rate)  # episodes end by a time-out or a failure
     episode_bins = max(1, round(episode_s))
-    hazard, hard = profile(
-        bins, failure_rate, start_rate=start_rate, episode_bins=episode_bins, hard_bins=hard_bins,
-        hard_ratio=hard_ratio,
-    )  # fmt: skip
-    model = FleetModel(
-        shards, envs_per_shard, hazard, alpha=alpha, start_rate=start_rate, uniform_ratio=uniform_ratio,
-        mix=mix,  # type: ignore[arg-type]
-        episode_bins=episode_bins, hard=hard,
-    )  # fmt: skip
-    p = predict(model)
-    # the validated warning: the model told only what a shard measures (its failure rate, every bin
-    # alike), firing at WARNING_DISTANCE (docs/ab/warning-validation.md)
-    blind = p if not hard_bins else predict(replace(model, hazard=profile(
-        bins, failure_rate, start_rate=start_rate, episode_bins=episode_bins)[0], hard=None))  # fmt: skip
-    warns = blind.local.shard_distance >= WARNING_DISTANCE
+    try:
+        hazard, hard = profile(
+            bins, failure_rate, start_rate=start_rate, episode_bins=episode_bins, hard_bins=hard_bins,
+            hard_ratio=hard_ratio,
+        )  # fmt: skip
+        model = FleetModel(
+            shards, envs_per_shard, hazard, alpha=alpha, start_rate=start_rate, uniform_ratio=uniform_ratio,
+            mix=mix,  # type: ignore[arg-type]
+            episode_bins=episode_bins, hard=hard,
+        )  # fmt: skip
+        m = measure(model) if shards > 1 else None
+    except ConfigurationError as e:
+        raise click.UsageError(str(e)) from None
+    verdict = _verdict(shards, None if m is None else m["shard_distance"])
+    if m is None:  # one shard: its own EMA is the fleet's
+        click.echo(json.dumps({"shards": 1, "verdict": verdict}, indent=1) if as_json else verdict)
+        return
+    arms = {
+        arm: {
+            "shard_distance": m["shard_distance"] if arm == "local" else 0.0,
+            "fleet_distance": m["fleet_distance"] if arm == "local" else 0.0,
+            "disagreement": m["disagreement"] if arm == "local" else 0.0,
+            "shard_noise": m["shard_noise" if arm == "local" else "pooled_noise"],
+            "skill_share": m[f"{arm}_skill_share"] if hard_bins else None,
+            "ema_mass": m[f"{arm}_ema_mass"],
+            **{
+                k: v
+                for k, v in ema_statistics(m[f"{arm}_ema_mass"], bins, alpha, uniform_ratio, mix).items()
+                if k in ("failures_per_bin_window", "uniform_share")
+            },
+        }
+        for arm in ("local", "pooled")
+    }
     if as_json:
-        out = p.to_dict()
-        out["warning"] = {"fires": warns, "predicted_shard_distance": blind.local.shard_distance,
-                          "threshold": WARNING_DISTANCE}  # fmt: skip
-        for arm in ("local", "pooled"):
-            out[arm].pop("distribution")
-        out.pop("oracle")
-        out["model"].pop("hazard")
-        out["model"].pop("hard")
-        out["limits"] = LIMITS
+        out = {
+            "configuration": {"shards": shards, "envs_per_shard": envs_per_shard, "alpha": alpha, "bins": bins,
+                              "failure_rate": failure_rate, "episode_s": episode_s, "step_dt": step_dt,
+                              "hard_bins": hard_bins, "hard_ratio": hard_ratio, "uniform_ratio": uniform_ratio,
+                              "mix": mix},
+            "simulation": {k: m[k] for k in ("steps", "stride", "seed")},
+            **arms,
+            "arms_time_averaged_distance": m["distance_from_pooled"],
+            "verdict": verdict,
+            "limits": LIMITS,
+        }  # fmt: skip
         click.echo(json.dumps(out, indent=1))
         return
-    local, pooled = p.local, p.pooled
+    local, pooled = arms["local"], arms["pooled"]
     rows = [
-        ["failures per bin in the EMA's window", num(local.failures_per_bin_window, 2),
-         num(pooled.failures_per_bin_window, 2)],
-        ["uniform share of the start distribution", num(local.uniform_share, 3), num(pooled.uniform_share, 3)],
-        ["a shard's distance from the pooled distribution (TV)", num(local.shard_distance, 3), "0.000"],
-        ["disagreement between shards (TV from the fleet's mix)", num(local.disagreement, 3), "0.000"],
-        ["share of starts in the hard bins", num(local.skill_share, 3) if hard_bins else "-",
-         num(pooled.skill_share, 3) if hard_bins else "-"],
-        ["distance from the noise-free pooled sampler (TV)", num(local.regret, 3), num(pooled.regret, 3)],
-        ["  of which flattening (the uniform part weighs more)", num(local.parts["flattening"], 3),
-         num(pooled.parts["flattening"], 3)],
-        ["  of which noise (few failures per bin)", num(local.parts["noise"], 3), num(pooled.parts["noise"], 3)],
-        ["  of which feedback (over-sampled bins fail more)", num(local.parts["feedback"], 3),
-         num(pooled.parts["feedback"], 3)],
+        ["a shard's distance from the fleet's pooled distribution, now (TV)", num(local["shard_distance"], 3), "0.000"],
+        ["the shards' mixture's distance from it (what the buffer receives)", num(local["fleet_distance"], 3),
+         "0.000"],
+        ["a shard's own noise (TV from its time average)", num(local["shard_noise"], 3), num(pooled["shard_noise"], 3)],
+        ["share of starts in the hard bins", num(local["skill_share"], 3) if hard_bins else "-",
+         num(pooled["skill_share"], 3) if hard_bins else "-"],
+        ["failures per bin in the EMA's window", num(local["failures_per_bin_window"], 2),
+         num(pooled["failures_per_bin_window"], 2)],
+        ["uniform share of the start distribution", num(local["uniform_share"], 3), num(pooled["uniform_share"], 3)],
     ]  # fmt: skip
     click.echo(
-        f"{shards} shards x {envs_per_shard} envs, alpha {alpha}, {bins} bins, {failure_rate} failures per env "
+        f"{shards} shards x {envs_per_shard} envs, alpha {alpha}, {bins} bins, {failure_rate:.3g} failures per env "
         f"per step, {mix} mix" + (f", {hard_bins} hard bins x{hard_ratio:g}" if hard_bins else "")
     )
-    click.echo(table(["the model's figure", "unsynced (local)", "synced (pooled)"], rows))
     click.echo(
-        f"The fleet's start distribution unsynced is {num(p.distance_from_pooled, 3)} (TV) from one unsharded "
-        f"run's; each shard's own is {num(local.shard_distance, 3)} from it."
+        f"Measured on a simulated fleet over {m['steps']} env steps ({round(m['steps'] * alpha)} EMA windows), as a "
+        "sampler in mode='observe' measures it:"
     )
-    click.echo(
-        f"The model's drift warning (judged against this model, not against runs: the documentation's "
-        f"warning-validation report) "
-        f"{'fires' if warns else 'stays quiet'}: from the failure rate alone it predicts a shard "
-        f"{num(blind.local.shard_distance, 3)} from pooled, against its threshold {num(WARNING_DISTANCE, 3)}."
-    )
-    click.echo(_verdict(local.shard_distance))
+    click.echo(table(["figure", "unsynced (local)", "synced (pooled)"], rows))
+    click.echo(verdict)
     click.echo(LIMITS)
 
 
-def _verdict(shard_distance: float) -> str:
+def _verdict(shards: int, shard_distance: float | None) -> str:
     """What to do, in one line, with the evidence it rests on and its limit."""
-    from ..terms.formulas import DRIFT_WARNING_TV
-
+    if shard_distance is None:
+        return f"Verdict: nothing to sync with {shards} shard: its own failure EMA is the whole fleet's."
     if shard_distance >= DRIFT_WARNING_TV:
         return (
-            f"Verdict: keep 'pooled'. Each unsynced shard would sample {shard_distance:.3f} from one run, at least the "
-            f"{DRIFT_WARNING_TV:.2f} at which a walker's unsynced shards learnt its skill segments worse (one task)."
+            f"Verdict: keep 'pooled'. Each unsynced shard would sample {shard_distance:.3f} (TV) from the fleet's "
+            f"pooled distribution, at least the {DRIFT_WARNING_TV:.2f} at which a walker's unsynced shards learnt "
+            "its skill segments worse (one task, 10 seeds)."
         )
     return (
-        f"Verdict: 'local' would sample within {shard_distance:.3f} of one run here, below the {DRIFT_WARNING_TV:.2f} "
-        "at which a walker's unsynced shards learnt worse; but the model under-reads drift at low failure counts "
-        "(0.186 against a measured 0.437 on that walker): measure it with mode='observe' before relying on it."
+        f"Verdict: 'local' would sample within {shard_distance:.3f} (TV) of the fleet's pooled distribution here, "
+        f"below the {DRIFT_WARNING_TV:.2f} at which a walker's unsynced shards learnt worse (one task: no harm is "
+        "shown below it either); measure your run with mode='observe' to confirm."
     )

@@ -207,7 +207,7 @@ def predictions(steps: int = 1000, seed: int = 0) -> dict[str, Any]:
         )
         out["configurations"][c.name] = {
             "advise_shard_distance": predict(model).local.shard_distance,
-            "simulated_shard_distance": simulate(model, steps, seed)["shard_distance"],
+            "simulated_shard_distance": simulate(model, steps, seed)["pooled_arm_distance"],
             "planned_pairs": len(c.seeds),
             "mde_at_the_fourth_sd": minimum_detectable_effect(len(c.seeds)),
         }

@@ -454,47 +454,113 @@ def trajectory(m: FleetModel, learn_visits: float, fleet_steps: int, seed: int =
     return out
 
 
-def simulate(m: FleetModel, steps: int, seed: int, burn_in: int | None = None, every: int = 10) -> dict[str, Any]:
+def simulate(
+    m: FleetModel, steps: int, seed: int, burn_in: int | None = None, every: int = 10, stride: int = 1
+) -> dict[str, Any]:
     """The sampler's own formulas run on the modelled fleet, both arms, for ``steps`` env steps after
     ``burn_in`` (5 EMA windows by default): each step every shard draws its starts from its
     distribution and its failures (Poisson, per bin, of the episodes' transfer ``K``), and folds them
-    into its EMA. Returns the time-averaged fleet distribution of each arm, the mean disagreement and
-    distance from pooled of a shard, the skill shares and the EMA mass, taken every ``every`` steps."""
+    into its EMA; figures are taken every ``every`` steps. ``stride`` > 1 takes that many env steps at
+    once (the counts of ``stride`` steps folded as one, ``(1 − α)^stride`` of the EMA kept): for a
+    small α, where a window is many steps and ``stride·α`` stays small.
+
+    ``shard_distance`` is what an observing sampler and the studies' runs measure: a ``local``
+    shard's distribution against the one the fleet's summed EMAs give at the same moment;
+    ``fleet_distance`` the same for the shards' mixture (what the replay buffer receives);
+    ``shard_noise`` how far a shard's distribution moves from its own time average (``pooled_noise``
+    the pooled arm's);
+    ``pooled_arm_distance`` a shard against the pooled arm's (another fleet's) distribution at the
+    same step; ``distance_from_pooled`` the two arms' time-averaged fleet distributions."""
+    if stride < 1 or every < 1 or steps < 1:
+        raise ConfigurationError(
+            f"simulate: steps, every and stride must be at least 1, got {steps}, {every}, {stride}"
+        )
     rng = np.random.default_rng(seed)
     sampler, env = _Sampler(m), _Env(m)
     hard = m.hard_mask
     burn = int(5 / m.alpha) if burn_in is None else burn_in
     n, shards = m.envs_per_shard, m.shards
+    keep = (1.0 - m.alpha) ** stride  # the EMA's share kept over one iteration of ``stride`` steps
+    watched = min(shards, 8)  # the shards whose own time average ``shard_noise`` is taken against
     local = np.zeros((shards, m.bins))
     pooled = np.zeros((shards, m.bins))  # each shard's own EMA; the distribution is built from their sum
     acc: dict[str, Any] = {"local": np.zeros(m.bins), "pooled": np.zeros(m.bins), "disagreement": 0.0, "mass": 0.0,
-                           "shard_distance": 0.0}  # fmt: skip
+                           "shard_distance": 0.0, "fleet_distance": 0.0, "pooled_arm_distance": 0.0,
+                           "pooled_mass": 0.0}  # fmt: skip
+    seen: list[NDArray[np.float64]] = []
+    seen_pooled: list[NDArray[np.float64]] = []
     taken = 0
-    for t in range(burn + steps):
+    every_iterations = max(1, round(every / stride))
+    burn_iterations = -(-burn // stride)
+    for t in range(burn_iterations + -(-steps // stride)):
         p_local = sampler(local)
         p_pooled = np.broadcast_to(sampler(pooled.sum(axis=0))[0], (shards, m.bins))
-        for ema, p in ((local, p_local), (pooled, p_pooled)):
-            started = rng.multinomial(rng.binomial(n, m.start_rate, size=shards), p)
-            formulas.ema_step(ema, rng.poisson(started @ env.failures(p.mean(axis=0))), m.alpha)
-        if t >= burn and (t - burn) % every == 0:
+        if t >= burn_iterations and (t - burn_iterations) % every_iterations == 0:
             mix = p_local.mean(axis=0)
+            now = sampler(local.sum(axis=0))  # the local fleet's pooled distribution at this moment
             acc["local"] += mix
             acc["pooled"] += p_pooled[0]
             acc["disagreement"] += tv(p_local, mix[None, :])
-            acc["shard_distance"] += tv(p_local, p_pooled[:1])
+            acc["shard_distance"] += tv(p_local, now)
+            acc["fleet_distance"] += tv(mix, now[0])
+            acc["pooled_arm_distance"] += tv(p_local, p_pooled[:1])
             acc["mass"] += float(local.sum(axis=1).mean())
+            acc["pooled_mass"] += float(pooled.sum())
+            seen.append(p_local[:watched].copy())
+            seen_pooled.append(p_pooled[0].copy())
             taken += 1
+        for ema, p in ((local, p_local), (pooled, p_pooled)):
+            started = rng.multinomial(rng.binomial(n * stride, m.start_rate, size=shards), p)
+            counts = rng.poisson(started @ env.failures(p.mean(axis=0)))
+            if stride == 1:
+                formulas.ema_step(ema, counts, m.alpha)
+            else:
+                ema *= keep
+                ema += (1.0 - keep) / stride * counts
     local_dist, pooled_dist = acc["local"] / taken, acc["pooled"] / taken
+    history, pooled_history = np.stack(seen), np.stack(seen_pooled)  # [taken, watched, bins], [taken, bins]
     return {
         "local": local_dist,
         "pooled": pooled_dist,
         "distance_from_pooled": tv(local_dist, pooled_dist),
         "disagreement": acc["disagreement"] / taken,
         "shard_distance": acc["shard_distance"] / taken,
+        "fleet_distance": acc["fleet_distance"] / taken,
+        "pooled_arm_distance": acc["pooled_arm_distance"] / taken,
+        "shard_noise": tv(history, history.mean(axis=0, keepdims=True)),
+        "pooled_noise": tv(pooled_history, pooled_history.mean(axis=0, keepdims=True)),
         "local_skill_share": float(local_dist[hard].sum()),
         "pooled_skill_share": float(pooled_dist[hard].sum()),
         "local_ema_mass": acc["mass"] / taken,
+        "pooled_ema_mass": acc["pooled_mass"] / taken,
     }
+
+
+MEASURED_WINDOWS = 10  # EMA windows `measure` averages over, after `simulate`'s 5 of burn-in
+STRIDE_ALPHA = 0.01  # `measure` folds steps in strides of at most this much of the EMA's window
+WORK_BUDGET = 3e8  # shard-bins × iterations `measure` takes on (about a minute on a 2-core machine)
+
+
+def measurement_plan(m: FleetModel) -> tuple[int, int, float]:
+    """`measure`'s env steps, its stride and its work (shard-bins plus the transfer's bins² per
+    iteration, times the iterations): the same number of iterations whatever α."""
+    stride = max(1, int(STRIDE_ALPHA / m.alpha))
+    steps = max(1, round(MEASURED_WINDOWS / m.alpha))
+    iterations = (int(5 / m.alpha) + steps) / stride
+    return steps, stride, iterations * (m.shards * m.bins + 2 * m.bins * m.bins)
+
+
+def measure(m: FleetModel, seed: int = 0) -> dict[str, Any]:
+    """The drift a fleet's samplers would show, measured as the runs measure it, on the modelled fleet:
+    `simulate` over `MEASURED_WINDOWS` EMA windows, in strides for a small α. A fleet beyond
+    `WORK_BUDGET` is refused (ConfigurationError naming the figure) rather than left running for hours."""
+    steps, stride, work = measurement_plan(m)
+    if work > WORK_BUDGET:
+        raise ConfigurationError(
+            f"drift model: {m.shards} shards x {m.bins} bins is {work:.2g} units of work, beyond the {WORK_BUDGET:.0e} "
+            f"measured in about a minute: fewer shards or bins"
+        )
+    return simulate(m, steps, seed, stride=stride) | {"steps": steps, "stride": stride, "seed": seed}
 
 
 def sweep(

@@ -387,8 +387,8 @@ class DriftWarning(UserWarning):
 class EmaWatch:
     """A sampler's watch on its own failure EMA, the same for the numpy and the torch sampler.
 
-    `metrics` gives the EMA's statistics (`ema_statistics`, for its worst group) under
-    ``ema_failures_per_bin_window``, ``ema_relative_noise`` and ``ema_uniform_share``, whatever the
+    `metrics` gives the EMA's mass (the shard's failures per env step, ``ema_failures_per_step``) and
+    its statistics (`ema_statistics`, for its worst group) under ``ema_failures_per_bin_window``, ``ema_relative_noise`` and ``ema_uniform_share``, whatever the
     mode (with sync, what the shard would have without it). A ``local`` sampler that knows the size of
     its fleet (``fleet_shards``: the shards that would pool their failures) warns once, with the
     numbers, where `ema_warning` says its own EMA is a poor guide while the fleet's would be a
@@ -445,6 +445,7 @@ class EmaWatch:
                 warnings.warn(why, EmaStatisticsWarning, stacklevel=3)
                 self.warned = True
         return {
+            "ema_failures_per_step": float(sum(group_masses)),  # (what `redisync advise` takes)
             "ema_failures_per_bin_window": stats["failures_per_bin_window"],
             "ema_relative_noise": min(stats["ema_relative_noise"], 1e9),  # (finite, for a logger)
             "ema_uniform_share": stats["uniform_share"],

@@ -198,7 +198,7 @@ def test_metrics_stay_bounded_and_name_the_worst_groups():
     sampler = AdaptiveMotionSampler([299] * 200, STEP_DT, mode="local", group_names=names, worst_groups=3)
     sampler.bin_failed_count[sampler.layout.offsets[17] + 2] = 50.0  # clip017 concentrates on one bin
     metrics = sampler.metrics()
-    assert len(metrics) <= 6 + 2 * 3 + 3  # (and the EMA's three statistics, for its worst group)
+    assert len(metrics) <= 6 + 2 * 3 + 4  # (and the EMA's mass and three statistics, for its worst group)
     assert "sampling_entropy/clip017" in metrics
     assert metrics["sampling_entropy_min"] == metrics["sampling_entropy/clip017"]
     assert metrics["sampling_top1_prob_max"] > 0.9
