@@ -26,6 +26,7 @@ from .inspection import (
     ServiceWatch,
     describe_run,
     drift,
+    measured_drift,
     shard_leases,
     shard_reports,
 )
@@ -46,6 +47,7 @@ METRICS = {
     "redisync_shard_versions_behind": "fleet versions made before the shard's last report that it had not seen",
     "redisync_shard_unsynced_tv": "total-variation distance of the shard's own distribution from the pooled one (what it would sample without sync)",
     "redisync_shard_sampled_tv": "total-variation distance of what the shard samples from the pooled distribution now",
+    "redisync_shard_measured_tv": "an observing shard's own measured drift: its sampling distribution's total-variation distance from the pooled one at its last report",
     "redisync_key_dropped_lapsed": "slots this key dropped because their shard's lease lapsed or was given up by a clean stop",
     "redisync_key_dropped_stale": "slots this key dropped because they were older than its stale_after_s",
     "redisync_slot_stale": "1 where a shard's slot of a key is older than the key's stale_after_s (it leaves a state key at the next fold)",
@@ -165,6 +167,7 @@ class FleetCollector(Collector):
                 ("redisync_shard_versions_behind", METRICS["redisync_shard_versions_behind"], ["run", "shard"]),
                 ("redisync_shard_unsynced_tv", METRICS["redisync_shard_unsynced_tv"], ["run", "shard", "key"]),
                 ("redisync_shard_sampled_tv", METRICS["redisync_shard_sampled_tv"], ["run", "shard", "key"]),
+                ("redisync_shard_measured_tv", METRICS["redisync_shard_measured_tv"], ["run", "shard", "key"]),
                 ("redisync_slot_stale", METRICS["redisync_slot_stale"], ["run", "shard", "key"]),
             )
         }
@@ -207,6 +210,9 @@ class FleetCollector(Collector):
                 tv = sampled.distance(key, shard, seen, drifts)
                 if tv is not None:
                     g["redisync_shard_sampled_tv"].add_metric([run, str(shard), key], tv)
+        for key, shards in measured_drift(store).items():
+            for shard, tv in sorted(shards.items()):
+                g["redisync_shard_measured_tv"].add_metric([run, str(shard), key], tv)
         for row in about["keys"]:
             for slot in row.get("slots", ()):  # (merge keys: only a key with stale_after_s has stale slots)
                 g["redisync_slot_stale"].add_metric([run, str(slot["shard"]), row["key"]], float(slot["stale"]))

@@ -14,7 +14,7 @@ import numpy as np
 from .errors import RedisyncError
 from .store.client import LeaseReading, ServerError, Store
 from .store.keys import ROOT
-from .store.schema import KeySpec, MergeSpec
+from .store.schema import MEASURED_DRIFT_SUFFIX, KeySpec, MergeSpec
 from .store.semantics.base import age_s
 
 
@@ -172,10 +172,25 @@ def drift(store: Store) -> dict[str, dict[str, Any]]:
     """
     out: dict[str, dict[str, Any]] = {}
     for name, spec in store.schema.keys.items():
-        if spec.drift_measure() is not None:
+        if spec.drift_measure() is not None and not name.endswith(MEASURED_DRIFT_SUFFIX):
             measured = _drift_of(store, name, spec)
             if measured is not None:
                 out[name] = measured
+    return out
+
+
+def measured_drift(store: Store) -> dict[str, dict[int, float]]:
+    """Per key, each observing shard's own measured drift (``<key>.drift_tv``: its sampling
+    distribution's TV from the pooled one at its last report, the mean over its groups) — the
+    sampler's formulas, uniform mix and kernel included, which the store's slots alone cannot give."""
+    out: dict[str, dict[int, float]] = {}
+    for name in store.schema.keys:
+        if name.endswith(MEASURED_DRIFT_SUFFIX):
+            _, slots = slot_parts(store, name)
+            if slots:
+                out[name.removesuffix(MEASURED_DRIFT_SUFFIX)] = {
+                    shard: float(np.mean(parts["sum"])) for shard, parts in slots.items()
+                }
     return out
 
 

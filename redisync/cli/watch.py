@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.text import Text
 
 from .. import errors
-from ..inspection import SampledDistance, ServiceWatch, drift, shard_leases, shard_reports
+from ..inspection import SampledDistance, ServiceWatch, drift, measured_drift, shard_leases, shard_reports
 from ..store.client import ServerError, masked_url
 from .common import SERVER_URL, age, cli_connect, not_embedded, num, render, rich_table, terminal
 
@@ -87,6 +87,7 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
     state.last = (t, version, dead)
     reports, drifts, leases = shard_reports(store), drift(store), shard_leases(store, state.service)
     state.sampled.observe(version, drifts)
+    measured = measured_drift(store)  # (observing shards: the drift each measured with its sampler's formulas)
 
     headers = ["shard", "last report", "behind", "lease"]
     tags = {name: f"{i}" for i, name in enumerate(drifts, 1)}
@@ -98,6 +99,8 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
             headers.append(f"{name} |mean offset| (pooled sd)")
         else:
             headers += [f"{name} TV sampling", f"{name} TV without sync", f"{name} entropy"]
+        if name in measured:
+            headers.append(f"TV{tags[name]} obs" if compact else f"{name} TV measured")
     rows, sampled_tvs, unsynced_tvs = [], [], []
     for shard in sorted(reports):
         seen, behind = reports[shard]["seen"], reports[shard]["behind"]
@@ -123,6 +126,8 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
                 "-" if s is None else num(s["tv"], 4),
                 "-" if s is None else num(s["entropy"], 3),
             ]
+            if name in measured:
+                row.append("-" if shard not in measured[name] else num(measured[name][shard], 4))
         rows.append(row)
     state.rates.append(rate)
     state.worst_sampled.append(max(sampled_tvs, default=None))
@@ -165,7 +170,8 @@ def frame(store: Any, url: str, state: WatchState, compact: bool = False) -> Gro
                     "TV sampling: the distance from the pooled distribution of what the shard samples (the fleet "
                     "state it had seen at its last report, judged from the states this view recorded: '-' until one "
                     "is, and for ever in a view started after the run finished: it never saw the states they had seen). TV without sync: its own slot alone, what it would sample "
-                    "unsynced. behind: the fleet versions made before its last report that it had not seen. "
+                    "unsynced. TV measured: what an observing shard measured itself with its sampler's formulas (its "
+                    "distribution against the pooled one at its last report, the drift its metrics report). behind: the fleet versions made before its last report that it had not seen. "
                     "lease: live, lapsed (it stopped renewing without a clean stop), stopped, or aborted (given up as "
                     "its trainer died or it was sent SIGTERM).",
                     style="dim",

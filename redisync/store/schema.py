@@ -44,10 +44,15 @@ from .semantics.merge import merge
 from .semantics.minimum import minimum
 
 KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}/[A-Za-z0-9_.-]{1,64}$")
+MEASURED_DRIFT_SUFFIX = ".drift_tv"
+"""A merge key named ``<key>.drift_tv`` holds, in each shard's slot, the drift that shard measured for
+``<key>`` (an observing sampler's distance from the pooled distribution, one value per group): what
+`redisync watch` and the exporter show as measured."""
 
 __all__ = [
     "DEFAULT_LEASE_GRACE_S",
     "DEFAULT_LEASE_S",
+    "MEASURED_DRIFT_SUFFIX",
     "BroadcastReport",
     "BroadcastSpec",
     "Encoded",

@@ -214,3 +214,59 @@ def test_observing_through_the_sidecar_measures_the_fleet_and_samples_its_own(re
         for syncer in syncers:
             syncer.stop()
         redisync.connect(real_url, run=run).delete()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_an_observing_runs_drift_is_in_watch_and_the_exporter_as_its_samplers_measure_it(real_url, kind):
+    """Each observing shard reports the drift it measures (``<key>.drift_tv``): after a round, the
+    store holds for every shard what its ``metrics()`` gave just before it reported - the sampler's
+    formulas, mix included, not the raw slots' distance - and `redisync watch` and the exporter show
+    it per shard. Local and pooled shards report no such key."""
+    pytest.importorskip("prometheus_client")
+    from rich.console import Console
+
+    import redisync
+    from redisync.cli.watch import WatchState, frame
+    from redisync.exporter import FleetCollector
+    from redisync.inspection import drift, measured_drift
+
+    shards, alpha = 4, 0.05
+    observing = _fleet(kind, "observe", shards, alpha)
+    key = "motion/bin_failed"  # (the samplers' default key)
+    assert set(_fleet(kind, "pooled", 1, alpha)[0].schema_entries()) == {key}
+    assert set(observing[0].schema_entries()) == {key, key + ".drift_tv"}
+    store = redisync.connect(real_url, run=f"t-observe-{kind}-{np.random.default_rng().integers(1 << 40):x}")
+    try:
+        store.register(redisync_schema(observing[0]))
+        clients = [store.shard(i) for i in range(shards)]
+        rng = np.random.default_rng(11)
+        before: list[float] = []
+        for step in range(1, 61):
+            for i in range(shards):
+                ts = rng.integers(0, FRAMES, ENVS)
+                _step(observing[i], ts, rng.random(ENVS) < 0.01 + 0.2 * (ts > 400) * (i + 1) / shards)
+            if step % 10 == 0:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", formulas.DriftWarning)  # (these shards do drift)
+                    before = [s.metrics()["drift_tv"] for s in observing]
+                sync(store, clients, [[s] for s in observing])
+        measured = measured_drift(store)[key]
+        assert measured == pytest.approx(dict(enumerate(before)), abs=1e-12)
+        assert max(measured.values()) > 0.05
+        raw = {s: d["tv"] for s, d in drift(store)[key]["shards"].items()}
+        assert raw != pytest.approx(measured, abs=1e-3)  # (the store's slots alone give another distance)
+        gauges = {
+            (int(s.labels["shard"]), s.labels["key"]): s.value
+            for family in FleetCollector(real_url, runs=(store.run,)).collect()
+            for s in family.samples
+            if s.name == "redisync_shard_measured_tv"
+        }
+        assert gauges == pytest.approx({(i, key): v for i, v in measured.items()}, abs=1e-12)
+        console = Console(width=400, record=True)
+        console.print(frame(store, real_url, WatchState()))
+        text = console.export_text()
+        assert f"{key} TV measured" in text
+        for v in measured.values():
+            assert f"{v:.4f}" in text
+    finally:
+        store.delete()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from redisync.store.schema import MEASURED_DRIFT_SUFFIX
 from redisync.terms import numpy as np_terms
 from redisync.terms import torch as torch_terms
 from redisync.terms.role import MODES, Role, role_of
@@ -77,6 +78,8 @@ def test_a_term_declares_and_reports_what_its_role_says(name, mode, leads):
     term = TERMS[name][1](mode, leads)
     role = term.role
     assert role is role_of(mode, leads=leads)
-    declared = term.schema_entries()
+    declared = dict(term.schema_entries())
+    measured = [declared.pop(n) for n in list(declared) if n.endswith(MEASURED_DRIFT_SUFFIX)]
     assert [spec.semantics for spec in declared.values()] == ([role.semantics] if role.syncs else [])
+    assert not measured or role is Role.OBSERVES  # (an observing sampler reports the drift it measures)
     assert bool(term.report_shard_state()) == role.reports

@@ -99,8 +99,9 @@ class FailureEma:
         big = np.finfo(out.dtype).max
         np.copyto(out, np.clip(self.sampling_ema(), -big, big), casting="unsafe")
 
-    def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
+    def schema_entries(self, groups: int = 1) -> Mapping[str, KeySpec]:
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`); ``groups``: how many
+        drift values an observing shard reports."""
         shape = self.own.shape if self.own.ndim > 1 else self.own.size
         return ema_seam.declared(
             self.role,
@@ -110,15 +111,17 @@ class FailureEma:
             stale_after_s=self.stale_after_s,
             lifecycle=self.lifecycle,
             lease_grace_s=self.lease_grace_s,
+            groups=groups,
         )
 
-    def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
+    def report_shard_state(self, drift: NDArray[np.float64] | None = None) -> Mapping[str, Mapping[str, Any]]:
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`), with an observing
+        shard's measured ``drift``."""
         own = self.own.astype(np.float64)  # a copy: the caller's kernel keeps writing the array
         count = 1.0
         if self.role is Role.WEIGHS:
             count, self._failures_since_report = self._failures_since_report, 0.0
-        return ema_seam.report(self.role, self.key, own, count=count)
+        return ema_seam.report(self.role, self.key, own, count=count, drift=drift)
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Keep the fleet's view; it becomes an array when the EMA is next read (the reset boundary
@@ -369,11 +372,24 @@ class AdaptiveMotionSampler:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        return self.state.schema_entries()
+        return self.state.schema_entries(self.groups)
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
-        """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        return self.state.report_shard_state()
+        """This shard's report of its own cumulative state (the seam: `SyncedTerm`); observing, with
+        the drift it measures now (what `metrics` measures, for `redisync watch` and the exporter)."""
+        return self.state.report_shard_state(self._measured_drift())
+
+    def _measured_drift(self) -> NDArray[np.float64] | None:
+        """Per group, the own distribution's TV from the pooled one now; None unless observing with a
+        fleet state in hand."""
+        if self.state.role is not Role.OBSERVES or self.state.fleet_version == 0:
+            return None
+        pooled = self.state.pooled_ema()
+        assert pooled is not None
+        drift: NDArray[np.float64] = 0.5 * np.abs(self._distributions(self.ema) - self._distributions(pooled)).sum(
+            axis=1
+        )
+        return drift
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""

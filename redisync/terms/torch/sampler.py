@@ -480,6 +480,7 @@ class AdaptiveMotionSampler(nn.Module):
             stale_after_s=self.stale_after_s,
             lifecycle=self.lifecycle,
             lease_grace_s=self.lease_grace_s,
+            groups=self.groups,
         )
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
@@ -490,7 +491,13 @@ class AdaptiveMotionSampler(nn.Module):
         count = 1.0
         if self.role is Role.WEIGHS:
             count, self._failures_since_report = self._failures_since_report, 0.0
-        return ema_seam.report(self.role, self.key, own, count=count)
+        drift = None
+        if self.role is Role.OBSERVES and self.fleet_version > 0:  # (on a CUDA device: in `metrics` only)
+            pooled = self.pooled_ema()
+            assert pooled is not None
+            measured = 0.5 * (self._distributions(self.bin_failed_count) - self._distributions(pooled)).abs().sum(dim=1)
+            drift = measured.to(torch.float64).numpy()
+        return ema_seam.report(self.role, self.key, own, count=count, drift=drift)
 
     def prepare(self) -> None:
         """On a CUDA device: the pinned buffers of its copies made now (the syncer's start), not at
