@@ -23,7 +23,7 @@ Mode = Literal["local", "pooled", "weighted", "broadcast", "observe"]
 MODES: tuple[str, ...] = get_args(Mode)
 SAMPLER_KEY = "motion/bin_failed"
 """The adaptive sampler's failure EMA's key unless told another (every sampler and drop-in)."""
-DropInMode = Literal["pooled", "broadcast", "local"]
+DropInMode = Literal["pooled", "broadcast", "local", "observe"]
 """The modes a framework's drop-in offers, its default first (``weighted`` needs per-shard weights a framework does not give)."""
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 import redisync
+from redisync import inspection
 
 from ..conftest import framework_or_skip
 from ..test_docs import block_after
@@ -97,6 +98,48 @@ def test_local_mode_samples_the_same_starts_as_mjlabs_own_command(motion):
     assert float(runs[None][1][-1].sum()) > 0  # envs failed, so the adaptive sampler had something to adapt to
     assert torch.equal(runs[None][0], runs["local"][0])  # the same start frames, step after step
     assert torch.equal(runs[None][1], runs["local"][1])  # and the same failure EMA, bit for bit
+
+
+def test_observe_mode_samples_mjlabs_own_starts_and_reports_what_it_measures(motion, real_url):
+    """Two mjlab collectors in ``observe`` mode: each samples the same starts as mjlab's own
+    MotionCommand fed the same steps (the unsynced algorithm, bit for bit) while it reports its EMA and
+    its measured drift to the store and reads the fleet's; mjlab's logging carries the drift."""
+    own = tracking_env(motion, None, seed=3)
+    own.reset()
+    starts_own: list[torch.Tensor] = []
+    command_own = own.command_manager.get_term("motion")
+    random_steps(own, 60, seed=0, each=lambda: starts_own.append(command_own.time_steps.clone()))
+    own.close()
+    run = f"t-{uuid.uuid4().hex[:12]}"
+    fleets = [ProcessFleet(redisync.connect(real_url, run=run), shard, worker="thread") for shard in (0, 1)]
+    envs = []
+    try:
+        starts: list[list[torch.Tensor]] = [[], []]
+        for i, fleet in enumerate(fleets):  # collector 0 takes mjlab's own steps (the same torch RNG's draws)
+            envs.append(env := tracking_env(motion, "observe", fleet, seed=3 + i))
+            env.reset()
+            command = env.command_manager.get_term("motion")
+            random_steps(env, 60, seed=i, each=lambda i=i, c=command: starts[i].append(c.time_steps.clone()))
+            fleet.flush()
+            assert fleet.syncer.wait_synced(timeout=10)
+        assert torch.equal(torch.stack(starts[0]), torch.stack(starts_own))
+        store = fleets[0].syncer.store
+        assert fleets[0].syncer.wait_synced(store.fleet().fleet_version, timeout=10)
+        fleets[0].at_reset_boundary()
+        fleets[0].flush()
+        assert fleets[0].syncer.wait_synced(store.fleet().fleet_version, timeout=10)
+        measured = inspection.measured_drift(store)["motion/bin_failed"]
+        assert 0 in measured
+        assert 0.0 <= measured[0] <= 1.0
+        logged = fleets[0].log_metrics(every_s=0.0)
+        assert 0.0 <= logged["redisync/motion/bin_failed/drift_tv"] <= 1.0
+        assert "redisync/motion/bin_failed/drift_tv_mean" in logged
+    finally:
+        for fleet in fleets:
+            fleet.stop()
+        for env in envs:
+            env.close()
+        redisync.connect(real_url, run=run).delete()
 
 
 def test_a_collector_that_dies_and_never_restarts_leaves_the_pool_with_stale_after_s(motion, real_url):

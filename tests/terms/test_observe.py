@@ -179,6 +179,36 @@ def test_an_observing_numpy_normaliser_normalises_with_its_own_statistics_and_me
     assert local[0].metrics() == {}
 
 
+def test_an_observing_torch_normaliser_normalises_as_rsl_rls_and_measures_the_offset(make_store):
+    """The torch normaliser (rsl_rl's buffers) in ``observe``: its buffers are rsl_rl's own running
+    update's, bit for bit, as a ``local`` one's; it reports and reads as a pooled one does, and
+    ``drift_offset_sd`` is its own mean's offset from the fleet's, from the samples themselves."""
+    torch.manual_seed(5)
+    observing = [rt.SyncedEmpiricalNormalization(2, mode="observe") for _ in range(2)]
+    local = [rt.SyncedEmpiricalNormalization(2, mode="local") for _ in range(2)]
+    assert observing[0].role is Role.OBSERVES
+    assert observing[0].metrics() == {}  # (no fleet state yet)
+    store = make_store()
+    store.register(redisync_schema(observing[0]))
+    clients = [store.shard(i) for i in range(2)]
+    seen: list[list[torch.Tensor]] = [[], []]
+    for _ in range(5):
+        for i in range(2):
+            x = torch.randn(64, 2) + 3.0 * i
+            seen[i].append(x)
+            observing[i].update(x)
+            local[i].update(x)
+        sync(store, clients, [[n] for n in observing])
+    everything = torch.cat(seen[0] + seen[1]).double()
+    for i in range(2):
+        for name in ("_mean", "_var", "_std", "count"):
+            assert torch.equal(observing[i].state_dict()[name], local[i].state_dict()[name]), name
+        own = torch.cat(seen[i]).double().mean(0)
+        expected = float(((own - everything.mean(0)).abs() / everything.std(0, unbiased=False)).max())
+        assert observing[i].metrics()["drift_offset_sd"] == pytest.approx(expected, rel=1e-9)
+    assert local[0].metrics() == {}
+
+
 @pytest.mark.integration  # two collectors, each with its sidecar process
 def test_observing_through_the_sidecar_measures_the_fleet_and_samples_its_own(real_url):
     """With the process worker the fleet part arrives through shared memory (not `apply_shard_state`):

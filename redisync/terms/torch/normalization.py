@@ -10,7 +10,10 @@ The buffers and their ``state_dict`` keys are rsl_rl's — ``_mean``, ``_var``, 
   ``offset`` c when cancellation matters) and reports them to a ``merge`` key; the buffers are
   the moments of everybody else's statistics as last pulled plus its own up to now;
 - ``learner``: the learner's normaliser is the single writer (``writer=True``, rsl_rl's update)
-  and publishes ``mean ‖ var ‖ count`` to a ``broadcast`` key; collectors apply it and never update.
+  and publishes ``mean ‖ var ‖ count`` to a ``broadcast`` key; collectors apply it and never update;
+- ``observe``: rsl_rl's own running update, as ``local``, while the shard's own statistics are
+  reported and the fleet's read as ``pooled`` does: `metrics` measures how far its mean is off the
+  fleet's (``drift_offset_sd``), applying nothing.
 
 Only rsl_rl's four buffers are persistent, so a checkpoint does not hold the shard's own
 cumulative statistics: a restarted collector, resumed or not, starts them from zero, and the store
@@ -42,7 +45,7 @@ from ..role import Role, role_of
 from .device import DeviceFleet, DeviceReports, copy_counts, on_device
 from .ops import TORCH
 
-Mode = Literal["local", "pooled", "learner"]
+Mode = Literal["local", "pooled", "learner", "observe"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 
@@ -54,7 +57,8 @@ class SyncedEmpiricalNormalization(nn.Module):
         eps: added to the standard deviation before dividing (rsl_rl's).
         until: stop updating after this many samples (rsl_rl's; ``None``: never).
         mode: ``"local"`` (rsl_rl's own update, nothing synced), ``"pooled"`` (the fleet's exact
-            moments) or ``"learner"`` (the writer's statistics, applied by every collector).
+            moments), ``"learner"`` (the writer's statistics, applied by every collector) or
+            ``"observe"`` (rsl_rl's own update, the fleet's measured against it: `metrics`).
         key: the store key of its statistics.
         writer: in ``"learner"`` mode, whether this one writes (the learner's).
         owner: in ``"learner"`` mode, the shard id the writer publishes as.
@@ -112,6 +116,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         self._counts = {"own": 0.0, "others": 0.0, "prior": 0.0}
         self._device_reports: DeviceReports | None = None
         self._device_fleet: DeviceFleet | None = None
+        self._fleet_arrived = False  # (observing: a fleet state to measure against)
         self.register_load_state_dict_post_hook(_take_prior)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
 
     @property
@@ -144,7 +149,8 @@ class SyncedEmpiricalNormalization(nn.Module):
             return
         if self.role is not Role.POOLS:
             self._running_update(x)
-            return
+            if self.role is not Role.OBSERVES:
+                return
         shifted = x.detach().to(torch.float64) - self._offset.to(x.device)
         total, squares = shifted.sum(0).to(self._own.device), (shifted * shifted).sum(0).to(self._own.device)
         self._shared.begin()
@@ -154,6 +160,8 @@ class SyncedEmpiricalNormalization(nn.Module):
             self._own[2] += squares
         finally:
             self._shared.end()
+        if self.role is Role.OBSERVES:  # (its own statistics are reported, never applied)
+            return
         if device:
             self._counts["own"] += x.shape[0]
             self._set_from_pooled_on_device()
@@ -224,6 +232,20 @@ class SyncedEmpiricalNormalization(nn.Module):
         var = self._var.squeeze(0).to(torch.float64)
         self._prior.copy_(torch.stack([torch.full_like(mean, n), n * mean, n * (var + mean * mean)]))
 
+    def metrics(self) -> dict[str, float]:
+        """Where it pools or observes, once a fleet state arrived: ``drift_offset_sd``, the largest
+        offset of the shard's own mean from the fleet's (its own statistics and the others' as last
+        pulled), in the fleet's standard deviations; an observing shard normalises with its own
+        statistics, so this is how far its inputs are off the fleet's (as the numpy normaliser's)."""
+        own = self._own.detach().to("cpu")  # (a logger's call, not the hot path: on a device it waits)
+        if not self.role.pools or not self._fleet_arrived or float(own[0].flatten()[0]) <= 0:
+            return {}
+        pooled = self._others.detach().to("cpu") + own
+        own_mean, _ = formulas.moments(own[0], own[1], own[2], TORCH)
+        fleet_mean, fleet_var = formulas.moments(pooled[0], pooled[1], pooled[2], TORCH)
+        offset = (own_mean - fleet_mean).abs() / fleet_var.sqrt().clamp_min(1e-12)
+        return {"drift_offset_sd": float(offset.max())}
+
     def pooled_moments(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """``pooled``: the float64 mean, var and count of the own-substituted view (for tests and logs)."""
         n, s, q = self._others + self._own
@@ -235,7 +257,7 @@ class SyncedEmpiricalNormalization(nn.Module):
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         size = int(np.prod(self.shape))
-        if self.role is Role.POOLS:
+        if self.role.pools:
             return {self.key: merge(self.shape, sumsq=True, lifecycle="history")}
         if self.role.semantics == "broadcast":
             return {self.key: broadcast(2 * size + 1, owner=self.owner)}
@@ -245,7 +267,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if on_device(self._own) and self.role.syncs:
             return self._device_report(settle=False)
-        if self.role is Role.POOLS:
+        if self.role.pools:
             own = self._own.cpu().numpy()
             return {self.key: {"count": float(own[0].flatten()[0]), "sum": own[1].copy(), "sumsq": own[2].copy()}}
         if self.role is Role.LEADS:
@@ -271,7 +293,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         first has: `DeviceReports`)."""
         if not self.role.reports:
             return {}
-        if self.role is Role.POOLS:
+        if self.role.pools:
             source = self._own
         else:
             parts = [t.detach().to(torch.float64).flatten() for t in (self._mean, self._var)]
@@ -296,7 +318,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         reports nothing)."""
         if not self.role.reports:
             return True  # nothing to report
-        if self.role is not Role.POOLS or self._own.device.type != "cpu":
+        if not self.role.pools or self._own.device.type != "cpu":
             return False  # the learner's broadcast is a concatenation of its buffers: copied
         self._own = torch.from_numpy(shared.array(self._own.numpy()))
         own = self._own.numpy().reshape(3, -1)
@@ -310,7 +332,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         recomputed from them right then (``forward`` may be scripted: it cannot look for news)."""
         if self._others.device.type != "cpu":
             return False
-        if self.role is Role.POOLS:
+        if self.role.pools:
             self._received = {part: shared.receive(self.key, part) for part in ("count", "sum", "sumsq")}
             shared.on_take(self._take_pooled)
         elif self.role is Role.FOLLOWS:
@@ -323,7 +345,9 @@ class SyncedEmpiricalNormalization(nn.Module):
         self._others[0].fill_(float(count))
         self._others[1].copy_(torch.from_numpy(total))
         self._others[2].copy_(torch.from_numpy(squares))
-        self._set_from_pooled()
+        self._fleet_arrived = True
+        if self.role is Role.POOLS:
+            self._set_from_pooled()
 
     def _take_broadcast(self) -> None:
         value = self._received["value"]
@@ -336,16 +360,20 @@ class SyncedEmpiricalNormalization(nn.Module):
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
-        if self.role is Role.POOLS:
+        if self.role.pools:
             others = view.others_parts()
             agg = np.stack([np.broadcast_to(others["count"], self.shape), others["sum"], others["sumsq"]])
             if on_device(self._others):  # from pinned memory, in stream order: nothing waits for the device
                 if self._fleet_copies().copy(agg, self._others):
                     self._counts["others"] = float(np.asarray(others["count"]).flat[0])
-                    self._set_from_pooled_on_device()
+                    self._fleet_arrived = True
+                    if self.role is Role.POOLS:
+                        self._set_from_pooled_on_device()
                 return
             self._others.copy_(torch.as_tensor(agg, dtype=torch.float64))
-            self._set_from_pooled()
+            self._fleet_arrived = True
+            if self.role is Role.POOLS:
+                self._set_from_pooled()
         elif self.role is Role.FOLLOWS:
             size = int(np.prod(self.shape))
             value = view.parts()["value"]
@@ -360,7 +388,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         """The host-to-device copies of the fleet state: the others' count, Σ and Σ² (pooled), or the
         learner's mean and var (its followers)."""
         if self._device_fleet is None:
-            size = self._others.numel() if self.role is Role.POOLS else 2 * int(np.prod(self.shape))
+            size = self._others.numel() if self.role.pools else 2 * int(np.prod(self.shape))
             self._device_fleet = DeviceFleet(size)
         return self._device_fleet
 
@@ -368,7 +396,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         """The device-to-host copies of its reports: the own count, Σ and Σ² (pooled), or the
         learner's mean, var and count."""
         if self._device_reports is None:
-            size = self._own.numel() if self.role is Role.POOLS else 2 * int(np.prod(self.shape)) + 1
+            size = self._own.numel() if self.role.pools else 2 * int(np.prod(self.shape)) + 1
             self._device_reports = DeviceReports(size)
         return self._device_reports
 
@@ -379,7 +407,7 @@ class SyncedEmpiricalNormalization(nn.Module):
             return
         if self.role.reports:
             self._copies_out()
-        if self.role.receives:
+        if self.role.reads_fleet:
             self._fleet_copies()
 
 
