@@ -300,3 +300,32 @@ def test_an_observing_runs_drift_is_in_watch_and_the_exporter_as_its_samplers_me
             assert f"{v:.4f}" in text
     finally:
         store.delete()
+
+
+def test_an_observing_episode_length_tracker_decides_from_its_own_and_measures_the_fleets(make_store):
+    """holosoma's episode-length tracker in ``observe``: the average it decides from is a local
+    tracker's, bit for bit; it reports and reads as a pooled one does, and its metrics give the
+    fleet's weighted mean (episodes behind each shard's average, capped at the window) and its own
+    average's distance from it."""
+    observing = [rt.AverageEpisodeLength(num_envs=64, mode="observe", shard_id=i) for i in range(2)]
+    local = [rt.AverageEpisodeLength(num_envs=64, mode="local", shard_id=i) for i in range(2)]
+    assert observing[0].metrics() == {}
+    store = make_store()
+    store.register(redisync_schema(observing[0]))
+    clients = [store.shard(i) for i in range(2)]
+    torch.manual_seed(2)
+    for _ in range(4):
+        for i in range(2):
+            lengths = torch.randint(50 + 200 * i, 100 + 200 * i, (3 + 5 * i,))
+            observing[i].update(lengths)
+            local[i].update(lengths)
+        sync(store, clients, [[t] for t in observing])
+    weights = [float(min(t.episodes, t.window)) for t in local]
+    fleet = sum(w * t.own_average for w, t in zip(weights, local, strict=True)) / sum(weights)
+    for i in range(2):
+        assert observing[i].value == local[i].value == local[i].own_average
+        metrics = observing[i].metrics()
+        assert metrics["fleet_episode_length"] == pytest.approx(fleet, rel=1e-12)
+        assert metrics["drift_episode_length"] == pytest.approx(local[i].own_average - fleet, rel=1e-9)
+    assert abs(observing[0].metrics()["drift_episode_length"]) > 50  # (the shards' averages differ)
+    assert local[0].metrics() == {}

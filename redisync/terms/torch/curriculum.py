@@ -5,7 +5,9 @@ Their update rules and defaults are the frameworks'; sync adds one choice per te
 - `AverageEpisodeLength` — ``local`` (holosoma's tracker of this shard's episodes),
   ``pooled``: each shard reports its tracker as ``count = episodes behind it (capped at the
   tracker's window), sum = count × average``, and every shard reads the fleet's weighted mean, so
-  all shards take their decisions from the same number; or ``broadcast``: the owner's average;
+  all shards take their decisions from the same number; ``broadcast``: the owner's average; or
+  ``observe``: it decides from its own average, as ``local``, while it reports and reads as
+  ``pooled`` does, so `AverageEpisodeLength.metrics` measures how far its average is off the fleet's;
 - `PenaltyCurriculum` — ``local``, or ``broadcast``: the owner shard (or the learner) decides
   the scale and every other shard applies it, so the scale is one number fleet-wide;
 - `TerrainLevels` — IsaacLab's per-env level moves, with the per-level histogram of the
@@ -43,7 +45,8 @@ class AverageEpisodeLength:
     defaults to holosoma's 4 096, so 1 024 envs average over 250 episodes, as holosoma's do).
 
     Modes: ``local`` (this shard's episodes), ``pooled`` (the fleet's weighted mean, see the module
-    docstring) or ``broadcast`` (the owner shard's average is everybody's: holosoma's rank-0 sync).
+    docstring), ``broadcast`` (the owner shard's average is everybody's: holosoma's rank-0 sync) or
+    ``observe`` (its own, the fleet's measured against it: `metrics`).
     ``state_dict`` uses holosoma's keys, so the tracker state of a holosoma checkpoint loads here.
     """
 
@@ -53,13 +56,13 @@ class AverageEpisodeLength:
         num_compute_average_epl: float = 1000,
         base_num_envs: int | None = BASE_NUM_ENVS,
         *,
-        mode: Literal["local", "pooled", "broadcast"] = "local",
+        mode: Literal["local", "pooled", "broadcast", "observe"] = "local",
         key: str = "curriculum/episode_length",
         shard_id: int = 0,
         owner: int = 0,
         stale_after_s: float | None = None,
     ):
-        _check_mode(mode, ("local", "pooled", "broadcast"))
+        _check_mode(mode, ("local", "pooled", "broadcast", "observe"))
         self.mode, self.key, self.shard_id, self.owner, self.stale_after_s = mode, key, shard_id, owner, stale_after_s
         self.role = role_of(mode, leads=shard_id == owner)
         self.window = max(1, int(num_compute_average_epl * num_envs / (base_num_envs or num_envs)))
@@ -68,6 +71,7 @@ class AverageEpisodeLength:
         self._suppress_next_update = False
         self._others: tuple[float, float] = (0.0, 0.0)  # count, sum of the rest of the fleet
         self._owners: float | None = None  # broadcast: the owner's average as last applied
+        self._fleet_arrived = False  # (observing: a fleet state to measure against)
         self.resumed = False
 
     def update(self, episode_lengths: torch.Tensor) -> None:
@@ -99,6 +103,15 @@ class AverageEpisodeLength:
             return self._owners
         return self.own_average
 
+    def metrics(self) -> dict[str, float]:
+        """Where it pools or observes, once a fleet state arrived: the fleet's weighted mean
+        (``fleet_episode_length``) and how far this shard's own average is off it, in steps
+        (``drift_episode_length``): an observing shard decides from its own."""
+        if not self.role.pools or not self._fleet_arrived:
+            return {}
+        fleet = formulas.pooled_average(self._own_weight(), self.own_average, self._others)
+        return {"fleet_episode_length": fleet, "drift_episode_length": self.own_average - fleet}
+
     def state_dict(self) -> dict[str, Any]:
         """holosoma's checkpoint entries of the tracker."""
         return {
@@ -120,17 +133,13 @@ class AverageEpisodeLength:
         if self.role.semantics == "broadcast":
             return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
-        return (
-            {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")}
-            if self.role is Role.POOLS
-            else {}
-        )
+        return {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")} if self.role.pools else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
         if self.role is Role.LEADS:
             return {self.key: {"value": self.own_average}}
-        if self.role is not Role.POOLS:
+        if not self.role.pools:
             return {}
         w = self._own_weight()
         return {self.key: {"count": w, "sum": w * self.own_average}}
@@ -145,6 +154,7 @@ class AverageEpisodeLength:
             return
         others = view.others_parts()
         self._others = (float(others["count"]), float(others["sum"]))
+        self._fleet_arrived = True
 
 
 class PenaltyCurriculum:
