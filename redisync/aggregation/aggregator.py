@@ -10,11 +10,12 @@ different primaries). The aggregator of sub-run ``j`` does, every ``period_s``:
    shard) back into the sub-run, as its shard ``OUTSIDE_SHARD``.
 
 A collector then pulls one place, its sub-run, and finds the whole fleet there: its own sub-run's
-slots as folded, the rest as of the last round (staleness: one period and one fold). Exact where
-the semantics combines by sums or extrema (a merge key's pooled statistics, a maximum's or a
-minimum's value: sums of whole numbers are exact, of other floats exact to rounding); a key with an
-owner has the owner's value forwarded, up from the owner's sub-run as the owner, down into the
-others as the owner. Both shards resume their slots (``resume``), so a restarted aggregator takes
+slots as folded, the rest as of the last round (staleness: one period and one fold). Exact: a merge
+key's contribution is its exact sum less the aggregator's own slots, read at one instant from the
+stored planes and forwarded as exact pieces (`exact_pieces`: two slots almost always, more beyond
+2^1000), so the root and every sub-run hold the unsplit run's value bit for bit; a maximum's or a
+minimum's value is forwarded as it is; a key with an owner has the owner's value forwarded, up from
+the owner's sub-run as the owner, down into the others as the owner. Both shards resume their slots (``resume``), so a restarted aggregator takes
 its previous slots over and nothing is counted twice. A sub-run lost by its store (a failover onto
 an empty node) is re-seeded by its collectors' next reports; meanwhile the aggregator keeps
 publishing the sub-run's last whole contribution, so the root does not dip, until as many shards
@@ -36,11 +37,14 @@ import numpy as np
 from .. import errors
 from ..store.client import ShardClient, Store
 from ..store.codec import PullResult
-from ..store.schema import DEFAULT_LEASE_S, Limits, Schema
-from ..store.semantics.base import Vector
+from ..store.schema import DEFAULT_LEASE_S, Limits, MergeSpec, Schema
+from ..store.semantics.base import Vector, vector
+from ..store.semantics.merge import exact_pieces, planes_of
 
 OUTSIDE_SHARD = 999_999_999  # in a sub-run: the rest of the root run, written back by the aggregator
 ROOT_SHARD_BASE = 999_999_000  # in the root: sub-run j's collectors, published as shard ROOT_SHARD_BASE + j
+PIECE_STRIDE = 1_000  # a contribution's piece p > 0 is published as that shard id less p × PIECE_STRIDE
+MAX_PIECES = 32  # the most pieces of one contribution: a merge sum up to 31 × 2^1000
 log = logging.getLogger("redisync.aggregation")
 
 
@@ -90,6 +94,9 @@ class Aggregator:
         self.limits: Limits | None = None  # the sub-run's, for a sub-run or root registered again
         self._owners: dict[int, ShardClient] = {}  # an owner's shard, in the root or the sub-run
         self._sent: dict[tuple[int, str], tuple[bytes, float]] = {}  # (shard, key) -> payload, when sent
+        self._pieces: dict[int, list[ShardClient]] = {self.up.shard_id: [self.up], self.down.shard_id: [self.down]}
+        self._pieces_found = False  # (a predecessor's extra pieces, taken over at the first round)
+        self._last_up: dict[str, Vector] = {}  # the last whole contribution (merge keys: its pieces' rows)
         self._held: dict[str, Vector] | None = None  # the contribution kept while the sub-run re-seeds
         self._held_until = 0.0
         self._shards_before = 0
@@ -112,6 +119,7 @@ class Aggregator:
                         self.sub.run)  # fmt: skip
         self._hold(self.up)  # (each claimed and leased at once: two aggregators started together leave one)
         self._hold(self.down)
+        self._find_pieces()
         sub = self._pull(self.down, self.sub, schema)
         self._renew_leases()
         up = self._contribution(sub, schema, done)
@@ -129,16 +137,71 @@ class Aggregator:
                 if self._home(owner) != self.index and view.value is not None:
                     self._send(self.sub, self._owner_client(self.sub, owner), {name: view.value}, done.down)
                 continue
-            others = view.others()
-            if others is not None:
-                down[name] = others
-        self._send(self.sub, self.down, down, done.down)
+            rest = self._rest(self.root, schema, name, self.up, view)
+            if rest is not None:
+                down[name] = rest
+        self._send_pieces(self.sub, self.down, down, done.down)
         self.rounds += 1
         return done
 
+    def _rest(self, store: Store, schema: Schema, name: str, own: ShardClient, view: Any) -> Vector | None:
+        """A key of ``store``'s run less what ``own``'s pieces hold there: a merge key's as exact pieces
+        (``[K, width]``: its stored planes and those slots read at one instant), another's as pulled."""
+        spec = schema.keys[name]
+        if view.value is None:
+            return None
+        if not isinstance(spec, MergeSpec) or self._owned(schema, name):
+            others: Vector | None = view.others()
+            return others
+        ids = [client.shard_id for client in self._pieces[own.shard_id]]
+        raw = store.key_fields(name, ["agg", "agg_lo", *(f"slot:{i}" for i in ids)])
+        if raw[0] is None:
+            return None
+        rows = list(planes_of(raw[0], raw[1], spec.width)) + [-vector(r) for r in raw[2:] if r is not None]
+        nonneg = np.ones(spec.width, dtype=bool)
+        nonneg[spec.count_size : spec.count_size + spec.size] = False  # (the sum part is signed)
+        return exact_pieces(rows, spec.width, nonneg.tolist())
+
+    def _send_pieces(self, store: Store, first: ShardClient, values: dict[str, Vector], sent: list[str]) -> None:
+        """Publish ``values`` through ``first``'s pieces: a merge key's ``[K, width]`` rows one a piece
+        (the pieces it no longer needs zeroed), another key's value through ``first`` alone."""
+        pieces = self._pieces[first.shard_id]
+        needed = max([len(v) for v in values.values() if v.ndim == 2] + [1])
+        if needed > MAX_PIECES:
+            name = max(values, key=lambda n: len(values[n]) if values[n].ndim == 2 else 0)
+            raise errors.NonFiniteValue(
+                name, f"sub-run {self.sub.run!r}: its sum needs {needed} slots of at most 2^1000, beyond {MAX_PIECES}"
+            )
+        while len(pieces) < needed:
+            client = self._claimed(store.shard(first.shard_id - PIECE_STRIDE * len(pieces), resume=True))
+            self._hold(client)
+            pieces.append(client)
+        for p, client in enumerate(pieces):
+            out: dict[str, Vector] = {}
+            for name, value in values.items():
+                if value.ndim == 2:
+                    out[name] = value[p] if p < len(value) else np.zeros(value.shape[1])
+                elif p == 0:
+                    out[name] = value
+            self._send(store, client, out, sent if p == 0 else [])
+
+    def _find_pieces(self) -> None:
+        """Once: a predecessor's extra pieces (shards it claimed beyond the first of each side) taken
+        over, so that a slot it left is zeroed rather than counted twice."""
+        if self._pieces_found:
+            return
+        for store, first in ((self.root, self.up), (self.sub, self.down)):
+            ids = store.shard_ids()
+            pieces = self._pieces[first.shard_id]
+            while first.shard_id - PIECE_STRIDE * len(pieces) in ids and len(pieces) < MAX_PIECES:
+                client = self._claimed(store.shard(first.shard_id - PIECE_STRIDE * len(pieces), resume=True))
+                self._hold(client)
+                pieces.append(client)
+        self._pieces_found = True
+
     def _publish_up(self, up: dict[str, Vector], schema: Schema, done: Round) -> None:
-        """The sub-run's contribution into the root: as its shard, and each owner's key as its owner."""
-        self._send(self.root, self.up, {n: v for n, v in up.items() if not self._owned(schema, n)}, done.up)
+        """The sub-run's contribution into the root: as its shard's pieces, and each owner's key as its owner."""
+        self._send_pieces(self.root, self.up, {n: v for n, v in up.items() if not self._owned(schema, n)}, done.up)
         for name, value in up.items():
             owner = self._owner(schema, name)
             if owner is not None and self._home(owner) == self.index:
@@ -172,7 +235,7 @@ class Aggregator:
         now = time.monotonic()
         shards = self._shard_count()
         if self._epoch is not None and sub.epoch != self._epoch:
-            self._held, self._held_until = self._last_contribution(), now + self.reseed_s
+            self._held, self._held_until = dict(self._last_up), now + self.reseed_s
             self._forget_sent(self.sub)  # the rest of the fleet is written into the new sub-run at once
             log.warning("sub-run %r lost by its store: its last contribution is kept while it re-seeds", self.sub.run)
         self._epoch = sub.epoch
@@ -184,25 +247,20 @@ class Aggregator:
         self._shards_before = shards
         out = {}
         for name, view in sub.keys.items():
-            others = view.others()
-            if others is not None:
-                out[name] = others
+            rest = self._rest(self.sub, schema, name, self.down, view)
+            if rest is not None:
+                out[name] = rest
+        self._last_up = out
         return out
 
     def _shard_count(self) -> int:
         """How many collectors have claimed a shard in the sub-run (the aggregator's own not counted)."""
         ids = self.sub.shard_ids()
-        return len(ids - {OUTSIDE_SHARD, *self._owners_written_down()})
+        own = {client.shard_id for client in self._pieces[self.down.shard_id]}
+        return len(ids - {OUTSIDE_SHARD, *own, *self._owners_written_down()})
 
     def _owners_written_down(self) -> set[int]:
         return {o for o in self._owners if self._home(o) != self.index}
-
-    def _last_contribution(self) -> dict[str, Vector]:
-        out = {}
-        for (shard, name), (payload, _) in self._sent.items():
-            if shard == self.up.shard_id or (shard in self._owners and self._home(shard) == self.index):
-                out[name] = np.frombuffer(payload, dtype="<f8").copy()
-        return out
 
     def _send(self, store: Store, shard: ShardClient, values: dict[str, Vector], sent: list[str]) -> None:
         """Publish the keys of ``values`` that changed, or whose slot is due a heartbeat, in one fold."""
@@ -227,7 +285,8 @@ class Aggregator:
 
     def _forget_sent(self, store: Store) -> None:
         """What was sent to ``store``'s run, forgotten: a run its store lost is sent everything again."""
-        ids = {self.up.shard_id} if store is self.root else {self.down.shard_id}
+        first = self.up if store is self.root else self.down
+        ids = {client.shard_id for client in self._pieces[first.shard_id]}
         ids |= {o for o, client in self._owners.items() if client.store is store}
         self._sent = {k: v for k, v in self._sent.items() if k[0] not in ids}
         self._leased_at = -float("inf")
@@ -254,7 +313,7 @@ class Aggregator:
         if time.monotonic() - self._leased_at < self.lease_s / 5:
             return
         ms = max(1, int(self.lease_s * 1e3))
-        for client in (self.up, self.down, *self._owners.values()):
+        for client in (*self._all_pieces(), *self._owners.values()):
             if not client.store.lease(client.shard_id, client.incarnation, ms):
                 raise errors.Fenced(
                     f"sub-run {self.sub.run!r}: another aggregator has claimed shard {client.shard_id} of run "
@@ -262,9 +321,12 @@ class Aggregator:
                 )
         self._leased_at = time.monotonic()
 
+    def _all_pieces(self) -> list[ShardClient]:
+        return [client for pieces in self._pieces.values() for client in pieces]
+
     def release(self) -> None:
         """Give its shards' leases up (a clean stop): a successor claims them at once."""
-        for client in (self.up, self.down, *self._owners.values()):
+        for client in (*self._all_pieces(), *self._owners.values()):
             if client.claimed:
                 client.store.lease(client.shard_id, client.incarnation, 0)
 

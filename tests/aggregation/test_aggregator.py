@@ -11,6 +11,8 @@ import uuid
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import redisync
 from redisync import broadcast, errors, maximum, merge, minimum
@@ -473,3 +475,72 @@ def test_an_aggregator_restarted_inside_its_crashed_predecessors_lease_waits_for
             stop.set()
             thread.join(30)
     assert "waiting for that lease to run out" in caplog.text
+
+
+WIDE = Schema.of({"x/sum": merge(2, lifecycle="state"), "x/moments": merge(1, sumsq=True, lifecycle="history")})
+
+
+def _split_and_unsplit(make_store, values: dict[int, list[float]]):
+    """The same collectors' reports (shard k: ``values[k]``) to a run split in three and to one
+    unsplit run; the split run's aggregators rounded to a standstill. Returns (root, unsplit)."""
+    root = make_store()
+    for name in split(root, SUBRUNS):
+        make_store(name).register(WIDE)  # (every sub-run, whether a collector of these lands there or not)
+    whole = make_store()
+    whole.register(WIDE)
+    for k, v in values.items():
+        home = root.home(k)
+        home.register(WIDE)
+        rep = {
+            "x/sum": {"count": 1.0, "sum": [v[0], v[1]]},
+            # (moments whose mean squared stays finite: the fleet moments of 2^1000 would overflow in any run)
+            "x/moments": {"count": float(k + 1), "sum": [v[0] * 1e-160], "sumsq": [abs(v[1]) * 1e-160]},
+        }
+        home.shard(k).publish(rep)
+        whole.shard(k).publish(rep)
+    aggregators = [Aggregator(root, j) for j in range(SUBRUNS)]
+    rounds(aggregators, 3)
+    return root, whole
+
+
+def _values(store, name: str) -> np.ndarray:
+    return np.asarray(store.fleet().keys[name].value)
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        ({0: [1.0, 0.0], 3: [-1e300, 0.0], 1: [1e300, 0.0]}, 1.0),  # 1.0 and -1e300 in sub-run 0, 1e300 in 1
+        ({0: [0.1, 0.0], 1: [0.2, 0.0], 2: [-0.3, 0.0]}, 2.7755575615628914e-17),  # the correctly rounded sum
+        ({0: [2.0**1000, 0.0], 3: [2.0**1000, 0.0], 1: [1.0, 0.0]}, 2.0**1001),  # two shards at 2^1000 in one sub-run
+    ],
+)
+def test_a_split_runs_value_is_the_unsplit_runs_where_rounding_and_range_bite(make_store, values, want):
+    """The cases where forwarding each sub-run's rounded value lost the sum (the root held 0.0 for
+    1.0, 5.55e-17 for 2.78e-17) or refused it (a sub-run's 2^1001 is beyond one slot's 2^1000): the
+    root and every sub-run now hold the unsplit run's value, bit for bit."""
+    root, whole = _split_and_unsplit(make_store, values)
+    assert _values(whole, "x/sum")[1] == want  # (count, sum₀, sum₁)
+    for store in (root, *(root.sibling(n) for n in root.subruns())):
+        for name in WIDE.keys:
+            np.testing.assert_array_equal(_values(store, name), _values(whole, name), err_msg=f"{store.run} {name}")
+
+
+WIDE_FLOATS = st.one_of(
+    st.floats(min_value=-(2.0**1000), max_value=2.0**1000, allow_nan=False, allow_infinity=False),
+    st.sampled_from([2.0**1000, -(2.0**1000), 1e300, -1e300, 5e-324, -5e-324, 1e-300, 0.1, 0.2, -0.3, 0.0, -0.0]),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    values=st.dictionaries(st.integers(0, 11), st.lists(WIDE_FLOATS, min_size=2, max_size=2), min_size=1, max_size=8)
+)
+def test_a_split_run_equals_the_unsplit_run_bit_for_bit_over_wide_range_values(make_store, values):
+    """Any shards' values of any magnitude a run accepts (subnormals, ±2^1000, cancelling pairs), over
+    three sub-runs: the root and every sub-run hold what one unsplit run of the same reports holds, bit
+    for bit, for a state key and a history key with sums of squares."""
+    root, whole = _split_and_unsplit(make_store, values)
+    for store in (root, *(root.sibling(n) for n in root.subruns())):
+        for name in WIDE.keys:
+            np.testing.assert_array_equal(_values(store, name), _values(whole, name), err_msg=f"{store.run} {name}")

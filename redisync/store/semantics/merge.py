@@ -59,6 +59,33 @@ def exact_planes(vectors: Sequence[Vector], width: int) -> Vector:
     return out + 0.0  # (no −0.0: an exact sum of zero is +0.0)
 
 
+def exact_pieces(vectors: Sequence[Vector], width: int, nonneg: Sequence[bool] | None = None) -> Vector:
+    """The exact element-wise sum of ``vectors`` as pieces a slot can hold, ``[K ≥ 1, width]``: each
+    within ±`LIMIT`, their sum the exact sum, each piece what is left correctly rounded, except in the
+    ``nonneg`` elements (a count, a sum of squares: a sum of non-negative values), where it is rounded
+    toward zero, so that every piece is non-negative as a slot's must be. Two pieces
+    almost always; more only where the sum is beyond `LIMIT` (what one aggregator forwards for a
+    sub-run whose shards report near it: `redisync.aggregation`)."""
+    columns: list[list[float]] = []
+    for j in range(width):
+        xs = [float(v[j]) for v in vectors]
+        comps: list[float] = []
+        while True:
+            c = math.fsum(xs + [-x for x in comps])
+            if c == 0.0:
+                break
+            if abs(c) > LIMIT:
+                c = math.copysign(LIMIT, c)
+            elif nonneg is not None and nonneg[j] and c > 0.0 and math.fsum(xs + [-x for x in comps] + [-c]) < 0.0:
+                c = math.nextafter(c, 0.0)  # (rounded up: one ulp down, so what is left stays non-negative)
+            comps.append(c)
+        columns.append(comps)
+    out = np.zeros((max(1, max((len(c) for c in columns), default=0)), width))
+    for j, comps in enumerate(columns):
+        out[: len(comps), j] = comps
+    return out + 0.0
+
+
 def planes_of(raw_hi: bytes, raw_lo: bytes | None, width: int) -> Vector:
     """An exact vector's planes from its stored row 1 and the rows after it (none: zeros)."""
     lo = vector(raw_lo).reshape(-1, width) if raw_lo else np.zeros((1, width))

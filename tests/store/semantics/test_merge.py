@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from redisync import errors
 from redisync.store import codec
@@ -184,3 +186,31 @@ def test_an_earlier_layouts_history_is_taken_as_one_exact_plane_whatever_rest_wa
     assert codec.decode(store.redis.hget(data, "retired_lo")).tolist() == [0.0, 0.0]
     state = lua_state(store)  # (asserts the stored planes are the exact sum of the history and the slots)
     assert state["keys"]["obs/n"]["value"].tolist() == [3.0, 11.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(-(2.0**1000), 2.0**1000, allow_nan=False, allow_infinity=False),
+            st.floats(0.0, 2.0**1000, allow_nan=False, allow_infinity=False),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_exact_pieces_sum_exactly_stay_in_range_and_keep_non_negative_parts_non_negative(rows):
+    """`exact_pieces` (what an aggregator forwards): the pieces' exact sum is the vectors' exact sum,
+    every piece is within ±2^1000, a non-negative element's pieces are all non-negative, and a signed
+    element needs no more than the canonical planes' few pieces plus one for each 2^1000 beyond."""
+    from fractions import Fraction
+
+    from redisync.store.semantics.merge import LIMIT, exact_pieces
+
+    vectors = [np.array(r) for r in rows]
+    pieces = exact_pieces(vectors, 2, [False, True])
+    for j in range(2):
+        assert sum(Fraction(float(p)) for p in pieces[:, j]) == sum(Fraction(float(v[j])) for v in vectors)
+    assert np.all(np.abs(pieces) <= LIMIT)
+    assert np.all(pieces[:, 1] >= 0)
+    assert len(pieces) <= 3 + len(rows)
