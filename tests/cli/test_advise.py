@@ -99,16 +99,23 @@ def test_advise_takes_the_metric_a_sampler_logs_and_one_shard_has_nothing_to_syn
     assert "hard_bins must be in [0, 30)" in bad.output
 
 
-def test_the_model_pages_advise_example_runs_as_written():
-    """The drift model page's command runs as printed and prints its figures."""
-    page = (ROOT / "docs" / "concepts" / "drift-model.md").read_text()
+@pytest.mark.parametrize("page", ["concepts/drift-model.md", "index.md", "getting-started.md"])
+def test_the_pages_advise_examples_run_as_written(page):
+    """Each page's advise command runs as printed and prints its verdict; the docs home and
+    getting-started ("Does my run need it?") say what it reads there, and it reads that."""
+    text = (ROOT / "docs" / page).read_text()
     marker = "<!-- advise example: tests/cli/test_advise.py runs this block -->"
-    block = page.split(marker, 1)[1].split("```")[1].removeprefix("bash").strip()
+    block = text.split(marker, 1)[1].split("```")[1].removeprefix("bash").strip().replace("\\\n", " ")
     args = shlex.split(block)
     assert args[0] == "redisync"
     out = CliRunner().invoke(cli, args[1:])
     assert out.exit_code == 0, out.output
     assert "Verdict: " in out.output
+    if page != "concepts/drift-model.md":
+        measured = json.loads(CliRunner().invoke(cli, [*args[1:], "--json"]).output)["local"]["shard_distance"]
+        words = " ".join(text.split())
+        assert f"on the walker study's configuration it reads {measured:.2f} and says keep `pooled`" in words
+        assert "Verdict: keep 'pooled'." in out.output
 
 
 def test_the_readmes_advise_command_runs_as_printed():
