@@ -65,6 +65,21 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
                 ]
             )
         click.echo(table(["key", "semantics", "shape", "spec", "version", "writers", "count", "updated"], rows))
+        for k in r["keys"]:
+            if "slots" not in k:
+                continue
+            held = {str(s["shard"]) for s in k["slots"]}
+            missing = sorted((s for s in r["leases"] if s not in held), key=int)
+            if missing:
+                who = ", ".join(f"{s} ({r['leases'][s]})" for s in missing)
+                click.echo(
+                    f"{k['key']}: no slot for shard {who}: "
+                    + (
+                        "a state key drops the slot of a shard that stopped, was aborted, lapsed or went stale"
+                        if k.get("lifecycle") == "state"
+                        else "a history key keeps a slot once written: these shards have not reported it"
+                    )
+                )
         slots = [
             [
                 k["key"],

@@ -209,3 +209,42 @@ def test_delete_removes_a_finished_run_and_refuses_one_with_live_collectors(popu
     finally:
         syncer.stop()
         live_store.delete()
+
+
+def test_inspect_says_why_a_shard_holds_no_slot_of_a_key(real_url):
+    """A state key's writers 0,2,3 of 4 read as a gap; inspect now names each missing shard with its
+    lease and why a state key has no slot for it (one that stopped gave it up), and says a history key
+    keeps a slot once written."""
+    from redisync.store.schema import Schema, merge
+
+    store = redisync_api.connect(real_url, run=f"cli-gap-{uuid.uuid4().hex[:8]}")
+    try:
+        store.register(
+            Schema.of({"motion/ema": merge(2, lifecycle="state"), "obs/norm": merge(2, lifecycle="history")})
+        )
+        shards = [store.shard(k) for k in range(4)]
+        for k, shard in enumerate(shards):
+            reports = {"motion/ema": {"count": 1.0, "sum": [1.0, float(k)]}}
+            if k != 3:
+                reports["obs/norm"] = {"count": 1.0, "sum": [1.0, float(k)]}
+            shard.publish(reports)
+            store.lease(k, shard.incarnation, 60_000)
+        store.lease(1, shards[1].incarnation, 0)  # shard 1 stops: gives its lease up
+        shards[0].publish({"motion/ema": {"count": 1.0, "sum": [2.0, 0.0]}})  # (a fold that drops its slot)
+        out = cli("inspect", "--url", real_url, "--run", store.run)
+        assert out.returncode == 0, out.stderr
+        line = next(l for l in out.stdout.splitlines() if l.startswith("motion/ema") and "merge" in l)
+        assert "0,2,3" in line.split()
+        assert (
+            "motion/ema: no slot for shard 1 (stopped): a state key drops the slot of a shard that stopped, was "
+            "aborted, lapsed or went stale" in out.stdout
+        )
+        assert "obs/norm: no slot for shard 3 (live): a history key keeps a slot once written" in out.stdout
+        guide = " ".join(
+            (Path(__file__).resolve().parents[2] / "docs" / "guides" / "monitoring.md").read_text().split()
+        )
+        assert (
+            "(stopped): a state key drops the slot of a shard that stopped, was aborted, lapsed or went stale" in guide
+        )
+    finally:
+        store.delete()

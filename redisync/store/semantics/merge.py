@@ -321,6 +321,7 @@ class MergeSpec(SpecBase):
         return {
             "count": first[0],
             "stale_after_s": self.stale_after_s,
+            "lifecycle": self.lifecycle,
             "retired_count": first[1],
             "dropped_stale": int(meta.get("dropped_stale", 0)),
             "dropped_lapsed": int(meta.get("dropped_lapsed", 0)),
