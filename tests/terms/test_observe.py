@@ -329,3 +329,26 @@ def test_an_observing_episode_length_tracker_decides_from_its_own_and_measures_t
         assert metrics["drift_episode_length"] == pytest.approx(local[i].own_average - fleet, rel=1e-9)
     assert abs(observing[0].metrics()["drift_episode_length"]) > 50  # (the shards' averages differ)
     assert local[0].metrics() == {}
+
+
+def test_an_observing_penalty_curriculum_decides_its_own_scale_and_measures_the_fleets_mean(make_store):
+    """holosoma's penalty curriculum in ``observe``: each shard moves its own scale as a local one does,
+    reports it, and its metrics give the fleet's mean scale and its own distance from it."""
+    kwargs = {"initial_scale": 0.5, "degree": 0.1}
+    observing = [rt.PenaltyCurriculum(**kwargs, mode="observe", shard_id=i) for i in range(3)]
+    local = [rt.PenaltyCurriculum(**kwargs, mode="local", shard_id=i) for i in range(3)]
+    assert observing[0].metrics() == {}
+    store = make_store()
+    store.register(redisync_schema(observing[0]))
+    clients = [store.shard(i) for i in range(3)]
+    for _ in range(5):
+        for i, length in enumerate((100.0, 500.0, 900.0)):  # down, still, up
+            assert observing[i].update(length) == local[i].update(length)
+        sync(store, clients, [[t] for t in observing])
+    fleet = sum(t.scale for t in local) / 3
+    for i in range(3):
+        assert observing[i].scale == local[i].scale
+        metrics = observing[i].metrics()
+        assert metrics["fleet_penalty_scale"] == pytest.approx(fleet, rel=1e-12)
+        assert metrics["drift_penalty_scale"] == pytest.approx(local[i].scale - fleet, rel=1e-9, abs=1e-15)
+    assert observing[0].scale < observing[1].scale < observing[2].scale

@@ -9,7 +9,9 @@ Their update rules and defaults are the frameworks'; sync adds one choice per te
   ``observe``: it decides from its own average, as ``local``, while it reports and reads as
   ``pooled`` does, so `AverageEpisodeLength.metrics` measures how far its average is off the fleet's;
 - `PenaltyCurriculum` — ``local``, or ``broadcast``: the owner shard (or the learner) decides
-  the scale and every other shard applies it, so the scale is one number fleet-wide;
+  the scale and every other shard applies it, so the scale is one number fleet-wide; or
+  ``observe``: each shard decides its own, as ``local``, and reports it, so `PenaltyCurriculum.metrics`
+  measures how far it is from the fleet's mean scale;
 - `TerrainLevels` — IsaacLab's per-env level moves, with the per-level histogram of the
   shard's envs merged (``pooled``) into the fleet histogram for logging and fleet-level decisions.
 """
@@ -175,12 +177,12 @@ class PenaltyCurriculum:
         level_up_threshold: float = 850.0,
         degree: float = 0.0,
         *,
-        mode: Literal["local", "broadcast"] = "local",
+        mode: Literal["local", "broadcast", "observe"] = "local",
         key: str = "curriculum/penalty_scale",
         shard_id: int = 0,
         owner: int = 0,
     ):
-        _check_mode(mode, ("local", "broadcast"))
+        _check_mode(mode, ("local", "broadcast", "observe"))
         self.min_scale, self.max_scale = float(min_scale), float(max_scale)
         self.scale = self._clipped(float(initial_scale))
         self.level_down, self.level_up, self.degree = (
@@ -190,6 +192,7 @@ class PenaltyCurriculum:
         )
         self.mode, self.key, self.shard_id, self.owner = mode, key, shard_id, owner
         self.role = role_of(mode, leads=shard_id == owner)
+        self._others: tuple[float, float] | None = None  # (observing: the others' count and summed scale)
 
     def _clipped(self, scale: float) -> float:
         return float(np.clip(scale, self.min_scale, self.max_scale))
@@ -218,19 +221,38 @@ class PenaltyCurriculum:
         value = state["current_scale"] if "current_scale" in state else state["reward_penalty_scale"]
         self.scale = self._clipped(float(value))
 
+    def metrics(self) -> dict[str, float]:
+        """Observing, once a fleet state arrived: the fleet's mean scale (every shard's, this one's
+        as of now) and how far this shard's own is from it (``drift_penalty_scale``)."""
+        if self.role is not Role.OBSERVES or self._others is None:
+            return {}
+        count, total = self._others
+        fleet = (total + self.scale) / (count + 1.0)
+        return {"fleet_penalty_scale": fleet, "drift_penalty_scale": self.scale - fleet}
+
     def schema_entries(self) -> Mapping[str, KeySpec]:
-        """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
+        """The keys this term syncs and their specs (the seam: `SyncedTerm`): observing, each shard's
+        scale a slot of a ``merge`` key (a current state: a fresh restart drops the previous life's)."""
+        if self.role is Role.OBSERVES:
+            return {self.key: merge((), lifecycle="state")}
         return {self.key: broadcast((), owner=self.owner)} if self.role.syncs else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
+        if self.role is Role.OBSERVES:
+            return {self.key: {"count": 1.0, "sum": self.scale}}
         return {self.key: {"value": self.scale}} if self.role is Role.LEADS else {}
 
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
-        if self.role is Role.FOLLOWS and view is not None and view.value is not None:
+        if view is None or view.value is None:
+            return
+        if self.role is Role.FOLLOWS:
             self.scale = float(view.parts()["value"])
+        elif self.role is Role.OBSERVES:
+            others = view.others_parts()
+            self._others = (float(others["count"]), float(others["sum"]))
 
 
 class TerrainLevels:
