@@ -33,7 +33,8 @@ def test_no_capability_is_looked_up_by_a_name_spelled_in_the_runtime():
 
 @pytest.mark.extras("torch")
 def test_the_built_in_terms_declare_their_capabilities_and_a_plain_term_has_none():
-    """The torch sampler and normaliser have every capability they implement; a term of a user's own
+    """The torch sampler and normaliser have every capability they implement (the normaliser's
+    metrics: how far its mean is off the fleet's); a term of a user's own
     with the three methods alone is a `SyncedTerm` and has none."""
     from redisync.terms.torch.normalization import SyncedEmpiricalNormalization
     from redisync.terms.torch.sampler import AdaptiveMotionSampler
@@ -42,8 +43,8 @@ def test_the_built_in_terms_declare_their_capabilities_and_a_plain_term_has_none
     assert {p.__name__ for p in seam.CAPABILITIES if isinstance(sampler, p)} == {p.__name__ for p in seam.CAPABILITIES}
     norm = SyncedEmpiricalNormalization(3)
     assert {p.__name__ for p in seam.CAPABILITIES if isinstance(norm, p)} == {
-        "Prepares", "Settles", "CountsDeviceCopies", "SharesReport", "SharesFleet", "Resumes",
-    }  # fmt: skip
+        "Prepares", "Settles", "CountsDeviceCopies", "SharesReport", "SharesFleet", "HasMetrics", "Resumes",
+    }  # fmt: skip  # (HasMetrics: drift_offset_sd where it pools or observes)
 
     class Plain:
         def schema_entries(self):
