@@ -50,6 +50,7 @@ METRICS = {
     "redisync_shard_measured_tv": "an observing shard's own measured drift: its sampling distribution's total-variation distance from the pooled one at its last report",
     "redisync_key_dropped_lapsed": "slots this key dropped because their shard's lease lapsed or was given up by a clean stop",
     "redisync_key_dropped_stale": "slots this key dropped because they were older than its stale_after_s",
+    "redisync_key_retired_departed": "slots this history key retired (their samples kept) because their shard had been gone for its retire_after_s",
     "redisync_slot_stale": "1 where a shard's slot of a key is older than the key's stale_after_s (it leaves a state key at the next fold)",
 }
 
@@ -173,7 +174,7 @@ class FleetCollector(Collector):
         }
         c = {
             name: CounterMetricFamily(name, METRICS[name], labels=["run", "key"])
-            for name in ("redisync_key_dropped_lapsed", "redisync_key_dropped_stale")
+            for name in ("redisync_key_dropped_lapsed", "redisync_key_dropped_stale", "redisync_key_retired_departed")
         }
         return g, c
 
@@ -219,3 +220,4 @@ class FleetCollector(Collector):
             if "dropped_lapsed" in row:
                 c["redisync_key_dropped_lapsed"].add_metric([run, row["key"]], row["dropped_lapsed"])
                 c["redisync_key_dropped_stale"].add_metric([run, row["key"]], row["dropped_stale"])
+                c["redisync_key_retired_departed"].add_metric([run, row["key"]], row["retired_departed"])

@@ -84,8 +84,10 @@ w(IND + "end")
 
 def update(i, v, minus, ind):
     """(h_i, l_i) - v or + v exactly: a two-sum (or two-difference) into the first plane, its error
-    two-summed into the second, whose own error must be 0 (else the sum needs a third plane), then
-    the two planes made canonical."""
+    two-summed into the second, then the two planes made canonical; where that second sum has an
+    error of its own (a rest already using its 53 bits, carried), the three pieces are made into two
+    canonical planes by ``three_planes`` (nil, and so the general path, only when the sum needs a
+    third plane)."""
     first = (
         f"s = h{i} - {v} bv = h{i} - s e = (h{i} - (s + bv)) + (bv - {v})"
         if minus
@@ -95,8 +97,12 @@ def update(i, v, minus, ind):
         [
             ind + first,
             ind + f"t = l{i} + e bv = t - l{i} f = (l{i} - (t - bv)) + (e - bv)",
-            ind + "if f ~= 0 then return nil, 'general' end",
-            ind + f"h{i} = s + t bv = h{i} - s l{i} = (s - (h{i} - bv)) + (t - bv)",
+            ind + "if f ~= 0 then",
+            ind + f"  h{i}, l{i} = three_planes(s, t, f)",
+            ind + f"  if not h{i} then return nil, 'general' end",
+            ind + "else",
+            ind + f"  h{i} = s + t bv = h{i} - s l{i} = (s - (h{i} - bv)) + (t - bv)",
+            ind + "end",
         ]
     )
 

@@ -53,6 +53,7 @@ class ReferenceFold:
         self.claimed: dict[int, int] = {}
         self.leases: dict[int, int] = {}  # per shard id: when its lease runs out (server µs: claims)
         self.alive: dict[int, int] = {}  # per shard id: when its lease runs out in the served clock (-1: given up)
+        self.ended: dict[int, int] = {}  # per shard id that gave its lease up: when, in the served clock
         self.clock_wall: int | None = None  # the server's time at the run's last call (µs)
         self.clock_stalled = 0  # the time the server did not serve the run (µs), as lua/clock.lua keeps it
 
@@ -82,6 +83,8 @@ class ReferenceFold:
         served = self._tick(now_us)
         self.leases[shard_id] = now_us + 1000 * lease_ms
         self.alive[shard_id] = served + 1000 * lease_ms if lease_ms > 0 else -1
+        if lease_ms <= 0:
+            self.ended[shard_id] = served
         return True
 
     def claim(self, shard_id: int, now_us: int) -> int:
@@ -107,6 +110,7 @@ class ReferenceFold:
         self.claimed = {**{i: v for i, v in snap.claimed.items() if i not in known}, **self.claimed}
         self.leases = {**{i: v for i, v in snap.leases.items() if i not in known}, **self.leases}
         self.alive = {**{i: v for i, v in snap.alive.items() if i not in known}, **self.alive}
+        self.ended = {**{i: v for i, v in snap.ended.items() if i not in known}, **self.ended}
         if self.clock_wall is None:  # the run's served clock stays the run's
             self.clock_wall, self.clock_stalled = snap.clock_wall, snap.clock_stalled
 
@@ -141,7 +145,7 @@ class ReferenceFold:
                 return Outcome("rejected", reason="unknown_key", key=name)
             if payload.shape != (spec.width,):
                 return Outcome("rejected", reason="shape", key=name)
-            report = Fold(shard_id, incarnation, seq, payload, now_us, name in resume, self.alive, served)
+            report = Fold(shard_id, incarnation, seq, payload, now_us, name in resume, self.alive, served, self.ended)
             result = spec.fold(state, report)
             if isinstance(result, str):
                 return Outcome("rejected", reason=result, key=name)

@@ -23,6 +23,23 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def run_contents(store: Store) -> dict:
+    """Every key of the run by its contents (not DUMP's bytes: a read may move a hash's rehashing on,
+    and with it the order DUMP writes the fields in)."""
+    r, out = store.redis, {}
+    for k in r.scan_iter(match=store.keys.pattern):
+        kind = r.type(k)
+        if kind == b"hash":
+            out[k] = sorted(r.hgetall(k).items())
+        elif kind == b"zset":
+            out[k] = r.zrange(k, 0, -1, withscores=True)
+        elif kind == b"stream":
+            out[k] = r.xrange(k)
+        else:
+            out[k] = r.dump(k)
+    return out
+
+
 def lua_state(store: Store) -> dict:
     """fleet version, shards and per key: version, value, writer, slots, retired."""
     r = store.redis
@@ -40,7 +57,14 @@ def lua_state(store: Store) -> dict:
             out["leases"][int(sid)] = int(v)
         elif what == "alive_until_us":
             out["alive"][int(sid)] = int(v)
-        elif what not in ("at_us", "claimed", "seen", "made", "stopped"):  # (for the operator: when, what it
+        elif what not in (
+            "at_us",
+            "claimed",
+            "seen",
+            "made",
+            "stopped",
+            "ended_us",
+        ):  # (for the operator: when, what it
             # had seen, why it gave its lease up)
             out["shards"].setdefault(int(sid), {})[what] = int(v)
     for name, spec in store.schema.keys.items():

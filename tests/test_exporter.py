@@ -133,6 +133,9 @@ def test_a_scrape_of_a_live_fleet_says_what_the_store_holds(tmp_path):
             meta.get("dropped_lapsed", 0)
         )
         assert value("redisync_key_dropped_stale_total", run=RUN, key="obs/norm") == 0.0
+        assert value("redisync_key_retired_departed_total", run=RUN, key="obs/norm") == float(
+            inspector.key_info("obs/norm").get("retired_departed", 0)
+        )
         # a slot past its key's stale_after_s (no fold of the key since), and slots of a key without one
         assert value("redisync_slot_stale", run=RUN, shard="1", key="curriculum/rate") == 1.0
         assert {value("redisync_slot_stale", run=RUN, shard=str(s), key="motion/bin_failed") for s in (0, 1, 2)} == {
@@ -173,7 +176,7 @@ def _exported() -> set[str]:
     """The names a scrape shows: counters with their _total suffix (prometheus_client adds it)."""
     from redisync.exporter import METRICS
 
-    counters = {"redisync_key_dropped_lapsed", "redisync_key_dropped_stale"}
+    counters = {"redisync_key_dropped_lapsed", "redisync_key_dropped_stale", "redisync_key_retired_departed"}
     return {f"{n}_total" if n in counters else n for n in METRICS}
 
 

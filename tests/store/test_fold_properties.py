@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from redisync import errors
 from redisync.store.codec import encode
 from redisync.store.schema import MergeSpec, Schema, broadcast, maximum, merge
+from redisync.store.semantics.merge import exact_planes, planes_of
 
 from ..conftest import examples, new_store
 from ..reference import ReferenceFold
@@ -177,3 +178,23 @@ def test_sharded_statistics_equal_the_unsharded_ones(backend, n_shards, seed, pu
         np.testing.assert_allclose(var, samples.var(0), rtol=1e-9, atol=1e-9 * scale**2)
     finally:
         store.delete()
+
+
+@pytest.mark.parametrize("width", [1, 40])  # the head's loop alone; a head and a generated block
+def test_a_rest_carried_past_its_53_bits_is_made_two_planes_again_without_the_general_path(make_store, width):
+    """The usual fold adds into two planes with two-sums; where the rest plane already uses its 53 bits
+    and the addition carries, its sum has an error of its own. The exact value still fits two planes
+    (2^60 + 2^7 + 2^-46: the first plane rounds up to 2^60 + 2^8, the rest is -(2^7 - 2^-46)), which the
+    fold stores - the canonical planes, bit for bit - instead of taking the general path for the key.
+    (Built from three slots: 2^60, 2^7 - 2^-46 (53 bits), then a third shard's 2^-45.)"""
+    store = make_store()
+    store.register({"obs/sums": merge(width, lifecycle="history")})
+    parts = {1: 2.0**60, 2: 2.0**7 - 2.0**-46, 3: 2.0**-45}
+    for shard, value in parts.items():
+        store.shard(shard).publish({"obs/sums": {"count": 1, "sum": [value] * width}})
+    raw = store.redis.hgetall(store.keys.key_data("obs/sums"))
+    planes = planes_of(raw[b"agg"], raw[b"agg_lo"], width + 1)
+    want = exact_planes([np.array([1.0] + [v] * width) for v in parts.values()], width + 1)
+    assert planes.tobytes() == want.tobytes()
+    assert planes[0, 1] == 2.0**60 + 2.0**8
+    assert planes[1, 1] == -(2.0**7 - 2.0**-46)

@@ -23,7 +23,7 @@ from redisync.store.schema import Schema, broadcast, merge
 from redisync.terms.torch import AdaptiveMotionSampler, SyncedEmpiricalNormalization
 
 from ..faults import SilentServer
-from ..support import wait_for
+from ..support import run_contents, wait_for
 
 FRAMES = 20 * 50 - 1  # 20 one-second bins
 
@@ -398,12 +398,12 @@ def test_a_fold_over_corrupt_state_writes_nothing(make_store, damage):
     shard = store.shard(
         1 if damage in ("slot of the wrong length", "retired of the wrong length") else 0, incarnation=2**62
     )
-    before = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    before = run_contents(store)
     with pytest.raises(errors.CorruptState, match="b/second") as refused:
         shard.publish({"a/first": {"count": 1, "sum": [2.0, 2.0]}, "b/second": {"count": 1, "sum": [2.0, 2.0]}})
     if damage.startswith("writers"):
         assert "writers holds" in str(refused.value)
-    after = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    after = run_contents(store)
     dead = after.pop(store.keys.dead_letters.encode())
     assert dead is not None
     assert {k: v for k, v in before.items() if k != store.keys.dead_letters.encode()} == after
@@ -420,10 +420,10 @@ def test_a_fold_into_a_key_of_the_wrong_type_is_refused_with_nothing_written(mak
     store.redis.delete(target)
     store.redis.rpush(target, "not a stream or hash")
     shard = store.shard(0, incarnation=store.claim(0))
-    before = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    before = run_contents(store)
     with pytest.raises(errors.CorruptState, match="is a list, not a"):
         shard.publish({"a/first": {"count": 1, "sum": [2.0, 2.0]}})
-    after = {k: store.redis.dump(k) for k in sorted(store.redis.scan_iter(match=store.keys.pattern))}
+    after = run_contents(store)
     after.pop(store.keys.dead_letters.encode(), None)
     before.pop(store.keys.dead_letters.encode(), None)
     assert before == after

@@ -41,7 +41,7 @@ from redisync.store.schema import Limits, MaximumSpec, MergeSpec, Schema, broadc
 
 from ..conftest import backend_url, examples
 from ..reference import ReferenceFold
-from ..support import assert_same_state, lua_state, reference_state
+from ..support import assert_same_state, lua_state, reference_state, run_contents
 
 SCHEMA = Schema.of(
     {
@@ -51,6 +51,8 @@ SCHEMA = Schema.of(
             2, sumsq=True, lifecycle="history"
         ),  # normaliser moments: history, retired on a fresh restart
         "terrain/hist": merge(2, stale_after_s=0.05, lifecycle="state"),  # dead shards drop out
+        # normaliser moments whose departed shards' slots are retired 50 ms after their lease ended
+        "obs/retiring": merge(2, lifecycle="history", retire_after_s=0.05),
         "curriculum/scale": broadcast((), owner=0),
         # a level any shard may raise: a fresh restart reports from 0 again, which lowers nothing
         "command/range": maximum(2),
@@ -190,20 +192,7 @@ class FleetLife(RuleBasedStateMachine):
         return {k: self.store.redis.dump(k) for k in self.store.redis.scan_iter(match=self.store.keys.pattern)}
 
     def _contents(self) -> dict:
-        """Every key of the run by its contents (not DUMP's bytes: a read may move a hash's rehashing
-        on, and with it the order DUMP writes the fields in)."""
-        r, out = self.store.redis, {}
-        for k in r.scan_iter(match=self.store.keys.pattern):
-            kind = r.type(k)
-            if kind == b"hash":
-                out[k] = sorted(r.hgetall(k).items())
-            elif kind == b"zset":
-                out[k] = r.zrange(k, 0, -1, withscores=True)
-            elif kind == b"stream":
-                out[k] = r.xrange(k)
-            else:
-                out[k] = r.dump(k)
-        return out
+        return run_contents(self.store)
 
     # ------------------------------------------------------------------ rules: the events of a fleet's life
 

@@ -203,7 +203,7 @@ def test_the_fold_reads_a_keys_declaration_from_one_field_as_registered(run):
     store, shard = run
     for name, spec in SCHEMA.keys.items():
         assert store.key_info(name)["declared"] == spec.declared()
-    assert SCHEMA.keys["obs/norm"].declared() == "5|1|2|||history|"
+    assert SCHEMA.keys["obs/norm"].declared() == "5|1|2||3600.0|history|"  # (retire_after_s: its grace)
     assert SCHEMA.keys["curriculum/scale"].declared() == "1|0|1||||0"
     bins = store.keys.key_meta("motion/bin_failed")
     good = {"motion/bin_failed": {"count": 1, "sum": [0.5, 0.25, 0.0, 1.0]}}

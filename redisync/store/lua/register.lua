@@ -51,6 +51,24 @@ local function register(KEYS, ARGV)
     'max_report_bytes', limits[1], 'stream_maxlen', limits[2], 'dead_letter_maxlen', limits[4],
     'stream_payloads', limits[3], 'dead_letter_max_bytes', limits[5], 'limits', ARGV[4])
   if ARGV[5] ~= '0' then redis.call('HSET', KEYS[1], 'announce_every_us', ARGV[5]) end
+  -- the keys that hold a slot per shard (their semantics' module says so: slots), and how long after its lease ended a departed shard id is
+  -- forgotten (lease.lua): twice the longest grace of those keys (a state key's lease grace, a history
+  -- key's retire_after_s), so every key has dropped or retired its slots first; none without a grace
+  local slot_keys, longest = {}, nil
+  for i = 1, nkeys do
+    local a = at[i]
+    if SEMANTICS[ARGV[a + 1]].slots then
+      slot_keys[#slot_keys + 1] = ARGV[a]
+      for j = a + 4, a + 3 + 2 * tonumber(ARGV[a + 2]), 2 do
+        if ARGV[j] == 'declared' then
+          local grace = tonumber(string.match(ARGV[j + 1], '^[^|]*|[^|]*|[^|]*|[^|]*|([^|]*)|'))
+          if grace and (not longest or grace > longest) then longest = grace end
+        end
+      end
+    end
+  end
+  if #slot_keys > 0 then redis.call('HSET', KEYS[1], 'slot_keys', table.concat(slot_keys, '\n')) end
+  if longest then redis.call('HSET', KEYS[1], 'forget_after_us', string.format('%.0f', 2e6 * longest)) end
   for i = 1, nkeys do
     local a = at[i]
     local m, d = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])

@@ -52,6 +52,38 @@ local function restore(KEYS, ARGV)
   for i = 1, #current_shards, 2000 do
     redis.call('HSET', KEYS[2], unpack(current_shards, i, math.min(i + 1999, #current_shards)))
   end
+  -- the snapshot's shards indexed by their lease's end (a give-up: when, as the snapshot says), so that a key
+  -- retires, and the run forgets, a shard of the snapshot that does not come back (lease.lua)
+  local t = redis.call('TIME')
+  local served = served_clock(clock[1], clock[2], tonumber(t[1]) * 1000000 + tonumber(t[2]),
+    redis.call('HGET', KEYS[1], 'limits'))
+  local restored_ends = {}
+  local given_up, ended = {}, {}
+  local now_shards = redis.call('HGETALL', KEYS[2])
+  for i = 1, #now_shards, 2 do
+    local id = string.match(now_shards[i], '^(%d+):ended_us$')
+    if id then ended[id] = now_shards[i + 1] end
+  end
+  for i = 1, #now_shards, 2 do
+    local id = string.match(now_shards[i], '^(%d+):alive_until_us$')
+    local u = tonumber(now_shards[i + 1])
+    if id and not known[id] and u then
+      local at = u >= 0 and string.format('%.0f', u) or ended[id] or string.format('%.0f', served)
+      restored_ends[#restored_ends + 1] = at
+      restored_ends[#restored_ends + 1] = id
+      if u < 0 and not ended[id] then -- (a snapshot taken before give-ups said when: as if given up now)
+        given_up[#given_up + 1] = id .. ':ended_us'
+        given_up[#given_up + 1] = at
+      end
+    end
+  end
+  for i = 1, #given_up, 2000 do
+    redis.call('HSET', KEYS[2], unpack(given_up, i, math.min(i + 1999, #given_up)))
+  end
+  local prefix_ends = string.sub(KEYS[1], 1, -5) .. 'lease_ends'
+  for i = 1, #restored_ends, 2000 do
+    redis.call('ZADD', prefix_ends, unpack(restored_ends, i, math.min(i + 1999, #restored_ends)))
+  end
 
   local fleet_version = math.max(current_fleet, snap_fleet) + 1
   redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'fleet_version', fleet_version)

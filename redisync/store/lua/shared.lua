@@ -12,6 +12,8 @@
 --   apply(item, fold) the key's writes, once every key of the report has passed its check
 --   pull(km, kd, shard)   what a pull hands the caller: the fleet value, and the caller's own slot and
 --                     its incarnation where the semantics keeps one (nil otherwise)
+--   slots             true where the key holds a slot per shard, named in its meta's 'writers' (the
+--                     run forgets a departed shard id only once no such key holds it: lease.lua)
 -- (item: the key's name, payload, meta and data hashes, next version, module; spec: the HMGET of the
 -- key's meta hash; decl: its parsed declaration, see fold.lua's declaration)
 
@@ -29,8 +31,8 @@ local served, stalled_s -- the run's served clock at this fold (clock.lua), and 
 local clock_read -- whether this fold read the clock (only a fold of a key with a lease grace needs it)
 local own -- the folding shard's field names (see shard_fields)
 
--- The run's served clock at this fold, read at its first use: a fold of keys without a lease grace
--- (history keys) neither reads nor advances it (the leases' renewals and the folds of state keys do).
+-- The run's served clock at this fold, read at its first use: a fold of keys without a grace (a key
+-- declared without one) neither reads nor advances it (the leases' renewals and the other folds do).
 local function run_clock()
   if not clock_read then
     local c = redis.call('HMGET', KEYS[1], 'clock_wall_us', 'clock_stalled_us')

@@ -76,6 +76,8 @@ class Fold:
     resumed: bool  # this incarnation resumed the key from a checkpoint
     alive: Mapping[int, int]  # per shard id: when its lease runs out in the run's served clock (µs; -1: given up)
     served_us: int  # the run's served clock at this fold (lua/clock.lua)
+    # per shard id that gave its lease up: when, in the served clock (lua/lease.lua scores it so in lease_ends)
+    ended: Mapping[int, int] = field(default_factory=dict)
 
 
 class SpecBase(BaseModel):

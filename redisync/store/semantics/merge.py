@@ -129,6 +129,11 @@ DEFAULT_LEASE_S = 5.0  # a process's lease on its shard id (a Syncer's, an aggre
 # a few lease periods (a Syncer leases its shard id for 5 s and renews every second): a collector
 # stalled by a long checkpoint write or a swap storm is not dropped, a dead one leaves within ~20 s
 DEFAULT_LEASE_GRACE_S = 15.0
+# how long a history key keeps a departed shard's slot apart (its lease ended, or was given up, that
+# long ago) before retiring it into the retired planes: longer than any pause a shard resumes across
+# (a crash and restart, a preemption, a run stopped and resumed), which takes its slot over exactly;
+# the run then holds the slots of the shards live, or gone within the last hour, not of every id
+DEFAULT_RETIRE_AFTER_S = 3600.0
 
 
 class MergeSpec(SpecBase):
@@ -145,7 +150,11 @@ class MergeSpec(SpecBase):
     Liveness (``state`` keys): a live process renews a lease on its shard id; once that lease has
     lapsed for longer than ``lease_grace_s``, the shard's slot leaves the aggregate at the next fold
     (a collector that died for good, a run resumed with fewer collectors). ``None``: a slot counts
-    until its shard's next life replaces it. A shard that never took a lease (the low-level API
+    until its shard's next life replaces it. A ``history`` key retires a departed shard's slot (its
+    lease ended, or was given up, ``retire_after_s`` ago): its samples stay counted, exactly, in the
+    retired history, and the key stops holding the slot, so a run's memory follows its live fleet
+    (``None``: every slot kept until its shard's next life). A shard that resumes after that counts
+    its resumed samples again: set ``retire_after_s`` above any pause a run resumes across. A shard that never took a lease (the low-level API
     without a Syncer) is not judged by it. ``stale_after_s`` (``state`` keys; a history key keeps a
     silent shard's samples, whichever fold notices it first) drops a slot not refreshed for that
     long: what a lease cannot see (a process alive but silent).
@@ -154,6 +163,7 @@ class MergeSpec(SpecBase):
     semantics: Literal["merge"] = "merge"
     stale_after_s: float | None = Field(default=None, gt=0)
     lease_grace_s: float | None = Field(default=DEFAULT_LEASE_GRACE_S, gt=0)
+    retire_after_s: float | None = Field(default=DEFAULT_RETIRE_AFTER_S, gt=0)
     sumsq: bool = False
     elementwise_count: bool = False
     lifecycle: Lifecycle = "history"
@@ -186,14 +196,19 @@ class MergeSpec(SpecBase):
 
     def register_fields(self) -> dict[str, str]:
         """The key's metadata fields, as the fold reads them."""
-        grace = self.lease_grace_s if self.lifecycle == "state" else None
         return super().register_fields() | {
             "stale_after_s": "" if self.stale_after_s is None else repr(float(self.stale_after_s)),
             "count_size": str(self.count_size),
             "sumsq": str(int(self.sumsq)),
             "lifecycle": self.lifecycle,
-            "lease_grace_s": "" if grace is None else repr(float(grace)),
+            "lease_grace_s": "" if self.grace_s is None else repr(float(self.grace_s)),
         }
+
+    @property
+    def grace_s(self) -> float | None:
+        """How long after its shard's lease ended a slot leaves the key: a state key's ``lease_grace_s``
+        (dropped), a history key's ``retire_after_s`` (retired); what the fold reads as the grace."""
+        return self.lease_grace_s if self.lifecycle == "state" else self.retire_after_s
 
     def initial_meta(self) -> dict[str, str]:
         """No writers yet."""
@@ -236,20 +251,34 @@ class MergeSpec(SpecBase):
             if not finite_moments(self, retired[0]):
                 return "non_finite"
         slots = {}
-        now_us, alive, served = report.now_us, report.alive, report.served_us
+        now_us, alive, served, grace = report.now_us, report.alive, report.served_us, self.grace_s
+        departed = []
         for other, slot in state.slots.items():
-            # a state key's slot leaves once stale or its shard's lease lapsed; a history key keeps it (its
-            # samples stay counted, as its shard's fresh restart would retire them: whichever fold comes first)
+            # a state key's slot leaves once stale or its shard's lease lapsed; a history key retires it once
+            # its shard is gone for its grace (its samples stay counted: whichever fold comes first)
             stale = (
                 self.lifecycle == "state"
                 and self.stale_after_s is not None
                 and now_us - slot.at_us > self.stale_after_s * 1e6
             )
-            grace = self.lease_grace_s if self.lifecycle == "state" else None
-            # in the served clock; given up (-1) at a clean stop; a fold after the lease ran out moved its end
-            lapsed = grace is not None and other in alive and (alive[other] < 0 or served - alive[other] > grace * 1e6)
-            if other != report.shard_id and not (stale or lapsed):
+            # in the served clock; given up (-1) at a clean stop (a history key: when, ``ended``); a fold
+            # after the lease ran out moved its end
+            ended = alive.get(other)
+            if ended is not None and ended < 0 and self.lifecycle == "history":
+                ended = report.ended.get(other)
+            lapsed = (
+                grace is not None
+                and ended is not None
+                and ((ended < 0 and self.lifecycle == "state") or served - ended > grace * 1e6)
+            )
+            if other == report.shard_id:
+                continue
+            if lapsed and self.lifecycle == "history":
+                departed.append(slot.payload)  # its samples kept: moved into the retired history
+            elif not (stale or lapsed):
                 slots[other] = slot
+        if departed:
+            retired = exact_planes(([] if retired is None else list(retired)) + departed, self.width)
         slots[report.shard_id] = Slot(report.incarnation, report.seq, now_us, report.payload.copy())
         vectors = ([] if retired is None else list(retired)) + [slot.payload for slot in slots.values()]
         agg = exact_planes(vectors, self.width)[0]
@@ -298,7 +327,8 @@ class MergeSpec(SpecBase):
         }
 
     def describe(self, meta: Mapping[str, str], read: Callable[[list[str]], list[Any]], now_us: int) -> dict[str, Any]:
-        """The pooled count, the retired count, the slots dropped, and per live slot its shard, life,
+        """The pooled count, the retired count, the slots dropped (a state key) or retired because
+        their shard departed (a history key), and per live slot its shard, life,
         seq, age, count and whether it is stale (a state key's stale slot still counts until the
         next fold of the key drops it; a history key keeps it)."""
         writers = [w for w in meta.get("writers", "").split(",") if w]
@@ -325,6 +355,7 @@ class MergeSpec(SpecBase):
             "retired_count": first[1],
             "dropped_stale": int(meta.get("dropped_stale", 0)),
             "dropped_lapsed": int(meta.get("dropped_lapsed", 0)),
+            "retired_departed": int(meta.get("retired_departed", 0)),
             "slots": slots,
         }
 
@@ -368,6 +399,7 @@ def merge(
     *,
     lifecycle: Lifecycle | None = None,
     lease_grace_s: float | None = DEFAULT_LEASE_GRACE_S,
+    retire_after_s: float | None = DEFAULT_RETIRE_AFTER_S,
 ) -> MergeSpec:
     """A pooled-statistics key (failure EMA, normaliser moments, histograms): one slot per shard
     holding its cumulative own ``count``, ``sum`` (and ``sumsq``); the fleet value is their exact sum.
@@ -384,6 +416,9 @@ def merge(
             (normaliser moments: the previous life's slot stays counted, which ``"state"`` would drop).
         lease_grace_s: (``state`` keys) how long a shard's lease may have lapsed before its slot
             leaves the aggregate (``None``: never by the lease).
+        retire_after_s: (``history`` keys) how long after its shard's lease ended (or was given up) a
+            slot is retired: its samples stay counted in the retired history and the key stops holding
+            it (``None``: kept until its shard's next life). Above any pause a run resumes across.
     """
     if lifecycle is None:
         raise errors.InvalidSchema(
@@ -405,6 +440,7 @@ def merge(
         elementwise_count=elementwise_count,
         lifecycle=lifecycle,
         lease_grace_s=lease_grace_s,
+        retire_after_s=retire_after_s,
     )
 
 

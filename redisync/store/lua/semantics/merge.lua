@@ -3,7 +3,7 @@
 -- reports, not of the order in which they came.
 -- Data hash: 'agg' (the exact sum rounded), 'agg_lo' (the rest of it: one plane or more), 'slot:<id>',
 -- 'retired' and 'retired_lo' (the history, the same way). Key meta: 'writers',
--- 'slot:<id>:incarnation|seq|at_us', 'sums_layout', 'dropped_stale', 'dropped_lapsed'.
+-- 'slot:<id>:incarnation|seq|at_us', 'sums_layout', 'dropped_stale', 'dropped_lapsed', 'retired_departed'.
 -- (the Python twin: redisync/store/semantics/merge.py, whose exact_planes says what the planes are)
 
 -- A fold adds what changed to the stored exact sum: its shard's new slot in, its previous slot out
@@ -171,6 +171,19 @@ local function rounded(ps)
   return hi
 end
 
+-- s + t + f exactly (the usual fold's pieces of one element when the second plane's sum had an error)
+-- in two canonical planes: fl(S) and S - fl(S); nil where the sum needs a third plane
+local function three_planes(s, t, f)
+  local ps = {}
+  grow(ps, f); grow(ps, t); grow(ps, s)
+  local c1 = rounded(ps)
+  grow(ps, -c1)
+  local c2 = rounded(ps)
+  grow(ps, -c2)
+  for k = 1, #ps do if ps[k] ~= 0 then return nil end end
+  return c1, c2
+end
+
 -- The exact element-wise sum of `planes` (strings of canonical planes, the first the rounded sum),
 -- plus each of `adds`, minus each of `subs` (vectors), in canonical planes: a table of K >= 2 strings.
 local function exact_general(planes, adds, subs, width)
@@ -245,10 +258,8 @@ local function exact_head(st, payload, hi, lo, sub, len)
       local t = y + e
       bv = t - y
       local f = (y - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      x = s + t
-      bv = x - s
-      y = (s - (x - bv)) + (t - bv)
+      if f ~= 0 then x, y = three_planes(s, t, f) if not x then return nil, 'general' end
+      else x = s + t bv = x - s y = (s - (x - bv)) + (t - bv) end
     end
     h[j], l[j] = x, y
     if j <= cs then
@@ -313,643 +324,1155 @@ local function exact_blocks(st, payload, hi, lo, sub, pos, base, blk, his, los)
       if dd == 0 then
         s = h1 + d bv = s - h1 e = (h1 - (s - bv)) + (d - bv)
         t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+        if f ~= 0 then
+          h1, l1 = three_planes(s, t, f)
+          if not h1 then return nil, 'general' end
+        else
+          h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+        end
       else
         s = h1 - o1 bv = h1 - s e = (h1 - (s + bv)) + (bv - o1)
         t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+        if f ~= 0 then
+          h1, l1 = three_planes(s, t, f)
+          if not h1 then return nil, 'general' end
+        else
+          h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+        end
         s = h1 + p1 bv = s - h1 e = (h1 - (s - bv)) + (p1 - bv)
         t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+        if f ~= 0 then
+          h1, l1 = three_planes(s, t, f)
+          if not h1 then return nil, 'general' end
+        else
+          h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+        end
       end
       d = p2 - o2 bv = p2 - d dd = (p2 - (d + bv)) + (bv - o2)
       if dd == 0 then
         s = h2 + d bv = s - h2 e = (h2 - (s - bv)) + (d - bv)
         t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+        if f ~= 0 then
+          h2, l2 = three_planes(s, t, f)
+          if not h2 then return nil, 'general' end
+        else
+          h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+        end
       else
         s = h2 - o2 bv = h2 - s e = (h2 - (s + bv)) + (bv - o2)
         t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+        if f ~= 0 then
+          h2, l2 = three_planes(s, t, f)
+          if not h2 then return nil, 'general' end
+        else
+          h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+        end
         s = h2 + p2 bv = s - h2 e = (h2 - (s - bv)) + (p2 - bv)
         t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+        if f ~= 0 then
+          h2, l2 = three_planes(s, t, f)
+          if not h2 then return nil, 'general' end
+        else
+          h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+        end
       end
       d = p3 - o3 bv = p3 - d dd = (p3 - (d + bv)) + (bv - o3)
       if dd == 0 then
         s = h3 + d bv = s - h3 e = (h3 - (s - bv)) + (d - bv)
         t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+        if f ~= 0 then
+          h3, l3 = three_planes(s, t, f)
+          if not h3 then return nil, 'general' end
+        else
+          h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+        end
       else
         s = h3 - o3 bv = h3 - s e = (h3 - (s + bv)) + (bv - o3)
         t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+        if f ~= 0 then
+          h3, l3 = three_planes(s, t, f)
+          if not h3 then return nil, 'general' end
+        else
+          h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+        end
         s = h3 + p3 bv = s - h3 e = (h3 - (s - bv)) + (p3 - bv)
         t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+        if f ~= 0 then
+          h3, l3 = three_planes(s, t, f)
+          if not h3 then return nil, 'general' end
+        else
+          h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+        end
       end
       d = p4 - o4 bv = p4 - d dd = (p4 - (d + bv)) + (bv - o4)
       if dd == 0 then
         s = h4 + d bv = s - h4 e = (h4 - (s - bv)) + (d - bv)
         t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+        if f ~= 0 then
+          h4, l4 = three_planes(s, t, f)
+          if not h4 then return nil, 'general' end
+        else
+          h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+        end
       else
         s = h4 - o4 bv = h4 - s e = (h4 - (s + bv)) + (bv - o4)
         t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+        if f ~= 0 then
+          h4, l4 = three_planes(s, t, f)
+          if not h4 then return nil, 'general' end
+        else
+          h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+        end
         s = h4 + p4 bv = s - h4 e = (h4 - (s - bv)) + (p4 - bv)
         t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+        if f ~= 0 then
+          h4, l4 = three_planes(s, t, f)
+          if not h4 then return nil, 'general' end
+        else
+          h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+        end
       end
       d = p5 - o5 bv = p5 - d dd = (p5 - (d + bv)) + (bv - o5)
       if dd == 0 then
         s = h5 + d bv = s - h5 e = (h5 - (s - bv)) + (d - bv)
         t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+        if f ~= 0 then
+          h5, l5 = three_planes(s, t, f)
+          if not h5 then return nil, 'general' end
+        else
+          h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+        end
       else
         s = h5 - o5 bv = h5 - s e = (h5 - (s + bv)) + (bv - o5)
         t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+        if f ~= 0 then
+          h5, l5 = three_planes(s, t, f)
+          if not h5 then return nil, 'general' end
+        else
+          h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+        end
         s = h5 + p5 bv = s - h5 e = (h5 - (s - bv)) + (p5 - bv)
         t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+        if f ~= 0 then
+          h5, l5 = three_planes(s, t, f)
+          if not h5 then return nil, 'general' end
+        else
+          h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+        end
       end
       d = p6 - o6 bv = p6 - d dd = (p6 - (d + bv)) + (bv - o6)
       if dd == 0 then
         s = h6 + d bv = s - h6 e = (h6 - (s - bv)) + (d - bv)
         t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+        if f ~= 0 then
+          h6, l6 = three_planes(s, t, f)
+          if not h6 then return nil, 'general' end
+        else
+          h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+        end
       else
         s = h6 - o6 bv = h6 - s e = (h6 - (s + bv)) + (bv - o6)
         t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+        if f ~= 0 then
+          h6, l6 = three_planes(s, t, f)
+          if not h6 then return nil, 'general' end
+        else
+          h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+        end
         s = h6 + p6 bv = s - h6 e = (h6 - (s - bv)) + (p6 - bv)
         t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+        if f ~= 0 then
+          h6, l6 = three_planes(s, t, f)
+          if not h6 then return nil, 'general' end
+        else
+          h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+        end
       end
       d = p7 - o7 bv = p7 - d dd = (p7 - (d + bv)) + (bv - o7)
       if dd == 0 then
         s = h7 + d bv = s - h7 e = (h7 - (s - bv)) + (d - bv)
         t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+        if f ~= 0 then
+          h7, l7 = three_planes(s, t, f)
+          if not h7 then return nil, 'general' end
+        else
+          h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+        end
       else
         s = h7 - o7 bv = h7 - s e = (h7 - (s + bv)) + (bv - o7)
         t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+        if f ~= 0 then
+          h7, l7 = three_planes(s, t, f)
+          if not h7 then return nil, 'general' end
+        else
+          h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+        end
         s = h7 + p7 bv = s - h7 e = (h7 - (s - bv)) + (p7 - bv)
         t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+        if f ~= 0 then
+          h7, l7 = three_planes(s, t, f)
+          if not h7 then return nil, 'general' end
+        else
+          h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+        end
       end
       d = p8 - o8 bv = p8 - d dd = (p8 - (d + bv)) + (bv - o8)
       if dd == 0 then
         s = h8 + d bv = s - h8 e = (h8 - (s - bv)) + (d - bv)
         t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+        if f ~= 0 then
+          h8, l8 = three_planes(s, t, f)
+          if not h8 then return nil, 'general' end
+        else
+          h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+        end
       else
         s = h8 - o8 bv = h8 - s e = (h8 - (s + bv)) + (bv - o8)
         t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+        if f ~= 0 then
+          h8, l8 = three_planes(s, t, f)
+          if not h8 then return nil, 'general' end
+        else
+          h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+        end
         s = h8 + p8 bv = s - h8 e = (h8 - (s - bv)) + (p8 - bv)
         t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+        if f ~= 0 then
+          h8, l8 = three_planes(s, t, f)
+          if not h8 then return nil, 'general' end
+        else
+          h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+        end
       end
       d = p9 - o9 bv = p9 - d dd = (p9 - (d + bv)) + (bv - o9)
       if dd == 0 then
         s = h9 + d bv = s - h9 e = (h9 - (s - bv)) + (d - bv)
         t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+        if f ~= 0 then
+          h9, l9 = three_planes(s, t, f)
+          if not h9 then return nil, 'general' end
+        else
+          h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+        end
       else
         s = h9 - o9 bv = h9 - s e = (h9 - (s + bv)) + (bv - o9)
         t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+        if f ~= 0 then
+          h9, l9 = three_planes(s, t, f)
+          if not h9 then return nil, 'general' end
+        else
+          h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+        end
         s = h9 + p9 bv = s - h9 e = (h9 - (s - bv)) + (p9 - bv)
         t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+        if f ~= 0 then
+          h9, l9 = three_planes(s, t, f)
+          if not h9 then return nil, 'general' end
+        else
+          h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+        end
       end
       d = p10 - o10 bv = p10 - d dd = (p10 - (d + bv)) + (bv - o10)
       if dd == 0 then
         s = h10 + d bv = s - h10 e = (h10 - (s - bv)) + (d - bv)
         t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+        if f ~= 0 then
+          h10, l10 = three_planes(s, t, f)
+          if not h10 then return nil, 'general' end
+        else
+          h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+        end
       else
         s = h10 - o10 bv = h10 - s e = (h10 - (s + bv)) + (bv - o10)
         t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+        if f ~= 0 then
+          h10, l10 = three_planes(s, t, f)
+          if not h10 then return nil, 'general' end
+        else
+          h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+        end
         s = h10 + p10 bv = s - h10 e = (h10 - (s - bv)) + (p10 - bv)
         t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+        if f ~= 0 then
+          h10, l10 = three_planes(s, t, f)
+          if not h10 then return nil, 'general' end
+        else
+          h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+        end
       end
       d = p11 - o11 bv = p11 - d dd = (p11 - (d + bv)) + (bv - o11)
       if dd == 0 then
         s = h11 + d bv = s - h11 e = (h11 - (s - bv)) + (d - bv)
         t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+        if f ~= 0 then
+          h11, l11 = three_planes(s, t, f)
+          if not h11 then return nil, 'general' end
+        else
+          h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+        end
       else
         s = h11 - o11 bv = h11 - s e = (h11 - (s + bv)) + (bv - o11)
         t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+        if f ~= 0 then
+          h11, l11 = three_planes(s, t, f)
+          if not h11 then return nil, 'general' end
+        else
+          h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+        end
         s = h11 + p11 bv = s - h11 e = (h11 - (s - bv)) + (p11 - bv)
         t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+        if f ~= 0 then
+          h11, l11 = three_planes(s, t, f)
+          if not h11 then return nil, 'general' end
+        else
+          h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+        end
       end
       d = p12 - o12 bv = p12 - d dd = (p12 - (d + bv)) + (bv - o12)
       if dd == 0 then
         s = h12 + d bv = s - h12 e = (h12 - (s - bv)) + (d - bv)
         t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+        if f ~= 0 then
+          h12, l12 = three_planes(s, t, f)
+          if not h12 then return nil, 'general' end
+        else
+          h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+        end
       else
         s = h12 - o12 bv = h12 - s e = (h12 - (s + bv)) + (bv - o12)
         t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+        if f ~= 0 then
+          h12, l12 = three_planes(s, t, f)
+          if not h12 then return nil, 'general' end
+        else
+          h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+        end
         s = h12 + p12 bv = s - h12 e = (h12 - (s - bv)) + (p12 - bv)
         t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+        if f ~= 0 then
+          h12, l12 = three_planes(s, t, f)
+          if not h12 then return nil, 'general' end
+        else
+          h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+        end
       end
       d = p13 - o13 bv = p13 - d dd = (p13 - (d + bv)) + (bv - o13)
       if dd == 0 then
         s = h13 + d bv = s - h13 e = (h13 - (s - bv)) + (d - bv)
         t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+        if f ~= 0 then
+          h13, l13 = three_planes(s, t, f)
+          if not h13 then return nil, 'general' end
+        else
+          h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+        end
       else
         s = h13 - o13 bv = h13 - s e = (h13 - (s + bv)) + (bv - o13)
         t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+        if f ~= 0 then
+          h13, l13 = three_planes(s, t, f)
+          if not h13 then return nil, 'general' end
+        else
+          h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+        end
         s = h13 + p13 bv = s - h13 e = (h13 - (s - bv)) + (p13 - bv)
         t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+        if f ~= 0 then
+          h13, l13 = three_planes(s, t, f)
+          if not h13 then return nil, 'general' end
+        else
+          h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+        end
       end
       d = p14 - o14 bv = p14 - d dd = (p14 - (d + bv)) + (bv - o14)
       if dd == 0 then
         s = h14 + d bv = s - h14 e = (h14 - (s - bv)) + (d - bv)
         t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+        if f ~= 0 then
+          h14, l14 = three_planes(s, t, f)
+          if not h14 then return nil, 'general' end
+        else
+          h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+        end
       else
         s = h14 - o14 bv = h14 - s e = (h14 - (s + bv)) + (bv - o14)
         t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+        if f ~= 0 then
+          h14, l14 = three_planes(s, t, f)
+          if not h14 then return nil, 'general' end
+        else
+          h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+        end
         s = h14 + p14 bv = s - h14 e = (h14 - (s - bv)) + (p14 - bv)
         t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+        if f ~= 0 then
+          h14, l14 = three_planes(s, t, f)
+          if not h14 then return nil, 'general' end
+        else
+          h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+        end
       end
       d = p15 - o15 bv = p15 - d dd = (p15 - (d + bv)) + (bv - o15)
       if dd == 0 then
         s = h15 + d bv = s - h15 e = (h15 - (s - bv)) + (d - bv)
         t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+        if f ~= 0 then
+          h15, l15 = three_planes(s, t, f)
+          if not h15 then return nil, 'general' end
+        else
+          h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+        end
       else
         s = h15 - o15 bv = h15 - s e = (h15 - (s + bv)) + (bv - o15)
         t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+        if f ~= 0 then
+          h15, l15 = three_planes(s, t, f)
+          if not h15 then return nil, 'general' end
+        else
+          h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+        end
         s = h15 + p15 bv = s - h15 e = (h15 - (s - bv)) + (p15 - bv)
         t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+        if f ~= 0 then
+          h15, l15 = three_planes(s, t, f)
+          if not h15 then return nil, 'general' end
+        else
+          h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+        end
       end
       d = p16 - o16 bv = p16 - d dd = (p16 - (d + bv)) + (bv - o16)
       if dd == 0 then
         s = h16 + d bv = s - h16 e = (h16 - (s - bv)) + (d - bv)
         t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+        if f ~= 0 then
+          h16, l16 = three_planes(s, t, f)
+          if not h16 then return nil, 'general' end
+        else
+          h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+        end
       else
         s = h16 - o16 bv = h16 - s e = (h16 - (s + bv)) + (bv - o16)
         t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+        if f ~= 0 then
+          h16, l16 = three_planes(s, t, f)
+          if not h16 then return nil, 'general' end
+        else
+          h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+        end
         s = h16 + p16 bv = s - h16 e = (h16 - (s - bv)) + (p16 - bv)
         t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+        if f ~= 0 then
+          h16, l16 = three_planes(s, t, f)
+          if not h16 then return nil, 'general' end
+        else
+          h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+        end
       end
       d = p17 - o17 bv = p17 - d dd = (p17 - (d + bv)) + (bv - o17)
       if dd == 0 then
         s = h17 + d bv = s - h17 e = (h17 - (s - bv)) + (d - bv)
         t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+        if f ~= 0 then
+          h17, l17 = three_planes(s, t, f)
+          if not h17 then return nil, 'general' end
+        else
+          h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+        end
       else
         s = h17 - o17 bv = h17 - s e = (h17 - (s + bv)) + (bv - o17)
         t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+        if f ~= 0 then
+          h17, l17 = three_planes(s, t, f)
+          if not h17 then return nil, 'general' end
+        else
+          h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+        end
         s = h17 + p17 bv = s - h17 e = (h17 - (s - bv)) + (p17 - bv)
         t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+        if f ~= 0 then
+          h17, l17 = three_planes(s, t, f)
+          if not h17 then return nil, 'general' end
+        else
+          h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+        end
       end
       d = p18 - o18 bv = p18 - d dd = (p18 - (d + bv)) + (bv - o18)
       if dd == 0 then
         s = h18 + d bv = s - h18 e = (h18 - (s - bv)) + (d - bv)
         t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+        if f ~= 0 then
+          h18, l18 = three_planes(s, t, f)
+          if not h18 then return nil, 'general' end
+        else
+          h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+        end
       else
         s = h18 - o18 bv = h18 - s e = (h18 - (s + bv)) + (bv - o18)
         t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+        if f ~= 0 then
+          h18, l18 = three_planes(s, t, f)
+          if not h18 then return nil, 'general' end
+        else
+          h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+        end
         s = h18 + p18 bv = s - h18 e = (h18 - (s - bv)) + (p18 - bv)
         t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+        if f ~= 0 then
+          h18, l18 = three_planes(s, t, f)
+          if not h18 then return nil, 'general' end
+        else
+          h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+        end
       end
       d = p19 - o19 bv = p19 - d dd = (p19 - (d + bv)) + (bv - o19)
       if dd == 0 then
         s = h19 + d bv = s - h19 e = (h19 - (s - bv)) + (d - bv)
         t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+        if f ~= 0 then
+          h19, l19 = three_planes(s, t, f)
+          if not h19 then return nil, 'general' end
+        else
+          h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+        end
       else
         s = h19 - o19 bv = h19 - s e = (h19 - (s + bv)) + (bv - o19)
         t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+        if f ~= 0 then
+          h19, l19 = three_planes(s, t, f)
+          if not h19 then return nil, 'general' end
+        else
+          h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+        end
         s = h19 + p19 bv = s - h19 e = (h19 - (s - bv)) + (p19 - bv)
         t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+        if f ~= 0 then
+          h19, l19 = three_planes(s, t, f)
+          if not h19 then return nil, 'general' end
+        else
+          h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+        end
       end
       d = p20 - o20 bv = p20 - d dd = (p20 - (d + bv)) + (bv - o20)
       if dd == 0 then
         s = h20 + d bv = s - h20 e = (h20 - (s - bv)) + (d - bv)
         t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+        if f ~= 0 then
+          h20, l20 = three_planes(s, t, f)
+          if not h20 then return nil, 'general' end
+        else
+          h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+        end
       else
         s = h20 - o20 bv = h20 - s e = (h20 - (s + bv)) + (bv - o20)
         t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+        if f ~= 0 then
+          h20, l20 = three_planes(s, t, f)
+          if not h20 then return nil, 'general' end
+        else
+          h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+        end
         s = h20 + p20 bv = s - h20 e = (h20 - (s - bv)) + (p20 - bv)
         t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+        if f ~= 0 then
+          h20, l20 = three_planes(s, t, f)
+          if not h20 then return nil, 'general' end
+        else
+          h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+        end
       end
       d = p21 - o21 bv = p21 - d dd = (p21 - (d + bv)) + (bv - o21)
       if dd == 0 then
         s = h21 + d bv = s - h21 e = (h21 - (s - bv)) + (d - bv)
         t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+        if f ~= 0 then
+          h21, l21 = three_planes(s, t, f)
+          if not h21 then return nil, 'general' end
+        else
+          h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+        end
       else
         s = h21 - o21 bv = h21 - s e = (h21 - (s + bv)) + (bv - o21)
         t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+        if f ~= 0 then
+          h21, l21 = three_planes(s, t, f)
+          if not h21 then return nil, 'general' end
+        else
+          h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+        end
         s = h21 + p21 bv = s - h21 e = (h21 - (s - bv)) + (p21 - bv)
         t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+        if f ~= 0 then
+          h21, l21 = three_planes(s, t, f)
+          if not h21 then return nil, 'general' end
+        else
+          h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+        end
       end
       d = p22 - o22 bv = p22 - d dd = (p22 - (d + bv)) + (bv - o22)
       if dd == 0 then
         s = h22 + d bv = s - h22 e = (h22 - (s - bv)) + (d - bv)
         t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+        if f ~= 0 then
+          h22, l22 = three_planes(s, t, f)
+          if not h22 then return nil, 'general' end
+        else
+          h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+        end
       else
         s = h22 - o22 bv = h22 - s e = (h22 - (s + bv)) + (bv - o22)
         t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+        if f ~= 0 then
+          h22, l22 = three_planes(s, t, f)
+          if not h22 then return nil, 'general' end
+        else
+          h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+        end
         s = h22 + p22 bv = s - h22 e = (h22 - (s - bv)) + (p22 - bv)
         t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+        if f ~= 0 then
+          h22, l22 = three_planes(s, t, f)
+          if not h22 then return nil, 'general' end
+        else
+          h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+        end
       end
       d = p23 - o23 bv = p23 - d dd = (p23 - (d + bv)) + (bv - o23)
       if dd == 0 then
         s = h23 + d bv = s - h23 e = (h23 - (s - bv)) + (d - bv)
         t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+        if f ~= 0 then
+          h23, l23 = three_planes(s, t, f)
+          if not h23 then return nil, 'general' end
+        else
+          h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+        end
       else
         s = h23 - o23 bv = h23 - s e = (h23 - (s + bv)) + (bv - o23)
         t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+        if f ~= 0 then
+          h23, l23 = three_planes(s, t, f)
+          if not h23 then return nil, 'general' end
+        else
+          h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+        end
         s = h23 + p23 bv = s - h23 e = (h23 - (s - bv)) + (p23 - bv)
         t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+        if f ~= 0 then
+          h23, l23 = three_planes(s, t, f)
+          if not h23 then return nil, 'general' end
+        else
+          h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+        end
       end
       d = p24 - o24 bv = p24 - d dd = (p24 - (d + bv)) + (bv - o24)
       if dd == 0 then
         s = h24 + d bv = s - h24 e = (h24 - (s - bv)) + (d - bv)
         t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+        if f ~= 0 then
+          h24, l24 = three_planes(s, t, f)
+          if not h24 then return nil, 'general' end
+        else
+          h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+        end
       else
         s = h24 - o24 bv = h24 - s e = (h24 - (s + bv)) + (bv - o24)
         t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+        if f ~= 0 then
+          h24, l24 = three_planes(s, t, f)
+          if not h24 then return nil, 'general' end
+        else
+          h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+        end
         s = h24 + p24 bv = s - h24 e = (h24 - (s - bv)) + (p24 - bv)
         t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+        if f ~= 0 then
+          h24, l24 = three_planes(s, t, f)
+          if not h24 then return nil, 'general' end
+        else
+          h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+        end
       end
       d = p25 - o25 bv = p25 - d dd = (p25 - (d + bv)) + (bv - o25)
       if dd == 0 then
         s = h25 + d bv = s - h25 e = (h25 - (s - bv)) + (d - bv)
         t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+        if f ~= 0 then
+          h25, l25 = three_planes(s, t, f)
+          if not h25 then return nil, 'general' end
+        else
+          h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+        end
       else
         s = h25 - o25 bv = h25 - s e = (h25 - (s + bv)) + (bv - o25)
         t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+        if f ~= 0 then
+          h25, l25 = three_planes(s, t, f)
+          if not h25 then return nil, 'general' end
+        else
+          h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+        end
         s = h25 + p25 bv = s - h25 e = (h25 - (s - bv)) + (p25 - bv)
         t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+        if f ~= 0 then
+          h25, l25 = three_planes(s, t, f)
+          if not h25 then return nil, 'general' end
+        else
+          h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+        end
       end
       d = p26 - o26 bv = p26 - d dd = (p26 - (d + bv)) + (bv - o26)
       if dd == 0 then
         s = h26 + d bv = s - h26 e = (h26 - (s - bv)) + (d - bv)
         t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+        if f ~= 0 then
+          h26, l26 = three_planes(s, t, f)
+          if not h26 then return nil, 'general' end
+        else
+          h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+        end
       else
         s = h26 - o26 bv = h26 - s e = (h26 - (s + bv)) + (bv - o26)
         t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+        if f ~= 0 then
+          h26, l26 = three_planes(s, t, f)
+          if not h26 then return nil, 'general' end
+        else
+          h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+        end
         s = h26 + p26 bv = s - h26 e = (h26 - (s - bv)) + (p26 - bv)
         t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+        if f ~= 0 then
+          h26, l26 = three_planes(s, t, f)
+          if not h26 then return nil, 'general' end
+        else
+          h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+        end
       end
       d = p27 - o27 bv = p27 - d dd = (p27 - (d + bv)) + (bv - o27)
       if dd == 0 then
         s = h27 + d bv = s - h27 e = (h27 - (s - bv)) + (d - bv)
         t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+        if f ~= 0 then
+          h27, l27 = three_planes(s, t, f)
+          if not h27 then return nil, 'general' end
+        else
+          h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+        end
       else
         s = h27 - o27 bv = h27 - s e = (h27 - (s + bv)) + (bv - o27)
         t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+        if f ~= 0 then
+          h27, l27 = three_planes(s, t, f)
+          if not h27 then return nil, 'general' end
+        else
+          h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+        end
         s = h27 + p27 bv = s - h27 e = (h27 - (s - bv)) + (p27 - bv)
         t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+        if f ~= 0 then
+          h27, l27 = three_planes(s, t, f)
+          if not h27 then return nil, 'general' end
+        else
+          h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+        end
       end
       d = p28 - o28 bv = p28 - d dd = (p28 - (d + bv)) + (bv - o28)
       if dd == 0 then
         s = h28 + d bv = s - h28 e = (h28 - (s - bv)) + (d - bv)
         t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+        if f ~= 0 then
+          h28, l28 = three_planes(s, t, f)
+          if not h28 then return nil, 'general' end
+        else
+          h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+        end
       else
         s = h28 - o28 bv = h28 - s e = (h28 - (s + bv)) + (bv - o28)
         t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+        if f ~= 0 then
+          h28, l28 = three_planes(s, t, f)
+          if not h28 then return nil, 'general' end
+        else
+          h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+        end
         s = h28 + p28 bv = s - h28 e = (h28 - (s - bv)) + (p28 - bv)
         t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+        if f ~= 0 then
+          h28, l28 = three_planes(s, t, f)
+          if not h28 then return nil, 'general' end
+        else
+          h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+        end
       end
       d = p29 - o29 bv = p29 - d dd = (p29 - (d + bv)) + (bv - o29)
       if dd == 0 then
         s = h29 + d bv = s - h29 e = (h29 - (s - bv)) + (d - bv)
         t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+        if f ~= 0 then
+          h29, l29 = three_planes(s, t, f)
+          if not h29 then return nil, 'general' end
+        else
+          h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+        end
       else
         s = h29 - o29 bv = h29 - s e = (h29 - (s + bv)) + (bv - o29)
         t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+        if f ~= 0 then
+          h29, l29 = three_planes(s, t, f)
+          if not h29 then return nil, 'general' end
+        else
+          h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+        end
         s = h29 + p29 bv = s - h29 e = (h29 - (s - bv)) + (p29 - bv)
         t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+        if f ~= 0 then
+          h29, l29 = three_planes(s, t, f)
+          if not h29 then return nil, 'general' end
+        else
+          h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+        end
       end
       d = p30 - o30 bv = p30 - d dd = (p30 - (d + bv)) + (bv - o30)
       if dd == 0 then
         s = h30 + d bv = s - h30 e = (h30 - (s - bv)) + (d - bv)
         t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+        if f ~= 0 then
+          h30, l30 = three_planes(s, t, f)
+          if not h30 then return nil, 'general' end
+        else
+          h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+        end
       else
         s = h30 - o30 bv = h30 - s e = (h30 - (s + bv)) + (bv - o30)
         t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+        if f ~= 0 then
+          h30, l30 = three_planes(s, t, f)
+          if not h30 then return nil, 'general' end
+        else
+          h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+        end
         s = h30 + p30 bv = s - h30 e = (h30 - (s - bv)) + (p30 - bv)
         t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+        if f ~= 0 then
+          h30, l30 = three_planes(s, t, f)
+          if not h30 then return nil, 'general' end
+        else
+          h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+        end
       end
       d = p31 - o31 bv = p31 - d dd = (p31 - (d + bv)) + (bv - o31)
       if dd == 0 then
         s = h31 + d bv = s - h31 e = (h31 - (s - bv)) + (d - bv)
         t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+        if f ~= 0 then
+          h31, l31 = three_planes(s, t, f)
+          if not h31 then return nil, 'general' end
+        else
+          h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+        end
       else
         s = h31 - o31 bv = h31 - s e = (h31 - (s + bv)) + (bv - o31)
         t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+        if f ~= 0 then
+          h31, l31 = three_planes(s, t, f)
+          if not h31 then return nil, 'general' end
+        else
+          h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+        end
         s = h31 + p31 bv = s - h31 e = (h31 - (s - bv)) + (p31 - bv)
         t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+        if f ~= 0 then
+          h31, l31 = three_planes(s, t, f)
+          if not h31 then return nil, 'general' end
+        else
+          h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+        end
       end
       d = p32 - o32 bv = p32 - d dd = (p32 - (d + bv)) + (bv - o32)
       if dd == 0 then
         s = h32 + d bv = s - h32 e = (h32 - (s - bv)) + (d - bv)
         t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+        if f ~= 0 then
+          h32, l32 = three_planes(s, t, f)
+          if not h32 then return nil, 'general' end
+        else
+          h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+        end
       else
         s = h32 - o32 bv = h32 - s e = (h32 - (s + bv)) + (bv - o32)
         t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+        if f ~= 0 then
+          h32, l32 = three_planes(s, t, f)
+          if not h32 then return nil, 'general' end
+        else
+          h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+        end
         s = h32 + p32 bv = s - h32 e = (h32 - (s - bv)) + (p32 - bv)
         t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
-        if f ~= 0 then return nil, 'general' end
-        h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+        if f ~= 0 then
+          h32, l32 = three_planes(s, t, f)
+          if not h32 then return nil, 'general' end
+        else
+          h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+        end
       end
     else -- a shard's first slot: the payload in
       s = h1 + p1 bv = s - h1 e = (h1 - (s - bv)) + (p1 - bv)
       t = l1 + e bv = t - l1 f = (l1 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+      if f ~= 0 then
+        h1, l1 = three_planes(s, t, f)
+        if not h1 then return nil, 'general' end
+      else
+        h1 = s + t bv = h1 - s l1 = (s - (h1 - bv)) + (t - bv)
+      end
       s = h2 + p2 bv = s - h2 e = (h2 - (s - bv)) + (p2 - bv)
       t = l2 + e bv = t - l2 f = (l2 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+      if f ~= 0 then
+        h2, l2 = three_planes(s, t, f)
+        if not h2 then return nil, 'general' end
+      else
+        h2 = s + t bv = h2 - s l2 = (s - (h2 - bv)) + (t - bv)
+      end
       s = h3 + p3 bv = s - h3 e = (h3 - (s - bv)) + (p3 - bv)
       t = l3 + e bv = t - l3 f = (l3 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+      if f ~= 0 then
+        h3, l3 = three_planes(s, t, f)
+        if not h3 then return nil, 'general' end
+      else
+        h3 = s + t bv = h3 - s l3 = (s - (h3 - bv)) + (t - bv)
+      end
       s = h4 + p4 bv = s - h4 e = (h4 - (s - bv)) + (p4 - bv)
       t = l4 + e bv = t - l4 f = (l4 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+      if f ~= 0 then
+        h4, l4 = three_planes(s, t, f)
+        if not h4 then return nil, 'general' end
+      else
+        h4 = s + t bv = h4 - s l4 = (s - (h4 - bv)) + (t - bv)
+      end
       s = h5 + p5 bv = s - h5 e = (h5 - (s - bv)) + (p5 - bv)
       t = l5 + e bv = t - l5 f = (l5 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+      if f ~= 0 then
+        h5, l5 = three_planes(s, t, f)
+        if not h5 then return nil, 'general' end
+      else
+        h5 = s + t bv = h5 - s l5 = (s - (h5 - bv)) + (t - bv)
+      end
       s = h6 + p6 bv = s - h6 e = (h6 - (s - bv)) + (p6 - bv)
       t = l6 + e bv = t - l6 f = (l6 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+      if f ~= 0 then
+        h6, l6 = three_planes(s, t, f)
+        if not h6 then return nil, 'general' end
+      else
+        h6 = s + t bv = h6 - s l6 = (s - (h6 - bv)) + (t - bv)
+      end
       s = h7 + p7 bv = s - h7 e = (h7 - (s - bv)) + (p7 - bv)
       t = l7 + e bv = t - l7 f = (l7 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+      if f ~= 0 then
+        h7, l7 = three_planes(s, t, f)
+        if not h7 then return nil, 'general' end
+      else
+        h7 = s + t bv = h7 - s l7 = (s - (h7 - bv)) + (t - bv)
+      end
       s = h8 + p8 bv = s - h8 e = (h8 - (s - bv)) + (p8 - bv)
       t = l8 + e bv = t - l8 f = (l8 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+      if f ~= 0 then
+        h8, l8 = three_planes(s, t, f)
+        if not h8 then return nil, 'general' end
+      else
+        h8 = s + t bv = h8 - s l8 = (s - (h8 - bv)) + (t - bv)
+      end
       s = h9 + p9 bv = s - h9 e = (h9 - (s - bv)) + (p9 - bv)
       t = l9 + e bv = t - l9 f = (l9 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+      if f ~= 0 then
+        h9, l9 = three_planes(s, t, f)
+        if not h9 then return nil, 'general' end
+      else
+        h9 = s + t bv = h9 - s l9 = (s - (h9 - bv)) + (t - bv)
+      end
       s = h10 + p10 bv = s - h10 e = (h10 - (s - bv)) + (p10 - bv)
       t = l10 + e bv = t - l10 f = (l10 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+      if f ~= 0 then
+        h10, l10 = three_planes(s, t, f)
+        if not h10 then return nil, 'general' end
+      else
+        h10 = s + t bv = h10 - s l10 = (s - (h10 - bv)) + (t - bv)
+      end
       s = h11 + p11 bv = s - h11 e = (h11 - (s - bv)) + (p11 - bv)
       t = l11 + e bv = t - l11 f = (l11 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+      if f ~= 0 then
+        h11, l11 = three_planes(s, t, f)
+        if not h11 then return nil, 'general' end
+      else
+        h11 = s + t bv = h11 - s l11 = (s - (h11 - bv)) + (t - bv)
+      end
       s = h12 + p12 bv = s - h12 e = (h12 - (s - bv)) + (p12 - bv)
       t = l12 + e bv = t - l12 f = (l12 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+      if f ~= 0 then
+        h12, l12 = three_planes(s, t, f)
+        if not h12 then return nil, 'general' end
+      else
+        h12 = s + t bv = h12 - s l12 = (s - (h12 - bv)) + (t - bv)
+      end
       s = h13 + p13 bv = s - h13 e = (h13 - (s - bv)) + (p13 - bv)
       t = l13 + e bv = t - l13 f = (l13 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+      if f ~= 0 then
+        h13, l13 = three_planes(s, t, f)
+        if not h13 then return nil, 'general' end
+      else
+        h13 = s + t bv = h13 - s l13 = (s - (h13 - bv)) + (t - bv)
+      end
       s = h14 + p14 bv = s - h14 e = (h14 - (s - bv)) + (p14 - bv)
       t = l14 + e bv = t - l14 f = (l14 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+      if f ~= 0 then
+        h14, l14 = three_planes(s, t, f)
+        if not h14 then return nil, 'general' end
+      else
+        h14 = s + t bv = h14 - s l14 = (s - (h14 - bv)) + (t - bv)
+      end
       s = h15 + p15 bv = s - h15 e = (h15 - (s - bv)) + (p15 - bv)
       t = l15 + e bv = t - l15 f = (l15 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+      if f ~= 0 then
+        h15, l15 = three_planes(s, t, f)
+        if not h15 then return nil, 'general' end
+      else
+        h15 = s + t bv = h15 - s l15 = (s - (h15 - bv)) + (t - bv)
+      end
       s = h16 + p16 bv = s - h16 e = (h16 - (s - bv)) + (p16 - bv)
       t = l16 + e bv = t - l16 f = (l16 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+      if f ~= 0 then
+        h16, l16 = three_planes(s, t, f)
+        if not h16 then return nil, 'general' end
+      else
+        h16 = s + t bv = h16 - s l16 = (s - (h16 - bv)) + (t - bv)
+      end
       s = h17 + p17 bv = s - h17 e = (h17 - (s - bv)) + (p17 - bv)
       t = l17 + e bv = t - l17 f = (l17 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+      if f ~= 0 then
+        h17, l17 = three_planes(s, t, f)
+        if not h17 then return nil, 'general' end
+      else
+        h17 = s + t bv = h17 - s l17 = (s - (h17 - bv)) + (t - bv)
+      end
       s = h18 + p18 bv = s - h18 e = (h18 - (s - bv)) + (p18 - bv)
       t = l18 + e bv = t - l18 f = (l18 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+      if f ~= 0 then
+        h18, l18 = three_planes(s, t, f)
+        if not h18 then return nil, 'general' end
+      else
+        h18 = s + t bv = h18 - s l18 = (s - (h18 - bv)) + (t - bv)
+      end
       s = h19 + p19 bv = s - h19 e = (h19 - (s - bv)) + (p19 - bv)
       t = l19 + e bv = t - l19 f = (l19 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+      if f ~= 0 then
+        h19, l19 = three_planes(s, t, f)
+        if not h19 then return nil, 'general' end
+      else
+        h19 = s + t bv = h19 - s l19 = (s - (h19 - bv)) + (t - bv)
+      end
       s = h20 + p20 bv = s - h20 e = (h20 - (s - bv)) + (p20 - bv)
       t = l20 + e bv = t - l20 f = (l20 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+      if f ~= 0 then
+        h20, l20 = three_planes(s, t, f)
+        if not h20 then return nil, 'general' end
+      else
+        h20 = s + t bv = h20 - s l20 = (s - (h20 - bv)) + (t - bv)
+      end
       s = h21 + p21 bv = s - h21 e = (h21 - (s - bv)) + (p21 - bv)
       t = l21 + e bv = t - l21 f = (l21 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+      if f ~= 0 then
+        h21, l21 = three_planes(s, t, f)
+        if not h21 then return nil, 'general' end
+      else
+        h21 = s + t bv = h21 - s l21 = (s - (h21 - bv)) + (t - bv)
+      end
       s = h22 + p22 bv = s - h22 e = (h22 - (s - bv)) + (p22 - bv)
       t = l22 + e bv = t - l22 f = (l22 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+      if f ~= 0 then
+        h22, l22 = three_planes(s, t, f)
+        if not h22 then return nil, 'general' end
+      else
+        h22 = s + t bv = h22 - s l22 = (s - (h22 - bv)) + (t - bv)
+      end
       s = h23 + p23 bv = s - h23 e = (h23 - (s - bv)) + (p23 - bv)
       t = l23 + e bv = t - l23 f = (l23 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+      if f ~= 0 then
+        h23, l23 = three_planes(s, t, f)
+        if not h23 then return nil, 'general' end
+      else
+        h23 = s + t bv = h23 - s l23 = (s - (h23 - bv)) + (t - bv)
+      end
       s = h24 + p24 bv = s - h24 e = (h24 - (s - bv)) + (p24 - bv)
       t = l24 + e bv = t - l24 f = (l24 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+      if f ~= 0 then
+        h24, l24 = three_planes(s, t, f)
+        if not h24 then return nil, 'general' end
+      else
+        h24 = s + t bv = h24 - s l24 = (s - (h24 - bv)) + (t - bv)
+      end
       s = h25 + p25 bv = s - h25 e = (h25 - (s - bv)) + (p25 - bv)
       t = l25 + e bv = t - l25 f = (l25 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+      if f ~= 0 then
+        h25, l25 = three_planes(s, t, f)
+        if not h25 then return nil, 'general' end
+      else
+        h25 = s + t bv = h25 - s l25 = (s - (h25 - bv)) + (t - bv)
+      end
       s = h26 + p26 bv = s - h26 e = (h26 - (s - bv)) + (p26 - bv)
       t = l26 + e bv = t - l26 f = (l26 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+      if f ~= 0 then
+        h26, l26 = three_planes(s, t, f)
+        if not h26 then return nil, 'general' end
+      else
+        h26 = s + t bv = h26 - s l26 = (s - (h26 - bv)) + (t - bv)
+      end
       s = h27 + p27 bv = s - h27 e = (h27 - (s - bv)) + (p27 - bv)
       t = l27 + e bv = t - l27 f = (l27 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+      if f ~= 0 then
+        h27, l27 = three_planes(s, t, f)
+        if not h27 then return nil, 'general' end
+      else
+        h27 = s + t bv = h27 - s l27 = (s - (h27 - bv)) + (t - bv)
+      end
       s = h28 + p28 bv = s - h28 e = (h28 - (s - bv)) + (p28 - bv)
       t = l28 + e bv = t - l28 f = (l28 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+      if f ~= 0 then
+        h28, l28 = three_planes(s, t, f)
+        if not h28 then return nil, 'general' end
+      else
+        h28 = s + t bv = h28 - s l28 = (s - (h28 - bv)) + (t - bv)
+      end
       s = h29 + p29 bv = s - h29 e = (h29 - (s - bv)) + (p29 - bv)
       t = l29 + e bv = t - l29 f = (l29 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+      if f ~= 0 then
+        h29, l29 = three_planes(s, t, f)
+        if not h29 then return nil, 'general' end
+      else
+        h29 = s + t bv = h29 - s l29 = (s - (h29 - bv)) + (t - bv)
+      end
       s = h30 + p30 bv = s - h30 e = (h30 - (s - bv)) + (p30 - bv)
       t = l30 + e bv = t - l30 f = (l30 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+      if f ~= 0 then
+        h30, l30 = three_planes(s, t, f)
+        if not h30 then return nil, 'general' end
+      else
+        h30 = s + t bv = h30 - s l30 = (s - (h30 - bv)) + (t - bv)
+      end
       s = h31 + p31 bv = s - h31 e = (h31 - (s - bv)) + (p31 - bv)
       t = l31 + e bv = t - l31 f = (l31 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+      if f ~= 0 then
+        h31, l31 = three_planes(s, t, f)
+        if not h31 then return nil, 'general' end
+      else
+        h31 = s + t bv = h31 - s l31 = (s - (h31 - bv)) + (t - bv)
+      end
       s = h32 + p32 bv = s - h32 e = (h32 - (s - bv)) + (p32 - bv)
       t = l32 + e bv = t - l32 f = (l32 - (t - bv)) + (e - bv)
-      if f ~= 0 then return nil, 'general' end
-      h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+      if f ~= 0 then
+        h32, l32 = three_planes(s, t, f)
+        if not h32 then return nil, 'general' end
+      else
+        h32 = s + t bv = h32 - s l32 = (s - (h32 - bv)) + (t - bv)
+      end
     end
     his[blk] =
       spack(FB, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11, h12, h13, h14, h15, h16, h17, h18, h19, h20, h21, h22,
@@ -1105,15 +1628,19 @@ local function merge_live(item, spec, decl, fold) -- nil and the key's working s
     end
     item.stale_seen = string.format('%.0f', now_us)
   end
-  local grace = decl.grace
+  -- a state key's slot leaves once its shard's lease has lapsed for its grace (or was given up); a
+  -- history key's is retired (still counted) once its shard has been gone for its grace (retire_after_s),
+  -- a give-up found by its end in lease_ends (lease.lua scores it so, and keeps <id>:ended_us)
+  local grace, history = decl.grace, decl.lifecycle ~= 'state'
   if grace then
     local clock = fold.clock()
     local span = grace * 1e6
     local gave_up_seq = redis.call('HGET', fold.run_meta, 'gave_up_seq') or '0'
     local seen_served, seen_seq = string.match(spec[8] or '', '^(%-?%d+),(%d+)$')
-    local function judge(id, text) -- the rule, on the shard's lease as it stands
+    local function judge(id, text, ended) -- the rule, on the shard's lease as it stands
       local u = tonumber(text)
-      if u and (u < 0 or clock - u > span) then
+      if u and u < 0 and history then u = tonumber(ended) end -- (given up: when, for a history key)
+      if u and ((u < 0 and not history) or clock - u > span) then
         if not gone[id] then gone[id] = 'lapsed' end
         return true
       end
@@ -1122,7 +1649,7 @@ local function merge_live(item, spec, decl, fold) -- nil and the key's working s
     if seen_served then -- the shards whose lease ended, or that gave it up, since the last look
       local ended = redis.call('ZRANGEBYSCORE', fold.run.lease_ends,
         string.format('%.0f', tonumber(seen_served) - span - 1), string.format('%.0f', clock - span + 1))
-      local stopped = tonumber(gave_up_seq) > tonumber(seen_seq) and
+      local stopped = not history and tonumber(gave_up_seq) > tonumber(seen_seq) and
         redis.call('ZRANGEBYSCORE', fold.run.gave_up, '(' .. seen_seq, gave_up_seq) or NONE
       local set = WRITER_SETS[spec[4] or '']
       for _, list in ipairs({ended, stopped}) do
@@ -1139,11 +1666,11 @@ local function merge_live(item, spec, decl, fold) -- nil and the key's working s
       item.seed_leases = {}
     end
     if #others > 0 then
-      local fields = {}
-      for j = 1, #others do fields[j] = idname[others[j]] .. ':alive_until_us' end
+      local fields, n = {}, #others
+      for j = 1, n do fields[j], fields[n + j] = idname[others[j]] .. ':alive_until_us', history and idname[others[j]] .. ':ended_us' or nil end
       local leased = hmget(fold.shards, fields) or {}
-      for j = 1, #others do
-        local lapsed = judge(others[j], leased[j])
+      for j = 1, n do
+        local lapsed = judge(others[j], leased[j], history and leased[n + j])
         local u = tonumber(leased[j])
         if not lapsed and u and u >= 0 and (item.seed_leases or from_index[others[j]]) then
           -- (seeded, or an index entry behind its lease's end, as an earlier redisync's renewal leaves it: moved)
@@ -1178,6 +1705,7 @@ local function merge_live(item, spec, decl, fold) -- nil and the key's working s
       item.writers = table.concat(names, ',')
     end
   end
+  item.departed = decl.lifecycle ~= 'state'
   return nil, {sumsq = sumsq, idname = idname, was_writer = was_writer, live = live, me = me,
     lifecycle = decl.lifecycle}
 end
@@ -1201,11 +1729,12 @@ local function merge_sums(item, spec, resumed, k, fold)
   local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {}}
   local got, slots = plan.got, plan.slots
   local retiring = spec[5] and spec[5] ~= fold.inc and not resumed and k.lifecycle ~= 'state'
+  local departing = #item.forget > 0 and k.lifecycle ~= 'state' -- (history slots whose shards are gone: retired)
   local rebuild = item.rebuild
   ask(plan, 'agg', whole)
   ask(plan, 'agg_lo', false)
   if k.was_writer then ask(plan, fold.own.slot, whole, me) end
-  if retiring or rebuild then ask(plan, 'retired', whole); ask(plan, 'retired_lo', false) end
+  if retiring or departing or rebuild then ask(plan, 'retired', whole); ask(plan, 'retired_lo', false) end
   for j = 1, #item.forget do local id = item.forget[j] ask(plan, 'slot:' .. idname[id], whole, id) end
   if rebuild then
     for j = 1, #k.live do local id = k.live[j] if id ~= me then ask(plan, 'slot:' .. idname[id], whole, id) end end
@@ -1233,7 +1762,10 @@ local function merge_sums(item, spec, resumed, k, fold)
   end
   local subs = {}
   if slots[me] and not retiring then subs[1] = slots[me] end
-  for j = 1, #item.forget do subs[#subs + 1] = slots[item.forget[j]] end
+  -- (departed history slots move into the retired planes as they are: the exact sum does not change)
+  local gone = departing and {} or subs
+  for j = 1, #item.forget do gone[#gone + 1] = slots[item.forget[j]] end
+  if departing then retired_planes = exact_general(retired_planes or {}, gone, {}, width) item.retired = retired_planes end
   local result
   if rebuild then
     local why = payload_problem(name, payload, width, cs, size)
@@ -1276,8 +1808,8 @@ end
 local function check(item, spec, decl, resumed, fold)
   -- (every field the apply reads is set by this check, or false: the item is the VM's, see ITEMS)
   item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
-    item.writers, item.retired, item.agg, item.agg_lo, item.prior, item.lapse_seen, item.stale_seen =
-    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
+    item.writers, item.retired, item.agg, item.agg_lo, item.prior, item.lapse_seen, item.stale_seen, item.departed =
+    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
   local bad, k = merge_live(item, spec, decl, fold)
   if bad then return bad end
   return merge_sums(item, spec, resumed, k, fold)
@@ -1290,8 +1822,11 @@ local function apply(item, fold)
     redis.call('HDEL', item.data, 'slot:' .. id)
   end
   local lapsed = item.lapsed or 0
-  if #item.forget > lapsed then redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget - lapsed) end
-  if lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
+  if item.departed and #item.forget > 0 then redis.call('HINCRBY', item.meta, 'retired_departed', #item.forget) end
+  if not item.departed and #item.forget > lapsed then
+    redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget - lapsed)
+  end
+  if not item.departed and lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
   if item.retired then
     local rest = {}
     for r = 2, #item.retired do rest[r - 1] = item.retired[r] end
@@ -1346,4 +1881,4 @@ local function pull(km, kd, caller)
   return value, own_slot, own_inc
 end
 
-return {reads = reads, check = check, apply = apply, pull = pull}
+return {reads = reads, check = check, apply = apply, pull = pull, slots = true}
