@@ -43,6 +43,13 @@ from .common import URL, connected, needs, table
     "the cost per value at 4 and 64 slots; the capacity per primary from the instructions",
 )
 @click.option(
+    "--churn",
+    is_flag=True,
+    help="instead: 10 000 shard ids passed one after another through 64 live collectors on a redis-server of its "
+    "own; the run's memory with the live slots alone, at its highest and after the graces, and the fold's "
+    "instructions before and after (where valgrind is installed)",
+)
+@click.option(
     "--load",
     is_flag=True,
     help="instead: a redis-server of its own driven by pre-encoded, pipelined reports of 64, 256 and 1 024 "
@@ -102,6 +109,7 @@ def bench(
     scale: bool,
     instructions: bool,
     fleet: bool,
+    churn: bool,
     load: bool,
     tree: bool,
     collectors: int,
@@ -118,7 +126,8 @@ def bench(
     With --peers: the collector's blocking time per step, redisync's workers beside gloo collectives.
     With --scale: how the server's cost grows with the fleet, and the largest fleet one Redis serves.
     With --tree: a thousand collectors and more in one run over a Cluster's primaries, exact.
-    With --load: one primary at the report rate a capacity figure claims, beside a plain design."""
+    With --load: one primary at the report rate a capacity figure claims, beside a plain design.
+    With --churn: a run's memory and fold as thousands of shard ids pass through a few live ones."""
     if quick:  # the smallest sizes each measurement accepts
         calls, procs, steps, collectors = 20, 2, 100, 6
     if load:
@@ -140,6 +149,12 @@ def bench(
             one_primary,
             as_json,
         )
+        return
+    if churn:
+        from ..bench.churn import format_churn, run_churn
+
+        result = run_churn(ids=200, live=8, grace_s=0.5, folds=3) if quick else run_churn()
+        click.echo(json.dumps(result, indent=2) if as_json else format_churn(result))
         return
     if instructions and fleet:
         from ..bench.instructions import format_fleet_table, run_fleet_instructions
