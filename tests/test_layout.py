@@ -165,6 +165,21 @@ def test_a_semantics_reads_only_what_the_fold_passes_it():
     assert not read, f"semantics reading the envelope's own variables instead of the fold context: {read}"
 
 
+def test_terms_and_integrations_ask_their_role_not_a_mode_or_semantics_string():
+    """A term's modes map to a `Role` once (terms/role.py); the terms and the drop-ins ask it (syncs,
+    broadcasts, acts_alone) and never compare a mode with ``"local"``/``"observe"`` or a role's
+    semantics with a name (the registry is the one place that names a semantics)."""
+    pattern = re.compile(r"""(mode\s*[!=]=\s*["'](local|observe|pooled)["']|mode in \(["']local|semantics\s*[!=]=\s*["'])""")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for folder in ("redisync/terms", "redisync/integrations")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line.split("#")[0])
+    ]
+    assert not found, "\n".join(found)
+
+
 def test_only_the_store_client_talks_to_redis():
     """The store client's modules alone import redis-py or reach into a store's connection
     (``.redis``): the inspector, the exporter, watch, the aggregator, the collector's listener and

@@ -87,7 +87,7 @@ class TrackerSync:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        if self.role.semantics == "broadcast":
+        if self.role.broadcasts:
             return {self.key: broadcast((), owner=self.owner)}
         return {self.key: merge((), lifecycle="state")}
 
@@ -105,7 +105,7 @@ class TrackerSync:
         view = fleet.keys.get(self.key)
         if view is None or view.value is None:
             return
-        if self.role.semantics == "broadcast":
+        if self.role.broadcasts:
             self._fleet = float(view.parts()["value"])
         else:
             others = view.others_parts()

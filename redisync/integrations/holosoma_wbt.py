@@ -35,6 +35,7 @@ from holosoma.agents.fast_sac.fast_sac_utils import EmpiricalNormalization as Fa
 from holosoma.managers.command.terms.wbt import AdaptiveTimestepsSampler
 
 from ..errors import ConfigurationError
+from ..terms.role import role_of
 from ..terms.sampler_options import DropInMode
 from ..terms.torch.normalization import Mode as NormMode
 from ..terms.torch.sampler import AdaptiveMotionSampler
@@ -89,7 +90,7 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
             raise ConfigurationError(f"holosoma's sampler has {self.num_bins} bins, redisync's {self.state.bin_count}")
         self.state.set_own_ema(self.__dict__.pop("_initial_bin_failed_count"))
         self.state._current_bin_failed.copy_(self.__dict__.pop("_initial_current_bin_failed_count"))
-        if mode != "local":
+        if self.state.role.syncs:
             self.fleet.add(self.state)
 
     @classmethod
@@ -119,14 +120,14 @@ class SyncedAdaptiveTimestepsSampler(AdaptiveTimestepsSampler):
     def update_bin_failed_count(self) -> None:
         """holosoma's per-step EMA fold; then one env step counts toward the fleet's next report."""
         super().update_bin_failed_count()
-        if self.mode != "local":
+        if self.state.role.syncs:
             self.fleet.on_step()
             if self.log_dict is not None:
                 self.fleet.put_metrics(self.log_dict, log_value)
 
     def sample(self, num_samples: int) -> torch.Tensor:
         """holosoma's draw of start frames, from the fleet's EMA (swapped in first) in a synced mode."""
-        if self.mode != "local":
+        if self.state.role.syncs:
             self.fleet.at_reset_boundary()
         self._drawing = True
         try:
@@ -164,7 +165,7 @@ def sync_motion_command(
             "no holosoma MotionCommand with an adaptive sampler found: "
             "set use_adaptive_timesteps_sampler=True in its MotionConfig"
         )
-    if len(commands) > 1 and mode != "local":
+    if len(commands) > 1 and role_of(mode, leads=False).syncs:
         raise ConfigurationError(
             f"{len(commands)} motion commands would share the key {key!r}: sync one per call with its own key"
         )
@@ -220,16 +221,17 @@ def sync_fastsac_normalizers(
             "critic_obs_normalizer): build it with obs_normalization=True"
         )
     fleet = fleet if fleet is not None else process_fleet()
+    syncs = role_of(mode, leads=False).syncs
     synced = []
     for name in names:
         module = getattr(agent, name)
         # local: holosoma's update, without the collective and without the fleet
         replacement = SyncedFastSacNormalization.replacing(
-            module, key=f"{KEY_PREFIX}/{name}", fleet=fleet if mode != "local" else None, mode=mode
+            module, key=f"{KEY_PREFIX}/{name}", fleet=fleet if syncs else None, mode=mode
         )
         setattr(agent, name, replacement)
         synced.append(replacement)
-    if mode != "local":
+    if syncs:
         fleet.add(*synced)
         if start:
             fleet.start()

@@ -111,7 +111,7 @@ class SyncedMotionCommand(MotionCommand):
             self.__dict__["_initial_bin_failed_count"],
             self.__dict__["_initial_current_bin_failed"],
         )  # mjlab's zeros: the sampler holds the EMA now
-        if cfg.sync_mode != "local":
+        if self.sampler.role.syncs:
             self.fleet.add(self.sampler)
 
     # mjlab's code reads and rebinds these two; they live in the sampler
@@ -119,7 +119,7 @@ class SyncedMotionCommand(MotionCommand):
     _current_bin_failed = SamplerAttribute("sampler", "current")
 
     def _adaptive_sampling(self, env_ids: torch.Tensor) -> None:
-        if self.cfg.sync_mode != "local":
+        if self.sampler.role.syncs:
             self.fleet.at_reset_boundary()
         self._drawing = True
         try:
@@ -129,7 +129,7 @@ class SyncedMotionCommand(MotionCommand):
 
     def _update_command(self, env_ids: torch.Tensor | None = None) -> None:
         super()._update_command(env_ids)
-        if env_ids is None and self.cfg.sync_mode != "local":  # the per-step path: one env step
+        if env_ids is None and self.sampler.role.syncs:  # the per-step path: one env step
             self.fleet.on_step()
 
     def reset(self, env_ids: torch.Tensor | slice | None) -> dict[str, float]:
@@ -137,7 +137,7 @@ class SyncedMotionCommand(MotionCommand):
         ``extras["log"]`` as ``Metrics/<term>/<name>``: the fleet's metrics join them there, as
         ``Metrics/<term>/redisync/...`` (health, staleness, the drift gauge), read at most once a
         second."""
-        if self.cfg.sync_mode != "local":
+        if self.sampler.role.syncs:
             for name, value in self.fleet.log_metrics().items():
                 held = self.metrics.get(name)
                 if held is None:  # mjlab's metrics are per env; the fleet's are one value for all

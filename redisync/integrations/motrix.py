@@ -50,6 +50,7 @@ from motrix_env_core.manager import ManagerEnv
 from ..errors import ConfigurationError
 from ..store.schema import DEFAULT_LEASE_GRACE_S
 from ..terms.numpy import FailureEma
+from ..terms.role import role_of
 from ..terms.sampler_options import SAMPLER_KEY, DropInMode
 from . import ProcessFleet, process_fleet
 
@@ -92,7 +93,7 @@ class SyncedCommands:
                 f"{type(self).__name__}: unknown redisync mode {mode!r} (from {_source(ENV_MODE, 'redisync_mode')}); "
                 f"set one of {', '.join(MODES)}"
             )
-        if mode == "local":
+        if not role_of(mode, leads=False).syncs:
             return
         command = self._synced_command()
         if getattr(command, EMA).size == 0:  # WbtMotionCommandCfg(adaptive_sampling_enabled=False): 0 bins

@@ -41,7 +41,7 @@ def declared(
     A stale slot drops out of ``pooled`` only (``weighted``'s counts are the failures behind a report)."""
     if role.semantics is None:
         return {}
-    if role.semantics == "broadcast":
+    if role.broadcasts:
         return {key: broadcast(shape, owner=owner)}
     stale = stale_after_s if role.pools else None
     keys: dict[str, KeySpec] = {

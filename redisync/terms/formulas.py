@@ -19,6 +19,8 @@ from typing import Any, Literal, Protocol, get_args
 import numpy as np
 from numpy.typing import NDArray
 
+from .role import Role
+
 UniformMix = Literal["code", "paper"]
 MIXES: tuple[str, ...] = get_args(UniformMix)
 
@@ -396,12 +398,12 @@ class EmaWatch:
     filled, taking the other shards to see as many failures as this one."""
 
     def __init__(
-        self, mode: str, mix: str, alpha: float, uniform_ratio: float, bins: Sequence[int], fleet_shards: int | None
+        self, role: Role, mix: str, alpha: float, uniform_ratio: float, bins: Sequence[int], fleet_shards: int | None
     ):
         self.mix, self.alpha, self.uniform_ratio, self.bins = mix, alpha, uniform_ratio, tuple(bins)
         self.fleet_shards = fleet_shards
-        self.local, self.steps, self.warned = mode == "local", 0, False
-        self.observing = mode == "observe"
+        self.local, self.steps, self.warned = role is Role.ALONE, 0, False
+        self.observing = role is Role.OBSERVES
         self.drift_sum, self.drift_measurements = 0.0, 0
 
     def measured(self, drift_tv: float, fleet_arrived: bool) -> dict[str, float]:

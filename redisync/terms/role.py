@@ -56,6 +56,16 @@ class Role(Enum):
         return self in (Role.POOLS, Role.WEIGHS, Role.FOLLOWS)
 
     @property
+    def broadcasts(self) -> bool:
+        """Whether its key is one value for the fleet (a ``broadcast``'s leader or follower), not a slot each."""
+        return self in (Role.LEADS, Role.FOLLOWS)
+
+    @property
+    def acts_alone(self) -> bool:
+        """Whether the term acts on its own state only (the unsynced algorithm, synced or not)."""
+        return self in (Role.ALONE, Role.OBSERVES)
+
+    @property
     def semantics(self) -> Literal["merge", "broadcast"] | None:
         """The semantics of the key it declares (None: it declares none)."""
         if self in (Role.POOLS, Role.WEIGHS, Role.OBSERVES):

@@ -118,4 +118,4 @@ class SamplerOptions:
     @property
     def tolerance(self) -> float:
         """The rebuild tolerance in effect (0 for ``local`` and ``observe``: the unsynced algorithm, exactly)."""
-        return 0.0 if self.mode in ("local", "observe") else self.rebuild_tol
+        return 0.0 if self.role.acts_alone else self.rebuild_tol

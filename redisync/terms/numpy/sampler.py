@@ -219,7 +219,7 @@ class AdaptiveMotionSampler:
         self.geometry = formulas.BinGeometry.of(formulas.bin_counts_of(frames, step_dt))
         self.bin_count, self.groups, self.width = self.geometry.size, self.geometry.groups, self.geometry.width
         bins = formulas.bin_counts_of(frames, step_dt)
-        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, bins, fleet_shards)
+        self._watch = formulas.EmaWatch(self.options.role, uniform_mix, alpha, uniform_ratio, bins, fleet_shards)
         dtype = np.dtype(dtype if ema is None else ema.dtype)
         self.ema = _caller_array(ema, (self.bin_count,), dtype, "ema")
         grid = (self.groups, self.width) if self.grouped else (self.bin_count,)

@@ -132,7 +132,7 @@ class AverageEpisodeLength:
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
-        if self.role.semantics == "broadcast":
+        if self.role.broadcasts:
             return {self.key: broadcast((), owner=self.owner)}
         # the tracker is a current average, not a history: a fresh restart drops the previous life's slot
         return {self.key: merge((), stale_after_s=self.stale_after_s, lifecycle="state")} if self.role.pools else {}
@@ -151,7 +151,7 @@ class AverageEpisodeLength:
         view = fleet.keys.get(self.key)
         if not self.role.syncs or view is None or view.value is None:
             return
-        if self.role.semantics == "broadcast":
+        if self.role.broadcasts:
             self._owners = float(view.parts()["value"])
             return
         others = view.others_parts()

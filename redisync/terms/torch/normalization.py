@@ -259,7 +259,7 @@ class SyncedEmpiricalNormalization(nn.Module):
         size = int(np.prod(self.shape))
         if self.role.pools:
             return {self.key: merge(self.shape, sumsq=True, lifecycle="history")}
-        if self.role.semantics == "broadcast":
+        if self.role.broadcasts:
             return {self.key: broadcast(2 * size + 1, owner=self.owner)}
         return {}
 

@@ -197,7 +197,9 @@ class AdaptiveMotionSampler(nn.Module):
         self.groups = len(frames)
         self.bin_count = sum(self.bin_counts)  # the flat EMA's length: the synced key's
         self.layout = BinLayout(self.bin_counts, device)
-        self._watch = formulas.EmaWatch(mode, uniform_mix, alpha, uniform_ratio, self.bin_counts, fleet_shards)
+        self._watch = formulas.EmaWatch(
+            self.options.role, uniform_mix, alpha, uniform_ratio, self.bin_counts, fleet_shards
+        )
         kernel = torch.tensor([kernel_lambda**i for i in range(kernel_size)], device=device, dtype=dtype)
         self.register_buffer("kernel", kernel / kernel.sum())  # in the sampler's dtype, as BeyondMimic's
         self.register_buffer("bin_failed_count", torch.zeros(self.bin_count, device=device, dtype=dtype))
