@@ -169,7 +169,9 @@ def test_terms_and_integrations_ask_their_role_not_a_mode_or_semantics_string():
     """A term's modes map to a `Role` once (terms/role.py); the terms and the drop-ins ask it (syncs,
     broadcasts, acts_alone) and never compare a mode with ``"local"``/``"observe"`` or a role's
     semantics with a name (the registry is the one place that names a semantics)."""
-    pattern = re.compile(r"""(mode\s*[!=]=\s*["'](local|observe|pooled)["']|mode in \(["']local|semantics\s*[!=]=\s*["'])""")
+    pattern = re.compile(
+        r"""(mode\s*[!=]=\s*["'](local|observe|pooled)["']|mode in \(["']local|semantics\s*[!=]=\s*["'])"""
+    )
     found = [
         f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
         for folder in ("redisync/terms", "redisync/integrations")
