@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from redisync.store.schema import merge
+from redisync.store.schema import Limits, merge
 from redisync.store.semantics.merge import exact_planes, planes_of
 
 RETIRE_S = 1.0  # long beside a fold on a loaded machine: what must not happen within it does not
@@ -169,3 +169,25 @@ def test_a_churning_fleet_holds_what_its_live_shards_hold(make_store):
     norm = store.fleet().keys["obs/norm"].parts()
     assert norm["count"] == 42
     assert norm["sum"][0] == math.fsum([0.1] * 42)
+
+
+def test_a_run_stopped_whole_does_not_age_so_its_shards_resume_their_slots(make_store):
+    """Retirement counts in the run's served clock, which stops with the run's calls: a run stopped
+    whole (every shard gave its lease up) and resumed long after its grace has retired nothing, and
+    each shard resumed from its checkpoint takes its own slot over - counted once. (A gap between
+    the run's calls counts at most ``stall_after_s``.)"""
+    store = make_store()
+    store.register(HISTORY, Limits(stall_after_s=0.1))
+    clients = [_leased(store, i) for i in range(3)]
+    for i, client in enumerate(clients):
+        client.publish({"obs/norm": {"count": 10 * (i + 1), "sum": [1.0, 1.0]}})
+    for i, client in enumerate(clients):
+        assert store.lease(i, client.incarnation, 0)  # the run stopped: every lease given up
+    time.sleep(RETIRE_S + 0.5)  # the night: no call reaches the run
+    resumed = [store.shard(i, resume=True) for i in range(3)]
+    resumed[0].publish({"obs/norm": {"count": 11, "sum": [1.0, 1.0]}})  # the first back folds ...
+    assert _meta(store)["writers"] == "0,1,2"  # ... and retires nobody: the run did not age
+    assert "retired_departed" not in _meta(store)
+    for i in (1, 2):
+        resumed[i].publish({"obs/norm": {"count": 10 * (i + 1) + 1, "sum": [1.0, 1.0]}})
+    assert store.fleet().keys["obs/norm"].parts()["count"] == 11 + 21 + 31

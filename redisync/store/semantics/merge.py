@@ -130,9 +130,10 @@ DEFAULT_LEASE_S = 5.0  # a process's lease on its shard id (a Syncer's, an aggre
 # stalled by a long checkpoint write or a swap storm is not dropped, a dead one leaves within ~20 s
 DEFAULT_LEASE_GRACE_S = 15.0
 # how long a history key keeps a departed shard's slot apart (its lease ended, or was given up, that
-# long ago) before retiring it into the retired planes: longer than any pause a shard resumes across
-# (a crash and restart, a preemption, a run stopped and resumed), which takes its slot over exactly;
-# the run then holds the slots of the shards live, or gone within the last hour, not of every id
+# long ago in the run's served clock, which stops with the run's calls: a run stopped whole does not
+# age) before retiring it into the retired planes: longer than a shard is gone while the rest of its
+# run goes on (a crash and restart, a preemption) and then resumes, taking its slot over exactly; the
+# run then holds the slots of the shards live, or gone within the last hour, not of every id
 DEFAULT_RETIRE_AFTER_S = 3600.0
 
 
