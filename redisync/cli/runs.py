@@ -77,7 +77,9 @@ def inspect(url: str | None, run: str | None, as_json: bool) -> None:
                     + (
                         "a state key drops the slot of a shard that stopped, was aborted, lapsed or went stale"
                         if k.get("lifecycle") == "state"
-                        else "a history key keeps a slot once written: these shards have not reported it"
+                        else "a history key keeps a slot once written until its shard has been gone for its "
+                        "retire_after_s (then retired: still counted): these shards have not reported it, or "
+                        "left that long ago"
                     )
                 )
         slots = [
