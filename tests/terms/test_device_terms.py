@@ -173,6 +173,38 @@ def test_a_sampler_on_the_device_path_samples_what_the_cpu_path_does_a_publish_l
     np.testing.assert_array_equal(part.get("sum", part.get("value")), device[0][0].bin_failed_count.double().numpy())
 
 
+def test_an_observing_sampler_on_the_device_path_reports_its_measured_drift_a_publish_later(make_store, device_paths):
+    """An observing sampler on the device path measures its drift with device kernels and hands it
+    over in the same copy as its EMA: nothing before a fleet state arrived, then, a publish later,
+    the drift of the state copied - the distance its CPU path measures of that state."""
+
+    def build(s):
+        return AdaptiveMotionSampler(500, 0.02, mode="observe", shard_id=s, alpha=0.05)
+
+    store, clients, device = _fleet(make_store, build)
+    rng = [np.random.default_rng(s) for s in range(2)]
+    for s in range(2):
+        _step_sampler(device[s][0], rng[s], 20)
+        assert device[s][0].report_shard_state() == {}  # queued, not landed
+    sync(store, clients, device)  # the first copies handed over; the fleet state arrives
+    term = device[0][0]
+    assert term.fleet_version > 0
+    drift_key = term.key + ".drift_tv"
+    first = term.report_shard_state()  # the copy queued before the fleet arrived: no drift in it
+    assert term.key in first
+    assert drift_key not in first
+    with pytest.MonkeyPatch.context() as undo:  # what the CPU path reports of the state just copied
+        undo.setattr(sampler, "on_device", lambda t: False)
+        expected = term.report_shard_state()[drift_key]["sum"]
+    queued_ema = term.bin_failed_count.double().numpy().copy()
+    _step_sampler(term, rng[0], 5)
+    got = term.report_shard_state()  # the copy queued at the call before: its EMA and its drift
+    np.testing.assert_array_equal(got[term.key]["sum"], queued_ema)
+    assert got[drift_key]["sum"].shape == (1,)
+    assert got[drift_key]["sum"][0] > 0
+    np.testing.assert_array_equal(got[drift_key]["sum"], expected)
+
+
 def test_a_weighted_sampler_on_the_device_path_counts_each_failure_in_one_report(device_paths):
     """The failures since the last report are kept on the device and reported with the EMA copied
     beside them: each failure counted in exactly one report, none while no copy could start."""
@@ -409,6 +441,43 @@ def test_on_a_gpu_the_hot_path_never_synchronises_with_the_device(make_store, ba
             (own[0] + own[1]).to(mine.bin_failed_count.dtype), mine.uniform_ratio, mine.kernel.cpu(), mine.uniform_mix
         )
         torch.testing.assert_close(mine.probabilities().cpu(), reference, rtol=1e-5, atol=1e-7)
+    finally:
+        for s in syncers:
+            s.stop()
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_an_observing_sampler_measures_its_drift_without_synchronising(make_store):
+    """Observing samplers on a GPU, a publish every step, under ``set_sync_debug_mode("error")``
+    around ``on_step()`` and ``at_reset_boundary()``: nothing synchronises, and every shard's measured
+    drift reaches the store (its ``<key>.drift_tv`` slot), as on the CPU."""
+    from redisync import new_syncer
+
+    store = make_store()
+    terms = [
+        [AdaptiveMotionSampler(500, 0.02, mode="observe", shard_id=s, alpha=0.05, device="cuda")] for s in range(2)
+    ]
+    syncers = [new_syncer(store, s, terms[s], worker="thread", publish_every_steps=1).start() for s in range(2)]
+    try:
+        for step in range(200):
+            for shard, (s, (sam,)) in enumerate(zip(syncers, terms, strict=True)):
+                t = torch.randint(0, 250 + 250 * shard, (256,), device="cuda")  # (the shards fail apart)
+                sam.record_failures(t, torch.rand(256, device="cuda") < 0.1)
+                sam.step()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    s.on_step()
+                    s.at_reset_boundary()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            if step % 50 == 0:
+                syncers[0].wait_synced(timeout=10)
+        for s in syncers:
+            assert s.flush()
+        key = terms[0][0].key + ".drift_tv"
+        view = store.shard(0).pull().keys[key]
+        assert view.value is not None
+        assert float(view.parts()["count"]) == 2.0
     finally:
         for s in syncers:
             s.stop()

@@ -352,3 +352,37 @@ def test_an_observing_penalty_curriculum_decides_its_own_scale_and_measures_the_
         assert metrics["fleet_penalty_scale"] == pytest.approx(fleet, rel=1e-12)
         assert metrics["drift_penalty_scale"] == pytest.approx(local[i].scale - fleet, rel=1e-9, abs=1e-15)
     assert observing[0].scale < observing[1].scale < observing[2].scale
+
+
+def test_observing_terrain_levels_move_as_local_ones_and_measure_the_fleets_levels(make_store):
+    """IsaacLab's terrain levels in ``observe``: each shard's envs move exactly as a local shard's, the
+    mean level it logs is its own; it reports its histogram as a pooled one does, and its metrics give
+    the fleet's mean level and its own distance from it, in mean level and in total variation."""
+    observing = [rt.TerrainLevels(40, 6, mode="observe", generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    local = [rt.TerrainLevels(40, 6, mode="local", generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    assert observing[0].metrics() == {}
+    store = make_store()
+    store.register(redisync_schema(observing[0]))
+    clients = [store.shard(i) for i in range(3)]
+    moves = torch.Generator().manual_seed(9)
+    for _ in range(6):
+        for i in range(3):
+            env_ids = torch.randperm(40, generator=moves)[:20]
+            up = torch.rand(20, generator=moves) < 0.2 * (i + 1)  # shard 2 climbs fastest
+            down = torch.rand(20, generator=moves) < 0.3
+            observing[i].update(env_ids, up, down)
+            local[i].update(env_ids, up, down)
+        sync(store, clients, [[t] for t in observing])
+    fleet = sum(t.histogram() for t in local)
+    fleet_mean = float((fleet * np.arange(6)).sum() / fleet.sum())
+    for i in range(3):
+        assert torch.equal(observing[i].levels, local[i].levels)
+        assert observing[i].mean_level() == local[i].mean_level()
+        own = local[i].histogram()
+        metrics = observing[i].metrics()
+        assert metrics["fleet_mean_level"] == pytest.approx(fleet_mean, rel=1e-12)
+        assert metrics["drift_mean_level"] == pytest.approx(local[i].mean_level() - fleet_mean, rel=1e-9, abs=1e-12)
+        tv = 0.5 * np.abs(own / own.sum() - fleet / fleet.sum()).sum()
+        assert metrics["drift_levels_tv"] == pytest.approx(tv, rel=1e-12)
+    assert observing[2].metrics()["drift_mean_level"] > observing[0].metrics()["drift_mean_level"]
+    assert local[0].metrics() == {}

@@ -13,7 +13,9 @@ Their update rules and defaults are the frameworks'; sync adds one choice per te
   ``observe``: each shard decides its own, as ``local``, and reports it, so `PenaltyCurriculum.metrics`
   measures how far it is from the fleet's mean scale;
 - `TerrainLevels` — IsaacLab's per-env level moves, with the per-level histogram of the
-  shard's envs merged (``pooled``) into the fleet histogram for logging and fleet-level decisions.
+  shard's envs merged (``pooled``) into the fleet histogram for logging and fleet-level decisions;
+  or ``observe``: the histogram merged as ``pooled`` does while the shard logs its own mean level,
+  as ``local``, so `TerrainLevels.metrics` measures how far its envs' levels are from the fleet's.
 """
 
 from __future__ import annotations
@@ -260,7 +262,9 @@ class TerrainLevels:
 
     ``update`` moves envs as IsaacLab's ``TerrainImporter.update_env_origins`` does: up one level
     on ``move_up``, down one on ``move_down``, never below 0, and an env that solves the last level
-    is sent to a random level.
+    is sent to a random level. The moves are each env's own in every mode: ``pooled`` merges the
+    shards' histograms into the fleet's, ``observe`` merges them too but logs the shard's own
+    (`metrics`: the fleet's mean level and the shard's distance from it).
     """
 
     def __init__(
@@ -269,13 +273,13 @@ class TerrainLevels:
         num_levels: int,
         max_init_level: int | None = None,
         *,
-        mode: Literal["local", "pooled"] = "local",
+        mode: Literal["local", "pooled", "observe"] = "local",
         key: str = "terrain/levels",
         stale_after_s: float | None = 60.0,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
     ):
-        _check_mode(mode, ("local", "pooled"))
+        _check_mode(mode, ("local", "pooled", "observe"))
         self.mode, self.key, self.stale_after_s = mode, key, stale_after_s
         self.role = role_of(mode, leads=True)
         self.num_levels = num_levels
@@ -283,6 +287,7 @@ class TerrainLevels:
         top = num_levels - 1 if max_init_level is None else min(max_init_level, num_levels - 1)
         self.levels = torch.randint(0, top + 1, (num_envs,), device=device, generator=generator)
         self._others: NDArray[Any] = np.zeros(num_levels)
+        self._fleet_arrived = False
         self._device_reports: DeviceReports | None = None  # on a CUDA device (redisync.terms.torch.device)
 
     def update(self, env_ids: torch.Tensor, move_up: torch.Tensor, move_down: torch.Tensor) -> None:
@@ -301,19 +306,32 @@ class TerrainLevels:
         return fleet
 
     def mean_level(self) -> float:
-        """The fleet's (pooled) or this shard's (local) mean terrain level, IsaacLab's logged metric."""
+        """The fleet's (pooled) or this shard's (local, observe) mean terrain level, IsaacLab's logged metric."""
         hist = self.fleet_histogram() if self.role is Role.POOLS else self.histogram()
         return float((hist * np.arange(self.num_levels)).sum() / max(hist.sum(), 1.0))
+
+    def metrics(self) -> dict[str, float]:
+        """Observing, once a fleet state arrived: the fleet's mean level (every shard's envs, this
+        one's as of now), this shard's own mean level's distance from it (``drift_mean_level``) and
+        the total variation distance between the two level distributions (``drift_levels_tv``)."""
+        if self.role is not Role.OBSERVES or not self._fleet_arrived:
+            return {}
+        own, fleet = self.histogram(), self.fleet_histogram()
+        levels = np.arange(self.num_levels)
+        own_mean = float((own * levels).sum() / max(own.sum(), 1.0))
+        fleet_mean = float((fleet * levels).sum() / max(fleet.sum(), 1.0))
+        tv = 0.5 * float(np.abs(own / max(own.sum(), 1.0) - fleet / max(fleet.sum(), 1.0)).sum())
+        return {"fleet_mean_level": fleet_mean, "drift_mean_level": own_mean - fleet_mean, "drift_levels_tv": tv}
 
     def schema_entries(self) -> Mapping[str, KeySpec]:
         # where the shard's envs are now: a state, dropped on a fresh restart
         """The keys this term syncs and their specs (the seam: `SyncedTerm`)."""
         merged = merge(self.num_levels, stale_after_s=self.stale_after_s, lifecycle="state")
-        return {self.key: merged} if self.role is Role.POOLS else {}
+        return {self.key: merged} if self.role.pools else {}
 
     def report_shard_state(self) -> Mapping[str, Mapping[str, Any]]:
         """This shard's report of its own cumulative state (the seam: `SyncedTerm`)."""
-        if self.role is not Role.POOLS:
+        if not self.role.pools:
             return {}
         if on_device(self.levels):
             return self._device_report(settle=False)
@@ -322,7 +340,7 @@ class TerrainLevels:
     def prepare(self) -> None:
         """On a CUDA device: the pinned buffers of its reports made now (the syncer's start), not at
         the first report, on the hot path."""
-        if self.role is Role.POOLS and on_device(self.levels):
+        if self.role.pools and on_device(self.levels):
             self._copies_out()
 
     def _copies_out(self) -> DeviceReports:
@@ -338,7 +356,7 @@ class TerrainLevels:
     def settle(self) -> Mapping[str, Mapping[str, Any]]:
         """The current report, waiting for the device where the levels live on one: what a flush or a
         stop hands over (the syncers call it there, never on the hot path)."""
-        if self.role is Role.POOLS and on_device(self.levels):
+        if self.role.pools and on_device(self.levels):
             return self._device_report(settle=True)
         return self.report_shard_state()
 
@@ -355,6 +373,7 @@ class TerrainLevels:
     def apply_shard_state(self, fleet: PullResult) -> None:
         """Take in the fleet state as last pulled; local work only (the seam: `SyncedTerm`)."""
         view = fleet.keys.get(self.key)
-        if self.role is not Role.POOLS or view is None or view.value is None:
+        if not self.role.pools or view is None or view.value is None:
             return
         self._others = view.others_parts()["sum"]
+        self._fleet_arrived = True

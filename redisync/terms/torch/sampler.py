@@ -494,12 +494,18 @@ class AdaptiveMotionSampler(nn.Module):
         if self.role is Role.WEIGHS:
             count, self._failures_since_report = self._failures_since_report, 0.0
         drift = None
-        if self.role is Role.OBSERVES and self.fleet_version > 0:  # (on a CUDA device: in `metrics` only)
-            pooled = self.pooled_ema()
-            assert pooled is not None
-            measured = 0.5 * (self._distributions(self.bin_failed_count) - self._distributions(pooled)).abs().sum(dim=1)
-            drift = measured.to(torch.float64).numpy()
+        if self.role is Role.OBSERVES and self.fleet_version > 0:
+            drift = self._measured_drift().numpy()
         return ema_seam.report(self.role, self.key, own, count=count, drift=drift)
+
+    def _measured_drift(self) -> torch.Tensor:
+        """An observing shard's drift per group, on the term's device (float64): the TV distance of
+        its own distribution from the pooled one at this moment (the studies' records' definition).
+        Device kernels only: nothing is read back."""
+        pooled = self.pooled_ema()
+        assert pooled is not None
+        measured = 0.5 * (self._distributions(self.bin_failed_count) - self._distributions(pooled)).abs().sum(dim=1)
+        return measured.to(torch.float64)
 
     def prepare(self) -> None:
         """On a CUDA device: the pinned buffers of its copies made now (the syncer's start), not at
@@ -510,9 +516,11 @@ class AdaptiveMotionSampler(nn.Module):
                 self._copies_out()
 
     def _copies_out(self) -> DeviceReports:
-        """The device-to-host copies of its reports: [failures so far, the own EMA]."""
+        """The device-to-host copies of its reports: [failures so far, the own EMA], and observing,
+        the drift measured per group (NaN before a fleet state arrived)."""
         if self._device_reports is None:
-            self._device_reports = DeviceReports(self.bin_count + 1)
+            measured = self.groups if self.role is Role.OBSERVES else 0
+            self._device_reports = DeviceReports(self.bin_count + 1 + measured)
         return self._device_reports
 
     def _copies_in(self) -> DeviceFleet:
@@ -535,10 +543,16 @@ class AdaptiveMotionSampler(nn.Module):
     def _device_report(self, settle: bool) -> Mapping[str, Mapping[str, Any]]:
         """On a CUDA device: [failures so far (weighted), the own EMA] copied to the host
         without waiting (`DeviceReports`): the newest copy that has
-        landed, or nothing before the first has."""
+        landed, or nothing before the first has. An observing shard's measured drift is computed
+        by device kernels and travels in the same copy."""
         if not self.role.reports:
             return {}
-        source = torch.cat([self._device_failures.view(1), self.bin_failed_count.to(torch.float64)])
+        parts = [self._device_failures.view(1), self.bin_failed_count.to(torch.float64)]
+        observing = self.role is Role.OBSERVES
+        if observing:
+            arrived = self.fleet_version > 0  # (a host number)
+            parts.append(self._measured_drift() if arrived else self._device_failures.new_full((self.groups,), np.nan))
+        source = torch.cat(parts)
         reports = self._copies_out()
         got = reports.settle(source) if settle else reports.report(source)
         if got is None:
@@ -546,7 +560,9 @@ class AdaptiveMotionSampler(nn.Module):
         count = 1.0
         if self.role is Role.WEIGHS:  # the device keeps a running total: a report counts what it adds
             count, self._failures_handed = float(got[0]) - self._failures_handed, float(got[0])
-        return ema_seam.report(self.role, self.key, got[1:], count=count)
+        own, measured = got[1 : 1 + self.bin_count], got[1 + self.bin_count :]
+        drift = measured if observing and not np.isnan(measured).any() else None
+        return ema_seam.report(self.role, self.key, own, count=count, drift=drift)
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) keeps its own memory: it is not the shared term
