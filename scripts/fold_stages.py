@@ -1,7 +1,7 @@
 """Where a fold's instructions go: the server's count of a fold cut short at each stage of it.
 
-A fold runs fold.lua (the envelope) and, for a merge key, semantics/merge.lua. Each stage is a copy
-of the two that returns just before one of their landmarks (a line found by its text, so the script
+A fold runs fold.lua (the envelope), lifecycle.lua (who has left a key with slots) and, for a merge
+key, semantics/merge.lua. Each stage is a copy of the three that returns just before one of their landmarks (a line found by its text, so the script
 follows the Lua as it changes); a stage's cost is the difference between two
 consecutive cuts. Counted as ``redisync bench --instructions`` counts (a redis-server of its own under
 callgrind, request handling only), on the same workload: one merge key of N values, every slot live,
@@ -40,8 +40,9 @@ LANDMARKS = (
     ("local total = 0", "the shard's incarnation and seq (HMGET), duplicate check"),
     ("local t = redis.call('TIME')", "payload size"),
     ("epoch = meta[1]", "TIME and the restart check (the server's identity)"),
-    ("local bad = module.check(", "the key's declaration and state (HMGET) and shape"),
-    ("local whole = width * 8", "merge: the writers and the live slots"),
+    ("if module.slots then LIFECYCLE.judge(", "the key's declaration and state (HMGET) and shape"),
+    ("local bad = module.check(", "the life cycle: who has left (lifecycle.lua, the indexes since the last look)"),
+    ("local whole = width * 8", "merge: its declaration checked, the live slots taken from the judgement"),
     ("local stored, why = planes(", "merge: the reads (one HMGET) and the history a new life retires"),
     ("item.agg = result[1]", "the exact sum: each value checked, three two-sums per value and slot changed"),
     ("-- apply ---", "the rest of the key's check"),
@@ -52,7 +53,7 @@ LANDMARKS = (
 
 
 # the files a fold runs, by their path under lua/
-FILES = ("fold.lua", "semantics/merge.lua")
+FILES = ("fold.lua", "lifecycle.lua", "semantics/merge.lua")
 
 
 def cut_before(sources: dict[str, str], landmark: str | None) -> dict[str, str]:

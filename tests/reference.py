@@ -3,20 +3,21 @@
 Everything the fold script does to a run's state is written here once more, in the same order and
 with the same float64 arithmetic, so that tests can require the Lua fold (on a real Redis and on
 fakeredis) to end in the same state as this reference after any sequence of reports. The envelope
-(incarnations, sequence numbers, sizes, leases, restores) is here; what a report does to a key is
-its semantics' ``fold`` (`redisync.store.semantics`). Payloads are flat float64 vectors laid out as the key's
+(incarnations, sequence numbers, sizes, leases, restores, and who has left a key with a slot per
+shard: `departed`) is here; what a report does to a key is its semantics' ``fold`` (`redisync.store.semantics`). Payloads are flat float64 vectors laid out as the key's
 parts (`payload_parts`).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Literal
 
 from redisync.store.schema import Limits, Schema
-from redisync.store.semantics.base import Fold, KeyState, Vector
+from redisync.store.semantics.base import Fold, KeyState, Vector, departed
 
 Status = Literal["applied", "duplicate", "rejected"]
 
@@ -146,6 +147,10 @@ class ReferenceFold:
             if payload.shape != (spec.width,):
                 return Outcome("rejected", reason="shape", key=name)
             report = Fold(shard_id, incarnation, seq, payload, now_us, name in resume, self.alive, served, self.ended)
+            if spec.slots:  # (a key with a slot per shard: who has left, judged first, as lua/lifecycle.lua does)
+                written = {other: slot.at_us for other, slot in state.slots.items()}
+                gone = departed(written, report, spec.lifecycle, spec.stale_after_s, spec.grace_s)
+                report = dataclasses.replace(report, gone=gone)
             result = spec.fold(state, report)
             if isinstance(result, str):
                 return Outcome("rejected", reason=result, key=name)

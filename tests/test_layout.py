@@ -141,6 +141,27 @@ def test_a_semantics_lives_in_its_modules_and_the_sidecar_is_a_worker_not_a_sync
         assert not built, (path, built)
 
 
+def test_the_life_cycle_is_the_envelopes_and_merge_lua_is_the_exact_sum():
+    """Who has left a key is judged once, by the fold's envelope (lifecycle.lua, as the Python
+    reference fold hands its semantics the leases): no semantics' Lua reads a run-wide key (the run's
+    meta, shards hash, lease and give-up indexes, written indexes) or the served clock itself, and
+    merge.lua keeps the exact pooled sum in at most 400 lines written by hand."""
+    run_wide = re.compile(r"fold\.(run|run_meta|shards|clock)\b|\bKEYS\b|lease_ends|gave_up|written:")
+    found = {}
+    for module in (ROOT / "redisync/store/lua/semantics").glob("*.lua"):
+        code = re.sub(r"--[^\n]*", "", module.read_text())
+        hits = sorted({m.group(0) for m in run_wide.finditer(code)})
+        if hits:
+            found[module.name] = hits
+    assert not found, f"semantics reading run-wide keys themselves: {found}"
+    merge = (ROOT / "redisync/store/lua/semantics/merge.lua").read_text()
+    hand = re.sub(r"-- BEGIN GENERATED (\w+)\n.*?-- END GENERATED \1\n", "", merge, flags=re.S)
+    assert len(hand.splitlines()) <= 400
+    fold = (ROOT / "redisync/store/lua/fold.lua").read_text()
+    assert "LIFECYCLE.judge(" in fold
+    assert "LIFECYCLE.record(" in fold
+
+
 def test_a_semantics_reads_only_what_the_fold_passes_it():
     """A semantics' Lua reads the fold being made from the context it is passed (``fold.shard``,
     ``fold.now_s``, ...), never from the envelope's own variables (shared.lua's block "One fold's own

@@ -10,7 +10,9 @@ version missing (never loaded, a flush, a node that never had it) loads it and c
 operator lists and prunes the versions on a server (``redisync functions``).
 
 The library is ``lua/*.lua`` in one text: ``shared.lua`` (what the fold and the semantics share),
-then each semantics' module (``lua/semantics/<name>.lua``, one per entry of the registry in
+``lifecycle.lua`` (who has left a key that keeps a slot per shard: the fold's envelope judges it and
+hands it to the semantics), ``exact.lua`` (exact sums as canonical planes, merge's arithmetic), then
+each semantics' module (``lua/semantics/<name>.lua``, one per entry of the registry in
 `redisync.store.semantics`) in a table ``SEMANTICS`` by name, then each function's file in a block
 of its own. ``struct.lua``, the pure-Lua stand-in for Redis' C ``struct`` library, goes in as well
 and serves where the server has no ``struct`` (the embedded fakeredis server): the same library runs
@@ -47,6 +49,8 @@ def lua_files() -> list[str]:
         "struct.lua",
         "clock.lua",
         "shared.lua",
+        "lifecycle.lua",
+        "exact.lua",
         "semantics/extremum.lua",
         *(f"semantics/{semantics}.lua" for semantics in SEMANTICS),
         *(f"{function}.lua" for function in FUNCTIONS),
@@ -110,6 +114,16 @@ def source(name: str | None = None, version: str | None = None, edit: dict[str, 
         "",
         "  -- shared.lua, what the fold's envelope and the semantics' modules share",
         texts["shared.lua"].rstrip(),
+        "",
+        "  -- lifecycle.lua, who has left a key with a slot per shard (fold.lua judges, the semantics folds)",
+        "  local LIFECYCLE = (function()",
+        texts["lifecycle.lua"].rstrip(),
+        "  end)()",
+        "",
+        "  -- exact.lua, exact sums of float64 vectors as canonical planes (merge's arithmetic)",
+        "  local EXACT = (function()",
+        texts["exact.lua"].rstrip(),
+        "  end)()",
         "",
         "  -- semantics/extremum.lua, what maximum's and minimum's modules share",
         texts["semantics/extremum.lua"].rstrip(),

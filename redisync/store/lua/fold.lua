@@ -22,7 +22,8 @@
 --       | {'rejected', reason, key, detail}     (also appended to the dead-letter stream)
 --
 -- This is the envelope: the report's identity, duplicates and zombies, the run's epoch, clock and
--- fleet version. Each key is checked and written by its semantics' module (semantics/<name>.lua,
+-- fleet version, and (a key with a slot per shard) who has left it (lifecycle.lua, judged before the
+-- key's check and recorded after its apply). Each key is checked and written by its semantics' module (semantics/<name>.lua,
 -- found in SEMANTICS by the name its key meta holds; shared.lua says what a module provides). Every
 -- check, including those of the stored state the fold reads, runs before the first write.
 -- Idempotent: a retried call returns 'duplicate'.
@@ -140,6 +141,17 @@ local function declaration(text, km)
   return decl
 end
 
+-- A key's meta fields a fold reads: its semantics, declaration and version, the life cycle's (a key
+-- with a slot per shard: lifecycle.lua) and what its semantics' check reads (call: redis.pcall, or
+-- redis.call once the key is known to be a hash).
+local LIFE = LIFECYCLE.reads
+local function spec_of(call, km, module)
+  if module.slots then
+    return call('HMGET', km, 'semantics', 'declared', 'version', LIFE[1], LIFE[2], LIFE[3], module.reads(own))
+  end
+  return call('HMGET', km, 'semantics', 'declared', 'version', module.reads(own))
+end
+
 -- The reported keys' items (what each key's check leaves for its apply), one table per position in
 -- the report for every fold of the VM: the fold sets every field of the ones it uses before a check
 -- reads them (a table made per key per fold costs its size, and a collection step later), and lets
@@ -252,14 +264,14 @@ local function fold(keys, args)
     -- (with the fields the key's semantics reads, as last seen for this key: a second read where the
     -- semantics is not the one last seen)
     local module = pair[4]
-    local spec = redis.pcall('HMGET', km, 'semantics', 'declared', 'version', module.reads(own))
+    local spec = spec_of(redis.pcall, km, module)
     if spec['err'] then return reject('corrupt_state', name, not_hash(km)) end
     if not spec[1] then return reject('unknown_key', name, 'not declared in the run\'s schema') end
     if SEMANTICS[spec[1]] ~= module then
       module = SEMANTICS[spec[1]]
       if not module then return reject('corrupt_state', name, 'unknown semantics ' .. string.format('%q', spec[1])) end
       pair[4] = module
-      spec = redis.call('HMGET', km, 'semantics', 'declared', 'version', module.reads(own))
+      spec = spec_of(redis.call, km, module)
     end
     local decl, version = declaration(spec[2], km), tonumber(spec[3])
     if not decl then
@@ -279,6 +291,7 @@ local function fold(keys, args)
       version + 1
     item.field, item.bytes = pair[3], decl.bytes -- (its stream entry's field, and what it says of the payload)
     item.graced = decl.grace and true or false -- (a lease grace: the fold reads the run's clock)
+    if module.slots then LIFECYCLE.judge(item, spec, decl, FOLD) end -- (who has left: item.life)
     local bad = module.check(item, spec, decl, resumed, FOLD)
     if bad then return bad end
   end
@@ -308,6 +321,7 @@ local function fold(keys, args)
   for i = 1, nkeys do
     local item = items[i]
     item.module.apply(item, FOLD)
+    if item.module.slots then LIFECYCLE.record(item, FOLD) end
     versions[i] = item.version
   end
 

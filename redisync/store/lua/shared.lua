@@ -13,7 +13,10 @@
 --   pull(km, kd, shard)   what a pull hands the caller: the fleet value, and the caller's own slot and
 --                     its incarnation where the semantics keeps one (nil otherwise)
 --   slots             true where the key holds a slot per shard, named in its meta's 'writers' (the
---                     run forgets a departed shard id only once no such key holds it: lease.lua)
+--                     run forgets a departed shard id only once no such key holds it: lease.lua); the
+--                     envelope then judges who has left before the check (lifecycle.lua: item.life),
+--                     and its HMGET reads the life cycle's fields as spec[4] .. spec[6], the
+--                     module's own after them
 -- (item: the key's name, payload, meta and data hashes, next version, module; spec: the HMGET of the
 -- key's meta hash; decl: its parsed declaration, see fold.lua's declaration)
 
@@ -126,6 +129,25 @@ local function join(t)
   local out = {}
   for i = 1, #t, 64 do out[#out + 1] = join64(t, i) end
   return join(out)
+end
+
+local NONE = {} -- an empty table read where nothing was read into one (never written)
+
+-- HMGET of any number of fields (unpack fails past ~8000 values): fields[1 .. n], n = #fields unless
+-- given; nil if the key is not a hash
+local function hmget(key, fields, n)
+  n = n or #fields
+  if n <= 4096 then
+    local got = redis.pcall('HMGET', key, unpack(fields, 1, n))
+    return not got['err'] and got or nil
+  end
+  local out = {}
+  for first = 1, n, 4096 do
+    local got = redis.pcall('HMGET', key, unpack(fields, first, math.min(first + 4095, n)))
+    if got['err'] then return nil end
+    for k = 1, #got do out[first + k - 1] = got[k] end
+  end
+  return out
 end
 
 local function not_hash(key) return key .. ' is a ' .. redis.call('TYPE', key)['ok'] .. ', not a hash' end

@@ -13,7 +13,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -78,6 +78,42 @@ class Fold:
     served_us: int  # the run's served clock at this fold (lua/clock.lua)
     # per shard id that gave its lease up: when, in the served clock (lua/lease.lua scores it so in lease_ends)
     ended: Mapping[int, int] = field(default_factory=dict)
+    # per other shard id whose slot leaves at this fold, why (`departed`: the envelope's judgement, before the fold)
+    gone: Mapping[int, Gone] = field(default_factory=dict)
+
+
+Gone = Literal["stale", "lapsed"]
+
+
+def departed(
+    written_us: Mapping[int, int],
+    report: Fold,
+    lifecycle: str,
+    stale_after_s: float | None,
+    grace_s: float | None,
+) -> dict[int, Gone]:
+    """Who has left a key that keeps a slot per shard, judged by the fold's envelope before the key's
+    semantics folds the report (the twin of ``lua/lifecycle.lua``): of the writers other than the
+    folding shard (``written_us``: when each last wrote), a state key's slot not refreshed for
+    ``stale_after_s`` is 'stale'; a slot whose shard's lease ran out more than ``grace_s`` ago in the
+    run's served clock, or (a state key) was given up, is 'lapsed' (a history key: when it gave the lease
+    up counts, ``report.ended``). A shard that never leased is not judged."""
+    out: dict[int, Gone] = {}
+    for other, at_us in written_us.items():
+        if other == report.shard_id:
+            continue
+        if lifecycle == "state" and stale_after_s is not None and report.now_us - at_us > stale_after_s * 1e6:
+            out[other] = "stale"
+        ended = report.alive.get(other)
+        if ended is not None and ended < 0 and lifecycle == "history":
+            ended = report.ended.get(other)
+        if (
+            grace_s is not None
+            and ended is not None
+            and ((ended < 0 and lifecycle == "state") or report.served_us - ended > grace_s * 1e6)
+        ):
+            out.setdefault(other, "lapsed")
+    return out
 
 
 class SpecBase(BaseModel):
@@ -91,6 +127,8 @@ class SpecBase(BaseModel):
     # the data-hash field that holds the fleet value (what a pull reads), and the report's model
     stored_field: ClassVar[str]
     report_model: ClassVar[type[ReportBase]]
+    # whether the key keeps a slot per shard: the envelope then judges who has left it (`departed`)
+    slots: ClassVar[bool] = False
 
     @field_validator("shape", mode="before")
     @classmethod

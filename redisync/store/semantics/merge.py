@@ -171,6 +171,7 @@ class MergeSpec(SpecBase):
 
     stored_field: ClassVar[str] = "agg"
     report_model: ClassVar[type[ReportBase]] = MergeReport
+    slots: ClassVar[bool] = True
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -252,35 +253,19 @@ class MergeSpec(SpecBase):
             if not finite_moments(self, retired[0]):
                 return "non_finite"
         slots = {}
-        now_us, alive, served, grace = report.now_us, report.alive, report.served_us, self.grace_s
         departed = []
         for other, slot in state.slots.items():
-            # a state key's slot leaves once stale or its shard's lease lapsed; a history key retires it once
-            # its shard is gone for its grace (its samples stay counted: whichever fold comes first)
-            stale = (
-                self.lifecycle == "state"
-                and self.stale_after_s is not None
-                and now_us - slot.at_us > self.stale_after_s * 1e6
-            )
-            # in the served clock; given up (-1) at a clean stop (a history key: when, ``ended``); a fold
-            # after the lease ran out moved its end
-            ended = alive.get(other)
-            if ended is not None and ended < 0 and self.lifecycle == "history":
-                ended = report.ended.get(other)
-            lapsed = (
-                grace is not None
-                and ended is not None
-                and ((ended < 0 and self.lifecycle == "state") or served - ended > grace * 1e6)
-            )
+            # (the envelope judged who left, `departed`) a state key drops the slot; a history key
+            # retires it: its samples stay counted, moved into the retired history
             if other == report.shard_id:
                 continue
-            if lapsed and self.lifecycle == "history":
-                departed.append(slot.payload)  # its samples kept: moved into the retired history
-            elif not (stale or lapsed):
+            if report.gone.get(other) == "lapsed" and self.lifecycle == "history":
+                departed.append(slot.payload)
+            elif other not in report.gone:
                 slots[other] = slot
         if departed:
             retired = exact_planes(([] if retired is None else list(retired)) + departed, self.width)
-        slots[report.shard_id] = Slot(report.incarnation, report.seq, now_us, report.payload.copy())
+        slots[report.shard_id] = Slot(report.incarnation, report.seq, report.now_us, report.payload.copy())
         vectors = ([] if retired is None else list(retired)) + [slot.payload for slot in slots.values()]
         agg = exact_planes(vectors, self.width)[0]
         if not finite_moments(self, agg):

@@ -2,8 +2,9 @@
 -- (pooled statistics: count || sum [|| sum of squares]), correctly rounded: a function of the last
 -- reports, not of the order in which they came.
 -- Data hash: 'agg' (the exact sum rounded), 'agg_lo' (the rest of it: one plane or more), 'slot:<id>',
--- 'retired' and 'retired_lo' (the history, the same way). Key meta: 'writers',
--- 'slot:<id>:incarnation|seq|at_us', 'sums_layout', 'dropped_stale', 'dropped_lapsed', 'retired_departed'.
+-- 'retired' and 'retired_lo' (the history, the same way). Key meta: 'slot:<id>:incarnation|seq|at_us',
+-- 'sums_layout'; the life cycle's 'writers', 'dropped_stale', 'dropped_lapsed', 'retired_departed'
+-- (lifecycle.lua: the envelope judges who has left, and this module drops or retires their slots).
 -- (the Python twin: redisync/store/semantics/merge.py, whose exact_planes says what the planes are)
 
 -- A fold adds what changed to the stored exact sum: its shard's new slot in, its previous slot out
@@ -18,25 +19,7 @@
 local LIMIT = 2 ^ 1000
 local LAYOUT = 'exact/1'
 -- END GENERATED constants
-local NONE = {} -- an empty table read where nothing was read into one (never written)
-local mabs = math.abs
-
--- HMGET of any number of fields (unpack fails past ~8000 values): fields[1 .. n], n = #fields unless
--- given; nil if the key is not a hash
-local function hmget(key, fields, n)
-  n = n or #fields
-  if n <= 4096 then
-    local got = redis.pcall('HMGET', key, unpack(fields, 1, n))
-    return not got['err'] and got or nil
-  end
-  local out = {}
-  for first = 1, n, 4096 do
-    local got = redis.pcall('HMGET', key, unpack(fields, first, math.min(first + 4095, n)))
-    if got['err'] then return nil end
-    for k = 1, #got do out[first + k - 1] = got[k] end
-  end
-  return out
-end
+local three_planes, exact_general = EXACT.three_planes, EXACT.general -- (exact.lua)
 
 -- The first problem of a payload, in element order: a value not finite or beyond LIMIT, a negative
 -- count or sum of squares. nil, or {reason, key name, detail}.
@@ -104,13 +87,6 @@ local function ask(plan, field, len, id)
   plan.fields[n], plan.sizes[n], plan.owners[n] = field, len, id or false
 end
 
-local function ask_slots(plan, live, from, to, me, idname, len) -- the slots of live[from .. to]
-  for k = from, to do
-    local id = live[k]
-    if id ~= me then ask(plan, 'slot:' .. idname[id], len, id) end
-  end
-end
-
 local function fetch(plan, key, idname) -- nil, or the rejection
   local fields, sizes, owners, got, slots = plan.fields, plan.sizes, plan.owners, plan.got, plan.slots
   local values = hmget(key.data, fields, plan.n)
@@ -128,105 +104,6 @@ local function fetch(plan, key, idname) -- nil, or the rejection
     end
   end
   plan.n = 0 -- (the next read's fields overwrite these: the tables are made once per fold)
-end
-
--- Exact sums of any length ------------------------------------------------------------------------
--- An expansion: a table of non-overlapping floats in increasing magnitude whose exact sum is the
--- value (Shewchuk, "Adaptive precision floating-point arithmetic", 1997).
-
--- ps + x, exactly, in place (each step an exact two-sum; zeros dropped)
-local function grow(ps, x)
-  local i, n = 0, #ps
-  for k = 1, n do
-    local y = ps[k]
-    if mabs(x) < mabs(y) then x, y = y, x end
-    local hi = x + y
-    local lo = y - (hi - x)
-    if lo ~= 0 then i = i + 1; ps[i] = lo end
-    x = hi
-  end
-  for k = n, i + 2, -1 do ps[k] = nil end
-  ps[i + 1] = x
-end
-
--- the expansion's value correctly rounded (to nearest, ties to even)
-local function rounded(ps)
-  local n = #ps
-  if n == 0 then return 0.0 end
-  local hi, lo = ps[n], 0.0
-  n = n - 1
-  while n > 0 do
-    local x, y = hi, ps[n]
-    n = n - 1
-    hi = x + y
-    lo = y - (hi - x)
-    if lo ~= 0 then break end
-  end
-  -- half-way: the rest below lo pushes the rounding the way of its sign
-  if n > 0 and ((lo < 0 and ps[n] < 0) or (lo > 0 and ps[n] > 0)) then
-    local y = lo * 2
-    local x = hi + y
-    if y == x - hi then hi = x end
-  end
-  return hi
-end
-
--- s + t + f exactly (the usual fold's pieces of one element when the second plane's sum had an error)
--- in two canonical planes: fl(S) and S - fl(S); nil where the sum needs a third plane
-local function three_planes(s, t, f)
-  local ps = {}
-  grow(ps, f); grow(ps, t); grow(ps, s)
-  local c1 = rounded(ps)
-  grow(ps, -c1)
-  local c2 = rounded(ps)
-  grow(ps, -c2)
-  for k = 1, #ps do if ps[k] ~= 0 then return nil end end
-  return c1, c2
-end
-
--- The exact element-wise sum of `planes` (strings of canonical planes, the first the rounded sum),
--- plus each of `adds`, minus each of `subs` (vectors), in canonical planes: a table of K >= 2 strings.
-local function exact_general(planes, adds, subs, width)
-  local rows, k = {}, 2
-  local pos, base, blocks = 1, 0, 0
-  while base < width do
-    local len = math.min(CHUNK, width - base)
-    local fmt = fmt_of(len)
-    blocks = blocks + 1
-    local ins, outs, out = {}, {}, {}
-    for i = 1, #planes do ins[i] = {sunpack(fmt, planes[i], pos)} end
-    local ad, sb = {}, {}
-    for i = 1, #adds do ad[i] = {sunpack(fmt, adds[i], pos)} end
-    for i = 1, #subs do sb[i] = {sunpack(fmt, subs[i], pos)} end
-    for j = 1, len do
-      local ps = {}
-      for i = #ins, 1, -1 do local v = ins[i][j] if v ~= 0 then ps[#ps + 1] = v end end
-      for i = 1, #sb do grow(ps, -sb[i][j]) end
-      for i = 1, #ad do grow(ps, ad[i][j]) end
-      local comps = {}
-      while true do
-        local c = rounded(ps)
-        if c == 0 then break end
-        comps[#comps + 1] = c
-        grow(ps, -c)
-      end
-      if #comps > k then k = #comps end
-      out[j] = comps
-    end
-    rows[blocks] = {len = len, out = out}
-    base, pos = base + len, pos + len * 8
-  end
-  local result = {}
-  for r = 1, k do
-    local pieces = {}
-    for b = 1, blocks do
-      local row, vals = rows[b], {}
-      for j = 1, row.len do vals[j] = (row.out[j][r] or 0.0) + 0.0 end
-      pieces[b] = spack(fmt_of(row.len), unpack(vals, 1, row.len))
-    end
-    result[r] = join(pieces)
-  end
-  return result
 end
 
 -- The usual fold: a stored sum of two planes (hi, lo) minus the slot it replaces (sub, or nil) plus
@@ -1522,191 +1399,23 @@ local function exact_fast(st, payload, hi, lo, sub)
   return agg, join(los)
 end
 
--- A key's writers (its key-meta field 'writers': shard ids, ascending, comma-separated, each without
--- a leading zero), parsed once per Lua VM and remembered by their own text: the ids as numbers, the
--- decimal name of each in NAMES. nil and the first id that is not one (a text changes only when
--- the writers do: a pattern match, a number made and a table grown per writer otherwise).
-local WRITERS, nwriters, NAMES, WRITER_SETS = {}, 0, {}, {}
-local function writers_of(text)
-  local ids = WRITERS[text]
-  if ids then return ids end
-  ids = {}
-  local set = {}
-  local last = -1
-  for w in string.gmatch(text, '[^,]+') do
-    local id = not string.find(w, '^0%d') and not string.find(w, '%D') and tonumber(w)
-    if not id or id <= last or #w > 9 then return nil, w end
-    last = id
-    ids[#ids + 1] = id
-    set[id] = true
-    NAMES[id] = w
-  end
-  if nwriters >= 256 then -- (a bound on what the VM keeps; NAMES then holds only the ids of texts kept)
-    WRITERS, WRITER_SETS, nwriters = {}, {}, 0
-    for id in pairs(NAMES) do NAMES[id] = nil end
-    for k = 1, #ids do NAMES[ids[k]] = string.format('%d', ids[k]) end
-  end
-  WRITERS[text], WRITER_SETS[text], nwriters = ids, set, nwriters + 1
-  return ids
-end
-
--- the writers and the live slots after this fold
+-- the key's declaration checked, and who is live after this fold (the envelope judged who left:
+-- item.life, lifecycle.lua)
 local function merge_live(item, spec, decl, fold) -- nil and the key's working state, or the rejection
-  local name, payload, km = item.name, item.payload, item.meta
-  local width, count_size, size = decl.width, decl.count_size, decl.size
+  local name, width, count_size, size = item.name, decl.width, decl.count_size, decl.size
   local sumsq = width == count_size + 2 * size -- (count || sum || sumsq, or count || sum)
   if count_size < 1 or (width ~= count_size + size and not sumsq) then
     return reject('corrupt_state', name, 'the key\'s declaration is not a merge key\'s (width ' .. width ..
       ', count_size ' .. count_size .. ', size ' .. size .. ')')
   end
   item.width, item.count_size, item.size = width, count_size, size
-  local stale, me = decl.stale, fold.shard + 0
-  -- a slot not refreshed for stale_after_s leaves a state key; a history key keeps it (its samples
-  -- stay counted, as a fresh restart would retire them: the same whichever shard's fold notices it)
-  if decl.lifecycle ~= 'state' then stale = nil end
-  -- (Lua makes a string of a number with a printf, and a C function costs a call: names of ids,
-  -- sub-groups and groups are made once each, and loops over lists count)
-  -- the other live writers, in ascending order (the fold stores them so), and (stale keys) when
-  -- each last wrote; prior: the ids that wrote before this fold, ascending (this shard among them)
-  local prior, bad = writers_of(spec[4] or '')
-  if not prior then
-    return refuse(item, 'corrupt_state', 'writers holds ' .. string.format('%q', bad) .. ' (shard ids, ascending)')
-  end
-  NAMES[me] = fold.shard
-  local idname = NAMES -- (every id's decimal name)
-  local was_writer = WRITER_SETS[spec[4] or ''][me] == true
-  item.rebuild = spec[6] ~= LAYOUT
-  item.prior = prior
-  item.forget, item.seed_leases, item.seed_written, item.rescore_leases, item.rescore_written = {}, false, false, false,
-    false
-  -- (state keys) the slots that leave at this fold: a slot not refreshed for stale_after_s, or whose
-  -- shard's lease on its id has lapsed for longer than lease_grace_s (in the run's served clock,
-  -- clock.lua: a stall of the server runs out nobody's lease) or was given up (-1: a clean stop). A
-  -- fold of the shard after its lease ran out moved the lease's end to that fold (it lived on), so
-  -- whichever fold comes first, the slot's fate is the same. A shard that never leased is not judged.
-  local gone = {} -- id -> 'stale' | 'lapsed'
-  if stale then
-    local limit, now_us = stale * 1e6, fold.now
-    local function judge(id, at) -- the rule, on the writer's stored write time
-      if not gone[id] and now_us - (tonumber(at) or 0) > limit then gone[id] = 'stale' end
-    end
-    local seen = tonumber(spec[7])
-    if seen then -- the writers whose last write fell out of the window since the last look, by the index
-      local cands = redis.call('ZRANGEBYSCORE', fold.run.written .. name, string.format('%.0f', seen - limit - 1),
-        string.format('%.0f', now_us - limit + 1))
-      local ask_ids, fields = {}, {}
-      for _, text in ipairs(cands) do
-        local id = tonumber(text)
-        if id and id ~= me and WRITER_SETS[spec[4] or ''][id] then
-          ask_ids[#ask_ids + 1] = id
-          fields[#fields + 1] = 'slot:' .. idname[id] .. ':at_us'
-        end
-      end
-      local at = #fields > 0 and hmget(km, fields) or NONE
-      for j = 1, #ask_ids do
-        judge(ask_ids[j], at[j])
-        if not gone[ask_ids[j]] and at[j] then -- (an index entry behind its writer's last write: moved)
-          item.rescore_written = item.rescore_written or {}
-          item.rescore_written[#item.rescore_written + 1] = at[j]
-          item.rescore_written[#item.rescore_written + 1] = idname[ask_ids[j]]
-        end
-      end
-    else -- no look yet (a new key, a restore, an earlier redisync): every writer, and the index seeded
-      local fields, others = {}, {}
-      for k = 1, #prior do
-        if prior[k] ~= me then others[#others + 1] = prior[k]; fields[#fields + 1] = 'slot:' .. idname[prior[k]] .. ':at_us' end
-      end
-      local at = #fields > 0 and hmget(km, fields) or NONE
-      item.seed_written = {}
-      for j = 1, #others do
-        judge(others[j], at[j])
-        if at[j] then
-          item.seed_written[#item.seed_written + 1] = at[j]
-          item.seed_written[#item.seed_written + 1] = idname[others[j]]
-        end
-      end
-    end
-    item.stale_seen = string.format('%.0f', now_us)
-  end
-  -- a state key's slot leaves once its shard's lease has lapsed for its grace (or was given up); a
-  -- history key's is retired (still counted) once its shard has been gone for its grace (retire_after_s),
-  -- a give-up found by its end in lease_ends (lease.lua scores it so, and keeps <id>:ended_us)
-  local grace, history = decl.grace, decl.lifecycle ~= 'state'
-  if grace then
-    local clock = fold.clock()
-    local span = grace * 1e6
-    local gave_up_seq = redis.call('HGET', fold.run_meta, 'gave_up_seq') or '0'
-    local seen_served, seen_seq = string.match(spec[8] or '', '^(%-?%d+),(%d+)$')
-    local function judge(id, text, ended) -- the rule, on the shard's lease as it stands
-      local u = tonumber(text)
-      if u and u < 0 and history then u = tonumber(ended) end -- (given up: when, for a history key)
-      if u and ((u < 0 and not history) or clock - u > span) then
-        if not gone[id] then gone[id] = 'lapsed' end
-        return true
-      end
-    end
-    local others, from_index = {}, {}
-    if seen_served then -- the shards whose lease ended, or that gave it up, since the last look
-      local ended = redis.call('ZRANGEBYSCORE', fold.run.lease_ends,
-        string.format('%.0f', tonumber(seen_served) - span - 1), string.format('%.0f', clock - span + 1))
-      local stopped = not history and tonumber(gave_up_seq) > tonumber(seen_seq) and
-        redis.call('ZRANGEBYSCORE', fold.run.gave_up, '(' .. seen_seq, gave_up_seq) or NONE
-      local set = WRITER_SETS[spec[4] or '']
-      for _, list in ipairs({ended, stopped}) do
-        for _, text in ipairs(list) do
-          local id = tonumber(text)
-          if id and id ~= me and set[id] and not from_index[id] then
-            others[#others + 1] = id
-            from_index[id] = list == ended
-          end
-        end
-      end
-    else -- no look yet: every writer, and the index seeded
-      for k = 1, #prior do if prior[k] ~= me then others[#others + 1] = prior[k] end end
-      item.seed_leases = {}
-    end
-    if #others > 0 then
-      local fields, n = {}, #others
-      for j = 1, n do fields[j], fields[n + j] = idname[others[j]] .. ':alive_until_us', history and idname[others[j]] .. ':ended_us' or nil end
-      local leased = hmget(fold.shards, fields) or {}
-      for j = 1, n do
-        local lapsed = judge(others[j], leased[j], history and leased[n + j])
-        local u = tonumber(leased[j])
-        if not lapsed and u and u >= 0 and (item.seed_leases or from_index[others[j]]) then
-          -- (seeded, or an index entry behind its lease's end, as an earlier redisync's renewal leaves it: moved)
-          local list = item.seed_leases or item.rescore_leases or {}
-          if not item.seed_leases then item.rescore_leases = list end
-          list[#list + 1] = leased[j]
-          list[#list + 1] = idname[others[j]]
-        end
-      end
-    end
-    item.lapse_seen = string.format('%.0f', clock) .. ',' .. gave_up_seq
-  end
-  -- the live slots after this fold; the writers' text made again only when they change
-  for id, why in pairs(gone) do
-    item.forget[#item.forget + 1] = id
-    if why == 'lapsed' then item.lapsed = (item.lapsed or 0) + 1 end
-  end
-  table.sort(item.forget)
-  local live, nlive = {}, 0
-  item.was, item.incarnation, item.writers = spec[4], spec[5], spec[4]
-  if not was_writer or #item.forget > 0 or item.rebuild then
-    local mine_added = false
-    for k = 1, #prior do
-      local id = prior[k]
-      if not mine_added and id > me then nlive = nlive + 1; live[nlive] = me; mine_added = true end
-      if id ~= me and not gone[id] then nlive = nlive + 1; live[nlive] = id end
-    end
-    if not mine_added then nlive = nlive + 1; live[nlive] = me end
-    if not was_writer or #item.forget > 0 then
-      local names = {}
-      for k = 1, nlive do names[k] = idname[live[k]] end
-      item.writers = table.concat(names, ',')
-    end
-  end
-  item.departed = decl.lifecycle ~= 'state'
-  return nil, {sumsq = sumsq, idname = idname, was_writer = was_writer, live = live, me = me,
+  local life = item.life
+  if life.problem then return refuse(item, 'corrupt_state', life.problem) end
+  item.rebuild = spec[8] ~= LAYOUT
+  item.prior, item.forget, item.departed = life.prior, life.forget, life.history
+  item.incarnation = spec[7]
+  local live = item.rebuild and LIFECYCLE.live(life) or NONE -- (a rebuild re-adds every live slot)
+  return nil, {sumsq = sumsq, idname = life.idname, was_writer = life.was_writer, live = live, me = life.me,
     lifecycle = decl.lifecycle}
 end
 
@@ -1728,7 +1437,7 @@ local function merge_sums(item, spec, resumed, k, fold)
   local whole = width * 8
   local plan = {n = 0, fields = {}, sizes = {}, owners = {}, got = {}, slots = {}}
   local got, slots = plan.got, plan.slots
-  local retiring = spec[5] and spec[5] ~= fold.inc and not resumed and k.lifecycle ~= 'state'
+  local retiring = spec[7] and spec[7] ~= fold.inc and not resumed and k.lifecycle ~= 'state'
   local departing = #item.forget > 0 and k.lifecycle ~= 'state' -- (history slots whose shards are gone: retired)
   local rebuild = item.rebuild
   ask(plan, 'agg', whole)
@@ -1800,33 +1509,23 @@ local function merge_sums(item, spec, resumed, k, fold)
   item.agg_lo = join(rest)
 end
 
--- the key-meta fields the check reads beside the envelope's: spec[4] .. spec[8]
+-- the key-meta fields the check reads beside the envelope's (spec[1] .. spec[3]) and the life
+-- cycle's (spec[4] .. spec[6], a key with slots): spec[7], spec[8]
 local function reads(own_fields)
-  return 'writers', own_fields.slot_incarnation, 'sums_layout', 'stale_seen', 'lapse_seen'
+  return own_fields.slot_incarnation, 'sums_layout'
 end
 
 local function check(item, spec, decl, resumed, fold)
   -- (every field the apply reads is set by this check, or false: the item is the VM's, see ITEMS)
-  item.width, item.count_size, item.size, item.rebuild, item.forget, item.lapsed, item.was, item.incarnation,
-    item.writers, item.retired, item.agg, item.agg_lo, item.prior, item.lapse_seen, item.stale_seen, item.departed =
-    false, false, false, false, false, false, false, false, false, false, false, false, false, false, false, false
+  item.width, item.count_size, item.size, item.rebuild, item.forget, item.incarnation, item.retired, item.agg,
+    item.agg_lo, item.prior, item.departed = false, false, false, false, false, false, false, false, false, false, false
   local bad, k = merge_live(item, spec, decl, fold)
   if bad then return bad end
   return merge_sums(item, spec, resumed, k, fold)
 end
 
 local function apply(item, fold)
-  for _, id in ipairs(item.forget) do
-    redis.call('HDEL', item.meta, 'slot:' .. id .. ':incarnation', 'slot:' .. id .. ':seq',
-      'slot:' .. id .. ':at_us')
-    redis.call('HDEL', item.data, 'slot:' .. id)
-  end
-  local lapsed = item.lapsed or 0
-  if item.departed and #item.forget > 0 then redis.call('HINCRBY', item.meta, 'retired_departed', #item.forget) end
-  if not item.departed and #item.forget > lapsed then
-    redis.call('HINCRBY', item.meta, 'dropped_stale', #item.forget - lapsed)
-  end
-  if not item.departed and lapsed > 0 then redis.call('HINCRBY', item.meta, 'dropped_lapsed', lapsed) end
+  for _, id in ipairs(item.forget) do redis.call('HDEL', item.data, 'slot:' .. string.format('%d', id)) end
   if item.retired then
     local rest = {}
     for r = 2, #item.retired do rest[r - 1] = item.retired[r] end
@@ -1844,25 +1543,6 @@ local function apply(item, fold)
     redis.call('HSET', item.meta, 'sums_layout', LAYOUT)
   end
   redis.call('HSET', item.data, 'agg', item.agg, 'agg_lo', item.agg_lo, fold.own.slot, item.payload)
-  if item.writers ~= item.was then redis.call('HSET', item.meta, 'writers', item.writers) end
-  -- the liveness indexes: this writer's write time, the writers that left out, entries seeded or moved
-  if item.stale_seen then
-    local zw = fold.run.written .. item.name
-    redis.call('ZADD', zw, fold.now_s, fold.shard)
-    if item.seed_written and #item.seed_written > 0 then redis.call('ZADD', zw, unpack(item.seed_written)) end
-    if item.rescore_written then redis.call('ZADD', zw, unpack(item.rescore_written)) end
-    if #item.forget > 0 then
-      local names = {}
-      for j, id in ipairs(item.forget) do names[j] = string.format('%d', id) end
-      redis.call('ZREM', zw, unpack(names))
-    end
-    redis.call('HSET', item.meta, 'stale_seen', item.stale_seen)
-  end
-  if item.lapse_seen then
-    local seeded = item.seed_leases or item.rescore_leases
-    if seeded and #seeded > 0 then redis.call('ZADD', fold.run.lease_ends, unpack(seeded)) end
-    redis.call('HSET', item.meta, 'lapse_seen', item.lapse_seen)
-  end
   if item.incarnation ~= fold.inc then redis.call('HSET', item.meta, fold.own.slot_incarnation, fold.inc) end
   redis.call('HSET', item.meta, 'version', string.format('%d', item.version), 'updated_at_us', fold.now_s,
     fold.own.slot_seq, fold.seq, fold.own.slot_at, fold.now_s)
