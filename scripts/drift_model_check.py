@@ -7,7 +7,7 @@ beside the distance the run recorded.
 The model is given what the record holds (the shards' mean failure mass, hence the failures per env
 per step), the run's configuration, and the toy task's shape: three skill segments, each HARD_RATIO
 times as hazardous as a plain bin (not recorded by the runs; 100 was fixed after looking at 30 and 300
-on three seeds of each arm), 10 s episodes at 50 Hz. Writes docs/advise/model-vs-toy-runs-<date>.json.
+on three seeds of each arm), 10 s episodes at 50 Hz. Writes records/advise/model-vs-toy-runs-<date>.json.
 
     .venv/bin/python scripts/drift_model_check.py
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT / "docs" / "ab" / "second-follow-up" / "runs"
+RUNS = ROOT / "records" / "ab" / "second-follow-up" / "runs"
 ARMS = ("local-16-shards", "local-8-shards", "local")
 HARD_RATIO = 100.0
 BINS, ALPHA, EPISODE_STEPS, EPISODE_BINS = 121, 0.01, 500, 10
@@ -87,7 +87,7 @@ def main() -> None:
         "mean_absolute_error": float(np.mean(np.abs(np.array(pred) - np.array(seen)))),
         "by_arm": by_arm,
     }
-    path = ROOT / "docs" / "advise" / f"model-vs-toy-runs-{out['date']}.json"
+    path = ROOT / "records" / "advise" / f"model-vs-toy-runs-{out['date']}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"{path}: spearman {rho:.2f}, by arm {by_arm}")
 

@@ -2,7 +2,7 @@
 seed of an arm of the drift study (the committed study's configuration) and prints, at each drift
 record, each shard's own failure-EMA statistics and whether the rule would warn.
 
-    python scripts/ema_statistics_arms.py local-16-shards single --seed 700 > docs/ab/ema-statistics-DATE.txt
+    python scripts/ema_statistics_arms.py local-16-shards single --seed 700 > records/ab/ema-statistics-DATE.txt
 
 The rule must fire on the 64-env code-mix arm (local-16-shards: 16 shards of 64 envs, each sampling
 from its own EMA) and stay quiet on the single-collector arm (single: one collector of 1 024 envs,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Draws the study page's figure from the committed results (docs/ab/second-follow-up/results.json):
+"""Draws the study page's figure from the committed results (records/ab/second-follow-up/results.json):
 for each contrast of the second follow-up, the mean paired difference in completion AUC with its 95 %
 t-interval, grouped by the question it answers. Writes docs/ab/answers.png.
 
@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "ab" / "second-follow-up" / "results.json"
+RESULTS = ROOT / "records" / "ab" / "second-follow-up" / "results.json"
 OUT = ROOT / "docs" / "ab" / "answers.png"
 QUESTIONS = {
     "A": "A: unsynced 64-env shards, the paper's mix",

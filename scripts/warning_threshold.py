@@ -3,7 +3,7 @@
 fixes it: on every training configuration the truth (the model's shard distance with three hard bins),
 its drift label (at least DRIFT), the failure rate a shard measures there and the shape-blind rule's
 prediction from it, and the T that maximises sensitivity + specificity (ties: the larger T). Writes
-docs/ab/warning-threshold-<date>.json.
+records/ab/warning-threshold-<date>.json.
 
     .venv/bin/python scripts/warning_threshold.py
 """
@@ -65,7 +65,7 @@ def main() -> None:
                      "measured_failure_rate": measured, "predicted": rule, "drifts": truth >= DRIFT})  # fmt: skip
         print(rows[-1], file=sys.stderr, flush=True)
     out = {"date": datetime.date.today().isoformat(), "drift": DRIFT, "rows": rows, **choose(rows)}
-    path = ROOT / "docs" / "ab" / f"warning-threshold-{out['date']}.json"
+    path = ROOT / "records" / "ab" / f"warning-threshold-{out['date']}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"{path}: T = {out['threshold']:.4f}")
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """The drift warning judged out of sample, as docs/ab/warning-validation-plan.md fixes it: the threshold
-T frozen in docs/ab/warning-threshold-<date>.json, the held-out configurations labelled by the model
+T frozen in records/ab/warning-threshold-<date>.json, the held-out configurations labelled by the model
 (drift: a shard distance of at least 0.15), the shape-blind rule (fires at a predicted shard distance of
 at least T) and today's rule (formulas.ema_warning with the fleet taken as N × the shard's own EMA),
 each one's sensitivity and specificity against the target, and the toy's run-labelled arms. Writes
-docs/ab/warning-validation.json and .md.
+records/ab/warning-validation.json and .md.
 
     .venv/bin/python scripts/warning_validation.py
 """
@@ -66,7 +66,7 @@ def rates(rows: list[dict], key: str) -> dict:
 def toy_arms(threshold: float) -> list[dict]:
     """The second follow-up's unsynced arms: harm as its tests labelled it, and each rule's decision
     at the failure rate its shards measured (the median over the run's drift records)."""
-    results = json.loads((ROOT / "docs" / "ab" / "second-follow-up" / "results.json").read_text())
+    results = json.loads((ROOT / "records" / "ab" / "second-follow-up" / "results.json").read_text())
     harm = {}
     for c in results["second_follow_up"]:
         if c["question"] == "C":
@@ -74,7 +74,7 @@ def toy_arms(threshold: float) -> list[dict]:
             harm[arm] = "harm" if c["hi"] < 0 else ("no harm" if c["lo"] > -0.03 and c["hi"] < 0.03 else "unlabelled")
     out = []
     for arm, label in harm.items():
-        files = sorted((ROOT / "docs" / "ab" / "second-follow-up" / "runs").glob(f"H-{arm}-3*.json"))
+        files = sorted((ROOT / "records" / "ab" / "second-follow-up" / "runs").glob(f"H-{arm}-3*.json"))
         masses, shards = [], None
         for f in files:
             run = json.loads(f.read_text())["run"]
@@ -93,7 +93,7 @@ def toy_arms(threshold: float) -> list[dict]:
 
 
 def main() -> None:
-    frozen = sorted((ROOT / "docs" / "ab").glob("warning-threshold-*.json"))[-1]
+    frozen = sorted((ROOT / "records" / "ab").glob("warning-threshold-*.json"))[-1]
     threshold = json.loads(frozen.read_text())["threshold"]
     fleets = list(FLEETS)
     rows = judge(fleets, threshold)
@@ -109,7 +109,7 @@ def main() -> None:
     out = {"threshold": threshold, "threshold_file": frozen.name, "rows": rows, "rule": new, "todays_rule": old,
            "target": TARGET, "enough_per_class": enough, "target_met": met and enough,
            "toy_arms": toy_arms(threshold)}  # fmt: skip
-    (ROOT / "docs" / "ab" / "warning-validation.json").write_text(json.dumps(out, indent=1))
+    (ROOT / "records" / "ab" / "warning-validation.json").write_text(json.dumps(out, indent=1))
     print(json.dumps({k: out[k] for k in ("threshold", "rule", "todays_rule", "target_met")}, indent=1))
 
 

@@ -21,12 +21,12 @@ from .conftest import backend_url
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-# the pages a user reads (docs/ab holds the study's generated reports, which tests/study checks;
-# docs/bench the dated records of benchmark runs, which the performance page cites)
+# the pages a user reads (docs/ab holds the study's generated reports, which tests/study checks; the
+# dated records of runs, which the pages cite, are in records/)
 DOCS = [
     README,
     ROOT / "CHANGELOG.md",
-    *sorted(p for p in (ROOT / "docs").rglob("*.md") if not {"ab", "bench"} & set(p.parts)),
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if "ab" not in p.parts),
 ]
 
 
@@ -279,19 +279,19 @@ def test_the_readme_is_short_and_speaks_of_the_product():
 
 def test_the_readmes_demo_figures_are_the_committed_runs():
     """The README's demo figures are those of the committed, dated demo runs."""
-    runs = (ROOT / "docs" / "demo-runs-2026-12-01.txt").read_text()
+    runs = (ROOT / "records" / "demo-runs-2026-12-01.txt").read_text()
     largest = [float(x) for x in re.findall(r"largest TV distance from the pooled distribution: ([0-9.]+)", runs)]
     off, on = largest[0::2], largest[1::2]
     assert len(off) == len(on) == 3
     assert all(round(x, 2) == 0.42 for x in off)
     assert all(x < 0.02 for x in on)
-    loaded = (ROOT / "docs" / "demo-runs-2026-12-04-loaded.txt").read_text()
+    loaded = (ROOT / "records" / "demo-runs-2026-12-04-loaded.txt").read_text()
     both = [float(x) for x in re.findall(r"largest TV distance from the pooled distribution: ([0-9.]+)", loaded)]
     assert len(both) == 4
     assert all(round(x, 2) == 0.42 for x in both[0::2])
     assert all(x < 0.02 for x in both[1::2])
     every = []  # sync ON's largest distance in every committed demo run, idle or loaded
-    for path in sorted((ROOT / "docs").glob("demo-runs-*.txt")):
+    for path in sorted((ROOT / "records").glob("demo-runs-*.txt")):
         found = [
             float(x)
             for x in re.findall(r"largest TV distance from the pooled distribution: ([0-9.]+)", path.read_text())
@@ -321,7 +321,7 @@ def test_the_troubleshooting_page_names_every_error_a_user_can_meet():
 
 def test_the_readmes_performance_figures_are_the_committed_runs():
     """Every figure of the README's performance section, read from the dated run it names."""
-    bench = ROOT / "docs" / "bench"
+    bench = ROOT / "records" / "bench"
     fleet = {(r["lifecycle"], r["slots"]): r["fold"] for r in
              json.loads((bench / "instructions-fleet-2026-12-05.json").read_text())["rows"]}  # fmt: skip
     every = json.loads((bench / "bench-all-2026-12-02-functions.json").read_text())
@@ -408,7 +408,7 @@ def test_the_newcomers_shell_blocks_fit_beside_the_copy_button():
 def test_a_capacity_at_1_hz_is_called_an_extrapolation_with_the_rate_reached():
     """The tree bench's runs reached 0.19-0.35 reports a second per collector, not 1: the README and the
     performance page give the rate reached beside any figure at 1 Hz, and call that figure an extrapolation."""
-    tree = (ROOT / "docs" / "bench" / "tree-2026-12-04.txt").read_text()
+    tree = (ROOT / "records" / "bench" / "tree-2026-12-04.txt").read_text()
     unsplit = re.search(
         r"bench-tree-\w+\s+1002 collectors, (\d+) reports/s: [0-9.]+ core, ([0-9.]+) ms a report -> (\d+)", tree
     )
@@ -429,8 +429,8 @@ def test_the_performance_pages_load_table_and_figures_are_its_dated_run():
 
     from redisync.bench.load import format_load
 
-    data = json.loads((ROOT / "docs" / "bench" / "load-2026-12-05-exact.json").read_text())
-    assert format_load(data) == (ROOT / "docs" / "bench" / "load-2026-12-05-exact.txt").read_text().strip()
+    data = json.loads((ROOT / "records" / "bench" / "load-2026-12-05-exact.json").read_text())
+    assert format_load(data) == (ROOT / "records" / "bench" / "load-2026-12-05-exact.txt").read_text().strip()
     tables = (
         format_load(data).split("\n\n", 1)[1].split("\n\nevery collector subscribed to the run's announcements:\n\n")
     )
@@ -509,9 +509,9 @@ def test_the_monitoring_guides_inspect_frame_is_its_dated_run_and_its_sentence_r
     """The guide's inspect frame is the dated run's output line for line, and the sentence under it
     gives that frame's fold count and number of slots (it said four live slots of an older run)."""
     guide = (ROOT / "docs" / "guides" / "monitoring.md").read_text()
-    marker = "<!-- output of redisync inspect on 2026-12-04 (docs/demo-run-2026-12-04-inspect.txt)"
+    marker = "<!-- output of redisync inspect on 2026-12-04 (records/demo-run-2026-12-04-inspect.txt)"
     frame = guide.split(marker, 1)[1].split("```text\n", 1)[1].split("```", 1)[0].strip().splitlines()
-    run = [line.rstrip() for line in (ROOT / "docs" / "demo-run-2026-12-04-inspect.txt").read_text().splitlines()]
+    run = [line.rstrip() for line in (ROOT / "records" / "demo-run-2026-12-04-inspect.txt").read_text().splitlines()]
     assert all(line.rstrip() in run for line in frame)
     version = int(re.search(r"fleet version (\d+)", frame[1]).group(1))
     slots = [line for line in frame if line.startswith("motion/bin_failed") and "merge" not in line]
@@ -531,7 +531,7 @@ def test_the_study_pages_figure_is_drawn_from_the_committed_results(tmp_path):
     figures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(figures)
     rows = figures.draw(tmp_path / "answers.png")
-    results = json.loads((ROOT / "docs" / "ab" / "second-follow-up" / "results.json").read_text())
+    results = json.loads((ROOT / "records" / "ab" / "second-follow-up" / "results.json").read_text())
     assert rows == results["second_follow_up"]
     assert (tmp_path / "answers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (ROOT / "docs" / "study.md").read_text()
@@ -547,14 +547,14 @@ def test_the_sites_overflow_check_found_the_cli_and_deploying_pages_clean_at_128
     import re
     import struct
 
-    run = json.loads((ROOT / "docs" / "site-check" / "overflow-2026-12-05.json").read_text())
+    run = json.loads((ROOT / "records" / "site-check" / "overflow-2026-12-05.json").read_text())
     assert run["width_px"] == 1280
     nav = re.findall(r":\s+([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert len(run["pages"]) == len(nav)
     assert run["pages"]["reference/cli/"] == []
     assert run["pages"]["guides/deploying/"] == []
     for shot in ("reference-cli", "guides-deploying"):
-        png = (ROOT / "docs" / "site-check" / f"{shot}-2026-12-05.png").read_bytes()
+        png = (ROOT / "records" / "site-check" / f"{shot}-2026-12-05.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         assert struct.unpack(">I", png[16:20])[0] == 1280
     found = [f for page in run["pages"].values() for f in page]
@@ -570,7 +570,7 @@ def test_the_sites_overflow_check_found_the_cli_and_deploying_pages_clean_at_128
 def test_the_performance_pages_fleet_table_and_targets_are_its_dated_run():
     """The fold-and-pull table of today's fold, its ratios and its cost per value on the performance
     page are the dated run's (``bench --instructions --fleet``)."""
-    run = json.loads((ROOT / "docs" / "bench" / "instructions-fleet-2026-12-05.json").read_text())
+    run = json.loads((ROOT / "records" / "bench" / "instructions-fleet-2026-12-05.json").read_text())
     page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
 
     def m(v: float) -> str:
@@ -602,14 +602,14 @@ def test_the_performance_pages_fleet_table_and_targets_are_its_dated_run():
 def test_the_fold_context_runs_figures_on_the_performance_page_are_its_dated_run():
     """The fold's instruction counts after the semantics' Lua was given the fold context, as the page
     says them, are the dated run's, and within the page's bound of the table's run."""
-    text = (ROOT / "docs" / "bench" / "instructions-fleet-2026-12-05-fold-context.txt").read_text()
+    text = (ROOT / "records" / "bench" / "instructions-fleet-2026-12-05-fold-context.txt").read_text()
     after = {
         (m[1], int(m[2])): int(m[3].replace(",", ""))
         for m in re.finditer(r"^(history|state)\s+(\d+)\s+([\d,]+)\s", text, flags=re.M)
     }
     before = {
         (r["lifecycle"], r["slots"]): r["fold"]
-        for r in json.loads((ROOT / "docs" / "bench" / "instructions-fleet-2026-12-05.json").read_text())["rows"]
+        for r in json.loads((ROOT / "records" / "bench" / "instructions-fleet-2026-12-05.json").read_text())["rows"]
     }
     assert len(after) == 6
     assert set(after) == set(before)
@@ -624,7 +624,7 @@ def test_the_fold_context_runs_figures_on_the_performance_page_are_its_dated_run
 
 def test_the_performance_pages_stage_table_of_todays_fold_is_its_dated_run():
     """The stages of today's fold on the performance page add up the dated profile's lines."""
-    lines = (ROOT / "docs" / "bench" / "fold-stages-2026-12-05-exact.txt").read_text().splitlines()[2:]
+    lines = (ROOT / "records" / "bench" / "fold-stages-2026-12-05-exact.txt").read_text().splitlines()[2:]
     cost = [int(line.split()[0].replace(",", "")) for line in lines]
     whole, stages = cost[-1], cost[:-1]
     assert sum(stages) == whole

@@ -162,6 +162,18 @@ def test_the_life_cycle_is_the_envelopes_and_merge_lua_is_the_exact_sum():
     assert "LIFECYCLE.record(" in fold
 
 
+def test_docs_hold_documentation_and_the_records_live_apart():
+    """docs/ holds the site's pages, their figures and the studies' plans and reports; what runs left
+    (run files, results, benchmark outputs, logs, screenshots of a check) lives in records/."""
+    tracked = subprocess.run(["git", "ls-files", "docs"], cwd=ROOT, capture_output=True, text=True, check=True)
+    docs = tracked.stdout.split()
+    assert docs
+    stray = [p for p in docs if not p.endswith((".md", ".png", ".css")) or "site-check" in p or "/bench/" in p]
+    assert not stray, f"records kept among the docs: {stray[:10]}"
+    records = subprocess.run(["git", "ls-files", "records"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "records/README.md" in records.stdout.split()
+
+
 def test_a_semantics_reads_only_what_the_fold_passes_it():
     """A semantics' Lua reads the fold being made from the context it is passed (``fold.shard``,
     ``fold.now_s``, ...), never from the envelope's own variables (shared.lua's block "One fold's own

@@ -22,7 +22,14 @@ from .common import URL, needs, table
     default="out/ab",
     show_default=True,
     type=click.Path(file_okay=False),
-    help="folder for results.json, the plots and report.md (the committed study: --out docs/ab)",
+    help="folder for results.json and the run records (the committed study: --out records/ab)",
+)
+@click.option(
+    "--pages",
+    "pages_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="folder for report.md and the plots (default: OUT; the committed study: --pages docs/ab)",
 )
 @click.option(
     "--seeds", default=8, show_default=True, type=click.IntRange(2, 1000), help="seeds per arm of the primary contrasts"
@@ -96,6 +103,7 @@ from .common import URL, needs, table
 def ab(
     url: str | None,
     out_dir: str,
+    pages_dir: str | None,
     seeds: int,
     secondary_seeds: int,
     workers: int,
@@ -113,13 +121,14 @@ def ab(
     allow_dirty: bool,
     no_progress: bool,
 ) -> None:
-    """The drift study: the gate, then every sync arm on H and X trained with SAC; figures and report in OUT."""
+    """The drift study: the gate, then every sync arm on H and X trained with SAC; records in OUT, figures and report in PAGES."""
     needs("study")
     from ..study.fleet import StudyConfig
     from ..study.report import write_report
     from ..study.study import load_env_factory, run_study
 
     out = Path(out_dir)
+    pages = Path(pages_dir) if pages_dir else None
     kept = third_study or second_follow_up or fourth_study_pilots or fourth_study_gate or fourth_study_contrast
     if kept and not report_only and not allow_dirty:
         from ..study.provenance import require_clean
@@ -162,14 +171,14 @@ def ab(
             raise click.BadParameter(f"{out / 'runs'}: no saved runs of the second follow-up", param_hint="--out")
         results = saved_results(out / "runs", StudyConfig(), command.replace(" --report-only", ""))
         click.echo(f"{len(results['runs'])} of {results['planned_runs']} runs done")
-        click.echo(f"report: {write_report(results, out, results['command'])}")
+        click.echo(f"report: {write_report(results, out, results['command'], pages)}")
         return
     if report_only:
         try:
             results = json.loads((out / "results.json").read_text())
         except (OSError, ValueError) as e:
             raise click.BadParameter(f"{out / 'results.json'}: {e}", param_hint="--out") from None
-        click.echo(f"report: {write_report(results, out, results.get('command', command))}")
+        click.echo(f"report: {write_report(results, out, results.get('command', command), pages)}")
         return
     if follow_up and second_follow_up:
         raise click.UsageError("--follow-up and --second-follow-up are two studies: run one at a time")
@@ -203,7 +212,7 @@ def ab(
         on_stage=click.echo,
     )
     results["command"] = command
-    report = write_report(results, out, command)
+    report = write_report(results, out, command, pages)
     g = results["gate"]
     click.echo(
         f"gate: single - uniform = {g['mean_difference']:+.3f} (needs >= {g['threshold']}): "

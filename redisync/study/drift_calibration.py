@@ -13,7 +13,7 @@ statistics) is replayed on the same records for comparison, and the toy study's 
 beside them (another task; descriptive). Judged out of sample by the fifth study.
 
 ``python -m redisync.study.drift_calibration`` writes the committed
-``docs/ab/drift-warning-calibration.json`` and ``.md``.
+``records/ab/drift-warning-calibration.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import numpy as np
 from ..terms.formulas import DRIFT_WARNING_MEASUREMENTS, DRIFT_WARNING_TV, ema_warning
 
 ROOT = Path(__file__).resolve().parents[2]
-WALKER = ROOT / "docs" / "ab" / "fourth-study" / "contrast"
-TOY = ROOT / "docs" / "ab" / "second-follow-up" / "runs"
-OUT = ROOT / "docs" / "ab" / "drift-warning-calibration"
+WALKER = ROOT / "records" / "ab" / "fourth-study" / "contrast"
+TOY = ROOT / "records" / "ab" / "second-follow-up" / "runs"
+OUT = ROOT / "records" / "ab" / "drift-warning-calibration"  # (.json; its page: PAGE)
+PAGE = ROOT / "docs" / "ab" / "drift-warning-calibration.md"
 
 
 def peak_running_mean(run: dict[str, Any]) -> float:
@@ -101,9 +102,9 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         "# The measured-drift warning, calibrated on the walker's harm",
         "",
-        "Data: the walker study's contrast runs (`docs/ab/fourth-study/contrast`), where unsynced (`local`) shards",
+        "Data: the walker study's contrast runs (`records/ab/fourth-study/contrast`), where unsynced (`local`) shards",
         "learnt the skill segments worse than `pooled` ones, and, beside them, the toy study's runs",
-        "(`docs/ab/second-follow-up/runs`, another task: descriptive). Figures: `docs/ab/drift-warning-calibration.json`",
+        "(`records/ab/second-follow-up/runs`, another task: descriptive). Figures: `records/ab/drift-warning-calibration.json`",
         "(`python -m redisync.study.drift_calibration`).",
         "",
         f"Rule: {result['rule']}. The measured drift is the TV distance of the distribution a shard samples from",
@@ -139,7 +140,7 @@ def report(result: dict[str, Any]) -> str:
 def main() -> int:
     result = calibrate()
     OUT.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    OUT.with_suffix(".md").write_text(report(result))
+    PAGE.write_text(report(result))
     print(report(result))
     return 0
 

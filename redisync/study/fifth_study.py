@@ -40,7 +40,7 @@ from .fleet import StudyConfig
 from .runner import Stage, run_stages
 
 ROOT = Path(__file__).resolve().parents[2]
-FOURTH_CONTRAST = ROOT / "docs" / "ab" / "fourth-study" / "contrast"
+FOURTH_CONTRAST = ROOT / "records" / "ab" / "fourth-study" / "contrast"
 PAIRED_SD = 0.287  # the fourth study's contrast: the sd of its ten paired differences
 ALPHA, POWER = 0.05, 0.8
 ARMS = ("local", "pooled")
@@ -179,7 +179,7 @@ FAILURE_LAW = {
     "hard_bins": 2,
     "hard_ratio": 10.0,
 }
-"""The failure law the fourth study's prediction used (docs/ab/fourth-study/model-prediction.json)."""
+"""The failure law the fourth study's prediction used (records/ab/fourth-study/model-prediction.json)."""
 
 
 def predictions(steps: int = 1000, seed: int = 0) -> dict[str, Any]:

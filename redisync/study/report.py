@@ -1,4 +1,5 @@
-"""``docs/ab/``: the plots and ``report.md`` of a study, built from its ``results.json`` alone.
+"""``docs/ab/``: the plots and ``report.md`` of a study, built from its ``results.json`` alone (kept in
+``records/ab/``).
 
 The gate comes first. Claims follow the pre-registered tests only: a difference where the
 Holm-corrected sign-flip test finds one, "no difference" only where the equivalence test does,
@@ -39,16 +40,19 @@ PLAN_COMMIT = "16d6584"  # the commit of docs/ab/follow-up-plan.md, made before 
 SECOND_PLAN_COMMIT = "30c7625"  # the commit of docs/ab/second-follow-up-plan.md, before its first run
 
 
-def write_report(results: dict[str, Any], out_dir: Path, command: str) -> Path:
-    """results.json, the plots and report.md in ``out_dir``; a study whose folder holds the follow-up's
-    results (``follow-up/results.json``) is led by the follow-up's answers."""
+def write_report(results: dict[str, Any], out_dir: Path, command: str, pages: Path | None = None) -> Path:
+    """results.json in ``out_dir`` (the record), the plots and report.md in ``pages`` (the page; default
+    ``out_dir``); a study whose records hold the follow-up's results (``follow-up/results.json``) is
+    led by the follow-up's answers."""
+    pages = out_dir if pages is None else pages
     out_dir.mkdir(parents=True, exist_ok=True)
+    pages.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    plots = [plot_completion(results, out_dir)]
+    plots = [plot_completion(results, pages)]
     if results["runs"] and results.get("analysis"):
-        plots.append(plot_mechanism(results, out_dir))
+        plots.append(plot_mechanism(results, pages))
     lead = study_lead(out_dir) if not results.get("follow_up") and not results.get("second_follow_up") else []
-    path = out_dir / "report.md"
+    path = pages / "report.md"
     path.write_text(render_markdown(results, command, [p.name for p in plots], lead))
     return path
 
@@ -380,7 +384,7 @@ def render_markdown(results: dict[str, Any], command: str, plots: list[str], lea
         "# Does curriculum drift between collector shards hurt training?",
         "",
         f"Produced by `{command}`{' on ' + results['date'] if results.get('date') else ''}; every figure below comes "
-        "from `results.json` next to this file.",
+        "from its `results.json`, kept with the study's run records under `records/ab/`.",
         "",
         *(lead or []),
         "## The gate (fixed before the study)",

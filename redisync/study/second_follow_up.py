@@ -37,7 +37,7 @@ def plateau_jitter(runs: list[dict[str, Any]], step: float = 0.02, quantile: flo
     """How much completion moves while a run stays on one plateau: over every run's evaluations,
     the range of each maximal stretch of consecutive evaluations within ``step`` of the stretch's
     first value (a new segment tracked moves completion by 0.05 or more); the ``quantile`` of those
-    ranges. `TIE` is this, rounded up, on ``docs/ab/follow-up/results.json``."""
+    ranges. `TIE` is this, rounded up, on ``records/ab/follow-up/results.json``."""
     ranges = []
     for run in runs:
         c = [row["completion"] for row in run["curve"]]

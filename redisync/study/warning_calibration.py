@@ -5,7 +5,7 @@ statistics at every drift record — and judges, for a rule (`WarningThresholds`
 of each unsynced arm the sampler would have warned: at some record, for some shard, its own EMA poor
 and the fleet's pooled EMA (N shards like it, as the sampler computes at run time) fair. The grid
 search and its tie rule are the plan's; ``python -m redisync.study.warning_calibration`` writes the
-committed ``docs/ab/warning-calibration.json`` and ``.md``."""
+committed ``records/ab/warning-calibration.json`` and ``.md``."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def report(result: dict[str, Any]) -> str:
         "# The drift warning, calibrated against measured harm",
         "",
         "Plan: `docs/ab/warning-calibration-plan.md`; data: the second follow-up's run files "
-        f"(`{result['runs']}`); figures: `docs/ab/warning-calibration.json` "
+        f"(`{result['runs']}`); figures: `records/ab/warning-calibration.json` "
         "(`python -m redisync.study.warning_calibration`).",
         "",
         "Seeds on which a `local` sampler would have warned, out of 10 per arm:",
@@ -162,9 +162,9 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Compute the calibration from the committed runs and write its JSON and its report."""
     root = Path(argv[0] if argv else ".")
-    result = calibrate(root / "docs" / "ab" / "second-follow-up" / "runs")
-    result["runs"] = "docs/ab/second-follow-up/runs"
-    (root / "docs" / "ab" / "warning-calibration.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = calibrate(root / "records" / "ab" / "second-follow-up" / "runs")
+    result["runs"] = "records/ab/second-follow-up/runs"
+    (root / "records" / "ab" / "warning-calibration.json").write_text(json.dumps(result, indent=1) + "\n")
     (root / "docs" / "ab" / "warning-calibration.md").write_text(report(result))
     print(report(result))
 

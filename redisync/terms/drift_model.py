@@ -53,8 +53,8 @@ from .sampler_options import SamplerOptions
 SAMPLER = SamplerOptions()  # the sampler's defaults: the model's, declared once
 
 # The drift warning's threshold on the predicted shard distance, chosen on the training grid of
-# docs/ab/warning-validation-plan.md (docs/ab/warning-threshold-2026-12-05.json) and frozen here before
-# the held-out judgement (docs/ab/warning-validation.json).
+# docs/ab/warning-validation-plan.md (records/ab/warning-threshold-2026-12-05.json) and frozen here before
+# the held-out judgement (records/ab/warning-validation.json).
 WARNING_DISTANCE = 0.1520738842668895
 SAMPLES = 4096  # Monte Carlo draws of a shard's EMA per evaluation
 ITERATIONS = 40  # at most, of the fixed point with noise

@@ -53,7 +53,7 @@ def test_advise_on_the_walkers_configuration_reads_what_its_runs_recorded():
     """On the fourth study's walker (16 x 32 envs, alpha 0.01, 120 bins, its failure law), advise's
     shard distance is within 15 % of the mean drift the 10 committed local runs recorded, and the
     limits say so with both figures; the verdict keeps 'pooled'."""
-    runs = sorted((ROOT / "docs" / "ab" / "fourth-study" / "contrast").glob("H-local-*.json"))
+    runs = sorted((ROOT / "records" / "ab" / "fourth-study" / "contrast").glob("H-local-*.json"))
     records = [r for p in runs for r in json.loads(p.read_text())["run"]["drift"] if r["tv"]]
     recorded = float(np.mean([np.mean(r["tv"]) for r in records]))
     args = ["advise", "--shards", "16", "--envs-per-shard", "32", "--alpha", "0.01", "--bins", "120", *WALKER_LAW]

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_committed_calibration_is_what_the_run_files_give():
     """The page and its figures regenerate from the run files, to the character."""
     result = drift_calibration.calibrate()
-    committed = json.loads((ROOT / "docs" / "ab" / "drift-warning-calibration.json").read_text())
+    committed = json.loads((ROOT / "records" / "ab" / "drift-warning-calibration.json").read_text())
     assert json.loads(json.dumps(result)) == committed
     assert drift_calibration.report(result) == (ROOT / "docs" / "ab" / "drift-warning-calibration.md").read_text()
     assert round(result["calibrated_threshold"], 2) == formulas.DRIFT_WARNING_TV
@@ -27,7 +27,7 @@ def test_the_committed_calibration_is_what_the_run_files_give():
 def test_the_new_rule_fires_on_every_local_walker_run_and_no_pooled_one_and_the_old_one_on_none():
     """Replayed on each committed contrast run file: the new rule separates the arms; the old one
     (`ema_warning`) fired on 0 of the 10 local runs where harm was shown."""
-    runs = sorted((ROOT / "docs" / "ab" / "fourth-study" / "contrast").glob("*.json"))
+    runs = sorted((ROOT / "records" / "ab" / "fourth-study" / "contrast").glob("*.json"))
     local = [json.loads(p.read_text()) for p in runs if "-local-" in p.name]
     pooled = [json.loads(p.read_text()) for p in runs if "-pooled-" in p.name]
     assert len(local) == len(pooled) == 10
@@ -52,12 +52,12 @@ def test_the_pages_figures_about_the_warning_and_the_walkers_drift_are_the_recor
 
     result = drift_calibration.calibrate()
     rows = {(r["task"], r["arm"]): r for r in result["rows"]}
-    runs = sorted((ROOT / "docs" / "ab" / "fourth-study" / "contrast").glob("H-local-*.json"))
+    runs = sorted((ROOT / "records" / "ab" / "fourth-study" / "contrast").glob("H-local-*.json"))
     local = [json.loads(p.read_text())["run"] for p in runs]
     shard_records = sum(len(r["tv"]) for run in local for r in run["drift"])
     recorded = np.mean([np.mean(r["tv"]) for run in local for r in run["drift"] if r["tv"]])
-    predicted = json.loads((ROOT / "docs" / "ab" / "fourth-study" / "model-prediction.json").read_text())
-    contrast = json.loads((ROOT / "docs" / "ab" / "fourth-study" / "contrast.json").read_text())
+    predicted = json.loads((ROOT / "records" / "ab" / "fourth-study" / "model-prediction.json").read_text())
+    contrast = json.loads((ROOT / "records" / "ab" / "fourth-study" / "contrast.json").read_text())
     sd = float(np.std(list(contrast["differences"].values()), ddof=1))
 
     def page(*path: str) -> str:  # (its words, whatever its line breaks)

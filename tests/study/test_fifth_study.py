@@ -38,7 +38,7 @@ def test_the_power_figures_are_the_plans():
     assert fifth_study.minimum_detectable_effect(10) == pytest.approx(0.247, abs=5e-4)
     assert f"{fifth_study.minimum_detectable_effect(20):.3f} pooled with the fourth's 10" in page
     assert f"| {fifth_study.minimum_detectable_effect(6):.3f} |" in page
-    predicted = json.loads((ROOT / "docs" / "ab" / "fifth-study" / "predictions.json").read_text())
+    predicted = json.loads((ROOT / "records" / "ab" / "fifth-study" / "predictions.json").read_text())
     for name, p in predicted["configurations"].items():
         assert f"| `{name}` | {p['advise_shard_distance']:.3f} | {p['simulated_shard_distance']:.3f} |" in page
 

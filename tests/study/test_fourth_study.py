@@ -81,8 +81,8 @@ def test_the_learnability_pilot_is_judged_as_planned_and_pilot_1_reported_from_i
     assert learnable(summary([0.75, 1.0])) is True
     assert learnable(summary([0.5, 1.0])) is False
     assert learnable({"arms": {}}) is None
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text()
+    root = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
+    page = (root.parents[2] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text()
     for seed in LEARNABILITY_SEEDS:
         run = json.loads((root / "pilot-1" / f"H-oracle-{seed}.json").read_text())
         final = run["run"]["curve"][-1]["skill_success"]
@@ -99,8 +99,8 @@ def test_pilot_2_is_reported_from_its_files():
 
     from redisync.study.fourth_study import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text()
+    root = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
+    page = (root.parents[2] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text()
     assert json.loads((root / "pilot-2.json").read_text())["learnable"] is False
     for seed in LEARNABILITY_SEEDS:
         run = json.loads((root / "pilot-2" / f"H-oracle-{seed}.json").read_text())
@@ -117,8 +117,8 @@ def test_pilot_3s_learnability_is_reported_from_its_files():
 
     from redisync.study.fourth_study import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text()
+    root = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
+    page = (root.parents[2] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text()
     assert json.loads((root / "pilot-3.json").read_text())["learnable"] is True
     for seed in LEARNABILITY_SEEDS:
         curve = json.loads((root / "pilot-3" / f"H-oracle-{seed}.json").read_text())["run"]["curve"]
@@ -133,8 +133,10 @@ def test_pilot_3s_table_is_its_run_files():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text().split("**Single and uniform", 1)[1]
+    root = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
+    page = (
+        (root.parents[2] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text().split("**Single and uniform", 1)[1]
+    )
     rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
     assert len(rows) >= 5
     for arm, seed, auc, final, completion in rows:
@@ -151,8 +153,8 @@ def pilot_rows(pilot: int, section: str, until: str | None = None) -> list[tuple
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
-    page = (root / "pilots.md").read_text().split(section, 1)[1]
+    root = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
+    page = (root.parents[2] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text().split(section, 1)[1]
     page = page.split(until, 1)[0] if until else page
     rows = re.findall(r"^\| (\w+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", page, re.M)
     for arm, seed, auc, final, completion, share in rows:
@@ -205,8 +207,8 @@ def test_the_plan_names_the_pilots_figures_the_gate_and_the_models_prediction_as
 
     from redisync.study.fourth_study import GATE, GATE_SEEDS
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab"
-    plan = " ".join((root / "fourth-study-plan.md").read_text().split())
+    root = Path(__file__).resolve().parents[2] / "records" / "ab"
+    plan = " ".join((root.parents[1] / "docs" / "ab" / "fourth-study-plan.md").read_text().split())
     runs = root / "fourth-study" / "pilot-5"
 
     def auc(arm: str, seed: int) -> float:
@@ -249,7 +251,7 @@ def test_the_study_page_counts_the_pilot_rounds_the_pilots_page_reports():
     assert f", {words[PILOT]} rounds, every one reported there" in " ".join((root / "study.md").read_text().split())
     changelog = " ".join((root.parent / "CHANGELOG.md").read_text().split())
     assert f"{words[PILOT]} pilot rounds (`docs/ab/fourth-study/pilots.md`)" in changelog
-    assert all((root / "ab" / "fourth-study" / f"pilot-{r}").is_dir() for r in range(1, PILOT + 1))
+    assert all((root.parent / "records" / "ab" / "fourth-study" / f"pilot-{r}").is_dir() for r in range(1, PILOT + 1))
 
 
 def test_the_paired_sd_and_the_plans_amendment_are_the_pilot_runs():
@@ -261,7 +263,7 @@ def test_the_paired_sd_and_the_plans_amendment_are_the_pilot_runs():
 
     from scipy import stats
 
-    root = Path(__file__).resolve().parents[2] / "docs" / "ab"
+    root = Path(__file__).resolve().parents[2] / "records" / "ab"
     runs = root / "fourth-study" / "pilot-5"
 
     def auc(arm: str, seed: int) -> float:
@@ -270,11 +272,11 @@ def test_the_paired_sd_and_the_plans_amendment_are_the_pilot_runs():
     d = [auc("local", s) - auc("pooled", s) for s in (610, 611, 612)]
     sd = statistics.stdev(d)
     assert json.loads((root / "fourth-study" / "pilot-5.json").read_text())["paired_sd"]["sd"] == sd
-    pilots = " ".join((root / "fourth-study" / "pilots.md").read_text().split())
+    pilots = " ".join((root.parents[1] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text().split())
     listed = ", ".join(f"\N{MINUS SIGN}{-x:.3f}" for x in d)
     assert f"{listed} (mean \N{MINUS SIGN}{-sum(d) / 3:.3f}, sd {sd:.3f})" in pilots
     factor = stats.t.ppf(0.95, 9) + stats.t.ppf(0.80, 9)
-    plan = " ".join((root / "fourth-study-plan.md").read_text().split())
+    plan = " ".join((root.parents[1] / "docs" / "ab" / "fourth-study-plan.md").read_text().split())
     assert f"{factor / 10**0.5:.3f} · {sd:.3f} = **{factor / 10**0.5 * sd:.3f}**" in plan
 
 
@@ -287,10 +289,10 @@ def test_the_gates_result_on_the_pages_is_its_run_files():
     from redisync.study.fourth_study import GATE, GATE_SEEDS, gate_summary
 
     root = Path(__file__).resolve().parents[2] / "docs"
-    gate_dir = root / "ab" / "fourth-study" / "gate"
+    gate_dir = root.parent / "records" / "ab" / "fourth-study" / "gate"
     runs = [json.loads(p.read_text())["run"] for p in sorted(gate_dir.glob("H-*.json"))]
     summary = gate_summary(runs)
-    recorded = json.loads((root / "ab" / "fourth-study" / "gate.json").read_text())
+    recorded = json.loads((root.parent / "records" / "ab" / "fourth-study" / "gate.json").read_text())
     assert recorded["passed"] == summary["passed"] is not None
     assert abs(recorded["mean"] - summary["mean"]) < 1e-12
     diffs = ", ".join(f"{summary['differences'][s]:+.3f}".replace("-", "\N{MINUS SIGN}") for s in GATE_SEEDS)
@@ -338,7 +340,7 @@ def test_the_contrast_is_refused_unless_the_gates_run_files_passed(tmp_path):
     from redisync import errors
     from redisync.study.fourth_study import gate_passed, run_contrast
 
-    committed = Path(__file__).resolve().parents[2] / "docs" / "ab" / "fourth-study"
+    committed = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
     assert gate_passed(committed)
     with pytest.raises(errors.ConfigurationError, match="gate has not passed"):
         run_contrast(tmp_path, workers=1)
@@ -358,9 +360,11 @@ def test_the_contrasts_result_on_the_pages_is_its_run_files():
     from redisync.study.fourth_study import contrast_summary
 
     root = Path(__file__).resolve().parents[2]
-    runs = [json.loads(p.read_text())["run"] for p in sorted((root / "docs/ab/fourth-study/contrast").glob("H-*.json"))]
+    runs = [
+        json.loads(p.read_text())["run"] for p in sorted((root / "records/ab/fourth-study/contrast").glob("H-*.json"))
+    ]
     summary = contrast_summary(runs)
-    recorded = json.loads((root / "docs/ab/fourth-study/contrast.json").read_text())
+    recorded = json.loads((root / "records/ab/fourth-study/contrast.json").read_text())
     assert summary["done"]
     assert recorded["verdict"] == summary["verdict"]
     assert abs(recorded["mean"] - summary["mean"]) < 1e-12

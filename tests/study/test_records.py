@@ -13,7 +13,7 @@ from redisync.errors import ConfigurationError
 from redisync.study import provenance
 
 ROOT = Path(__file__).resolve().parents[2]
-THIRD = ROOT / "docs" / "ab" / "third-study"
+THIRD = ROOT / "records" / "ab" / "third-study"
 
 
 def test_a_runs_provenance_is_the_code_at_its_start_not_at_its_end(monkeypatch):

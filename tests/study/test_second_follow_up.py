@@ -19,7 +19,7 @@ from .fake_runs import fake_runs
 def test_the_second_follow_ups_tie_is_the_plateau_jitter_of_the_first_follow_up():
     """TIE was fixed before the runs from the first follow-up's curves: the 99th percentile of a
     plateau's range (0.0052), rounded up; it stays below any segment newly tracked (0.05)."""
-    first = json.loads((Path(__file__).parents[2] / "docs/ab/follow-up/results.json").read_text())
+    first = json.loads((Path(__file__).parents[2] / "records/ab/follow-up/results.json").read_text())
     jitter = plan.plateau_jitter(first["runs"] + first["gate_runs"])
     assert jitter == pytest.approx(0.0052, abs=5e-5)
     assert math.ceil(jitter * 1000) / 1000 == plan.TIE

@@ -333,12 +333,12 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     from redisync.study.report import render_markdown, study_lead
 
     root = Path(__file__).resolve().parents[2]
-    results = json.loads((root / "docs" / "ab" / "results.json").read_text())
+    results = json.loads((root / "records" / "ab" / "results.json").read_text())
     report = (root / "docs" / "ab" / "report.md").read_text()
-    lead = study_lead(root / "docs" / "ab")
+    lead = study_lead(root / "records" / "ab")
     assert render_markdown(results, results["command"], ["completion.png", "mechanism.png"], lead) == report
     for folder in ("follow-up", "second-follow-up"):  # each follow-up's report is what its results.json renders to
-        held = json.loads((root / "docs" / "ab" / folder / "results.json").read_text())
+        held = json.loads((root / "records" / "ab" / folder / "results.json").read_text())
         assert (
             render_markdown(held, held["command"], ["completion.png"])
             == (root / "docs" / "ab" / folder / "report.md").read_text()
@@ -372,7 +372,7 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     # per-seed differences; only P1 is stated as a finding (P2's interval crosses zero: P3, P4 descriptive)
     from scipy import stats
 
-    follow = json.loads((root / "docs" / "ab" / "follow-up" / "results.json").read_text())["follow_up"]
+    follow = json.loads((root / "records" / "ab" / "follow-up" / "results.json").read_text())["follow_up"]
 
     def t_interval(d):
         d = np.asarray(d)
@@ -394,7 +394,7 @@ def test_the_committed_report_and_the_readme_follow_the_committed_results():
     assert all(flattening < 0)
     assert summary.index("pre-registered follow-up") < summary.index("The study of record")
     # the second follow-up's answers lead, each quoted only once its question was tested, with its interval
-    second = json.loads((root / "docs" / "ab" / "second-follow-up" / "results.json").read_text())
+    second = json.loads((root / "records" / "ab" / "second-follow-up" / "results.json").read_text())
     a = next(r for r in second["second_follow_up"] if r["question"] == "A")
     readme_text = " ".join((root / "README.md").read_text().split())
     if "p_one_sided" in a:
@@ -465,7 +465,9 @@ def test_a_failed_gate_exits_nonzero_and_the_default_out_is_a_scratch_folder(mon
     monkeypatch.setattr(study_module, "run_study", lambda *a, **k: {"gate": gate, "analysis": None})
     written = []
     monkeypatch.setattr(
-        report_module, "write_report", lambda results, out, command: written.append(out) or out / "report.md"
+        report_module,
+        "write_report",
+        lambda results, out, command, pages=None: written.append(out) or out / "report.md",
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["redisync", "ab", "--smoke", "--gate-only", "--no-progress"])

@@ -104,7 +104,7 @@ def test_the_study_page_quotes_the_third_studys_committed_results():
     the gate's figures once it is complete (and, if it failed, that nothing else ran); P1 and P2 with
     their intervals once the study is complete."""
     root = Path(__file__).resolve().parents[2]
-    path = root / "docs" / "ab" / "third-study" / "results.json"
+    path = root / "records" / "ab" / "third-study" / "results.json"
     page = " ".join((root / "docs" / "study.md").read_text().split())
     if not path.is_file():
         assert "a third pre-registered study is running" in page

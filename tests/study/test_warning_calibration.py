@@ -10,7 +10,7 @@ from redisync.study import warning_calibration as calibration
 from redisync.terms.formulas import WARNING_THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = ROOT / "docs" / "ab" / "second-follow-up" / "runs"
+RUNS = ROOT / "records" / "ab" / "second-follow-up" / "runs"
 
 
 def test_the_sampler_warns_where_harm_was_shown_and_not_on_the_arm_where_none_was():
@@ -32,9 +32,9 @@ def test_the_sampler_warns_where_harm_was_shown_and_not_on_the_arm_where_none_wa
 
 
 def test_the_committed_calibration_recomputes_from_the_runs_and_chose_the_sampler_s_thresholds():
-    """docs/ab/warning-calibration.json and its report are what the plan's grid and tie rule give on the
+    """records/ab/warning-calibration.json and its report are what the plan's grid and tie rule give on the
     committed runs, and the chosen point is the sampler's rule."""
-    committed = json.loads((ROOT / "docs" / "ab" / "warning-calibration.json").read_text())
+    committed = json.loads((ROOT / "records" / "ab" / "warning-calibration.json").read_text())
     result = calibration.calibrate(RUNS)
     result["runs"] = committed["runs"]
     assert result == committed
@@ -44,7 +44,7 @@ def test_the_committed_calibration_recomputes_from_the_runs_and_chose_the_sample
 
 def test_the_collector_guide_states_the_calibrated_rule_and_its_figures():
     """The guide's thresholds are the sampler's, and its seed counts the committed calibration's."""
-    committed = json.loads((ROOT / "docs" / "ab" / "warning-calibration.json").read_text())
+    committed = json.loads((ROOT / "records" / "ab" / "warning-calibration.json").read_text())
     guide = " ".join((ROOT / "docs" / "guides" / "collector.md").read_text().split())
     rule, fired = WARNING_THRESHOLDS, committed["chosen"]["seeds_fired"]
     assert f"a relative noise of {rule.noisy_relative_sd} or more" in guide

@@ -90,7 +90,7 @@ def test_todays_warning_on_four_shards_or_fewer_fires_only_by_its_uniform_share_
     assert WARNING_THRESHOLDS.fair_relative_sd == 0.2
 
 
-TOY_CHECK = Path(__file__).resolve().parents[2] / "docs" / "advise" / "model-vs-toy-runs-2026-12-04.json"
+TOY_CHECK = Path(__file__).resolve().parents[2] / "records" / "advise" / "model-vs-toy-runs-2026-12-04.json"
 
 
 def _still_failing(records, arm):
@@ -107,7 +107,7 @@ def test_the_committed_check_against_the_toy_runs_is_the_models_and_the_pages():
     spec = importlib.util.spec_from_file_location("check", TOY_CHECK.parents[2] / "scripts" / "drift_model_check.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    page = " ".join((TOY_CHECK.parents[1] / "concepts" / "drift-model.md").read_text().split())
+    page = " ".join((TOY_CHECK.parents[2] / "docs" / "concepts" / "drift-model.md").read_text().split())
     means = {}
     for arm in script.ARMS:
         rows = _still_failing(check["records"], arm)
@@ -130,7 +130,7 @@ def test_the_frozen_warning_threshold_is_the_training_grids_choice():
     import importlib.util
 
     root = Path(__file__).resolve().parents[2]
-    (frozen,) = sorted((root / "docs" / "ab").glob("warning-threshold-*.json"))
+    (frozen,) = sorted((root / "records" / "ab").glob("warning-threshold-*.json"))
     chosen = json.loads(frozen.read_text())
     assert chosen["threshold"] == dm.WARNING_DISTANCE
     spec = importlib.util.spec_from_file_location("training", root / "scripts" / "warning_threshold.py")
@@ -147,7 +147,7 @@ def test_the_held_out_judgement_is_the_models_and_fails_todays_rule():
     import importlib.util
 
     root = Path(__file__).resolve().parents[2]
-    result = json.loads((root / "docs" / "ab" / "warning-validation.json").read_text())
+    result = json.loads((root / "records" / "ab" / "warning-validation.json").read_text())
     assert result["threshold"] == dm.WARNING_DISTANCE
     assert result["todays_rule"]["sensitivity"] < 0.8
     assert result["rule"]["sensitivity"] >= 0.8

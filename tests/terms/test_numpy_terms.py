@@ -252,7 +252,7 @@ def test_the_warning_fires_on_the_studys_small_unsynced_shards_and_not_on_its_si
 
     from redisync.terms.formulas import ema_statistics, ema_warning
 
-    record = Path(__file__).resolve().parents[2] / "docs" / "ab" / "ema-statistics-2026-12-02.txt"
+    record = Path(__file__).resolve().parents[2] / "records" / "ab" / "ema-statistics-2026-12-02.txt"
     arms = {d["arm"]: d for d in (json.loads(line) for line in record.read_text().splitlines() if line.startswith("{"))}
     small, single = arms["local-16-shards"], arms["single"]
     assert len(small["ema"][0]["shards"]) == 16
@@ -276,7 +276,7 @@ def test_the_warning_fires_on_every_shard_of_the_second_follow_ups_128_env_arm_a
 
     from redisync.terms.formulas import ema_warning
 
-    runs = Path(__file__).resolve().parents[2] / "docs" / "ab" / "second-follow-up" / "runs"
+    runs = Path(__file__).resolve().parents[2] / "records" / "ab" / "second-follow-up" / "runs"
 
     def fired(name: str) -> list[list[list[bool]]]:
         out = []
