@@ -634,3 +634,17 @@ def test_the_performance_pages_stage_table_of_todays_fold_is_its_dated_run():
     shown = [f"{g / 1e6:.2f} M" if g >= 1e6 else f"{g / 1e3:.0f} k" for g in groups]
     for value in shown:
         assert f"| {value} |" in page, value
+
+
+def test_the_development_pages_package_layout_is_generated_from_the_package():
+    """The development page's package layout is what scripts/package_layout.py lists of the package
+    (every module and folder, each with its docstring's first sentence), so it cannot drift: a module
+    added, moved or re-described changes the listing, and this test then asks for ``--write``."""
+    import runpy
+
+    layout = runpy.run_path(str(ROOT / "scripts" / "package_layout.py"), run_name="package_layout")
+    page = (ROOT / "docs" / "development.md").read_text()
+    block = page[page.index(layout["BEGIN"]) : page.index(layout["END"]) + len(layout["END"])]
+    assert block == layout["layout"]()
+    listed = {line.split()[0] for line in block.splitlines() if line.startswith("  ")}
+    assert {"aggregation/", "library.py", "settings.py", "lifecycle.lua", "exact.lua"} <= listed
