@@ -11,6 +11,7 @@ import click
 
 from .. import errors
 from ..store.client import masked_url
+from ..study.plans import BY_ID, PLANS
 from .common import URL, needs, table
 
 
@@ -47,41 +48,20 @@ from .common import URL, needs, table
     is_flag=True,
     help="the small CI configuration (minutes, not an hour): it checks the pipeline; its gate decision means nothing",
 )
-@click.option("--gate-only", is_flag=True, help="run the gate (single vs uniform on H) and stop")
 @click.option(
-    "--follow-up",
-    is_flag=True,
-    help="after the gate, the pre-registered follow-up (P1-P4, docs/ab/follow-up-plan.md) instead of the study",
+    "--plan",
+    "plan_id",
+    default="toy-study",
+    show_default=True,
+    type=click.Choice([p.id for p in PLANS]),
+    help="the pre-registered plan to run (redisync.study.plans: PLANS says what each asks and what it was registered "
+    "as); a plan that keeps its runs keeps each in OUT as it finishes, and the same command again resumes",
 )
 @click.option(
-    "--second-follow-up",
-    is_flag=True,
-    help="after the gate, the second pre-registered follow-up (A-C, docs/ab/second-follow-up-plan.md); every run is "
-    "kept in OUT/runs as it finishes, and the same command again resumes where it stopped",
-)
-@click.option(
-    "--third-study",
-    is_flag=True,
-    help="the third pre-registered study (docs/ab/third-study-plan.md) on the MuJoCo walker: its gate, then local "
-    "vs pooled at two EMA rates; every run kept in OUT/runs as it finishes, the same command again resumes",
-)
-@click.option(
-    "--fourth-study-pilots",
-    is_flag=True,
-    help="the fourth study's pilots on the learnable walker (learnability, then the paired sd); every run kept in "
-    "OUT/pilot-N as it finishes (N: the pilot's round), the same command again resumes",
-)
-@click.option(
-    "--fourth-study-gate",
-    is_flag=True,
-    help="the fourth study's gate (single against uniform on its fresh seeds, docs/ab/fourth-study-plan.md); every "
-    "run kept in OUT/gate as it finishes, the same command again resumes",
-)
-@click.option(
-    "--fourth-study-contrast",
-    is_flag=True,
-    help="the fourth study's primary contrast (local against pooled on its ten seeds), refused unless the gate's "
-    "run files in OUT/gate passed; every run kept in OUT/contrast as it finishes, the same command again resumes",
+    "--stage",
+    default=None,
+    help="the plan's stage (toy-study: all, or gate alone; walker-contrast: pilots, gate or contrast, the contrast "
+    "refused unless the gate's run files in OUT/gate passed); default: the plan's first",
 )
 @click.option(
     "--env-steps", default=None, type=click.IntRange(1_000), help="env steps per run (default: the configuration's)"
@@ -108,13 +88,8 @@ def ab(
     secondary_seeds: int,
     workers: int,
     smoke: bool,
-    gate_only: bool,
-    follow_up: bool,
-    second_follow_up: bool,
-    third_study: bool,
-    fourth_study_pilots: bool,
-    fourth_study_gate: bool,
-    fourth_study_contrast: bool,
+    plan_id: str,
+    stage: str | None,
     env_steps: int | None,
     env_spec: str | None,
     report_only: bool,
@@ -127,16 +102,34 @@ def ab(
     from ..study.report import write_report
     from ..study.study import load_env_factory, run_study
 
+    plan = BY_ID[plan_id]
+    stage = stage or plan.stages[0]
+    if stage not in plan.stages:
+        raise click.BadParameter(
+            f"{plan.id} has the stages {', '.join(plan.stages)}, not {stage!r}", param_hint="--stage"
+        )
+    gate_only = plan.id == "toy-study" and stage == "gate"
+    follow_up, second_follow_up = plan.id == "toy-dose-mechanism", plan.id == "toy-mechanism-semantics"
+    third_study, fleet_shapes = plan.id == "walker-ema-window", plan.id == "walker-fleet-shapes"
+    contrast = plan.id == "walker-contrast"
+    fourth_study_pilots, fourth_study_gate = contrast and stage == "pilots", contrast and stage == "gate"
+    fourth_study_contrast = contrast and stage == "contrast"
     out = Path(out_dir)
     pages = Path(pages_dir) if pages_dir else None
-    kept = third_study or second_follow_up or fourth_study_pilots or fourth_study_gate or fourth_study_contrast
+    kept = third_study or second_follow_up or contrast or fleet_shapes
     if kept and not report_only and not allow_dirty:
         from ..study.provenance import require_clean
 
         require_clean("redisync ab")  # its run files are the record: each must name the code that made it
     command = "redisync " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ab"] else "redisync ab"
+    if fleet_shapes:
+        from ..study.plans.walker_fleet_shapes import run as run_fleet_shapes
+
+        summary = run_fleet_shapes(out, workers=workers, report_only=report_only)
+        click.echo(json.dumps(summary["primary"], indent=1, default=float))
+        return
     if fourth_study_contrast:
-        from ..study.fourth_study import run_contrast
+        from ..study.plans.walker_contrast import run_contrast
 
         try:
             result = run_contrast(out, workers=workers, show_progress=not no_progress, on_stage=click.echo)
@@ -145,19 +138,19 @@ def ab(
         click.echo(json.dumps(result, indent=1, default=float))
         return
     if fourth_study_gate:
-        from ..study.fourth_study import run_gate
+        from ..study.plans.walker_contrast import run_gate
 
         gate = run_gate(out, workers=workers, show_progress=not no_progress, on_stage=click.echo)
         click.echo(json.dumps(gate, indent=1, default=float))
         return
     if fourth_study_pilots:
-        from ..study.fourth_study import run_pilots
+        from ..study.plans.walker_contrast import run_pilots
 
         summary = run_pilots(out, workers=workers, show_progress=not no_progress, on_stage=click.echo)
         click.echo(json.dumps(summary, indent=1, default=float))
         return
-    if third_study:  # its configuration and task are the plan's: fixed in redisync/study/third_study.py
-        from ..study.third_study import run_third_study
+    if third_study:  # its configuration and task are the plan's: fixed in redisync/study/plans/walker_ema_window.py
+        from ..study.plans.walker_ema_window import run_third_study
 
         third = run_third_study(
             out, workers=workers, show_progress=not no_progress, report_only=report_only, on_stage=click.echo
@@ -180,8 +173,6 @@ def ab(
             raise click.BadParameter(f"{out / 'results.json'}: {e}", param_hint="--out") from None
         click.echo(f"report: {write_report(results, out, results.get('command', command), pages)}")
         return
-    if follow_up and second_follow_up:
-        raise click.UsageError("--follow-up and --second-follow-up are two studies: run one at a time")
     cfg = StudyConfig().smoke() if smoke else StudyConfig()
     if env_steps is not None:
         cfg = replace(cfg, env_steps=env_steps)

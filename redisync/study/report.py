@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .follow_up import DECISIONS, one_sided_sign_flip_p
-from .second_follow_up import MARGIN_B, QUESTIONS, TIE, untied
+from .plans.toy_dose_mechanism import DECISIONS, one_sided_sign_flip_p
+from .plans.toy_mechanism_semantics import MARGIN_B, QUESTIONS, TIE, untied
 from .stats import t_interval
 from .study import GATE_SEEDS, MARGIN, PRIMARY_METRIC, SUMMARY_METRICS
 
@@ -273,7 +273,7 @@ def follow_up_section(hypotheses: list[dict[str, Any]] | None) -> list[str]:
     lines = [
         "## The follow-up's pre-registered answers (fixed sequence, α = 0.05)",
         "The plan, its hypotheses and what each outcome changes were committed before the first run "
-        "(`docs/ab/follow-up-plan.md`, `redisync/study/follow_up.py`). A hypothesis is tested only if every one "
+        "(`docs/ab/follow-up-plan.md`, `redisync/study/plans/toy_dose_mechanism.py`). A hypothesis is tested only if every one "
         "before it was rejected; exact one-sided sign-flip tests on the per-seed differences in completion AUC "
         "(sampler α = 0.01). " + TASK_CAVEAT,
         "",
@@ -324,7 +324,7 @@ def second_follow_up_section(rows: list[dict[str, Any]] | None, plan_commit: str
         "## The second follow-up's pre-registered answers (α = 0.05 per question)",
         "The plan, its tests, the tie rule and what each outcome changes were committed before the first run"
         + (f" ({plan_commit})" if plan_commit else "")
-        + " (`docs/ab/second-follow-up-plan.md`, `redisync/study/second_follow_up.py`). "
+        + " (`docs/ab/second-follow-up-plan.md`, `redisync/study/plans/toy_mechanism_semantics.py`). "
         + f"A per-seed difference within ±{TIE} (the plateau jitter) counts as 0 in the sign-flip tests. "
         + TASK_CAVEAT,
         "",

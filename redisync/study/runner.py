@@ -1,6 +1,6 @@
 """One runner for a plan's stages: each stage's runs, kept as they finish, and the plan's summary after each.
 
-A plan (`redisync.study.fourth_study`: its pilots, its gate, its contrast; `redisync.study.third_study`:
+A plan (`redisync.study.plans.walker_contrast`: its pilots, its gate, its contrast; `redisync.study.plans.walker_ema_window`:
 its gate, then its arms at two EMA rates) is data — the stages' arms, seeds and configurations, and
 the function that summarises the runs — and `run_stages` runs it: every run is written to ``saved``
 as it finishes (the same call again resumes where a stopped one left off, by

@@ -33,10 +33,10 @@ import numpy as np
 
 from ..errors import RedisyncError
 from ..lifeline import hold_to_parent, initializer_args
-from . import follow_up as follow_up_plan
 from . import provenance
-from . import second_follow_up as second_plan
 from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
+from .plans import toy_dose_mechanism as follow_up_plan
+from .plans import toy_mechanism_semantics as second_plan
 from .stats import contrast, primary_family
 from .task import Condition
 
@@ -371,8 +371,8 @@ def run_study(
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The gate, then (if it passes) the plan, or with ``follow_up`` the pre-registered follow-up
-    (`redisync.study.follow_up`), or with ``second_follow_up`` the second one
-    (`redisync.study.second_follow_up`); returns what ``results.json`` holds. With ``saved``
+    (`redisync.study.plans.toy_dose_mechanism`), or with ``second_follow_up`` the second one
+    (`redisync.study.plans.toy_mechanism_semantics`); returns what ``results.json`` holds. With ``saved``
     (a folder) every run is kept there as it finishes, and a call again resumes (see `run_cells`)."""
     say = on_stage or (lambda _: None)
     started = time.monotonic()

@@ -48,7 +48,7 @@ def test_the_pages_figures_about_the_warning_and_the_walkers_drift_are_the_recor
     recorded drift against advise's prediction, the contrast's sd and the MDE it achieved."""
     import numpy as np
 
-    from redisync.study import fifth_study
+    from redisync.study.plans import walker_fleet_shapes as fifth_study
 
     result = drift_calibration.calibrate()
     rows = {(r["task"], r["arm"]): r for r in result["rows"]}

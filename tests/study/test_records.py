@@ -49,14 +49,14 @@ def test_a_recorded_run_from_a_dirty_tree_is_refused_or_records_its_diff(monkeyp
 
 
 def test_the_cli_refuses_a_kept_study_from_a_dirty_tree(monkeypatch, tmp_path):
-    """`redisync ab --third-study` from a dirty checkout exits with the reason before any run."""
+    """`redisync ab --plan walker-ema-window` from a dirty checkout exits with the reason before any run."""
     pytest.importorskip("torch")
     from click.testing import CliRunner
 
     from redisync.cli import cli
 
     monkeypatch.setattr(provenance, "commit", lambda: "e" * 40 + "+dirty")
-    result = CliRunner().invoke(cli, ["ab", "--third-study", "--out", str(tmp_path)])
+    result = CliRunner().invoke(cli, ["ab", "--plan", "walker-ema-window", "--out", str(tmp_path)])
     assert result.exit_code != 0
     assert "uncommitted changes" in str(result.exception) + result.output
     assert not (tmp_path / "runs").exists()

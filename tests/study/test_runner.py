@@ -61,7 +61,7 @@ def test_a_plan_stops_after_the_stage_whose_summary_says_why(ran, tmp_path):
 
 def test_the_fourth_studys_gate_is_its_plan_run_by_the_runner(monkeypatch, tmp_path):
     """``run_gate`` runs the plan's arms on the plan's gate seeds, in its order, and writes gate.json."""
-    from redisync.study import fourth_study as plan
+    from redisync.study.plans import walker_contrast as plan
 
     calls = []
 
@@ -92,8 +92,9 @@ def test_the_fourth_studys_gate_is_its_plan_run_by_the_runner(monkeypatch, tmp_p
 def test_a_toy_study_runs_its_gate_then_the_plan_chosen_as_data(monkeypatch, tmp_path, flags, name, key, resumable):
     """The gate first; once it passes, the chosen plan's cells, progress name and judgement (the toy
     studies' plans as `PlanAfterGate` data), its runs kept only where that plan keeps them."""
-    from redisync.study import follow_up, second_follow_up
     from redisync.study import study as toy
+    from redisync.study.plans import toy_dose_mechanism as follow_up
+    from redisync.study.plans import toy_mechanism_semantics as second_follow_up
 
     calls = []
 

@@ -215,7 +215,19 @@ def test_a_study_worker_that_dies_ends_the_study_with_the_error(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = subprocess.run(
         [
-            *(sys.executable, "-m", "redisync.cli", "ab", "--smoke", "--gate-only", "--env", "dies_in_workers:make"),
+            *(
+                sys.executable,
+                "-m",
+                "redisync.cli",
+                "ab",
+                "--smoke",
+                "--plan",
+                "toy-study",
+                "--stage",
+                "gate",
+                "--env",
+                "dies_in_workers:make",
+            ),
             *("--out", str(tmp_path / "out"), "--no-progress"),
         ],
         capture_output=True,
@@ -232,7 +244,20 @@ def test_the_smoke_gate_runs_end_to_end_and_the_report_leads_with_it(tmp_path):
     """CI's run of the gate in miniature through the command line: three paired seeds of `single`
     and `uniform` on H, the decision taken by the pre-registered threshold, the gate first in the report."""
     out = subprocess.run(
-        [sys.executable, "-m", "redisync.cli", "ab", "--smoke", "--gate-only", "--out", str(tmp_path), "--no-progress"],
+        [
+            sys.executable,
+            "-m",
+            "redisync.cli",
+            "ab",
+            "--smoke",
+            "--plan",
+            "toy-study",
+            "--stage",
+            "gate",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ],
         capture_output=True,
         text=True,
         timeout=1200,
@@ -470,7 +495,9 @@ def test_a_failed_gate_exits_nonzero_and_the_default_out_is_a_scratch_folder(mon
         lambda results, out, command, pages=None: written.append(out) or out / "report.md",
     )
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["redisync", "ab", "--smoke", "--gate-only", "--no-progress"])
+    monkeypatch.setattr(
+        sys, "argv", ["redisync", "ab", "--smoke", "--plan", "toy-study", "--stage", "gate", "--no-progress"]
+    )
     with pytest.raises(SystemExit) as exit_:
         cli.main()
     assert exit_.value.code == 1
@@ -554,7 +581,7 @@ def test_the_evaluation_normalises_each_profile_as_its_collectors_do():
 def test_the_follow_up_runs_in_miniature_and_its_report_leads_with_the_answers(tmp_path):
     """Past the gate: every (condition, arm, seed) of the follow-up trains on the tiny configuration,
     the hypotheses are answered in sequence, and the report leads with them."""
-    from redisync.study import follow_up
+    from redisync.study.plans import toy_dose_mechanism as follow_up
     from redisync.study.report import write_report
     from redisync.study.study import run_cells
 

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from .stats import differences
+from ..stats import differences
 
 SEEDS = tuple(range(200, 208))  # 8 fresh seeds; the 6-seed hypotheses use the first 6
 ALPHA = 0.05

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .follow_up import one_sided_sign_flip_p
-from .stats import differences, equivalence_p, holm, sign_flip_p, t_interval
+from ..stats import differences, equivalence_p, holm, sign_flip_p, t_interval
+from .toy_dose_mechanism import one_sided_sign_flip_p
 
 SEEDS = tuple(range(300, 310))  # 10 fresh seeds
 ALPHA = 0.05

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from .fleet import StudyConfig
-from .learner import SACConfig
-from .runner import Stage, run_stages
-from .task import TaskConfig
+from ..fleet import StudyConfig
+from ..learner import SACConfig
+from ..runner import Stage, run_stages
+from ..task import TaskConfig
 
 ENV = "redisync.study.walker:make_learnable_env"
 # pilots 1-3 ran a 30 s motion; there uniform starts learnt both segments as fast as adaptive ones (a
@@ -182,7 +182,7 @@ def contrast_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     of "local lower" at `CONTRAST_ALPHA`; TOST with margin `CONTRAST_MARGIN`) and its verdict."""
     from scipy import stats as scipy_stats
 
-    from .stats import contrast
+    from ..stats import contrast
 
     table = {(run["arm"], run["seed"]): run["summary"][PRIMARY_METRIC] for run in runs}
     shares = {(run["arm"], run["seed"]): run["summary"]["skill_share"] for run in runs}
@@ -216,7 +216,7 @@ def contrast_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def gate_passed(out: Path) -> bool:
     """Whether the gate's run files in ``out/gate`` (not a summary that could be edited) say it passed."""
-    from .study import condition_config, load_run
+    from ..study import condition_config, load_run
 
     cfg = condition_config(CONFIG, "H")
     runs = [load_run(out / "gate", cfg, arm, seed) for arm in ("single", "uniform") for seed in GATE_SEEDS]
@@ -229,12 +229,12 @@ def run_contrast(
     """The primary contrast, seed by seed (local and pooled side by side, so that pairs finish
     together), each run kept in ``out/contrast`` as it finishes (the same call again resumes) and
     ``out/contrast.json`` written from the runs so far. Refused unless the gate passed."""
-    from .. import errors
+    from ... import errors
 
     if not gate_passed(out):
         raise errors.ConfigurationError(
             f"{out / 'gate'}: the fourth study's gate has not passed on its run files; the plan runs the "
-            "contrast only after it has (redisync ab --fourth-study-gate)"
+            "contrast only after it has (redisync ab --plan walker-contrast --stage gate)"
         )
     # local and pooled side by side, seed by seed, so that pairs finish together
     stages = [

@@ -18,7 +18,7 @@ of sample: per configuration, whether it fired on the local runs' records, again
 shown there. Pairs run seed by seed, configurations interleaved, so that every configuration has pairs
 early; every run is kept as it finishes and the same command resumes.
 
-``python -m redisync.study.fifth_study --out DIR --workers N`` runs (or resumes) it;
+``python -m redisync.study.plans.walker_fleet_shapes --out DIR --workers N`` runs (or resumes) it;
 ``--report-only`` trains nothing and writes the summary from the runs kept.
 """
 
@@ -34,17 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from ..terms.formulas import DRIFT_WARNING_TV
-from . import fourth_study
-from .fleet import StudyConfig
-from .runner import Stage, run_stages
+from ...terms.formulas import DRIFT_WARNING_TV
+from ..fleet import StudyConfig
+from ..runner import Stage, run_stages
+from . import walker_contrast
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FOURTH_CONTRAST = ROOT / "records" / "ab" / "fourth-study" / "contrast"
 PAIRED_SD = 0.287  # the fourth study's contrast: the sd of its ten paired differences
 ALPHA, POWER = 0.05, 0.8
 ARMS = ("local", "pooled")
-PRIMARY_METRIC = fourth_study.PRIMARY_METRIC
+PRIMARY_METRIC = walker_contrast.PRIMARY_METRIC
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Configuration:
 
     def config(self) -> StudyConfig:
         return replace(
-            fourth_study.CONFIG, shards=self.shards, envs_per_shard=self.envs_per_shard, sampler_alpha=self.alpha
+            walker_contrast.CONFIG, shards=self.shards, envs_per_shard=self.envs_per_shard, sampler_alpha=self.alpha
         )
 
 
@@ -143,7 +143,7 @@ def _fourth_pairs() -> tuple[dict[int, float], dict[int, float]]:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per configuration: the contrast local − pooled, the drift its local runs measured, and whether
     the warning fired on them; the primary contrast (the replication pooled with the fourth's pairs)."""
-    from .drift_calibration import peak_running_mean
+    from ..drift_calibration import peak_running_mean
 
     out: dict[str, Any] = {"threshold": DRIFT_WARNING_TV, "configurations": {}}
     for c in CONFIGURATIONS:
@@ -185,7 +185,7 @@ FAILURE_LAW = {
 def predictions(steps: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Before the runs: each configuration's shard distance from pooled as ``redisync advise``'s model
     predicts it and as the sampler's step-by-step simulation gives it (`drift_model.simulate`)."""
-    from ..terms.drift_model import FleetModel, predict, profile, simulate
+    from ...terms.drift_model import FleetModel, predict, profile, simulate
 
     law = FAILURE_LAW
     start_rate = min(1.0, law["step_dt"] / law["episode_s"] + law["failure_rate"])
@@ -217,13 +217,15 @@ def predictions(steps: int = 1000, seed: int = 0) -> dict[str, Any]:
 def run(out: Path, *, workers: int, report_only: bool = False) -> dict[str, Any]:
     """The plan's stages (or, ``report_only``, the runs kept), the summary in ``out/summary.json``."""
     return run_stages(
-        fourth_study.CONFIG, fourth_study.ENV, stages(), summarize, saved=out, summary_path=out / "summary.json",
+        walker_contrast.CONFIG, walker_contrast.ENV, stages(), summarize, saved=out, summary_path=out / "summary.json",
         workers=workers, show_progress=False, on_stage=lambda label: print(label, flush=True), load_only=report_only,
     )  # fmt: skip
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m redisync.study.fifth_study", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m redisync.study.plans.walker_fleet_shapes", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", type=Path, required=True, help="where the runs are kept (resumed from)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true", help="train nothing: summarise the runs kept")
@@ -233,7 +235,7 @@ def main() -> int:
         print(json.dumps(predictions(), indent=1))
         return 0
     if not args.report_only:
-        from .provenance import require_clean
+        from ..provenance import require_clean
 
         require_clean("the fifth study")
     summary = run(args.out, workers=args.workers, report_only=args.report_only)

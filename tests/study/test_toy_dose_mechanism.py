@@ -1,4 +1,4 @@
-"""The first follow-up (`redisync.study.follow_up`): its hypotheses answered in their fixed sequence,
+"""The first follow-up (`redisync.study.plans.toy_dose_mechanism`): its hypotheses answered in their fixed sequence,
 each with the decision fixed beforehand (its run in miniature: tests/study/test_study.py)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from redisync.study import follow_up
 from redisync.study.fleet import ARMS
+from redisync.study.plans import toy_dose_mechanism as follow_up
 
 from .fake_runs import fake_runs
 

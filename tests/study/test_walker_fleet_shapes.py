@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from redisync.study import fifth_study, fourth_study
+from redisync.study.plans import walker_contrast as fourth_study
+from redisync.study.plans import walker_fleet_shapes as fifth_study
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -53,7 +53,7 @@ def test_skill_success_counts_rollouts_that_reach_a_segments_end():
 
 def test_the_pilots_summary_gives_the_paired_sd_of_local_minus_pooled():
     """The paired sd is the sample sd of local − pooled skill success over the seeds both ran."""
-    from redisync.study.fourth_study import pilot_summary
+    from redisync.study.plans.walker_contrast import pilot_summary
 
     def run(arm, seed, v):
         return {"arm": arm, "seed": seed, "summary": {"skill_success_auc": v, "final_skill_success": v,
@@ -71,7 +71,7 @@ def test_the_learnability_pilot_is_judged_as_planned_and_pilot_1_reported_from_i
     import json
     from pathlib import Path
 
-    from redisync.study.fourth_study import LEARNABILITY_SEEDS, learnable
+    from redisync.study.plans.walker_contrast import LEARNABILITY_SEEDS, learnable
 
     def summary(values):
         return {
@@ -97,7 +97,7 @@ def test_pilot_2_is_reported_from_its_files():
     import json
     from pathlib import Path
 
-    from redisync.study.fourth_study import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
+    from redisync.study.plans.walker_contrast import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
 
     root = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
     page = (root.parents[2] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text()
@@ -115,7 +115,7 @@ def test_pilot_3s_learnability_is_reported_from_its_files():
     import json
     from pathlib import Path
 
-    from redisync.study.fourth_study import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
+    from redisync.study.plans.walker_contrast import LEARNABILITY_SEEDS, LEARNABLE_SUCCESS
 
     root = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
     page = (root.parents[2] / "docs" / "ab" / "fourth-study" / "pilots.md").read_text()
@@ -182,7 +182,7 @@ def test_pilot_5s_table_is_its_run_files():
 def test_the_gate_passes_on_the_mean_paired_difference_of_its_fresh_seeds_only_once_all_ran():
     """The gate's arithmetic: single − uniform per gate seed, their mean against GATE; undecided
     until every gate seed ran both arms; its seeds are none of the pilots'."""
-    from redisync.study.fourth_study import GATE, GATE_SEEDS, LEARNABILITY_SEEDS, SD_SEEDS, gate_summary
+    from redisync.study.plans.walker_contrast import GATE, GATE_SEEDS, LEARNABILITY_SEEDS, SD_SEEDS, gate_summary
 
     assert not set(GATE_SEEDS) & (set(LEARNABILITY_SEEDS) | set(SD_SEEDS))
 
@@ -205,7 +205,7 @@ def test_the_plan_names_the_pilots_figures_the_gate_and_the_models_prediction_as
     import json
     from pathlib import Path
 
-    from redisync.study.fourth_study import GATE, GATE_SEEDS
+    from redisync.study.plans.walker_contrast import GATE, GATE_SEEDS
 
     root = Path(__file__).resolve().parents[2] / "records" / "ab"
     plan = " ".join((root.parents[1] / "docs" / "ab" / "fourth-study-plan.md").read_text().split())
@@ -242,7 +242,7 @@ def test_the_study_page_counts_the_pilot_rounds_the_pilots_page_reports():
     import re
     from pathlib import Path
 
-    from redisync.study.fourth_study import PILOT
+    from redisync.study.plans.walker_contrast import PILOT
 
     root = Path(__file__).resolve().parents[2] / "docs"
     rounds = re.findall(r"^## Pilot (\d+)", (root / "ab" / "fourth-study" / "pilots.md").read_text(), re.M)
@@ -286,7 +286,7 @@ def test_the_gates_result_on_the_pages_is_its_run_files():
     import json
     from pathlib import Path
 
-    from redisync.study.fourth_study import GATE, GATE_SEEDS, gate_summary
+    from redisync.study.plans.walker_contrast import GATE, GATE_SEEDS, gate_summary
 
     root = Path(__file__).resolve().parents[2] / "docs"
     gate_dir = root.parent / "records" / "ab" / "fourth-study" / "gate"
@@ -308,7 +308,7 @@ def test_the_gates_result_on_the_pages_is_its_run_files():
 def test_the_contrast_is_judged_as_planned_only_once_every_seed_ran_both_arms():
     """local − pooled per contrast seed; the one-sided t-test and TOST only with all ten pairs; a
     consistent loss of 0.3 is "local lower", differences within ±0.02 are "equivalent"."""
-    from redisync.study.fourth_study import CONTRAST_SEEDS, contrast_summary
+    from redisync.study.plans.walker_contrast import CONTRAST_SEEDS, contrast_summary
 
     def run(arm, seed, v):
         return {"arm": arm, "seed": seed, "summary": {"skill_success_auc": v, "skill_share": 0.02}}
@@ -338,7 +338,7 @@ def test_the_contrast_is_refused_unless_the_gates_run_files_passed(tmp_path):
     from pathlib import Path
 
     from redisync import errors
-    from redisync.study.fourth_study import gate_passed, run_contrast
+    from redisync.study.plans.walker_contrast import gate_passed, run_contrast
 
     committed = Path(__file__).resolve().parents[2] / "records" / "ab" / "fourth-study"
     assert gate_passed(committed)
@@ -357,7 +357,7 @@ def test_the_contrasts_result_on_the_pages_is_its_run_files():
     import json
     from pathlib import Path
 
-    from redisync.study.fourth_study import contrast_summary
+    from redisync.study.plans.walker_contrast import contrast_summary
 
     root = Path(__file__).resolve().parents[2]
     runs = [

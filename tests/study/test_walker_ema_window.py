@@ -21,7 +21,7 @@ def _run(arm: str, alpha: float, seed: int, auc: float) -> dict:
 
 def test_the_plan_states_the_codes_seeds_arms_rates_and_power():
     """The third study's committed plan states the code's seeds, arms, rates and power as the code has them."""
-    from redisync.study import third_study as t
+    from redisync.study.plans import walker_ema_window as t
 
     text = " ".join(PLAN.read_text().split())
     assert f"fresh seeds **{t.GATE_SEEDS[0]}\u2013{t.GATE_SEEDS[-1]}**" in text
@@ -39,7 +39,7 @@ def test_the_plan_states_the_codes_seeds_arms_rates_and_power():
 def test_p1_and_p2_are_decided_as_planned_with_ties_and_holm():
     """Harm at α = 0.001 smaller than at α = 0.01: P1 (harm < 0) and P2 (the interaction > 0) shown;
     a difference within the tie margin counts as zero in the sign-flip test."""
-    from redisync.study import third_study as t
+    from redisync.study.plans import walker_ema_window as t
 
     rng = np.random.default_rng(0)
     runs = []
@@ -73,7 +73,7 @@ def test_the_pipeline_runs_resumes_and_reports_from_its_saved_runs(tmp_path, mon
     """A tiny version of the study (2 gate seeds, 2 seeds per arm, a short motion) on the walker: every
     run saved with its provenance, a second call trains nothing, --report-only renders the same."""
     from redisync.study import study
-    from redisync.study import third_study as t
+    from redisync.study.plans import walker_ema_window as t
 
     from .tiny import tiny
 
@@ -140,7 +140,7 @@ def test_the_third_study_runs_its_gate_then_each_rates_arms_and_reports(monkeypa
     """The gate (single vs uniform at α = 0.001, kept in runs/gate), then, only if it passes, local and
     pooled at each α in its own folder and configuration, α = 0.001 first; results.json and report.md
     from the runs; ``report_only`` trains nothing (run_cells faked: the plan's order, not its training)."""
-    from redisync.study import third_study as t
+    from redisync.study.plans import walker_ema_window as t
 
     calls = []
     auc = {"single": 0.9 if gate_passes else 0.1, "uniform": 0.5, "local": 0.4, "pooled": 0.6}

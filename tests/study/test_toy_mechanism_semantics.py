@@ -1,4 +1,4 @@
-"""The second follow-up (`redisync.study.second_follow_up`): its tie margin from the first follow-up's
+"""The second follow-up (`redisync.study.plans.toy_mechanism_semantics`): its tie margin from the first follow-up's
 curves, and each question answered with its interval, ties counted as zero."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from redisync.study import second_follow_up as plan
 from redisync.study.fleet import ARMS
+from redisync.study.plans import toy_mechanism_semantics as plan
 
 from .fake_runs import fake_runs
 

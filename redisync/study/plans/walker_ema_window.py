@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 from scipy import stats as sp
 
-from ..terms.formulas import ema_warning
-from .fleet import StudyConfig
-from .follow_up import one_sided_sign_flip_p
-from .learner import SACConfig
-from .runner import Stage, run_stages
-from .second_follow_up import plateau_jitter
-from .stats import differences, holm, t_interval
-from .task import TaskConfig
+from ...terms.formulas import ema_warning
+from ..fleet import StudyConfig
+from ..learner import SACConfig
+from ..runner import Stage, run_stages
+from ..stats import differences, holm, t_interval
+from ..task import TaskConfig
+from .toy_dose_mechanism import one_sided_sign_flip_p
+from .toy_mechanism_semantics import plateau_jitter
 
 ENV = "redisync.study.walker:make_env"
 GATE_SEEDS = (490, 491, 492)  # fresh: no study ran them, nor any pilot on this task
@@ -115,7 +115,7 @@ def config_for(arm: str) -> StudyConfig:
 def config_record(cfg: StudyConfig) -> dict[str, Any]:
     """A configuration as results.json records it: the study's fields and the walker's task record
     (not the toy task's fields, which the walker ignores)."""
-    from .walker import task_record
+    from ..walker import task_record
 
     return cfg.to_dict() | {"task": task_record(cfg.task)}
 
@@ -234,7 +234,7 @@ def _passed(result: dict[str, Any]) -> bool:
 def results(env_spec: str) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
     """What ``results.json`` holds after the runs so far: the gate, and once it passed, the tie margin
     and the analysis of the contrasts."""
-    from .study import gate
+    from ..study import gate
 
     def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         gate_runs = [r for r in runs if "third_arm" not in r]
