@@ -305,6 +305,30 @@ def fleet_costs(server: CountingServer, lifecycle: str, slots: int, folds: int) 
         store.delete()
 
 
+def floor_costs(server: CountingServer, folds: int) -> dict[str, float]:
+    """Instructions per call of the two reference folds (`redisync.bench.floors`) on the stated
+    report's payloads, the same cumulative reports the fold is counted on."""
+    from .floors import FLOOR_ADD, PLAIN_FOLD, payloads
+
+    r = connect(server.url, run="floors", socket_timeout=600).server().client
+    keys = [f"floors:{uuid.uuid4().hex[:8]}:{i}" for i in range(2)]
+    rng, last, reports = np.random.default_rng(2), None, []
+    for _ in range(2 * folds + 2):
+        last = _cumulative(rng, last)
+        reports.append(payloads(last))
+    add, plain = r.script_load(FLOOR_ADD), r.script_load(PLAIN_FOLD)
+    it = iter(reports)
+    try:
+        r.evalsha(add, 2, *keys, *next(it))  # (the stored sum exists: every counted call reads one)
+        added = server.count(lambda: r.evalsha(add, 2, *keys, *next(it)), folds)
+        r.delete(*keys)
+        r.evalsha(plain, 2, *keys, "slot:0", *next(it))
+        folded = server.count(lambda: r.evalsha(plain, 2, *keys, "slot:0", *next(it)), folds)
+    finally:
+        r.delete(*keys)
+    return {"floor_add": added, "plain_fold": folded}
+
+
 def instructions_per_cpu_second(folds: int = 400) -> float:
     """This machine's instructions per second of a redis-server's CPU on the folds: the stated report
     folded at 64 live slots on a redis-server of its own, not under valgrind (``INFO cpu`` around the
@@ -351,12 +375,22 @@ def run_fleet_instructions(
         for s in value_slots:
             a, b = measure(server, 64, s, 2 * folds), measure(server, 1024, s, folds)
             marginal.append({"slots": s, "per_value": (b - a) / (1024 - 64), "fold_64_values": a})
+        reference = floor_costs(server, folds)
     finally:
         server.close()
     rate = instructions_per_cpu_second(rate_folds)
     for row in rows:
         row["collectors_at_1hz"] = CORE_BUDGET * rate / (row["fold"] + row["pull"])
-    return {"rows": rows, "marginal": marginal, "rate": rate, "core_budget": CORE_BUDGET, "folds": folds}
+        row["over_floor_add"] = row["fold"] / reference["floor_add"]
+        row["over_plain_fold"] = row["fold"] / reference["plain_fold"]
+    return {
+        "rows": rows,
+        "marginal": marginal,
+        "floors": reference,
+        "rate": rate,
+        "core_budget": CORE_BUDGET,
+        "folds": folds,
+    }
 
 
 def format_fleet_table(r: dict[str, Any]) -> str:
@@ -375,6 +409,17 @@ def format_fleet_table(r: dict[str, Any]) -> str:
         cells = {row["slots"]: row["fold"] for row in r["rows"] if row["lifecycle"] == lc}
         if 64 in cells and 1024 in cells:
             lines.append(f"{lc}: fold at 1 024 slots / fold at 64 slots = {cells[1024] / cells[64]:.3f}")
+    if "floors" in r:  # (a record made before the reference folds were measured has none)
+        f = r["floors"]
+        lines.append(
+            f"the reference folds on the same report: floor_add {f['floor_add']:,.0f} (decode, add into one "
+            f"stored sum, encode), plain fold {f['plain_fold']:,.0f} (aggregate - old slot + new, not exact)"
+        )
+        for row in r["rows"]:
+            lines.append(
+                f"{row['lifecycle']} at {row['slots']} slots: the fold is {row['over_floor_add']:.2f} x floor_add, "
+                f"{row['over_plain_fold']:.2f} x the plain fold"
+            )
     hist = {row["slots"]: row["fold"] for row in r["rows"] if row["lifecycle"] == "history"}
     state = {row["slots"]: row["fold"] for row in r["rows"] if row["lifecycle"] == "state"}
     for s in sorted(set(hist) & set(state)):

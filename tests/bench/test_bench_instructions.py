@@ -58,3 +58,9 @@ def test_the_fleet_table_holds_both_kinds_of_key_at_each_slot_count_and_a_fold_t
     assert result["rate"] > 0
     assert all(r["collectors_at_1hz"] > 0 and r["pull"] > 0 for r in result["rows"])
     assert "state / history at 48 slots" in format_fleet_table(result)
+    # the reference folds on the same report: the plain fold does more than floor_add, the exact fold
+    # more than either, and the table prints the ratios
+    floor = result["floors"]
+    assert 0 < floor["floor_add"] < floor["plain_fold"] < min(folds.values()), (floor, folds)
+    assert all(r["over_plain_fold"] == r["fold"] / floor["plain_fold"] for r in result["rows"])
+    assert "x floor_add" in format_fleet_table(result)

@@ -214,7 +214,9 @@ class SidecarLife(RuleBasedStateMachine):
             assert other.syncer.wait_synced(timeout=15)
             for key in ("life/steps", "motion/bin_failed"):  # state keys: the paused shard has left them
                 assert self._writers(key) == {1 - shard}, key
-            assert (shard in self._writers("obs/norm")) == (shard in history)  # a history key keeps its slot
+            # a history key keeps its slot (one the shard had before the pause; a report already on its
+            # way when the sidecar stopped may add one after the look before it)
+            assert shard not in history or shard in self._writers("obs/norm")
         finally:
             os.kill(pid, signal.SIGCONT)
 
