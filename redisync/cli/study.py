@@ -158,7 +158,7 @@ def ab(
         click.echo(f"{third['runs_done']} of {third['runs_planned']} runs done; report: {out / 'report.md'}")
         return
     if report_only and second_follow_up:  # from the runs saved so far: the study may still be going
-        from ..study.study import saved_results
+        from ..study.plans.toy_mechanism_semantics import saved_results
 
         if not (out / "runs").is_dir():
             raise click.BadParameter(f"{out / 'runs'}: no saved runs of the second follow-up", param_hint="--out")
@@ -173,6 +173,15 @@ def ab(
             raise click.BadParameter(f"{out / 'results.json'}: {e}", param_hint="--out") from None
         click.echo(f"report: {write_report(results, out, results.get('command', command), pages)}")
         return
+    after_gate = None
+    if follow_up:
+        from ..study.plans import toy_dose_mechanism
+
+        after_gate = toy_dose_mechanism.after_gate()
+    elif second_follow_up:
+        from ..study.plans import toy_mechanism_semantics
+
+        after_gate = toy_mechanism_semantics.after_gate()
     cfg = StudyConfig().smoke() if smoke else StudyConfig()
     if env_steps is not None:
         cfg = replace(cfg, env_steps=env_steps)
@@ -197,8 +206,7 @@ def ab(
         workers=workers,
         show_progress=not no_progress,
         gate_only=gate_only,
-        follow_up=follow_up,
-        second_follow_up=second_follow_up,
+        after_gate=after_gate,
         saved=out / "runs" if second_follow_up else None,
         on_stage=click.echo,
     )

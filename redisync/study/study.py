@@ -35,8 +35,6 @@ from ..errors import RedisyncError
 from ..lifeline import hold_to_parent, initializer_args
 from . import provenance
 from .fleet import ARMS, EnvFactory, StudyConfig, default_env, run_arm
-from .plans import toy_dose_mechanism as follow_up_plan
-from .plans import toy_mechanism_semantics as second_plan
 from .stats import contrast, primary_family
 from .task import Condition
 
@@ -328,33 +326,6 @@ def load_run(saved: Path, cfg: StudyConfig, arm: str, seed: int) -> dict[str, An
     return cast(dict[str, Any], held["run"])
 
 
-def saved_results(saved: Path, cfg: StudyConfig, command: str) -> dict[str, Any]:
-    """What ``results.json`` of the second follow-up holds, from the runs saved so far (a study still
-    going, or stopped to be resumed): the gate, the runs done and the analysis of what they allow."""
-    runs = []
-    for path in sorted(saved.glob("*.json")):
-        runs.append(_read_saved(path)["run"])
-    gate_runs = [r for r in runs if r["arm"] in ("single", "uniform") and r["seed"] in GATE_SEEDS]
-    plan_runs = sorted((r for r in runs if r not in gate_runs), key=lambda r: (r["condition"], r["arm"], r["seed"]))
-    cells = second_plan.arms_needed()
-    return {
-        "config": cfg.to_dict(),
-        "env": "built-in skill tracking",
-        "store": "embedded",
-        "date": datetime.date.today().isoformat(),
-        "workers": 2,
-        "gate": gate(gate_runs),
-        "gate_runs": gate_runs,
-        "sync": f"synced in lockstep every {cfg.publish_every_steps} fleet steps (every shard publishes, then every "
-        "shard takes the fleet state)",
-        "runs": plan_runs,
-        "planned_runs": sum(len(seeds) for *_, seeds in cells),
-        "analysis": None,
-        "second_follow_up": second_plan.analyse(plan_runs),
-        "command": command,
-    }
-
-
 def run_study(
     cfg: StudyConfig,
     *,
@@ -365,15 +336,14 @@ def run_study(
     workers: int = 2,
     show_progress: bool = True,
     gate_only: bool = False,
-    follow_up: bool = False,
-    second_follow_up: bool = False,
+    after_gate: PlanAfterGate | None = None,
     saved: Path | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The gate, then (if it passes) the plan, or with ``follow_up`` the pre-registered follow-up
-    (`redisync.study.plans.toy_dose_mechanism`), or with ``second_follow_up`` the second one
-    (`redisync.study.plans.toy_mechanism_semantics`); returns what ``results.json`` holds. With ``saved``
-    (a folder) every run is kept there as it finishes, and a call again resumes (see `run_cells`)."""
+    """The gate, then (if it passes) the study's own plan, or the plan ``after_gate`` hands it (a toy
+    plan's, as data: `redisync.study.plans.toy_dose_mechanism.after_gate`, ...); returns what
+    ``results.json`` holds. With ``saved`` (a folder) every run is kept there as it finishes, and a
+    call again resumes (see `run_cells`)."""
     say = on_stage or (lambda _: None)
     started = time.monotonic()
     say(f"gate: single vs uniform on H, seeds {list(GATE_SEEDS)}")
@@ -403,13 +373,7 @@ def run_study(
     if gate_only or not result["gate"]["passed"]:
         result["wall_s"] = time.monotonic() - started
         return result
-    if second_follow_up:
-        chosen = PlanAfterGate("second follow-up", lambda: second_plan.order(second_plan.arms_needed()),
-                               second_plan.analyse, "second_follow_up", resumable=True)  # fmt: skip
-    elif follow_up:
-        chosen = PlanAfterGate("follow-up", follow_up_plan.cells, follow_up_plan.analyse, "follow_up")
-    else:
-        chosen = PlanAfterGate("study", lambda: plan(primary_seeds, secondary_seeds), analyse, "analysis")
+    chosen = after_gate or PlanAfterGate("study", lambda: plan(primary_seeds, secondary_seeds), analyse, "analysis")
     cells = chosen.cells()
     say(f"{chosen.name}: {sum(len(s) for *_, s in cells)} runs over {len(cells)} (condition, arm) cells")
     result["runs"] = run_cells(

@@ -85,11 +85,10 @@ def test_the_fourth_studys_gate_is_its_plan_run_by_the_runner(monkeypatch, tmp_p
 
 
 @pytest.mark.parametrize(
-    ("flags", "name", "key", "resumable"),
-    [({}, "study", "analysis", False), ({"follow_up": True}, "follow-up", "follow_up", False),
-     ({"second_follow_up": True}, "second follow-up", "second_follow_up", True)],
-)  # fmt: skip
-def test_a_toy_study_runs_its_gate_then_the_plan_chosen_as_data(monkeypatch, tmp_path, flags, name, key, resumable):
+    ("name", "key", "resumable"),
+    [("study", "analysis", False), ("follow-up", "follow_up", False), ("second follow-up", "second_follow_up", True)],
+)
+def test_a_toy_study_runs_its_gate_then_the_plan_chosen_as_data(monkeypatch, tmp_path, name, key, resumable):
     """The gate first; once it passes, the chosen plan's cells, progress name and judgement (the toy
     studies' plans as `PlanAfterGate` data), its runs kept only where that plan keeps them."""
     from redisync.study import study as toy
@@ -114,7 +113,17 @@ def test_a_toy_study_runs_its_gate_then_the_plan_chosen_as_data(monkeypatch, tmp
             module, attr, lambda runs, module=module: judged.append(module.__name__) or {"n": len(runs)}
         )
     said = []
-    result = toy.run_study(StudyConfig(), workers=1, show_progress=False, saved=tmp_path, on_stage=said.append, **flags)
+    after_gate = {"study": None, "follow-up": follow_up.after_gate, "second follow-up": second_follow_up.after_gate}[
+        name
+    ]
+    result = toy.run_study(
+        StudyConfig(),
+        workers=1,
+        show_progress=False,
+        saved=tmp_path,
+        on_stage=said.append,
+        after_gate=after_gate() if after_gate else None,
+    )
     assert calls[0] == ("gate", [("H", "single"), ("H", "uniform")], tmp_path)
     assert result["gate"]["passed"]
     desc, cells, saved = calls[1]

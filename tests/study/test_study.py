@@ -644,10 +644,13 @@ def test_a_damaged_saved_run_is_a_typed_error_naming_its_file(tmp_path, text):
     which (a report rendered from runs must never stop on a traceback, or skip one silently)."""
     from redisync import errors
     from redisync.study import study
+    from redisync.study.plans import toy_mechanism_semantics
 
     (tmp_path / "H-local-1.json").write_text(text)
     with pytest.raises(errors.RedisyncError, match=r"H-local-1\.json: not a saved run"):
         study.run_cells(TINY, [("H", "local", [1])], url=None, env_spec=None, workers=1, show_progress=False,
                         desc="t", saved=tmp_path)  # fmt: skip
     with pytest.raises(errors.RedisyncError, match=r"H-local-1\.json: not a saved run"):
-        study.saved_results(tmp_path, TINY, "redisync ab --second-follow-up --report-only")
+        toy_mechanism_semantics.saved_results(
+            tmp_path, TINY, "redisync ab --plan toy-mechanism-semantics --report-only"
+        )

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
 from ..stats import differences
+
+if TYPE_CHECKING:
+    from ..study import PlanAfterGate
 
 SEEDS = tuple(range(200, 208))  # 8 fresh seeds; the 6-seed hypotheses use the first 6
 ALPHA = 0.05
@@ -142,3 +145,10 @@ def analyse(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         open_ = rejected
     return out
+
+
+def after_gate() -> PlanAfterGate:
+    """This plan as the toy runner takes it after the gate (`redisync.study.study.run_study`)."""
+    from ..study import PlanAfterGate
+
+    return PlanAfterGate("follow-up", cells, analyse, "follow_up")

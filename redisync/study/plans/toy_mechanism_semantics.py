@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ..stats import differences, equivalence_p, holm, sign_flip_p, t_interval
 from .toy_dose_mechanism import one_sided_sign_flip_p
+
+if TYPE_CHECKING:
+    from ..fleet import StudyConfig
+    from ..study import PlanAfterGate
 
 SEEDS = tuple(range(300, 310))  # 10 fresh seeds
 ALPHA = 0.05
@@ -195,3 +200,42 @@ def analyse(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             row["decision"] = DECISIONS["B"][1 if row["verdict"] == "inconclusive" else 0]
     return out
+
+
+def after_gate() -> PlanAfterGate:
+    """This plan as the toy runner takes it after the gate (`redisync.study.study.run_study`): its runs
+    in the order they are run, its analysis, kept in ``saved`` as each finishes (resumable)."""
+    from ..study import PlanAfterGate
+
+    return PlanAfterGate("second follow-up", lambda: order(arms_needed()), analyse, "second_follow_up", resumable=True)
+
+
+def saved_results(saved: Path, cfg: StudyConfig, command: str) -> dict[str, Any]:
+    """What ``results.json`` of the second follow-up holds, from the runs saved so far (a study still
+    going, or stopped to be resumed): the gate, the runs done and the analysis of what they allow."""
+    import datetime
+
+    from ..study import GATE_SEEDS, _read_saved, gate
+
+    runs = []
+    for path in sorted(saved.glob("*.json")):
+        runs.append(_read_saved(path)["run"])
+    gate_runs = [r for r in runs if r["arm"] in ("single", "uniform") and r["seed"] in GATE_SEEDS]
+    plan_runs = sorted((r for r in runs if r not in gate_runs), key=lambda r: (r["condition"], r["arm"], r["seed"]))
+    cells = arms_needed()
+    return {
+        "config": cfg.to_dict(),
+        "env": "built-in skill tracking",
+        "store": "embedded",
+        "date": datetime.date.today().isoformat(),
+        "workers": 2,
+        "gate": gate(gate_runs),
+        "gate_runs": gate_runs,
+        "sync": f"synced in lockstep every {cfg.publish_every_steps} fleet steps (every shard publishes, then every "
+        "shard takes the fleet state)",
+        "runs": plan_runs,
+        "planned_runs": sum(len(seeds) for *_, seeds in cells),
+        "analysis": None,
+        "second_follow_up": analyse(plan_runs),
+        "command": command,
+    }
