@@ -18,24 +18,32 @@ from typing import Any
 
 import numpy as np
 
-# (struct's unpack takes at most ~8000 values at once: decoded and encoded 32 values at a time, as the
-# fold does)
+# (each vector decoded and encoded in one struct call, as few as Lua allows: unpack takes at most about
+# 8 000 values, so a longer one goes in pieces of 7 900)
 _HELPERS = """
-local FMT = '<' .. string.rep('d', 32)
+local function fmt(n) return '<' .. string.rep('d', n) end
 local function decode(s)
-  local out, n = {}, #s / 8
-  for first = 1, n, 32 do
-    local len = math.min(32, n - first + 1)
-    local got = {struct.unpack(len == 32 and FMT or '<' .. string.rep('d', len), s, 8 * (first - 1) + 1)}
+  local n = #s / 8
+  if n <= 7900 then
+    local v = {struct.unpack(fmt(n), s)}
+    v[n + 1] = nil
+    return v
+  end
+  local out = {}
+  for first = 1, n, 7900 do
+    local len = math.min(7900, n - first + 1)
+    local got = {struct.unpack(fmt(len), s, 8 * (first - 1) + 1)}
     for k = 1, len do out[first + k - 1] = got[k] end
   end
   return out
 end
 local function encode(v)
-  local pieces, n = {}, #v
-  for first = 1, n, 32 do
-    local len = math.min(32, n - first + 1)
-    pieces[#pieces + 1] = struct.pack(len == 32 and FMT or '<' .. string.rep('d', len), unpack(v, first, first + len - 1))
+  local n = #v
+  if n <= 7900 then return struct.pack(fmt(n), unpack(v)) end
+  local pieces = {}
+  for first = 1, n, 7900 do
+    local len = math.min(7900, n - first + 1)
+    pieces[#pieces + 1] = struct.pack(fmt(len), unpack(v, first, first + len - 1))
   end
   return table.concat(pieces)
 end
