@@ -648,3 +648,25 @@ def test_the_development_pages_package_layout_is_generated_from_the_package():
     assert block == layout["layout"]()
     listed = {line.split()[0] for line in block.splitlines() if line.startswith("  ")}
     assert {"aggregation/", "library.py", "settings.py", "lifecycle.lua", "exact.lua"} <= listed
+
+
+def test_the_performance_pages_reference_folds_are_their_dated_run():
+    """The performance page's reference folds (floor_add, the plain fold) and the exact fold's ratios to
+    them are those of the dated run it cites."""
+    run = json.loads((ROOT / "records" / "bench" / "instructions-fleet-2026-12-08.json").read_text())
+    page = " ".join((ROOT / "docs" / "performance.md").read_text().split())
+    floors = run["floors"]
+    assert (
+        f"`floor_add` {floors['floor_add'] / 1e6:.2f} M instructions, the plain fold {floors['plain_fold'] / 1e6:.2f} M"
+        in page
+    )
+    rows = {(r["lifecycle"], r["slots"]): r for r in run["rows"]}
+    history, state = rows[("history", 64)], rows[("state", 64)]
+    assert (
+        f"{history['fold'] / 1e6:.2f} M as a history key ({history['over_floor_add']:.2f} × `floor_add`, "
+        f"{history['over_plain_fold']:.2f} × the plain fold)" in page
+    )
+    assert (
+        f"{state['fold'] / 1e6:.2f} M as a state key ({state['over_floor_add']:.2f} ×, {state['over_plain_fold']:.2f} ×)"
+        in page
+    )
