@@ -26,16 +26,23 @@ def _exists(commit: str, path: str) -> bool:
 
 @pytest.mark.parametrize("plan", PLANS, ids=[p.id for p in PLANS])
 def test_every_plan_cites_what_it_was_registered_as_and_lives_where_it_says(plan):
-    """The module and page a plan was registered as exist at its registration commit; its module and
-    page exist now; ids and modules are one each (no plan named by the order it ran in)."""
+    """The module and page a plan was registered as exist at its registration commit; its module file
+    and page exist now; ids and modules are one each (no plan named by the order it ran in)."""
     assert _exists(plan.registered, plan.registered_module), (plan.id, plan.registered_module)
     if plan.registered_page:
         assert _exists(plan.registered, plan.registered_page), (plan.id, plan.registered_page)
-    importlib.import_module(plan.module)
+    assert (ROOT / (plan.module.replace(".", "/") + ".py")).is_file()
     assert (ROOT / plan.page).is_file()
     assert (ROOT / plan.records).is_dir()
     assert plan.stages
     assert not any(word in plan.module for word in ("follow_up", "third", "fourth", "fifth"))
+
+
+@pytest.mark.extras("torch", "scipy", "gymnasium")
+@pytest.mark.parametrize("plan", PLANS, ids=[p.id for p in PLANS])
+def test_every_plans_module_imports(plan):
+    """Each plan's module imports under the name PLANS gives it (the study extra's modules)."""
+    importlib.import_module(plan.module)
 
 
 def test_plan_ids_and_modules_are_unique():
