@@ -11,7 +11,7 @@ from .conftest import cli
 def test_the_study_names_its_store_with_the_password_masked(tmp_path):
     """``redisync ab`` printed the URL it was given, password and all, before its first run."""
     out = cli(
-        *("ab", "--smoke", "--plan", "toy-study", "--stage", "gate", "--no-progress", "--out", str(tmp_path)),
+        *("ab", "--smoke", "--stage", "gate", "--no-progress", "--out", str(tmp_path)),
         *("--url", "redis://operator:s3cret@127.0.0.1:1/0"),
     )
     assert out.returncode == 1

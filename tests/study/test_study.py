@@ -221,8 +221,6 @@ def test_a_study_worker_that_dies_ends_the_study_with_the_error(tmp_path):
                 "redisync.cli",
                 "ab",
                 "--smoke",
-                "--plan",
-                "toy-study",
                 "--stage",
                 "gate",
                 "--env",
@@ -250,8 +248,6 @@ def test_the_smoke_gate_runs_end_to_end_and_the_report_leads_with_it(tmp_path):
             "redisync.cli",
             "ab",
             "--smoke",
-            "--plan",
-            "toy-study",
             "--stage",
             "gate",
             "--out",
@@ -495,9 +491,7 @@ def test_a_failed_gate_exits_nonzero_and_the_default_out_is_a_scratch_folder(mon
         lambda results, out, command, pages=None: written.append(out) or out / "report.md",
     )
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(
-        sys, "argv", ["redisync", "ab", "--smoke", "--plan", "toy-study", "--stage", "gate", "--no-progress"]
-    )
+    monkeypatch.setattr(sys, "argv", ["redisync", "ab", "--smoke", "--stage", "gate", "--no-progress"])
     with pytest.raises(SystemExit) as exit_:
         cli.main()
     assert exit_.value.code == 1
